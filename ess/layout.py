@@ -1,0 +1,151 @@
+"""Byte layouts of the two per-token caches and the size of one request's cache.
+
+Two caches per token and layer (DeepSeek-V3.2-Exp, FlashMLA / DeepGEMM formats):
+
+* **latent entry** (MLA cache, read by sparse attention for the K selected tokens), FP8 layout, 656 B::
+
+      [0, 512)    c_KV, 512 x float8_e4m3            (kv_lora_rank values)
+      [512, 528)  4 x float32 scales, one per 128-value tile of c_KV
+      [528, 656)  rope key, 64 x bfloat16            (qk_rope_head_dim values, unquantised)
+
+  or the BF16 layout, 576 x bfloat16 = 1,152 B.
+* **indexer key** (lightning-indexer cache, scanned for every token each step), 132 B::
+
+      [0, 128)    key, 128 x float8_e4m3             (index_head_dim values)
+      [128, 132)  1 x float32 scale
+
+Every size is computed from a :class:`~ess.specs.ModelSpec`, never typed in.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .specs import ModelSpec
+
+__all__ = [
+    "LatentLayout", "latent_layout", "latent_entry_bytes", "indexer_entry_bytes", "token_bytes",
+    "RequestCache", "request_cache", "padded_tokens", "check_context_len", "check_ratio", "KV_DTYPES",
+]
+
+KV_DTYPES = ("fp8", "bf16")
+
+
+@dataclass(frozen=True)
+class LatentLayout:
+    """Byte offsets of the fields of one latent entry (``None`` for fields a layout lacks)."""
+
+    dtype: str
+    entry_bytes: int
+    ckv_offset: int
+    ckv_bytes: int
+    scale_offset: int | None
+    n_scales: int
+    rope_offset: int
+    rope_bytes: int
+
+
+def _check_dtype(dtype: str) -> None:
+    if dtype not in KV_DTYPES:
+        raise ValueError(f"dtype must be one of {KV_DTYPES}, got {dtype!r}")
+
+
+def latent_layout(model: ModelSpec, dtype: str = "fp8") -> LatentLayout:
+    """The field offsets of one latent entry in the ``"fp8"`` (656 B) or ``"bf16"`` (1,152 B) layout."""
+    _check_dtype(dtype)
+    if dtype == "bf16":
+        ckv = model.kv_lora_rank * model.cache_bf16_bytes
+        rope = model.qk_rope_head_dim * model.cache_bf16_bytes
+        return LatentLayout("bf16", ckv + rope, 0, ckv, None, 0, ckv, rope)
+    ckv = model.kv_lora_rank * model.cache_fp8_bytes
+    n_scales = model.kv_lora_rank // model.latent_fp8_tile
+    scales = n_scales * model.cache_scale_bytes
+    rope = model.qk_rope_head_dim * model.cache_rope_bytes
+    return LatentLayout("fp8", ckv + scales + rope, 0, ckv, ckv, n_scales, ckv + scales, rope)
+
+
+def latent_entry_bytes(model: ModelSpec, dtype: str = "fp8") -> int:
+    """Bytes of one latent entry (one token, one layer): 656 (FP8) or 1,152 (BF16) for DeepSeek-V3.2-Exp."""
+    return latent_layout(model, dtype).entry_bytes
+
+
+def indexer_entry_bytes(model: ModelSpec) -> int:
+    """Bytes of one indexer key (one token, one layer): FP8 key plus one float32 scale (132 B)."""
+    return model.index_head_dim * model.cache_fp8_bytes + model.cache_scale_bytes
+
+
+def token_bytes(model: ModelSpec, dtype: str = "fp8") -> int:
+    """Latent plus indexer bytes of one token over all layers (48,068 B for DeepSeek-V3.2-Exp, FP8)."""
+    return (latent_entry_bytes(model, dtype) + indexer_entry_bytes(model)) * model.n_layers
+
+
+def check_context_len(model: ModelSpec, context_len: int, name: str = "context_len") -> int:
+    if isinstance(context_len, bool) or not isinstance(context_len, (int,)) and not hasattr(context_len, "__index__"):
+        raise TypeError(f"{name} must be an integer number of tokens, got {type(context_len).__name__}")
+    context_len = int(context_len)
+    if context_len <= 0:
+        raise ValueError(f"{name} must be > 0 tokens, got {context_len}")
+    if context_len > model.max_position_embeddings:
+        raise ValueError(f"{name}={context_len} exceeds the maximum context of {model.name} "
+                         f"({model.max_position_embeddings} tokens)")
+    return context_len
+
+
+def check_ratio(ratio: float, name: str = "ratio") -> float:
+    try:
+        ratio = float(ratio)
+    except (TypeError, ValueError):
+        raise TypeError(f"{name} must be a number in (0, 1], got {ratio!r}") from None
+    if not 0.0 < ratio <= 1.0:
+        raise ValueError(f"{name} (sparse-memory ratio) must be in (0, 1], got {ratio}")
+    return ratio
+
+
+def padded_tokens(model: ModelSpec, context_len: int) -> int:
+    """Tokens actually allocated for a context: rounded up to whole cache pages (64 tokens)."""
+    page = model.cache_page_tokens
+    return -(-context_len // page) * page
+
+
+@dataclass(frozen=True)
+class RequestCache:
+    """Where one request's cache bytes live for a sparse-memory ratio (all layers).
+
+    ``indexer_bytes`` always sit on the GPU; ``latent_gpu_bytes`` is the ratio's share of the latent cache held in
+    the GPU pool; ``latent_host_bytes`` is the whole latent cache in host memory when offloading (ratio < 1), and 0
+    without offload (ratio == 1, everything on the GPU, as in the no-offload baseline)."""
+
+    context_len: int
+    ratio: float
+    dtype: str
+    tokens: int
+    indexer_bytes: int
+    latent_bytes: int
+    latent_gpu_bytes: float
+    latent_host_bytes: int
+
+    @property
+    def gpu_bytes(self) -> float:
+        return self.indexer_bytes + self.latent_gpu_bytes
+
+    @property
+    def total_bytes(self) -> int:
+        return self.indexer_bytes + self.latent_bytes
+
+
+def request_cache(model: ModelSpec, context_len: int, ratio: float = 1.0, dtype: str = "fp8") -> RequestCache:
+    """Cache bytes of one request of ``context_len`` tokens, split into GPU and host parts for ``ratio``.
+
+    >>> from ess.specs import model_spec
+    >>> rc = request_cache(model_spec("deepseek-v3.2-exp"), 32768)
+    >>> round(rc.total_bytes / 1e9, 3)
+    1.575
+    """
+    context_len = check_context_len(model, context_len)
+    ratio = check_ratio(ratio)
+    _check_dtype(dtype)
+    tokens = padded_tokens(model, context_len)
+    indexer = tokens * indexer_entry_bytes(model) * model.n_layers
+    latent = tokens * latent_entry_bytes(model, dtype) * model.n_layers
+    offload = ratio < 1.0
+    return RequestCache(context_len, ratio, dtype, tokens, indexer, latent,
+                        latent * ratio, latent if offload else 0)

@@ -1,0 +1,184 @@
+"""GPU and host memory planning: weights per GPU, the KV budget, and the largest decode batch.
+
+The model of one decode GPU (attention data-parallel, experts split over ``ep`` GPUs)::
+
+    HBM x mem_fraction_static  =  weights on this GPU  +  KV budget
+    KV budget                 >=  B x (indexer cache + ratio x latent cache)       (per request, all layers)
+    host memory per GPU       >=  B x latent cache                                  (offload only, ratio < 1)
+
+``mem_fraction_static`` is the serving engine's share of HBM for weights plus caches; the rest holds activations,
+CUDA graphs and workspace. The offload pool must also hold one step's K selected entries per request and layer.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .layout import (check_context_len, check_ratio, indexer_entry_bytes, latent_entry_bytes, padded_tokens,
+                     request_cache)
+from .specs import DeploymentSpec, GPUSpec, HostSpec, ModelSpec, deployment_spec, gpu_spec, host_spec, model_spec
+
+__all__ = [
+    "GiB", "param_counts", "weights_per_gpu_bytes", "kv_budget_bytes", "BatchLimit", "largest_batch",
+    "host_memory_needed_bytes", "fit_mem_fraction_static", "resolve",
+]
+
+GiB = 2 ** 30
+
+
+def _linear(fan_in: int, fan_out: int) -> int:
+    return fan_in * fan_out
+
+
+def param_counts(model: ModelSpec) -> dict[str, int]:
+    """Parameter counts by group, from the geometry ([DS] inference/model.py: MLA, indexer, MoE, MTP).
+
+    Groups: ``attention`` (MLA projections and norms, all layers), ``indexer``, ``dense_ffn``, ``shared_experts``,
+    ``routed_experts`` (all experts, all MoE layers), ``router``, ``embeddings`` (input embedding and output head),
+    ``mtp`` (the MTP module's own projection and norms; its decoder block is counted in the groups above).
+    """
+    h, heads = model.hidden_size, model.n_heads
+    attn = (_linear(h, model.q_lora_rank) + model.q_lora_rank
+            + _linear(model.q_lora_rank, heads * (model.qk_nope_head_dim + model.qk_rope_head_dim))
+            + _linear(h, model.kv_lora_rank + model.qk_rope_head_dim) + model.kv_lora_rank
+            + _linear(model.kv_lora_rank, heads * (model.qk_nope_head_dim + model.v_head_dim))
+            + _linear(heads * model.v_head_dim, h) + 2 * h)
+    indexer = (_linear(model.q_lora_rank, model.index_n_heads * model.index_head_dim)
+               + _linear(h, model.index_head_dim) + 2 * model.index_head_dim + _linear(h, model.index_n_heads))
+    expert = 3 * _linear(h, model.moe_ffn_dim)
+    blocks = model.n_layers + model.n_mtp_layers          # the MTP module carries one more MoE decoder block
+    moe_blocks = model.n_moe_layers + model.n_mtp_layers
+    return {
+        "attention": attn * blocks,
+        "indexer": indexer * blocks,
+        "dense_ffn": 3 * _linear(h, model.dense_ffn_dim) * model.n_dense_layers,
+        "shared_experts": expert * model.n_shared_experts * moe_blocks,
+        "routed_experts": expert * model.n_routed_experts * moe_blocks,
+        "router": (_linear(h, model.n_routed_experts) + model.n_routed_experts) * moe_blocks,
+        "embeddings": 2 * _linear(model.vocab_size, h) + h,
+        "mtp": (_linear(2 * h, h) + 3 * h) * model.n_mtp_layers,
+    }
+
+
+def _fp8_bytes(model: ModelSpec, params: float) -> float:
+    """FP8 weights plus one float32 scale per 128x128 block ([DS] weight_block_size)."""
+    return params * model.weight_bytes_per_param + params / model.weight_scale_block ** 2 * 4
+
+
+def weights_per_gpu_bytes(model: ModelSpec, deployment: DeploymentSpec) -> float:
+    """Weight bytes held by one decode GPU.
+
+    Attention-side weights are replicated on every GPU when attention is data-parallel (split ``tp`` ways
+    otherwise); routed experts are split over ``ep`` GPUs; embeddings, the router and the shared experts are
+    replicated. Linear weights are FP8 with block scales; embeddings are BF16.
+    """
+    p = param_counts(model)
+    attn_split = 1 if deployment.attention_dp else deployment.tp
+    replicated_fp8 = (p["attention"] + p["indexer"] + p["dense_ffn"] + p["mtp"]) / attn_split \
+        + p["shared_experts"] + p["router"]
+    routed_fp8 = p["routed_experts"] / deployment.ep
+    return _fp8_bytes(model, replicated_fp8 + routed_fp8) + p["embeddings"] * model.embedding_bytes_per_param
+
+
+def kv_budget_bytes(model: ModelSpec, deployment: DeploymentSpec, gpu: GPUSpec | None = None) -> float:
+    """HBM left for caches on one GPU: ``HBM x mem_fraction_static - weights``.
+
+    Raises ``ValueError`` when the weights alone do not fit.
+    """
+    gpu = gpu or gpu_spec(deployment.gpu)
+    static = gpu.hbm_capacity_GiB * GiB * deployment.mem_fraction_static
+    weights = weights_per_gpu_bytes(model, deployment)
+    if weights >= static:
+        raise ValueError(f"deployment {deployment.name!r}: the weights per GPU ({weights / 1e9:.1f} GB) do not fit in "
+                         f"{gpu.name}'s {static / 1e9:.1f} GB (HBM x mem_fraction_static); use more expert-parallel "
+                         f"GPUs (ep={deployment.ep}) or a larger GPU")
+    return static - weights
+
+
+@dataclass(frozen=True)
+class BatchLimit:
+    """The largest decode batch per GPU and what bounds it (``limited_by``: ``"gpu"``, ``"host"`` or, when no
+    request fits, ``"infeasible"`` with ``reason``)."""
+
+    batch: int
+    limited_by: str
+    context_len: int
+    ratio: float
+    gpu_bytes_per_request: float
+    host_bytes_per_request: float
+    kv_budget_bytes: float
+    host_budget_bytes: float
+    batch_gpu: int
+    batch_host: int | None
+    reason: str = ""
+
+
+def largest_batch(context_len: int, ratio: float = 1.0, *, model: ModelSpec | str = "deepseek-v3.2-exp",
+                  deployment: DeploymentSpec | str = "paper-table1", gpu: GPUSpec | str | None = None,
+                  host: HostSpec | str | None = None) -> BatchLimit:
+    """The largest batch per GPU for ``context_len`` tokens per request and sparse-memory ``ratio``.
+
+    ``ratio == 1`` is the no-offload baseline (everything on the GPU); ``ratio < 1`` keeps the indexer cache and
+    ``ratio`` of the latent cache on the GPU and the whole latent cache in host memory.
+    """
+    model, deployment, gpu, host = resolve(model, deployment, gpu, host)
+    context_len = check_context_len(model, context_len)
+    ratio = check_ratio(ratio)
+    rc = request_cache(model, context_len, ratio, deployment.kv_dtype)
+    budget = kv_budget_bytes(model, deployment, gpu)
+    host_budget = host.memory_capacity_GB_per_gpu * 1e9
+    batch_gpu = int(budget // rc.gpu_bytes)
+    batch_host = int(host_budget // rc.latent_host_bytes) if rc.latent_host_bytes else None
+    slots = ratio * rc.tokens
+    need = min(rc.tokens, model.index_topk)
+    common = dict(context_len=context_len, ratio=ratio, gpu_bytes_per_request=rc.gpu_bytes,
+                  host_bytes_per_request=rc.latent_host_bytes, kv_budget_bytes=budget,
+                  host_budget_bytes=host_budget, batch_gpu=batch_gpu, batch_host=batch_host)
+    if slots < need:
+        return BatchLimit(0, "infeasible", reason=f"ratio {ratio} leaves {slots:.0f} GPU slots per request and layer, "
+                          f"fewer than the {need} entries one step selects (K)", **common)
+    batch, limited_by = batch_gpu, "gpu"
+    if batch_host is not None and batch_host < batch_gpu:
+        batch, limited_by = batch_host, "host"
+    if batch == 0:
+        return BatchLimit(0, "infeasible", reason=f"one request needs {rc.gpu_bytes / 1e9:.2f} GB of GPU memory, "
+                          f"the KV budget is {budget / 1e9:.2f} GB", **common)
+    return BatchLimit(batch, limited_by, **common)
+
+
+def host_memory_needed_bytes(batch: int, context_len: int, *, model: ModelSpec | str = "deepseek-v3.2-exp",
+                             dtype: str = "fp8") -> int:
+    """Host bytes that hold the whole latent cache of ``batch`` requests of ``context_len`` tokens."""
+    model = model_spec(model) if isinstance(model, str) else model
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch <= 0:
+        raise ValueError(f"batch must be a positive integer, got {batch!r}")
+    context_len = check_context_len(model, context_len)
+    return batch * padded_tokens(model, context_len) * latent_entry_bytes(model, dtype) * model.n_layers
+
+
+def fit_mem_fraction_static(batch_limit: int, context_len: int, *, model: ModelSpec | str = "deepseek-v3.2-exp",
+                            deployment: DeploymentSpec | str = "paper-table1") -> float:
+    """The ``mem_fraction_static`` that puts the no-offload memory limit at ``batch_limit`` requests of
+    ``context_len`` tokens: the budget is set halfway between ``batch_limit`` and ``batch_limit + 1`` requests,
+    rounded to 3 decimals (as SGLang rounds it). A calibration: use it only on calibration data."""
+    model, deployment, gpu, _ = resolve(model, deployment, None, None)
+    rc = request_cache(model, context_len, 1.0, deployment.kv_dtype)
+    static = weights_per_gpu_bytes(model, deployment) + (batch_limit + 0.5) * rc.gpu_bytes
+    return round(static / (gpu.hbm_capacity_GiB * GiB), 3)
+
+
+def resolve(model, deployment, gpu, host):
+    """Turn preset names into specs (``gpu`` and ``host`` default to the deployment's)."""
+    model = model_spec(model) if isinstance(model, str) else model
+    deployment = deployment_spec(deployment) if isinstance(deployment, str) else deployment
+    if not isinstance(model, ModelSpec):
+        raise TypeError(f"model must be a preset name or ModelSpec, got {type(model).__name__}")
+    if not isinstance(deployment, DeploymentSpec):
+        raise TypeError(f"deployment must be a preset name or DeploymentSpec, got {type(deployment).__name__}")
+    gpu = gpu_spec(gpu or deployment.gpu) if gpu is None or isinstance(gpu, str) else gpu
+    host = host_spec(host or deployment.host) if host is None or isinstance(host, str) else host
+    if not isinstance(gpu, GPUSpec):
+        raise TypeError(f"gpu must be a preset name or GPUSpec, got {type(gpu).__name__}")
+    if not isinstance(host, HostSpec):
+        raise TypeError(f"host must be a preset name or HostSpec, got {type(host).__name__}")
+    return model, deployment, gpu, host

@@ -1,0 +1,64 @@
+"""Data to plotly figures. Every function takes a DataFrame (from ``ess.tables`` or a simulation) and returns a
+``plotly.graph_objects.Figure``; nothing here computes a result."""
+from __future__ import annotations
+
+import plotly.graph_objects as go
+import plotly.io as pio
+
+__all__ = ["use_notebook_renderer", "fig_cache_bytes", "fig_batch_limits", "fig_batch_vs_context"]
+
+_TEMPLATE = "plotly_white"
+
+
+def use_notebook_renderer() -> None:
+    """Render figures as self-contained HTML in notebook outputs, so the static book shows them (plotly.js is
+    embedded once per notebook; no CDN is needed)."""
+    pio.renderers.default = "notebook"
+
+
+def fig_cache_bytes(df) -> go.Figure:
+    """Cache GB per request against context length (from :func:`ess.tables.kv_bytes_by_context`)."""
+    fig = go.Figure()
+    fp8 = df[df.dtype == "fp8"]
+    fig.add_bar(x=fp8.context_len, y=fp8.indexer_bytes / 1e9, name="indexer cache (GPU)")
+    fig.add_bar(x=fp8.context_len, y=fp8.latent_bytes / 1e9, name="latent cache, FP8 656 B")
+    for dtype, dash in (("bf16", "dash"),):
+        sub = df[df.dtype == dtype]
+        if len(sub):
+            fig.add_scatter(x=sub.context_len, y=sub.total_bytes / 1e9, name=f"total with {dtype.upper()} latent",
+                            mode="lines+markers", line={"dash": dash})
+    fig.update_layout(barmode="stack", template=_TEMPLATE, title="Cache per request, all layers",
+                      xaxis={"title": "context length L (tokens)", "type": "log", "tickvals": list(fp8.context_len)},
+                      yaxis={"title": "GB per request"}, legend={"orientation": "h", "y": -0.25})
+    return fig
+
+
+def fig_batch_limits(df, context_len: int) -> go.Figure:
+    """Largest batch per GPU preset at one context length, one bar per ratio (from
+    :func:`ess.tables.batch_limits_by_gpu`)."""
+    sub = df[df.context_len == context_len]
+    fig = go.Figure()
+    for ratio, part in sub.groupby("ratio", sort=False):
+        label = "no offload (ratio 1)" if ratio == 1.0 else f"offload, ratio {ratio:g}"
+        fig.add_bar(x=part.gpu, y=part.batch, name=label, text=part.batch, textposition="outside",
+                    hovertext=part.limited_by)
+    fig.update_layout(barmode="group", template=_TEMPLATE, title=f"Largest batch per GPU at L = {context_len // 1024}K",
+                      xaxis={"title": "GPU"}, yaxis={"title": "requests per GPU"}, legend={"orientation": "h", "y": -0.25})
+    return fig
+
+
+def fig_batch_vs_context(df, gpu: str, published: dict | None = None) -> go.Figure:
+    """Largest batch against context length for one GPU, a line per ratio; ``published`` marks
+    ``{label: (context_len, batch)}`` points."""
+    sub = df[df.gpu == gpu]
+    fig = go.Figure()
+    for ratio, part in sub.groupby("ratio", sort=False):
+        label = "no offload" if ratio == 1.0 else f"ratio {ratio:g}"
+        fig.add_scatter(x=part.context_len, y=part.batch, mode="lines+markers", name=label)
+    for label, (L, b) in (published or {}).items():
+        fig.add_scatter(x=[L], y=[b], mode="markers", marker={"symbol": "x", "size": 12, "color": "black"},
+                        name=label)
+    fig.update_layout(template=_TEMPLATE, title=f"Largest batch per GPU, {gpu}",
+                      xaxis={"title": "context length L (tokens)", "type": "log"},
+                      yaxis={"title": "requests per GPU", "type": "log"}, legend={"orientation": "h", "y": -0.25})
+    return fig

@@ -1,0 +1,68 @@
+"""The pipeline in smoke mode: notebooks executed, records written, the book built; failures named."""
+import json
+import shutil
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from ess import reproduce
+from ess.__main__ import main
+from ess.results import load_records
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.slow
+def test_smoke_run_records_and_builds_the_book(tmp_path):
+    runs = reproduce.run_all(smoke=True, only=["01"], build_dir=tmp_path, progress=False)
+    assert [r.name for r in runs] == ["01_memory_wall"]
+    records = {r.name: r for r in load_records(tmp_path / "results" / "01_memory_wall.json")}
+    assert records["latent_entry_bytes_fp8"].value == 656
+    assert records["token_bytes_all_layers"].value == 48068
+    for r in records.values():
+        assert r.unit is not None and isinstance(r.config, dict)
+        if r.published is not None:
+            assert r.source
+    index = json.loads((tmp_path / "results" / "index.json").read_text())
+    assert index["01_memory_wall"]["smoke"] is True
+    html = tmp_path / "book" / "_build" / "html"
+    page = (html / "notebooks" / "01_memory_wall.html").read_text()
+    assert "plotly-graph-div" in page                  # figures survive into the static book
+    assert (html / "intro.html").exists() and "Glossary" in (html / "intro.html").read_text()
+
+
+def _broken_notebook(folder: Path) -> Path:
+    nb = nbformat.v4.new_notebook()
+    params = nbformat.v4.new_code_cell("smoke = False\nresults_path = ''")
+    params.metadata["tags"] = ["parameters"]
+    nb.cells = [nbformat.v4.new_markdown_cell("# broken"), params, nbformat.v4.new_code_cell("x = 1"),
+                nbformat.v4.new_code_cell("raise ValueError('boom')")]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    path = folder / "99_broken.ipynb"
+    nbformat.write(nb, path)
+    return path
+
+
+@pytest.mark.slow
+def test_failure_names_the_notebook_and_the_cell(tmp_path):
+    nbdir = tmp_path / "nbs"
+    nbdir.mkdir()
+    _broken_notebook(nbdir)
+    with pytest.raises(reproduce.ReproduceError, match=r"99_broken.ipynb failed in cell 4 .*ValueError: boom"):
+        reproduce.run_all(notebooks_dir=nbdir, build_dir=tmp_path / "build", book=False, progress=False)
+
+
+def test_only_rejects_unknown_names(tmp_path, capsys):
+    assert main(["reproduce", "--only", "no-such-notebook", "--build-dir", str(tmp_path)]) == 1
+    assert "matches 0 notebooks" in capsys.readouterr().err
+
+
+def test_list(capsys):
+    assert main(["list"]) == 0
+    assert "01_memory_wall" in capsys.readouterr().out
+
+
+def test_stage_book_needs_executed_notebooks(tmp_path):
+    with pytest.raises(reproduce.ReproduceError, match="no executed notebooks"):
+        reproduce.stage_book(tmp_path)

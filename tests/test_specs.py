@@ -1,0 +1,92 @@
+import dataclasses
+
+import pytest
+
+from ess import specs
+
+
+@pytest.mark.parametrize("name", specs.list_models())
+def test_every_model_field_has_a_source(name):
+    m = specs.model_spec(name)
+    fields = {f.name for f in dataclasses.fields(m)} - {"sources"}
+    assert fields == set(m.sources)
+    assert all(isinstance(s, str) and s.strip() for s in m.sources.values())
+
+
+def test_deepseek_geometry():
+    m = specs.model_spec("deepseek-v3.2-exp")
+    assert (m.n_layers, m.hidden_size, m.n_heads, m.kv_lora_rank, m.qk_rope_head_dim) == (61, 7168, 128, 512, 64)
+    assert (m.index_n_heads, m.index_head_dim, m.index_topk) == (64, 128, 2048)
+    assert m.latent_dim == 576
+
+
+@pytest.mark.parametrize("name", specs.list_gpus())
+def test_gpus_load_with_sources(name):
+    g = specs.gpu_spec(name)
+    assert g.hbm_capacity_GiB > 0 and g.pcie_GB_per_s_per_direction in (31.5, 63.0)
+    assert set(g.sources) >= {"hbm_capacity_GiB", "hbm_bandwidth_GB_per_s", "pcie_gen"}
+
+
+def test_expected_gpu_presets():
+    assert set(specs.list_gpus()) == {"H800", "H100", "H200", "H20", "A100-80G"}
+    assert specs.gpu_spec("A100-80G").fp8_dense_TFLOPS is None
+    assert specs.gpu_spec("H200").hbm_capacity_GiB == 141
+
+
+@pytest.mark.parametrize("name", specs.list_hosts())
+def test_hosts(name):
+    h = specs.host_spec(name)
+    assert h.memory_capacity_GB_per_gpu > 0
+
+
+@pytest.mark.parametrize("name", specs.list_deployments())
+def test_deployments(name):
+    d = specs.deployment_spec(name)
+    assert d.n_gpus == d.nodes * d.gpus_per_node
+    assert d.sources["mem_fraction_static"]
+
+
+@pytest.mark.parametrize("loader,kind", [(specs.model_spec, "model"), (specs.gpu_spec, "gpu"),
+                                         (specs.host_spec, "host"), (specs.deployment_spec, "deployment")])
+def test_unknown_preset_names_the_argument_and_the_choices(loader, kind):
+    with pytest.raises(ValueError, match=f"unknown {kind} 'nope'; allowed: "):
+        loader("nope")
+
+
+def test_specs_are_frozen():
+    m = specs.model_spec("tiny")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        m.n_layers = 3
+
+
+def test_deployment_validation():
+    d = specs.deployment_spec("paper-table1")
+    with pytest.raises(ValueError, match="mem_fraction_static"):
+        d.replace(mem_fraction_static=1.5)
+    with pytest.raises(ValueError, match="ep=64 exceeds"):
+        d.replace(ep=64)
+    with pytest.raises(ValueError, match="mtp_accept_ratio"):
+        d.replace(mtp_accept_ratio=2.5)
+    with pytest.raises(ValueError, match="nodes must be > 0"):
+        d.replace(nodes=0)
+    with pytest.raises(ValueError, match="kv_dtype"):
+        d.replace(kv_dtype="int4")
+
+
+def test_model_validation():
+    m = specs.model_spec("tiny")
+    with pytest.raises(ValueError, match="kv_lora_rank"):
+        dataclasses.replace(m, kv_lora_rank=100)
+    with pytest.raises(ValueError, match="hidden_size must be > 0"):
+        dataclasses.replace(m, hidden_size=0)
+
+
+def test_sourced_yaml_rejects_a_value_without_source():
+    with pytest.raises(ValueError, match="non-empty source"):
+        specs._split_sourced({"x": {"value": 1, "source": ""}}, "test.yaml")
+
+
+def test_link_figures():
+    links = specs.link_figures()
+    assert links["flashtrans"]["h2d_GB_per_s"] == 37.0
+    assert links["pcie"]["gen5_x16_GB_per_s_per_direction"] == 63.0
