@@ -1,13 +1,12 @@
-"""Widgets: each wraps a pure ``(parameters) -> (figure, summary)`` function, so the logic is testable without a
-browser and the book can show the default output without a kernel."""
+"""The memory-budget widget (notebook 01)."""
 from __future__ import annotations
 
 import ipywidgets as W
 
-from .memory import largest_batch
-from .layout import request_cache
-from .memory import resolve
-from .specs import list_gpus
+from ..memory import largest_batch
+from ..layout import request_cache
+from ..memory import resolve
+from ..specs import list_gpus
 
 __all__ = ["memory_budget_view", "memory_budget_widget"]
 

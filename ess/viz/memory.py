@@ -1,19 +1,11 @@
-"""Data to plotly figures. Every function takes a DataFrame (from ``ess.tables`` or a simulation) and returns a
-``plotly.graph_objects.Figure``; nothing here computes a result."""
+"""Figures of the memory model (notebook 01)."""
 from __future__ import annotations
 
 import plotly.graph_objects as go
-import plotly.io as pio
 
-__all__ = ["use_notebook_renderer", "fig_cache_bytes", "fig_batch_limits", "fig_batch_vs_context"]
+from ._style import TEMPLATE as _TEMPLATE
 
-_TEMPLATE = "plotly_white"
-
-
-def use_notebook_renderer() -> None:
-    """Render figures as self-contained HTML in notebook outputs, so the static book shows them (plotly.js is
-    embedded once per notebook; no CDN is needed)."""
-    pio.renderers.default = "notebook"
+__all__ = ["fig_cache_bytes", "fig_batch_limits", "fig_batch_vs_context"]
 
 
 def fig_cache_bytes(df) -> go.Figure:

@@ -1,13 +1,12 @@
-"""One function per article or paper table: each returns a DataFrame with the published value, ours, the error
-and the source, plus a ``status`` and the ``reason`` where a claim is not reproduced."""
+"""Tables of the memory model (notebook 01): the article's memory claims and the batch limits."""
 from __future__ import annotations
 
 import pandas as pd
 
-from .layout import request_cache
-from .memory import host_memory_needed_bytes, largest_batch, resolve
-from .published import published
-from .specs import host_spec, list_gpus
+from ..layout import request_cache
+from ..memory import host_memory_needed_bytes, largest_batch, resolve
+from ..published import published
+from ..specs import host_spec, list_gpus
 
 __all__ = ["memory_wall_claims", "batch_limits_by_gpu", "kv_bytes_by_context"]
 

@@ -1,0 +1,46 @@
+"""Kernels: one family per subpackage (``ess.kernels.transfer``, ``ess.kernels.attention``, ...), each with the
+same three files and the same signatures:
+
+* ``reference.py``  the NumPy oracle, written to be read (float64 where numbers are computed, shapes in docstrings);
+* ``numba_cpu.py``  Numba kernels for the CPU (compiled lazily on first use, ``cache=True``);
+* ``torch_ops.py``  torch kernels for CPU and CUDA (torch imported lazily).
+
+Kernels know shapes and dtypes, nothing else. The public wrappers validate their arguments, allocate the outputs and
+pick the backend with :func:`resolve_backend`, the one place where ``backend="auto"`` is decided.
+"""
+from __future__ import annotations
+
+import functools
+
+__all__ = ["BACKENDS", "resolve_backend", "cuda_available"]
+
+BACKENDS = ("reference", "numba", "torch")
+
+
+@functools.lru_cache(maxsize=None)
+def cuda_available() -> bool:
+    """True when torch sees a CUDA device (torch is imported here, lazily, and only once)."""
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - torch is a dependency
+        return False
+    return bool(torch.cuda.is_available())
+
+
+def resolve_backend(backend: str = "auto", *, device: str | None = None) -> str:
+    """Resolve a backend name.
+
+    ``"auto"`` means ``"torch"`` when the data lives on a CUDA device (``device`` starting with ``"cuda"``) and
+    ``"numba"`` otherwise; the names in :data:`BACKENDS` pass through. ``device="cuda"`` with a backend other than
+    ``"torch"`` is an error, and so is a CUDA device when none is present.
+    """
+    if backend not in BACKENDS + ("auto",):
+        raise ValueError(f"backend must be 'auto' or one of {BACKENDS}, got {backend!r}")
+    on_cuda = device is not None and str(device).startswith("cuda")
+    if on_cuda and not cuda_available():
+        raise ValueError(f"device={device!r} was asked for but no CUDA device is available")
+    if backend == "auto":
+        return "torch" if on_cuda else "numba"
+    if on_cuda and backend != "torch":
+        raise ValueError(f"backend {backend!r} runs on the CPU only; use backend='torch' for device={device!r}")
+    return backend

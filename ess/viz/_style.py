@@ -1,0 +1,2 @@
+"""Shared look of every figure."""
+TEMPLATE = "plotly_white"
