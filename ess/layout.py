@@ -18,6 +18,7 @@ Every size is computed from a :class:`~ess.specs.ModelSpec`, never typed in.
 """
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 
 from .specs import ModelSpec
@@ -79,9 +80,12 @@ def token_bytes(model: ModelSpec, dtype: str = "fp8") -> int:
 
 
 def check_context_len(model: ModelSpec, context_len: int, name: str = "context_len") -> int:
-    if isinstance(context_len, bool) or not isinstance(context_len, (int,)) and not hasattr(context_len, "__index__"):
-        raise TypeError(f"{name} must be an integer number of tokens, got {type(context_len).__name__}")
-    context_len = int(context_len)
+    try:
+        if isinstance(context_len, bool):
+            raise TypeError
+        context_len = operator.index(context_len)          # int and numpy integers; not floats
+    except TypeError:
+        raise TypeError(f"{name} must be an integer number of tokens, got {type(context_len).__name__}") from None
     if context_len <= 0:
         raise ValueError(f"{name} must be > 0 tokens, got {context_len}")
     if context_len > model.max_position_embeddings:
