@@ -1,0 +1,384 @@
+"""DeepSeek Sparse Attention at decode time: the lightning indexer, top-K selection, sparse MLA attention in MQA mode,
+split attention merged by log-sum-exp, and one decode step that reads its latents through the tiered cache.
+
+The maths [DS ``inference/model.py``; paper-facts.md "DeepSeek-V3.2-Exp geometry"]:
+
+* **Lightning indexer**: ``I(t, s) = sum_j w(t, j) * ReLU(q(t, j) . k(s))`` over the indexer heads ``j``; one key per
+  token, shared by all heads; causal (token ``s`` is visible to a query at position ``t`` when ``s <= t``). Any
+  constant factors of the model (``n_heads**-0.5``, ``head_dim**-0.5``) are folded into ``w`` by the caller. Keys are
+  read from the 132-byte indexer entries (FP8 plus one float32 scale, :mod:`ess.quant`); queries may be FP8-rounded
+  and Hadamard-rotated with :func:`prepare_index_queries`, as in the model.
+* **Top-K**: the ``min(K, L)`` highest scores; ties go to the **lower token index**; the result is ordered by score
+  (highest first) and padded with ``-1`` to width K when fewer than K tokens are visible.
+* **Sparse MLA, MQA mode**: each latent (``kv_lora_rank`` c_KV values + ``qk_rope_head_dim`` rope values, 576 for
+  the full model) is shared by all H query heads; ``softmax(sm_scale * q . latent)`` over the selected entries; the
+  value is the c_KV part (absorbed MLA: the output is 512-d per head, before the up-projection). Returns the output
+  and the log-sum-exp ``lse = log sum exp(sm_scale * q . latent)``.
+* **Softmax scale** (:func:`softmax_scale`): ``(qk_nope_head_dim + qk_rope_head_dim)**-0.5 * mscale**2`` with
+  ``mscale = 0.1 ln(rope_factor) + 1`` (YaRN): ``192**-0.5 * (0.1 ln 40 + 1)**2 = 0.1917`` for DeepSeek-V3.2-Exp
+  (paper-facts.md, [DS] ``inference/model.py``); ``32 + 16 = 48`` and factor 1 give ``48**-0.5`` for ``tiny``.
+* **Split attention**: attention over two disjoint index sets (the DA overlap's Attn0 over hits, Attn1 over misses)
+  merged exactly by their log-sum-exps: ``o = (e^{lse0} o0 + e^{lse1} o1) / (e^{lse0} + e^{lse1})``.
+
+Arrays are NumPy on the host; ``backend`` is ``"auto" | "reference" | "numba" | "torch"`` and ``device`` picks where
+torch runs (``"cpu"`` or ``"cuda"``), both resolved by :func:`ess.kernels.resolve_backend`.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from .kernels import resolve_backend
+from .kernels.attention import get as _kernels
+from .layout import indexer_entry_bytes, latent_layout
+from .quant import fp8_e4m3_round, hadamard_rotate
+from .specs import ModelSpec
+
+__all__ = [
+    "softmax_scale", "prepare_index_queries", "indexer_scores", "topk_indices", "sparse_mla_decode",
+    "dense_mla_decode", "merge_attention", "split_attention", "AttentionOutput", "DecodeStep", "decode_step",
+    "resident_attention", "latent_format",
+]
+
+
+@dataclass(frozen=True)
+class AttentionOutput:
+    """``out`` (B, H, kv_lora_rank) float32 and ``lse`` (B, H) float32 (``-inf`` where no entry was attended)."""
+
+    out: np.ndarray
+    lse: np.ndarray
+
+
+def softmax_scale(model: ModelSpec) -> float:
+    """``(qk_nope + qk_rope)**-0.5 * mscale**2``, ``mscale = 0.1 ln(rope_factor) + 1`` ([DS] ``inference/model.py``
+    with ``mscale = 1``; 0.1917 for DeepSeek-V3.2-Exp)."""
+    mscale = 0.1 * math.log(model.rope_factor) + 1.0 if model.rope_factor > 1 else 1.0
+    return (model.qk_nope_head_dim + model.qk_rope_head_dim) ** -0.5 * mscale * mscale
+
+
+def latent_format(model: ModelSpec, dtype: str = "fp8") -> tuple[bool, int, int, int]:
+    """The ``(fp8, kv_rank, rope_dim, tile)`` description kernels take, checked against :func:`latent_layout`."""
+    lay = latent_layout(model, dtype)
+    fp8 = dtype == "fp8"
+    kv, rope, tile = model.kv_lora_rank, model.qk_rope_head_dim, model.latent_fp8_tile
+    expected = (kv + 4 * (kv // tile) + 2 * rope) if fp8 else 2 * (kv + rope)
+    if lay.entry_bytes != expected or lay.ckv_offset != 0 or lay.rope_offset != expected - 2 * rope:
+        raise ValueError(f"{model.name}: latent layout {lay} is not one the attention kernels read")
+    return fp8, kv, rope, tile
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# validation helpers
+# ----------------------------------------------------------------------------------------------------------------
+
+def _float_array(x: Any, name: str, ndim: int, shape_doc: str) -> np.ndarray:
+    if hasattr(x, "detach"):
+        x = x.detach().cpu().numpy()
+    x = np.asarray(x)
+    if not (np.issubdtype(x.dtype, np.floating) or np.issubdtype(x.dtype, np.integer)) or x.dtype == bool:
+        raise TypeError(f"{name} must be a float array {shape_doc}, got dtype {x.dtype}")
+    if x.ndim != ndim:
+        raise ValueError(f"{name} must have shape {shape_doc}, got shape {x.shape}")
+    if not np.all(np.isfinite(x)):
+        raise ValueError(f"{name} must hold finite values only (found NaN or inf)")
+    return np.ascontiguousarray(x, dtype=np.float32)
+
+
+def _byte_array(x: Any, name: str, ndims: tuple[int, ...], shape_doc: str) -> np.ndarray:
+    x = np.asarray(x)
+    if x.dtype != np.uint8:
+        raise TypeError(f"{name} must be uint8 cache entries {shape_doc}, got dtype {x.dtype}")
+    if x.ndim not in ndims:
+        raise ValueError(f"{name} must have shape {shape_doc}, got shape {x.shape}")
+    return np.ascontiguousarray(x)
+
+
+def _positive_int(k: Any, name: str) -> int:
+    if isinstance(k, bool) or not isinstance(k, numbers.Integral):
+        raise TypeError(f"{name} must be a positive integer, got {k!r}")
+    if k <= 0:
+        raise ValueError(f"{name} must be > 0, got {k}")
+    return int(k)
+
+
+def _check_scale(sm_scale: Any) -> float:
+    try:
+        s = float(sm_scale)
+    except (TypeError, ValueError):
+        raise TypeError(f"sm_scale must be a number, got {sm_scale!r}") from None
+    if not math.isfinite(s) or s <= 0:
+        raise ValueError(f"sm_scale must be finite and > 0, got {sm_scale!r}")
+    return s
+
+
+def _lengths(lengths: Any, B: int, L: int) -> np.ndarray:
+    if lengths is None:
+        return np.full(B, L, dtype=np.int64)
+    arr = np.asarray(lengths)
+    if not np.issubdtype(arr.dtype, np.integer) or arr.shape != (B,):
+        raise ValueError(f"lengths must be {B} integers (one per request), got {arr.dtype} shape {arr.shape}")
+    if arr.min(initial=1) < 1 or arr.max(initial=1) > L:
+        raise ValueError(f"lengths must be in [1, L={L}], got min {arr.min()} max {arr.max()}")
+    return np.ascontiguousarray(arr, dtype=np.int64)
+
+
+def _run(backend: str, device: str | None, name: str, *args) -> None:
+    be = resolve_backend(backend, device=device)
+    fn = getattr(_kernels(be), name)
+    if be == "torch":
+        fn(*args, device=device or "cpu")
+    else:
+        fn(*args)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# indexer and top-k
+# ----------------------------------------------------------------------------------------------------------------
+
+def prepare_index_queries(q, *, rotate: bool = True, fp8: bool = True) -> np.ndarray:
+    """Indexer queries as the model feeds them to the FP8 kernel: Hadamard-rotated over the head dim, then rounded
+    to FP8 e4m3 with one scale per 128-value block (per query head). Rotate the keys too (before
+    :func:`ess.quant.encode_indexer_keys`) so that dot products are preserved."""
+    q = _float_array(q, "q", np.ndim(q), "(..., D)")
+    if rotate:
+        q = hadamard_rotate(q)
+    if fp8:
+        d = q.shape[-1]
+        tile = min(d, 128)
+        if d % tile:
+            raise ValueError(f"q: head dim {d} must be a multiple of 128 (or at most 128) for FP8 blocks")
+        blocks = q.reshape(*q.shape[:-1], d // tile, tile)
+        amax = np.abs(blocks).max(axis=-1, keepdims=True)
+        s = np.where(amax > 0, amax / 448.0, 1.0).astype(np.float32)
+        q = (fp8_e4m3_round(blocks / s) * s).reshape(q.shape).astype(np.float32)
+    return q
+
+
+def indexer_scores(q, weights, keys, lengths=None, *, backend: str = "auto", device: str | None = None) -> np.ndarray:
+    """Lightning-indexer scores of the decoding query of each request against every cached token.
+
+    q: (B, Hi, D) float indexer queries; weights: (B, Hi) float head weights; keys: (B, L, D + 4) uint8 indexer
+    entries (:func:`ess.quant.encode_indexer_keys`); lengths: (B,) visible tokens per request (default L; the
+    query sits at position ``lengths[b] - 1`` and sees tokens ``s < lengths[b]``). Returns (B, L) float32 with
+    ``-inf`` at invisible tokens.
+    """
+    q = _float_array(q, "q", 3, "(B, Hi, D)")
+    B, Hi, D = q.shape
+    weights = _float_array(weights, "weights", 2, "(B, Hi)")
+    if weights.shape != (B, Hi):
+        raise ValueError(f"weights must have shape (B, Hi) = {(B, Hi)} to match q, got {weights.shape}")
+    keys = _byte_array(keys, "keys", (3,), "(B, L, D + 4)")
+    if keys.shape[0] != B or keys.shape[2] != D + 4:
+        raise ValueError(f"keys must have shape (B={B}, L, D + 4 = {D + 4}) to match q, got {keys.shape}")
+    if keys.shape[1] == 0:
+        raise ValueError("keys must hold at least one token (L >= 1)")
+    L = keys.shape[1]
+    lengths = _lengths(lengths, B, L)
+    out = np.empty((B, L), dtype=np.float32)
+    _run(backend, device, "indexer_scores", q, weights, keys, lengths, out)
+    return out
+
+
+def topk_indices(scores, k: int) -> np.ndarray:
+    """The top-``k`` token indices of each row of ``scores`` (B, L): (B, k) int64, highest score first, ties to the
+    lower token index, ``-inf`` (invisible) tokens never chosen, padded with ``-1`` when fewer than ``k`` remain."""
+    k = _positive_int(k, "k")
+    s = np.asarray(scores)
+    if s.ndim != 2 or not np.issubdtype(s.dtype, np.floating):
+        raise ValueError(f"scores must be a float array (B, L), got dtype {s.dtype} shape {s.shape}")
+    if np.isnan(s).any() or np.isposinf(s).any():
+        raise ValueError("scores must not hold NaN or +inf (-inf marks an invisible token)")
+    B, L = s.shape
+    order = np.argsort(-s.astype(np.float64), axis=1, kind="stable")[:, :k]     # stable: ties keep index order
+    picked = np.take_along_axis(s, order, axis=1)
+    order = np.where(np.isneginf(picked), -1, order).astype(np.int64)
+    if k > L:
+        order = np.concatenate([order, np.full((B, k - L), -1, dtype=np.int64)], axis=1)
+    return order
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# sparse MLA
+# ----------------------------------------------------------------------------------------------------------------
+
+def _pool_and_indices(latents: np.ndarray, indices: np.ndarray, B: int) -> tuple[np.ndarray, np.ndarray]:
+    """(B, L, E) per-request caches -> a (B * L, E) pool with indices shifted by ``b * L``; a (N, E) pool as is."""
+    idx = np.asarray(indices)
+    if not np.issubdtype(idx.dtype, np.integer) or idx.ndim != 2 or idx.shape[0] != B:
+        raise ValueError(f"indices must be an integer array (B={B}, K), got dtype {idx.dtype} shape {idx.shape}")
+    if idx.shape[1] == 0:
+        raise ValueError("indices must select K >= 1 entries per request (use -1 for padding)")
+    idx = idx.astype(np.int64)
+    n_rows = latents.shape[-2]
+    if idx.size and (idx.min() < -1 or idx.max() >= n_rows):
+        raise ValueError(f"indices must be in [-1, {n_rows}) (-1 = padding), got min {idx.min()} max {idx.max()}")
+    if latents.ndim == 2:
+        return latents, np.ascontiguousarray(idx)
+    if latents.shape[0] != B:
+        raise ValueError(f"latents must have shape (B={B}, L, E) to match q, got {latents.shape}")
+    shifted = np.where(idx >= 0, idx + np.arange(B, dtype=np.int64)[:, None] * n_rows, -1)
+    return latents.reshape(-1, latents.shape[-1]), np.ascontiguousarray(shifted)
+
+
+def sparse_mla_decode(q, latents, indices, model: ModelSpec, *, dtype: str = "fp8", sm_scale: float | None = None,
+                      backend: str = "auto", device: str | None = None) -> AttentionOutput:
+    """Sparse MLA decode attention (MQA mode) over the selected latent entries.
+
+    q: (B, H, kv_lora_rank + qk_rope_head_dim) float queries (absorbed: c_KV part then rope part);
+    latents: (B, L, E) uint8 per-request caches, or (N, E) uint8 rows of a shared pool; E = 656 (``"fp8"``) or
+    1,152 (``"bf16"``) bytes for DeepSeek-V3.2-Exp; indices: (B, K) token indices (rows of the pool for a 2-D
+    ``latents``), -1 = padding; sm_scale: default :func:`softmax_scale`.
+    """
+    fmt = latent_format(model, dtype)
+    q = _float_array(q, "q", 3, "(B, H, kv_lora_rank + qk_rope_head_dim)")
+    B, H, Dqk = q.shape
+    if Dqk != model.latent_dim:
+        raise ValueError(f"q: last axis must be kv_lora_rank + qk_rope_head_dim = {model.latent_dim} for "
+                         f"{model.name}, got {Dqk}")
+    E = latent_layout(model, dtype).entry_bytes
+    latents = _byte_array(latents, "latents", (2, 3), f"(B, L, {E}) or (N, {E})")
+    if latents.shape[-1] != E:
+        raise ValueError(f"latents: entries must be {E} bytes ({dtype} layout of {model.name}), got "
+                         f"{latents.shape[-1]}")
+    pool, idx = _pool_and_indices(latents, indices, B)
+    scale = softmax_scale(model) if sm_scale is None else _check_scale(sm_scale)
+    out = np.empty((B, H, model.kv_lora_rank), dtype=np.float32)
+    lse = np.empty((B, H), dtype=np.float32)
+    _run(backend, device, "sparse_mla_decode", q, pool, idx, scale, *fmt, out, lse)
+    return AttentionOutput(out, lse)
+
+
+def dense_mla_decode(q, latents, model: ModelSpec, lengths=None, *, dtype: str = "fp8",
+                     sm_scale: float | None = None) -> AttentionOutput:
+    """Dense attention over every visible token, float64, written independently of the sparse kernels (the oracle
+    for "sparse with K >= L equals dense"). latents: (B, L, E) uint8; lengths: (B,) visible tokens (default L)."""
+    from .kernels.attention.reference import decode_latent_rows
+    fp8, kv, rope, tile = latent_format(model, dtype)
+    q = _float_array(q, "q", 3, "(B, H, Dqk)")
+    E = latent_layout(model, dtype).entry_bytes
+    latents = _byte_array(latents, "latents", (3,), f"(B, L, {E})")
+    if latents.shape[0] != q.shape[0] or latents.shape[2] != E or q.shape[2] != kv + rope:
+        raise ValueError(f"q (B, H, {kv + rope}) and latents (B, L, {E}) do not match: {q.shape}, {latents.shape}")
+    B, L = latents.shape[:2]
+    lengths = _lengths(lengths, B, L)
+    scale = softmax_scale(model) if sm_scale is None else _check_scale(sm_scale)
+    out = np.empty((B, q.shape[1], kv), np.float32)
+    lse = np.empty((B, q.shape[1]), np.float32)
+    for b in range(B):
+        lat = decode_latent_rows(latents[b, :lengths[b]], fp8, kv, rope, tile)      # (n, Dqk) float64
+        s = scale * (q[b].astype(np.float64) @ lat.T)
+        m = s.max(axis=1, keepdims=True)
+        p = np.exp(s - m)
+        out[b] = (p @ lat[:, :kv]) / p.sum(axis=1, keepdims=True)
+        lse[b] = (m + np.log(p.sum(axis=1, keepdims=True)))[:, 0]
+    return AttentionOutput(out, lse)
+
+
+def merge_attention(a: AttentionOutput, b: AttentionOutput) -> AttentionOutput:
+    """Exact merge of attention over two disjoint entry sets from their outputs and log-sum-exps."""
+    if a.out.shape != b.out.shape or a.lse.shape != b.lse.shape:
+        raise ValueError(f"merge_attention: shapes differ: out {a.out.shape} vs {b.out.shape}, "
+                         f"lse {a.lse.shape} vs {b.lse.shape}")
+    la, lb = a.lse.astype(np.float64), b.lse.astype(np.float64)
+    m = np.maximum(la, lb)
+    m_safe = np.where(np.isfinite(m), m, 0.0)
+    wa, wb = np.exp(la - m_safe), np.exp(lb - m_safe)                     # 0 for an empty part
+    tot = wa + wb
+    safe = np.where(tot > 0, tot, 1.0)
+    out = (wa[..., None] * a.out + wb[..., None] * b.out) / safe[..., None]
+    lse = np.where(tot > 0, m_safe + np.log(safe), -np.inf)
+    return AttentionOutput(out.astype(np.float32), lse.astype(np.float32))
+
+
+def split_attention(q, latents, indices0, indices1, model: ModelSpec, **kw) -> AttentionOutput:
+    """Attention over ``indices0`` (e.g. the hits) and ``indices1`` (the misses) separately, merged by log-sum-exp;
+    equal to one pass over their union. The two sets must be disjoint per request."""
+    i0, i1 = np.asarray(indices0), np.asarray(indices1)
+    if i0.ndim != 2 or i1.ndim != 2 or i0.shape[0] != i1.shape[0]:
+        raise ValueError(f"indices0 and indices1 must be (B, K0) and (B, K1), got {i0.shape} and {i1.shape}")
+    for r in range(i0.shape[0]):
+        a, b = i0[r][i0[r] >= 0], i1[r][i1[r] >= 0]
+        if np.intersect1d(a, b).size or np.unique(a).size != a.size or np.unique(b).size != b.size:
+            raise ValueError(f"indices0 and indices1 must be disjoint sets without repeats (request {r})")
+    return merge_attention(sparse_mla_decode(q, latents, i0, model, **kw), sparse_mla_decode(q, latents, i1, model, **kw))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# one decode step through the tiered cache
+# ----------------------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class DecodeStep:
+    """Result of :func:`decode_step`: attention ``out``/``lse``, the top-K ``indices`` (B, K) and the storage
+    ``steps`` (one ``StepResult`` per request)."""
+
+    out: np.ndarray
+    lse: np.ndarray
+    indices: np.ndarray
+    steps: tuple
+
+
+def _ragged(arrays: Sequence, name: str, width: int) -> tuple[np.ndarray, np.ndarray]:
+    rows = [_byte_array(a, f"{name}[{i}]", (2,), f"(L, {width})") for i, a in enumerate(arrays)]
+    for i, a in enumerate(rows):
+        if a.shape[1] != width or a.shape[0] == 0:
+            raise ValueError(f"{name}[{i}] must have shape (L >= 1, {width}), got {a.shape}")
+    L = max(a.shape[0] for a in rows)
+    out = np.zeros((len(rows), L, width), dtype=np.uint8)
+    for i, a in enumerate(rows):
+        out[i, :a.shape[0]] = a
+    return out, np.array([a.shape[0] for a in rows], dtype=np.int64)
+
+
+def decode_step(cache, layer: int, request_ids: Sequence, q_index, index_weights, index_keys: Sequence, q,
+                model: ModelSpec, *, topk: int | None = None, sm_scale: float | None = None,
+                backend: str = "auto", device: str | None = None) -> DecodeStep:
+    """One layer of one decode step for a batch, reading the latents through ``cache`` (an
+    :class:`ess.storage.TieredCache`): indexer over the device-resident indexer caches -> top-K -> ``cache.step``
+    (hits resolved, misses brought in) -> sparse MLA over the resident slots.
+
+    index_keys: one (L_b, D + 4) uint8 indexer cache per request; q_index (B, Hi, D), index_weights (B, Hi), q
+    (B, H, Dqk) as in :func:`indexer_scores` and :func:`sparse_mla_decode`. ``topk`` defaults to the model's.
+    """
+    request_ids = list(request_ids)
+    B = len(request_ids)
+    if B == 0:
+        raise ValueError("request_ids must name at least one request")
+    keys, lengths = _ragged(index_keys, "index_keys", indexer_entry_bytes(model))
+    if keys.shape[0] != B:
+        raise ValueError(f"index_keys must hold one cache per request ({B}), got {keys.shape[0]}")
+    k = model.index_topk if topk is None else _positive_int(topk, "topk")
+    scores = indexer_scores(q_index, index_weights, keys, lengths, backend=backend, device=device)
+    indices = topk_indices(scores, k)                                                # (B, K)
+    dtype = getattr(cache, "dtype", "fp8")
+    E = latent_layout(model, dtype).entry_bytes
+    pool = np.zeros((B * k, E), dtype=np.uint8)
+    local = np.full((B, k), -1, dtype=np.int64)
+    steps = []
+    for b, rid in enumerate(request_ids):
+        res = cache.step(rid, layer, indices[b])
+        slots = np.asarray(res.slots, dtype=np.int64)
+        valid = indices[b] >= 0
+        if slots.shape != (k,) or np.any(slots[valid] < 0):
+            raise RuntimeError(f"cache.step returned slots {slots.shape} with unresolved entries for request {rid!r}")
+        rows = np.asarray(cache.device_rows(slots[valid]), dtype=np.uint8)           # (n_valid, E)
+        pos = np.flatnonzero(valid)
+        pool[b * k + pos] = rows
+        local[b, pos] = b * k + pos
+        steps.append(res)
+    att = sparse_mla_decode(q, pool, local, model, dtype=dtype, sm_scale=sm_scale, backend=backend, device=device)
+    return DecodeStep(att.out, att.lse, indices, tuple(steps))
+
+
+def resident_attention(q, latents: Sequence, indices, model: ModelSpec, *, dtype: str = "fp8",
+                       sm_scale: float | None = None, backend: str = "auto",
+                       device: str | None = None) -> AttentionOutput:
+    """Attention over all-resident latent caches (one (L_b, E) uint8 array per request) for the same ``indices``:
+    the no-offload baseline that :func:`decode_step` must equal bit for bit."""
+    E = latent_layout(model, dtype).entry_bytes
+    lat, _ = _ragged(latents, "latents", E)
+    return sparse_mla_decode(q, lat, indices, model, dtype=dtype, sm_scale=sm_scale, backend=backend, device=device)

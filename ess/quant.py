@@ -1,0 +1,233 @@
+"""FP8 (e4m3) and BF16 emulation, the Hadamard rotation, and the byte layouts of the two caches.
+
+Everything here is plain NumPy and bit-exact: a float8_e4m3fn value is stored as its byte, a bfloat16 value as its
+16-bit pattern, so an encoded entry is the same bytes a GPU kernel would read.
+
+* **FP8 e4m3 ("fn" variant)**: 1 sign, 4 exponent (bias 7), 3 mantissa bits, no infinities, largest finite value 448,
+  the byte ``0x7f``/``0xff`` is NaN. Rounding is to the nearest value, ties to the even code, and values beyond 448
+  saturate (the quantiser scales each tile so that its largest magnitude maps to 448, so saturation never changes a
+  scaled value). This is the OCP FP8 format used by FlashMLA and DeepGEMM [FMLA; DG].
+* **Per-tile scales**: each 128-value tile of c_KV (and each indexer key) is stored as ``x / s`` in FP8 with one
+  float32 scale ``s = amax / 448`` (``amax`` the tile's largest magnitude; ``s = 1`` for an all-zero tile).
+  ``pow2_scale=True`` rounds ``s`` up to a power of two instead (the "ue8m0" scale format of DeepSeek-V3.2-Exp's FP8
+  blocks, paper-facts.md "weights FP8 (block 128, ue8m0 scales)").
+* **BF16**: round to nearest, ties to even, from float32.
+* **Hadamard rotation**: ``x @ H / sqrt(n)`` with the Sylvester Hadamard matrix ``H`` (n a power of two). It is
+  orthonormal, so ``rot(q) . rot(k) == q . k``; the lightning indexer rotates q and k before quantising them to FP8
+  because the rotation spreads outliers over the tile [DS ``inference/model.py``, ``rotate_activation``].
+
+Byte layouts (offsets from :func:`ess.layout.latent_layout`, little-endian)::
+
+    latent, FP8 (656 B)    [0, 512) c_KV fp8 | [512, 528) 4 x float32 scale | [528, 656) 64 x bf16 rope
+    latent, BF16 (1,152 B) [0, 1024) c_KV bf16 | [1024, 1152) 64 x bf16 rope
+    indexer key (132 B)    [0, 128) key fp8 | [128, 132) 1 x float32 scale
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .layout import indexer_entry_bytes, latent_layout
+from .specs import ModelSpec
+
+__all__ = [
+    "FP8_E4M3_MAX", "FP8_E4M3_VALUES", "fp8_e4m3_encode", "fp8_e4m3_decode", "fp8_e4m3_round",
+    "bf16_encode", "bf16_decode", "bf16_round", "quantize_fp8_tiles", "dequantize_fp8_tiles",
+    "hadamard_rotate", "encode_latent", "decode_latent", "encode_indexer_keys", "decode_indexer_keys",
+]
+
+FP8_E4M3_MAX = 448.0  # largest finite float8_e4m3fn value: 1.75 * 2**8 (OCP 8-bit floating point spec)
+
+
+def _fp8_table() -> np.ndarray:
+    codes = np.arange(256)
+    sign = np.where(codes & 0x80, -1.0, 1.0)
+    exp = (codes >> 3) & 0xF
+    man = codes & 0x7
+    mag = np.where(exp == 0, man / 8.0 * 2.0 ** -6, (1.0 + man / 8.0) * 2.0 ** (exp - 7.0))
+    vals = sign * mag
+    vals[(codes & 0x7F) == 0x7F] = np.nan
+    return vals.astype(np.float32)
+
+
+#: Value of every FP8 e4m3fn byte (index = byte), float32; NaN at 0x7f and 0xff. Kernels dequantise through it.
+FP8_E4M3_VALUES = _fp8_table()
+FP8_E4M3_VALUES.setflags(write=False)
+_POS = FP8_E4M3_VALUES[:127].astype(np.float64)  # codes 0..126: the non-negative finite values, increasing
+
+
+def _check_finite(x: np.ndarray, name: str) -> None:
+    if not np.all(np.isfinite(x)):
+        raise ValueError(f"{name} must hold finite values only (found NaN or inf)")
+
+
+def fp8_e4m3_encode(x) -> np.ndarray:
+    """Bytes (uint8, same shape) of ``x`` rounded to float8_e4m3fn: nearest, ties to even, saturating at +-448."""
+    x = np.asarray(x, dtype=np.float64)
+    _check_finite(x, "x")
+    a = np.minimum(np.abs(x), FP8_E4M3_MAX)
+    hi = np.clip(np.searchsorted(_POS, a, side="left"), 0, 126)  # _POS[hi] >= a
+    lo = np.maximum(hi - 1, 0)
+    d_lo, d_hi = a - _POS[lo], _POS[hi] - a
+    pick_hi = (d_hi < d_lo) | ((d_hi == d_lo) & (hi % 2 == 0))
+    code = np.where(pick_hi, hi, lo).astype(np.uint8)
+    negative = np.signbit(x) & (code != 0)
+    return np.where(negative, code | 0x80, code).astype(np.uint8)
+
+
+def fp8_e4m3_decode(codes) -> np.ndarray:
+    """float32 values of float8_e4m3fn bytes."""
+    codes = np.asarray(codes)
+    if codes.dtype != np.uint8:
+        raise TypeError(f"codes must be uint8 bytes, got dtype {codes.dtype}")
+    return FP8_E4M3_VALUES[codes]
+
+
+def fp8_e4m3_round(x) -> np.ndarray:
+    """``x`` rounded to the nearest float8_e4m3fn value (float32)."""
+    return fp8_e4m3_decode(fp8_e4m3_encode(x))
+
+
+def bf16_encode(x) -> np.ndarray:
+    """16-bit patterns (uint16) of ``x`` rounded to bfloat16, nearest with ties to even."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    _check_finite(x, "x")
+    u = x.view(np.uint32).astype(np.uint64)
+    u = u + 0x7FFF + ((u >> 16) & 1)
+    return (u >> 16).astype(np.uint16)
+
+
+def bf16_decode(bits) -> np.ndarray:
+    """float32 values of bfloat16 bit patterns (uint16)."""
+    bits = np.asarray(bits)
+    if bits.dtype != np.uint16:
+        raise TypeError(f"bits must be uint16, got dtype {bits.dtype}")
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+def bf16_round(x) -> np.ndarray:
+    """``x`` rounded to the nearest bfloat16 value (float32)."""
+    return bf16_decode(bf16_encode(x))
+
+
+def _tile_scales(amax: np.ndarray, pow2_scale: bool) -> np.ndarray:
+    s = np.where(amax > 0, amax / FP8_E4M3_MAX, 1.0)
+    if pow2_scale:
+        s = 2.0 ** np.ceil(np.log2(s))
+    return s.astype(np.float32)
+
+
+def quantize_fp8_tiles(x, tile: int = 128, *, pow2_scale: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """Quantise the last axis of ``x`` in tiles of ``tile`` values: returns (codes uint8 (..., n), scales float32
+    (..., n // tile)) with ``x ~= fp8(codes) * scale`` per tile."""
+    x = np.asarray(x, dtype=np.float32)
+    _check_finite(x, "x")
+    if x.ndim == 0 or x.shape[-1] % tile:
+        raise ValueError(f"x: last axis ({x.shape[-1:] or 'scalar'}) must be a multiple of tile={tile}")
+    tiles = x.reshape(*x.shape[:-1], x.shape[-1] // tile, tile)
+    scales = _tile_scales(np.abs(tiles).max(axis=-1), pow2_scale)            # (..., n_tiles)
+    codes = fp8_e4m3_encode(tiles / scales[..., None].astype(np.float64))
+    return codes.reshape(x.shape), scales
+
+
+def dequantize_fp8_tiles(codes, scales, tile: int = 128) -> np.ndarray:
+    """Inverse of :func:`quantize_fp8_tiles` (float32)."""
+    vals = fp8_e4m3_decode(codes)
+    tiles = vals.reshape(*vals.shape[:-1], vals.shape[-1] // tile, tile)
+    return (tiles * np.asarray(scales, np.float32)[..., None]).reshape(vals.shape)
+
+
+def hadamard_rotate(x) -> np.ndarray:
+    """Orthonormal Hadamard rotation of the last axis (length a power of two), by the fast Walsh-Hadamard transform.
+    float32 in, float32 out; ``hadamard_rotate(hadamard_rotate(x)) == x`` up to rounding."""
+    x = np.array(x, dtype=np.float64)
+    n = x.shape[-1] if x.ndim else 0
+    if n < 1 or n & (n - 1):
+        raise ValueError(f"x: last axis must be a power of two for the Hadamard rotation, got {n}")
+    h = 1
+    while h < n:
+        y = x.reshape(*x.shape[:-1], n // (2 * h), 2, h)
+        a, b = y[..., 0, :].copy(), y[..., 1, :].copy()
+        y[..., 0, :], y[..., 1, :] = a + b, a - b
+        h *= 2
+    return (x / np.sqrt(n)).astype(np.float32)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Cache entries
+# ----------------------------------------------------------------------------------------------------------------
+
+def _as_rows(x, width: int, name: str) -> np.ndarray:
+    x = np.asarray(x)
+    if x.ndim < 1 or x.shape[-1] != width:
+        raise ValueError(f"{name} must have a last axis of {width} values, got shape {x.shape}")
+    if not np.issubdtype(x.dtype, np.floating):
+        raise TypeError(f"{name} must be floating point, got dtype {x.dtype}")
+    _check_finite(x, name)
+    return x.astype(np.float32)
+
+
+def encode_latent(ckv, rope, model: ModelSpec, dtype: str = "fp8", *, pow2_scale: bool = False) -> np.ndarray:
+    """Latent entries (uint8 (..., entry_bytes)) from c_KV (..., kv_lora_rank) and rope keys (..., qk_rope_head_dim).
+
+    FP8: c_KV quantised per 128-value tile with a float32 scale, rope kept in BF16 (656 B for DeepSeek-V3.2-Exp);
+    BF16: both halves in BF16 (1,152 B).
+    """
+    lay = latent_layout(model, dtype)
+    ckv = _as_rows(ckv, model.kv_lora_rank, "ckv")
+    rope = _as_rows(rope, model.qk_rope_head_dim, "rope")
+    if ckv.shape[:-1] != rope.shape[:-1]:
+        raise ValueError(f"ckv and rope must have the same leading shape, got {ckv.shape[:-1]} and {rope.shape[:-1]}")
+    out = np.zeros(ckv.shape[:-1] + (lay.entry_bytes,), dtype=np.uint8)
+    rope_b = bf16_encode(rope).view(np.uint8)
+    out[..., lay.rope_offset:lay.rope_offset + lay.rope_bytes] = rope_b
+    if dtype == "bf16":
+        out[..., lay.ckv_offset:lay.ckv_offset + lay.ckv_bytes] = bf16_encode(ckv).view(np.uint8)
+        return out
+    codes, scales = quantize_fp8_tiles(ckv, model.latent_fp8_tile, pow2_scale=pow2_scale)
+    out[..., lay.ckv_offset:lay.ckv_offset + lay.ckv_bytes] = codes
+    out[..., lay.scale_offset:lay.scale_offset + 4 * lay.n_scales] = \
+        np.ascontiguousarray(scales.astype("<f4")).view(np.uint8)
+    return out
+
+
+def _check_entries(entries, nbytes: int, name: str) -> np.ndarray:
+    entries = np.asarray(entries)
+    if entries.dtype != np.uint8:
+        raise TypeError(f"{name} must be uint8 bytes, got dtype {entries.dtype}")
+    if entries.ndim < 1 or entries.shape[-1] != nbytes:
+        raise ValueError(f"{name} must have a last axis of {nbytes} bytes, got shape {entries.shape}")
+    return np.ascontiguousarray(entries)
+
+
+def decode_latent(entries, model: ModelSpec, dtype: str = "fp8") -> np.ndarray:
+    """float32 (..., kv_lora_rank + qk_rope_head_dim) latents (c_KV then rope) from latent entries."""
+    lay = latent_layout(model, dtype)
+    e = _check_entries(entries, lay.entry_bytes, "entries")
+    rope = bf16_decode(np.ascontiguousarray(e[..., lay.rope_offset:lay.rope_offset + lay.rope_bytes]).view(np.uint16))
+    raw = np.ascontiguousarray(e[..., lay.ckv_offset:lay.ckv_offset + lay.ckv_bytes])
+    if dtype == "bf16":
+        ckv = bf16_decode(raw.view(np.uint16))
+    else:
+        scales = np.ascontiguousarray(e[..., lay.scale_offset:lay.scale_offset + 4 * lay.n_scales]).view("<f4")
+        ckv = dequantize_fp8_tiles(raw, scales, model.latent_fp8_tile)
+    return np.concatenate([ckv, rope], axis=-1).astype(np.float32)
+
+
+def encode_indexer_keys(keys, model: ModelSpec, *, pow2_scale: bool = False) -> np.ndarray:
+    """Indexer-cache entries (uint8 (..., index_head_dim + 4)): the key in FP8 with one float32 scale (132 B).
+    Rotate the keys first (:func:`hadamard_rotate`) to match the model."""
+    d = model.index_head_dim
+    keys = _as_rows(keys, d, "keys")
+    codes, scales = quantize_fp8_tiles(keys, d, pow2_scale=pow2_scale)
+    out = np.empty(keys.shape[:-1] + (indexer_entry_bytes(model),), dtype=np.uint8)
+    out[..., :d] = codes
+    out[..., d:d + 4] = np.ascontiguousarray(scales.astype("<f4")).view(np.uint8)
+    return out
+
+
+def decode_indexer_keys(entries, model: ModelSpec) -> np.ndarray:
+    """float32 (..., index_head_dim) keys from indexer-cache entries."""
+    d = model.index_head_dim
+    e = _check_entries(entries, indexer_entry_bytes(model), "entries")
+    scales = np.ascontiguousarray(e[..., d:d + 4]).view("<f4")
+    return fp8_e4m3_decode(e[..., :d]) * scales
