@@ -1,0 +1,471 @@
+"""Trace-driven simulation of the GPU latent pool: misses per (request, layer, step) for a replacement policy.
+
+Each (request, layer) has its own pool of ``capacity`` slots (``capacity = floor(ratio * context_len)``). For one step
+with valid indices ``S`` (array order; -1 padding ignored):
+
+* hits = S & pool, misses = S - pool (each miss is one entry copied host -> device);
+* victims for the misses are chosen among resident entries **not in S** by the policy;
+* afterwards every entry of S is resident.
+
+Policies (``policy=``):
+
+``"lru"``     least recently used first; after a step the entries of S are the most recent, ordered by their position
+              in the indices array (later = more recent). This is the paper's policy and must agree miss for miss with
+              ``ess.storage``.
+``"fifo"``    first loaded, first evicted; a hit does not refresh an entry.
+``"heat"``    smallest exponentially decayed access count first: heat(x) = sum over past steps s that read x of
+              ``decay ** (t - s)``.
+``"belady"``  the entry whose next use lies farthest in the future first (Belady 1966, "A study of replacement
+              algorithms for a virtual-storage computer", IBM Syst. J. 5(2)); offline, the bound no online policy beats
+              when all start from the same (empty) pool.
+
+Warmup (``warmup=True``) processes each of the trace's W warmup windows (the top-K of the last W prefill positions,
+in order) like a step, without counting its loads as misses (LRU-Warmup of the paper; any policy may use it).
+A pool smaller than one step's set is an error.
+
+The kernels are Numba; :func:`reference_misses` is a plain-Python LRU/FIFO over the same semantics, used as the
+oracle in tests and as the baseline in ``benchmarks/cachesim_throughput.py``.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+from collections import OrderedDict
+from functools import lru_cache
+from itertools import islice
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from .traces import PAPER_WARMUP_WINDOWS, Trace, synthetic_streams
+
+__all__ = ["POLICIES", "capacity_for", "simulate", "simulate_sequence", "misses_per_layer", "misses_per_step",
+           "sweep_synthetic", "reference_misses", "DEFAULT_HEAT_DECAY"]
+
+POLICIES = ("lru", "fifo", "heat", "belady")
+DEFAULT_HEAT_DECAY = 0.5  # design choice: a step's access weighs half the one after it (heat halves every step)
+
+
+# ----------------------------------------------------------------------------------------------------- validation
+def capacity_for(ratio: Any, context_len: int, k: int | None = None) -> int:
+    """Pool slots per (request, layer): ``floor(ratio * context_len)``; ratio in (0, 1], and >= k when k is given."""
+    if isinstance(ratio, bool) or not isinstance(ratio, numbers.Real) or not math.isfinite(ratio):
+        raise TypeError(f"ratio must be a finite number in (0, 1], got {ratio!r}")
+    if not 0 < ratio <= 1:
+        raise ValueError(f"ratio must lie in (0, 1] (GPU-resident share of the latent cache), got {ratio}")
+    cap = int(math.floor(ratio * context_len + 1e-9))
+    if k is not None and cap < k:
+        raise ValueError(f"the pool (ratio {ratio} x context {context_len} = {cap} slots) is smaller than K = {k}; "
+                         f"one step's top-K must fit in the pool")
+    return cap
+
+
+def _check_policy(policy: str, decay: float) -> None:
+    if policy not in POLICIES:
+        raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
+    if not (isinstance(decay, numbers.Real) and 0 < decay < 1):
+        raise ValueError(f"decay must lie in (0, 1), got {decay!r}")
+
+
+# ---------------------------------------------------------------------------------------------------- kernels
+@lru_cache(maxsize=None)
+def _kernels():
+    from numba import njit
+
+    @njit(cache=True)
+    def lru(seq, n_free, capacity, n_pos, out):
+        """seq (T, W): rows 0..n_free-1 are warmup (not counted). out (T - n_free,) misses. Returns -1 or bad row."""
+        prv = np.empty(n_pos + 1, np.int64)
+        nxt = np.empty(n_pos + 1, np.int64)
+        res = np.zeros(n_pos, np.bool_)
+        H = n_pos                                     # sentinel: nxt[H] = least recent, prv[H] = most recent
+        prv[H] = H
+        nxt[H] = H
+        n_res = 0
+        T, W = seq.shape
+        for t in range(T):
+            size = 0
+            hits = 0
+            for j in range(W):
+                x = seq[t, j]
+                if x < 0:
+                    continue
+                size += 1
+                if res[x]:
+                    hits += 1
+                    a = prv[x]
+                    b = nxt[x]
+                    nxt[a] = b
+                    prv[b] = a
+            if size > capacity:
+                return t
+            misses = size - hits
+            evict = n_res + misses - capacity
+            while evict > 0:                          # the list now holds only residents not in S
+                v = nxt[H]
+                b = nxt[v]
+                nxt[H] = b
+                prv[b] = H
+                res[v] = False
+                n_res -= 1
+                evict -= 1
+            for j in range(W):
+                x = seq[t, j]
+                if x < 0:
+                    continue
+                a = prv[H]
+                nxt[a] = x
+                prv[x] = a
+                nxt[x] = H
+                prv[H] = x
+                if not res[x]:
+                    res[x] = True
+                    n_res += 1
+            if t >= n_free:
+                out[t - n_free] = misses
+        return -1
+
+    @njit(cache=True)
+    def fifo(seq, n_free, capacity, n_pos, out):
+        prv = np.empty(n_pos + 1, np.int64)
+        nxt = np.empty(n_pos + 1, np.int64)
+        res = np.zeros(n_pos, np.bool_)
+        mark = np.zeros(n_pos, np.int64)
+        H = n_pos
+        prv[H] = H
+        nxt[H] = H
+        n_res = 0
+        T, W = seq.shape
+        for t in range(T):
+            size = 0
+            hits = 0
+            for j in range(W):
+                x = seq[t, j]
+                if x < 0:
+                    continue
+                size += 1
+                mark[x] = t + 1
+                if res[x]:
+                    hits += 1
+            if size > capacity:
+                return t
+            misses = size - hits
+            evict = n_res + misses - capacity
+            v = nxt[H]
+            while evict > 0:
+                w = nxt[v]
+                if mark[v] != t + 1:
+                    a = prv[v]
+                    nxt[a] = w
+                    prv[w] = a
+                    res[v] = False
+                    n_res -= 1
+                    evict -= 1
+                v = w
+            for j in range(W):
+                x = seq[t, j]
+                if x < 0 or res[x]:
+                    continue
+                a = prv[H]
+                nxt[a] = x
+                prv[x] = a
+                nxt[x] = H
+                prv[H] = x
+                res[x] = True
+                n_res += 1
+            if t >= n_free:
+                out[t - n_free] = misses
+        return -1
+
+    # ---- indexed binary min-heap: keys (cap,), items (cap,), pos (n_pos,) = slot or -1
+    @njit(cache=True)
+    def _swap(keys, items, pos, i, j):
+        ki = keys[i]
+        keys[i] = keys[j]
+        keys[j] = ki
+        ii = items[i]
+        items[i] = items[j]
+        items[j] = ii
+        pos[items[i]] = i
+        pos[items[j]] = j
+
+    @njit(cache=True)
+    def _up(keys, items, pos, i):
+        while i > 0:
+            p = (i - 1) // 2
+            if keys[i] < keys[p]:
+                _swap(keys, items, pos, i, p)
+                i = p
+            else:
+                break
+
+    @njit(cache=True)
+    def _down(keys, items, pos, i, n):
+        while True:
+            c = 2 * i + 1
+            if c >= n:
+                break
+            if c + 1 < n and keys[c + 1] < keys[c]:
+                c += 1
+            if keys[c] < keys[i]:
+                _swap(keys, items, pos, i, c)
+                i = c
+            else:
+                break
+
+    @njit(cache=True)
+    def _push(keys, items, pos, n, x, key):
+        keys[n] = key
+        items[n] = x
+        pos[x] = n
+        _up(keys, items, pos, n)
+        return n + 1
+
+    @njit(cache=True)
+    def _remove(keys, items, pos, n, x):
+        i = pos[x]
+        n -= 1
+        pos[x] = -1
+        if i != n:
+            keys[i] = keys[n]
+            items[i] = items[n]
+            pos[items[i]] = i
+            _up(keys, items, pos, i)
+            _down(keys, items, pos, i, n)
+        return n
+
+    @njit(cache=True)
+    def keyed(seq, keyseq, n_free, capacity, n_pos, out):
+        """Evict the resident entry (not in S) with the smallest key; keyseq[t, j] is seq[t, j]'s key after step t."""
+        keys = np.empty(capacity, np.float64)
+        items = np.empty(capacity, np.int64)
+        pos = np.full(n_pos, -1, np.int64)
+        n = 0
+        T, W = seq.shape
+        for t in range(T):
+            size = 0
+            hits = 0
+            for j in range(W):
+                x = seq[t, j]
+                if x < 0:
+                    continue
+                size += 1
+                if pos[x] >= 0:
+                    hits += 1
+                    n = _remove(keys, items, pos, n, x)
+            if size > capacity:
+                return t
+            misses = size - hits
+            evict = n + size - capacity               # n = residents not in S
+            while evict > 0:
+                v = items[0]
+                n = _remove(keys, items, pos, n, v)
+                evict -= 1
+            for j in range(W):
+                x = seq[t, j]
+                if x < 0:
+                    continue
+                n = _push(keys, items, pos, n, x, keyseq[t, j])
+            if t >= n_free:
+                out[t - n_free] = misses
+        return -1
+
+    @njit(cache=True)
+    def heat_keys(seq, n_pos, decay):
+        """log of the decayed access count, scaled by decay**-t so keys at different steps compare."""
+        g = -math.log(decay)
+        la = np.full(n_pos, -np.inf)
+        keys = np.empty(seq.shape, np.float64)
+        for t in range(seq.shape[0]):
+            for j in range(seq.shape[1]):
+                x = seq[t, j]
+                if x < 0:
+                    keys[t, j] = 0.0
+                    continue
+                v = t * g
+                a = la[x]
+                if a == -np.inf:
+                    la[x] = v
+                else:
+                    m = max(a, v)
+                    la[x] = m + math.log(math.exp(a - m) + math.exp(v - m))
+                keys[t, j] = la[x]
+        return keys
+
+    @njit(cache=True)
+    def belady_keys(seq, n_pos):
+        """-(next step that reads the entry); never again = -(T + 1), so it is evicted first."""
+        T = seq.shape[0]
+        nxt_use = np.full(n_pos, T + 1, np.int64)
+        keys = np.empty(seq.shape, np.float64)
+        for t in range(T - 1, -1, -1):
+            for j in range(seq.shape[1]):
+                x = seq[t, j]
+                keys[t, j] = -float(nxt_use[x]) if x >= 0 else 0.0
+            for j in range(seq.shape[1]):
+                x = seq[t, j]
+                if x >= 0:
+                    nxt_use[x] = t
+        return keys
+
+    return {"lru": lru, "fifo": fifo, "keyed": keyed, "heat_keys": heat_keys, "belady_keys": belady_keys}
+
+
+def _pad_rows(rows: np.ndarray, width: int) -> np.ndarray:
+    if rows.shape[1] == width:
+        return rows
+    out = np.full((rows.shape[0], width), -1, np.int32)
+    out[:, :rows.shape[1]] = rows[:, :width]
+    return out
+
+
+def simulate_sequence(steps: np.ndarray, capacity: int, *, policy: str = "lru", warm: np.ndarray | None = None,
+                      n_positions: int | None = None, decay: float = DEFAULT_HEAT_DECAY) -> np.ndarray:
+    """Misses per step (steps.shape[0],) for one pool: ``steps`` (T, W) int32, ``warm`` (W_windows, K) or None."""
+    _check_policy(policy, decay)
+    steps = np.ascontiguousarray(steps, dtype=np.int32)
+    if steps.ndim != 2 or steps.shape[0] == 0:
+        raise ValueError(f"steps must be a non-empty (T, width) array, got shape {steps.shape}")
+    if warm is not None and warm.shape[0]:
+        width = max(steps.shape[1], warm.shape[1])
+        seq = np.concatenate([_pad_rows(np.asarray(warm, np.int32), width), _pad_rows(steps, width)])
+        n_free = warm.shape[0]
+    else:
+        seq, n_free = steps, 0
+    n_pos = int(seq.max()) + 1 if n_positions is None else int(n_positions)
+    n_pos = max(n_pos, 1)
+    kern = _kernels()
+    out = np.zeros(steps.shape[0], np.int64)
+    if policy in ("lru", "fifo"):
+        bad = kern[policy](seq, n_free, capacity, n_pos, out)
+    else:
+        keys = kern["heat_keys"](seq, n_pos, float(decay)) if policy == "heat" else kern["belady_keys"](seq, n_pos)
+        bad = kern["keyed"](seq, keys, n_free, capacity, n_pos, out)
+    if bad >= 0:
+        size = int((seq[bad] >= 0).sum())
+        what = f"warmup window {bad}" if bad < n_free else f"step {bad - n_free}"
+        raise ValueError(f"the pool ({capacity} slots) is smaller than the {size} entries of {what}; "
+                         f"raise the ratio (capacity must hold one step's union of top-K sets)")
+    return out
+
+
+def simulate(trace: Trace, policy: str = "lru", *, capacity: int | None = None, ratio: float | None = None,
+             warmup: bool = True, decay: float = DEFAULT_HEAT_DECAY) -> np.ndarray:
+    """Misses per (request, layer, step) of ``trace``: int64 array (B, n_layers, steps).
+
+    Give ``capacity`` (slots per pool) or ``ratio`` (``capacity = floor(ratio * context_len)``). ``warmup=True``
+    uses the trace's warmup windows (an error when it has none).
+    """
+    if not isinstance(trace, Trace):
+        raise TypeError(f"trace must be an ess.traces.Trace, got {type(trace).__name__}")
+    _check_policy(policy, decay)
+    if (capacity is None) == (ratio is None):
+        raise ValueError("give exactly one of capacity= or ratio=")
+    if ratio is not None:
+        capacity = capacity_for(ratio, trace.context_len, trace.k)
+    if isinstance(capacity, bool) or not isinstance(capacity, numbers.Integral):
+        raise TypeError(f"capacity must be an integer number of slots, got {capacity!r}")
+    capacity = int(capacity)
+    if capacity < trace.k:
+        raise ValueError(f"capacity ({capacity} slots) is smaller than K = {trace.k}; one step's top-K must fit")
+    if warmup and trace.warmup is None:
+        raise ValueError("warmup=True but the trace has no warmup windows; pass warmup=False")
+    out = np.zeros((trace.batch, trace.n_layers, trace.steps), np.int64)
+    for b in range(trace.batch):
+        for layer in range(trace.n_layers):
+            warm = trace.warmup[b, layer] if warmup else None
+            try:
+                out[b, layer] = simulate_sequence(trace.indices[b, layer], capacity, policy=policy, warm=warm,
+                                                  n_positions=trace.n_positions, decay=decay)
+            except ValueError as exc:
+                raise ValueError(f"request {b}, layer {layer}: {exc}") from None
+    return out
+
+
+# -------------------------------------------------------------------------------------- synthetic sweeps (contract)
+def sweep_synthetic(context_len: int, ratios: Sequence[float], *, policies: Iterable[str] = ("lru",),
+                    warmups: Iterable[bool] = (True,), n_layers: int = 61, k: int = 2048, mtp: int = 2,
+                    steps: int = 64, batch: int = 4, seed: int = 0, profile: Any = "paper",
+                    warmup_windows: int = PAPER_WARMUP_WINDOWS, decay: float = DEFAULT_HEAT_DECAY,
+                    **generator: Any) -> dict:
+    """Generate each synthetic (request, layer) stream once and simulate every (ratio, policy, warmup) on it.
+
+    Returns ``{(ratio, policy, warmup): misses}`` with ``misses`` of shape (n_layers, steps), the mean over the
+    ``batch`` requests of misses per decode step.
+    """
+    ratios = list(ratios)
+    policies = list(policies)
+    warmups = [bool(w) for w in warmups]
+    if not ratios:
+        raise ValueError("ratios must not be empty")
+    for p in policies:
+        _check_policy(p, decay)
+    caps = {r: capacity_for(r, context_len, k) for r in ratios}
+    out = {(r, p, w): np.zeros((n_layers, steps)) for r in ratios for p in policies for w in warmups}
+    n_pos = context_len + steps * mtp
+    for b, layer, warm, st in synthetic_streams(context_len, n_layers=n_layers, k=k, mtp=mtp, steps=steps,
+                                                batch=batch, warmup_windows=warmup_windows, profile=profile,
+                                                seed=seed, **generator):
+        for (r, p, w), acc in out.items():
+            if w and warmup_windows == 0:
+                raise ValueError("warmup=True needs warmup_windows >= 1")
+            try:
+                acc[layer] += simulate_sequence(st, caps[r], policy=p, warm=warm if w else None, n_positions=n_pos,
+                                                decay=decay)
+            except ValueError as exc:
+                raise ValueError(f"context {context_len}, ratio {r}, layer {layer}: {exc}") from None
+    for acc in out.values():
+        acc /= batch
+    return out
+
+
+def misses_per_step(context_len: int, ratio: float, *, n_layers: int = 61, k: int = 2048, mtp: int = 2,
+                    steps: int = 64, batch: int = 4, warmup: bool = True, policy: str = "lru", seed: int = 0,
+                    profile: Any = "paper", **kwargs: Any) -> np.ndarray:
+    """Mean misses per request in each layer and decode step: (n_layers, steps). See :func:`misses_per_layer`."""
+    res = sweep_synthetic(context_len, [ratio], policies=[policy], warmups=[warmup], n_layers=n_layers, k=k, mtp=mtp,
+                          steps=steps, batch=batch, seed=seed, profile=profile, **kwargs)
+    return res[(ratio, policy, bool(warmup))]
+
+
+def misses_per_layer(context_len: int, ratio: float, *, n_layers: int = 61, k: int = 2048, mtp: int = 2,
+                     steps: int = 64, batch: int = 4, warmup: bool = True, policy: str = "lru", seed: int = 0,
+                     profile: Any = "paper", **kwargs: Any) -> np.ndarray:
+    """Mean misses per request per decode step in each layer: (n_layers,) float64.
+
+    From the synthetic trace generator (:func:`ess.traces.synthetic_streams`, locality ``profile``, ``mtp`` query
+    tokens per step, 32 warmup windows) and the cache simulation with ``floor(ratio * context_len)`` slots per
+    (request, layer). Raises ValueError when the pool cannot hold one step's union of top-K sets.
+    """
+    return misses_per_step(context_len, ratio, n_layers=n_layers, k=k, mtp=mtp, steps=steps, batch=batch,
+                           warmup=warmup, policy=policy, seed=seed, profile=profile, **kwargs).mean(axis=1)
+
+
+# ------------------------------------------------------------------------------------------- plain-Python oracle
+def reference_misses(steps: np.ndarray, capacity: int, *, policy: str = "lru", warm: np.ndarray | None = None) -> list:
+    """Readable plain-Python LRU/FIFO with the module's semantics (an OrderedDict per pool); misses per step."""
+    if policy not in ("lru", "fifo"):
+        raise ValueError(f"reference_misses supports 'lru' and 'fifo', got {policy!r}")
+    pool: OrderedDict = OrderedDict()                 # first = least recent (LRU) / first loaded (FIFO)
+    rows = ([(r, False) for r in warm] if warm is not None else []) + [(r, True) for r in steps]
+    out = []
+    for row, counted in rows:
+        S = [int(x) for x in row if x >= 0]
+        if len(S) > capacity:
+            raise ValueError(f"the pool ({capacity} slots) is smaller than a step's {len(S)} entries")
+        in_s = set(S)
+        missing = [x for x in S if x not in pool]
+        excess = len(pool) + len(missing) - capacity
+        if excess > 0:
+            victims = list(islice((v for v in pool if v not in in_s), excess))
+            for v in victims:
+                del pool[v]
+        for x in S:
+            if policy == "lru":
+                pool.pop(x, None)
+                pool[x] = True
+            elif x not in pool:
+                pool[x] = True
+        if counted:
+            out.append(len(missing))
+    return out

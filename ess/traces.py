@@ -1,0 +1,568 @@
+"""Access traces: which latent-cache entries each decode step selects, per request and layer.
+
+A :class:`Trace` holds, for every request ``b``, layer ``l`` and decode step ``t``, the set of cache positions the
+sparse attention reads (the top-K of the lightning indexer; with MTP the union over the step's query tokens), plus
+the top-K sets of the last prefill positions that LRU-Warmup inserts before decoding.
+
+Layout (glossary: B batch, K top-k, L context length)::
+
+    indices  (B, n_layers, steps, width)  int32, width <= mtp * K, -1 = padding (ignored wherever it stands)
+    warmup   (B, n_layers, W, K)          int32 or None, the top-K of prefill positions L-W ... L-1, in order
+
+Context grows by ``mtp`` tokens per step: step ``t`` may read positions ``0 .. context_len + t * mtp - 1``.
+
+Three ways to get one:
+
+* :func:`synthetic_trace` -- a generator whose per-layer adjacent-step overlap follows a profile (default: the per-layer
+  overlap of paper Fig. 2, read by eye, ``data/locality/paper_fig2.yaml``), with attention sinks, a local window,
+  context growth and MTP as the union of several query tokens' sets;
+* :class:`TraceRecorder` -- collects real index sets from a sparse-attention implementation step by step;
+* :func:`load_trace` -- a trace saved with :meth:`Trace.save` (compressed ``.npz``).
+"""
+from __future__ import annotations
+
+import json
+import numbers
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Iterator, Mapping
+
+import numpy as np
+import yaml
+
+__all__ = ["Trace", "TraceRecorder", "synthetic_trace", "synthetic_streams", "load_trace", "locality_profile",
+           "generator_defaults", "adjacent_overlap", "validate_trace_arrays"]
+
+DATA_DIR = Path(__file__).resolve().parent.parent / "data" / "locality"
+PAPER_WARMUP_WINDOWS = 32  # [ARX] LRU-Warmup inserts the top-2K of the last 32 prefill positions (paper-facts.md)
+_FORMAT = "ess-trace-v1"
+
+
+# ---------------------------------------------------------------------------------------------------------- checks
+def _int(name: str, value: Any, *, lo: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an integer, got {value!r}")
+    value = int(value)
+    if lo is not None and value < lo:
+        raise ValueError(f"{name} must be >= {lo}, got {value}")
+    return value
+
+
+@lru_cache(maxsize=None)
+def _dup_kernel():
+    from numba import njit
+
+    @njit(cache=True)
+    def first_duplicate_row(rows, n_pos):
+        """Index of the first row with a repeated valid entry, -1 if none (rows: (R, W) int32)."""
+        seen = np.zeros(n_pos, np.int64)
+        for r in range(rows.shape[0]):
+            for j in range(rows.shape[1]):
+                x = rows[r, j]
+                if x < 0:
+                    continue
+                if seen[x] == r + 1:
+                    return r
+                seen[x] = r + 1
+        return -1
+    return first_duplicate_row
+
+
+def validate_trace_arrays(indices: Any, warmup: Any, *, context_len: int, k: int, mtp: int) -> None:
+    """Raise a clear ValueError/TypeError when ``indices``/``warmup`` are not a valid trace (see module docstring)."""
+    context_len = _int("context_len", context_len, lo=1)
+    k = _int("k", k, lo=1)
+    mtp = _int("mtp", mtp, lo=1)
+    if k > context_len:
+        raise ValueError(f"k (top-K) = {k} is larger than the context ({context_len} tokens); expected k <= context_len")
+    if not isinstance(indices, np.ndarray):
+        raise TypeError(f"indices must be a numpy array of shape (B, n_layers, steps, width), got {type(indices).__name__}")
+    if indices.ndim != 4:
+        raise ValueError(f"indices must have 4 dimensions (B, n_layers, steps, width), got shape {indices.shape}")
+    if not np.issubdtype(indices.dtype, np.integer):
+        raise TypeError(f"indices must hold integers, got dtype {indices.dtype}")
+    if 0 in indices.shape:
+        raise ValueError(f"the trace is empty: indices has shape {indices.shape} (B, n_layers, steps, width all >= 1)")
+    B, n_layers, steps, width = indices.shape
+    if width > mtp * k:
+        raise ValueError(f"indices width {width} exceeds mtp * k = {mtp * k} (the union of {mtp} top-{k} sets)")
+    n_pos = context_len + steps * mtp
+    lo, hi = int(indices.min()), int(indices.max())
+    if lo < -1:
+        raise ValueError(f"indices must be >= 0 (or -1 for padding), found {lo}")
+    if hi >= n_pos:
+        raise ValueError(f"indices must be < context_len + steps * mtp = {n_pos}, found {hi}")
+    # the context grows by mtp tokens per step: step t may only read positions < context_len + t * mtp
+    limit = context_len + np.arange(steps) * mtp                                # (steps,)
+    bad = indices >= limit[None, None, :, None]
+    if bad.any():
+        b, l, t, j = (int(v[0]) for v in np.nonzero(bad))
+        raise ValueError(f"indices[{b}, {l}, {t}] reads position {int(indices[b, l, t, j])}, beyond the context of "
+                         f"step {t} ({int(limit[t])} tokens = context_len + t * mtp)")
+    rows = np.ascontiguousarray(indices.reshape(-1, width), dtype=np.int32)
+    r = _dup_kernel()(rows, n_pos)
+    if r >= 0:
+        b, l, t = np.unravel_index(r, (B, n_layers, steps))
+        raise ValueError(f"indices[{b}, {l}, {t}] repeats a position; each step's set must hold distinct entries")
+    if warmup is None:
+        return
+    if not isinstance(warmup, np.ndarray) or warmup.ndim != 4 or not np.issubdtype(warmup.dtype, np.integer):
+        raise TypeError("warmup must be None or an integer array of shape (B, n_layers, W, k)")
+    if warmup.shape[:2] != (B, n_layers) or warmup.shape[3] > k or warmup.shape[2] < 1:
+        raise ValueError(f"warmup must have shape (B={B}, n_layers={n_layers}, W>=1, <=k={k}), got {warmup.shape}")
+    if int(warmup.min()) < -1 or int(warmup.max()) >= context_len:
+        raise ValueError(f"warmup windows must read prefill positions 0 .. {context_len - 1} (or -1 for padding)")
+    r = _dup_kernel()(np.ascontiguousarray(warmup.reshape(-1, warmup.shape[3]), dtype=np.int32), context_len)
+    if r >= 0:
+        raise ValueError(f"warmup window row {r} repeats a position; each window must hold distinct entries")
+
+
+# ----------------------------------------------------------------------------------------------------------- Trace
+@dataclass(frozen=True, eq=False)
+class Trace:
+    """Top-K index sets per (request, layer, step) with their metadata; validated on construction."""
+
+    indices: np.ndarray                  # (B, n_layers, steps, width) int32, -1 padded
+    context_len: int                     # tokens in the context at the first decode step
+    k: int                               # top-K per query token
+    mtp: int = 1                         # query tokens per decode step (their sets are united)
+    seed: int | None = None              # generator seed, None for recorded traces
+    warmup: np.ndarray | None = None     # (B, n_layers, W, k) int32, top-K of the last W prefill positions
+    meta: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.seed is not None:
+            _int("seed", self.seed, lo=0)
+        if not isinstance(self.meta, Mapping):
+            raise TypeError(f"meta must be a mapping, got {type(self.meta).__name__}")
+        validate_trace_arrays(self.indices, self.warmup, context_len=self.context_len, k=self.k, mtp=self.mtp)
+        object.__setattr__(self, "indices", np.ascontiguousarray(self.indices, dtype=np.int32))
+        if self.warmup is not None:
+            object.__setattr__(self, "warmup", np.ascontiguousarray(self.warmup, dtype=np.int32))
+
+    batch = property(lambda self: self.indices.shape[0])
+    n_layers = property(lambda self: self.indices.shape[1])
+    steps = property(lambda self: self.indices.shape[2])
+    width = property(lambda self: self.indices.shape[3])
+    n_warmup = property(lambda self: 0 if self.warmup is None else self.warmup.shape[2])
+
+    @property
+    def n_positions(self) -> int:
+        """Positions any step may read: ``context_len + steps * mtp``."""
+        return self.context_len + self.steps * self.mtp
+
+    def set_sizes(self) -> np.ndarray:
+        """Valid entries per (request, layer, step): (B, n_layers, steps)."""
+        return (self.indices >= 0).sum(axis=-1)
+
+    def metadata(self) -> dict:
+        return {"format": _FORMAT, "context_len": self.context_len, "k": self.k, "mtp": self.mtp, "seed": self.seed,
+                "batch": self.batch, "n_layers": self.n_layers, "steps": self.steps, "n_warmup": self.n_warmup,
+                "meta": dict(self.meta)}
+
+    def save(self, path: str | Path) -> Path:
+        """Write a compressed ``.npz`` (indices, warmup, JSON metadata)."""
+        path = Path(path)
+        if path.suffix != ".npz":
+            raise ValueError(f"path must end in .npz, got {path.name!r}")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        warm = self.warmup if self.warmup is not None else np.zeros((0, 0, 0, 0), np.int32)
+        np.savez_compressed(path, indices=self.indices, warmup=warm,
+                            metadata=np.array(json.dumps(self.metadata())))
+        return path
+
+    def layer(self, layer: int) -> "Trace":
+        """The same trace restricted to one layer (keeps the layer dimension)."""
+        layer = _int("layer", layer, lo=0)
+        if layer >= self.n_layers:
+            raise ValueError(f"layer must be < n_layers = {self.n_layers}, got {layer}")
+        w = None if self.warmup is None else self.warmup[:, layer:layer + 1]
+        return Trace(self.indices[:, layer:layer + 1], self.context_len, self.k, self.mtp, self.seed, w,
+                     {**self.meta, "layer": layer})
+
+
+def load_trace(path: str | Path) -> Trace:
+    """Read a trace written by :meth:`Trace.save`; a malformed file raises ValueError naming what is wrong."""
+    path = Path(path)
+    if not path.exists():
+        raise ValueError(f"trace file {path} does not exist")
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            files = set(z.files)
+            missing = {"indices", "warmup", "metadata"} - files
+            if missing:
+                raise ValueError(f"{path.name}: not an ess trace, missing arrays {sorted(missing)}")
+            indices, warm, meta = z["indices"], z["warmup"], json.loads(str(z["metadata"]))
+    except (OSError, EOFError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path.name}: cannot read the trace ({exc})") from exc
+    if not isinstance(meta, dict) or meta.get("format") != _FORMAT:
+        raise ValueError(f"{path.name}: metadata format must be {_FORMAT!r}")
+    for key in ("context_len", "k", "mtp"):
+        if key not in meta:
+            raise ValueError(f"{path.name}: metadata lacks {key!r}")
+    return Trace(indices, meta["context_len"], meta["k"], meta["mtp"], meta.get("seed"),
+                 warm if warm.size else None, meta.get("meta", {}))
+
+
+# ------------------------------------------------------------------------------------------------------ profiles
+@lru_cache(maxsize=None)
+def _read_profile_file(name: str) -> tuple[tuple[float, ...], dict]:
+    path = DATA_DIR / f"{name}.yaml"
+    with open(path, encoding="utf-8") as fh:
+        raw = yaml.safe_load(fh)
+    layers = raw["layers"]
+    values = tuple(float(layers[i]["value"]) for i in range(len(layers)))
+    return values, {k: v["value"] for k, v in raw.get("generator", {}).items()}
+
+
+def generator_defaults() -> dict:
+    """The generator's structural choices (sinks, local window, popularity) from ``data/locality/paper_fig2.yaml``."""
+    return dict(_read_profile_file("paper_fig2")[1])
+
+
+def locality_profile(profile: Any = "paper", n_layers: int = 61) -> np.ndarray:
+    """Adjacent-step overlap per layer, shape (n_layers,), each in [0, 1].
+
+    ``profile`` is ``"paper"`` (paper Fig. 2, read by eye; a model with fewer layers takes the layer at the same
+    relative depth), a number (every layer the same) or a sequence of ``n_layers`` numbers.
+    """
+    n_layers = _int("n_layers", n_layers, lo=1)
+    if isinstance(profile, str):
+        if profile != "paper":
+            raise ValueError(f"profile must be 'paper', a number or a sequence of n_layers numbers, got {profile!r}")
+        paper = np.array(_read_profile_file("paper_fig2")[0])
+        if n_layers == len(paper):
+            out = paper.copy()
+        else:
+            pick = np.rint(np.arange(n_layers) * (len(paper) - 1) / max(n_layers - 1, 1)).astype(int)
+            out = paper[pick]
+    elif isinstance(profile, numbers.Real) and not isinstance(profile, bool):
+        out = np.full(n_layers, float(profile))
+    else:
+        out = np.asarray(profile, dtype=float)
+        if out.shape != (n_layers,):
+            raise ValueError(f"profile must have n_layers = {n_layers} values, got shape {out.shape}")
+    if not np.all((out >= 0) & (out <= 1)):
+        raise ValueError(f"profile overlaps must lie in [0, 1], got {out.min()} .. {out.max()}")
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------- generator
+@lru_cache(maxsize=None)
+def _gen_kernel():
+    from numba import njit
+
+    @njit(cache=True)
+    def draw(lo, hi, cdf, use_cdf):
+        if use_cdf:
+            u = cdf[lo] + np.random.random() * (cdf[hi] - cdf[lo])
+            x = np.searchsorted(cdf, u, side="right") - 1
+            if x < lo:
+                x = lo
+            if x >= hi:
+                x = hi - 1
+            return x
+        return lo + np.random.randint(0, hi - lo)
+
+    @njit(cache=True)
+    def gen(seed, context_len, k, mtp, steps, n_warm, r, n_sinks, window, cdf, use_cdf, warm_out, step_out):
+        """One (request, layer) stream. Fills warm_out (n_warm, k) and step_out (steps, mtp*k), -1 padded."""
+        np.random.seed(seed)
+        n_pos = context_len + steps * mtp
+        prev_mark = np.zeros(n_pos, np.int64)    # == g: in the previous query token's set
+        chosen = np.zeros(n_pos, np.int64)       # == g: chosen for the current token
+        union_mark = np.zeros(n_pos, np.int64)   # == t+1: in the union of decode step t
+        free = np.empty(k, np.int64)             # current token's free entries (not sink, not window)
+        nfree = 0
+        newfree = np.empty(k, np.int64)
+        cur = np.empty(k, np.int64)
+        prev_ctx = -1
+        g = 0
+        n_tokens = n_warm + steps * mtp
+        for q in range(n_tokens):
+            if q < n_warm:                        # prefill position context_len - n_warm + q attends to [0, pos]
+                ctx = context_len - n_warm + q + 1
+            else:                                 # decode step t reads the cache that exists before the step
+                ctx = context_len + ((q - n_warm) // mtp) * mtp
+            ns = min(n_sinks, k)
+            nw = min(window, k - ns)
+            hi = ctx - nw                          # free range [ns, hi)
+            need = k - ns - nw
+            g += 1
+            # previous set's members inside the free range: previous free entries + window tokens that left it
+            if prev_ctx >= 0:
+                for i in range(nfree):
+                    prev_mark[free[i]] = g
+                for x in range(max(prev_ctx - nw, ns), min(ctx - nw, prev_ctx)):
+                    prev_mark[x] = g
+                shift = ctx - prev_ctx
+                struct_overlap = ns + max(nw - shift, 0)
+                keep = int(np.rint(r * k)) - struct_overlap
+                keep = max(0, min(keep, nfree, need))
+            else:
+                keep = 0
+            # keep a random subset of the previous free entries (partial Fisher-Yates)
+            for i in range(keep):
+                j = i + np.random.randint(0, nfree - i)
+                tmp = free[i]
+                free[i] = free[j]
+                free[j] = tmp
+                newfree[i] = free[i]
+                chosen[free[i]] = g
+            n = keep
+            n_excl = 0
+            if prev_ctx >= 0:
+                n_excl = nfree + max(0, min(ctx - nw, prev_ctx) - max(prev_ctx - nw, ns))
+            strict = (hi - ns) - n_excl >= need - keep   # enough room to draw only entries the previous set lacked
+            while n < need:
+                x = draw(ns, hi, cdf, use_cdf)
+                if chosen[x] == g:
+                    continue
+                if strict and prev_mark[x] == g:
+                    continue
+                chosen[x] = g
+                newfree[n] = x
+                n += 1
+            nfree = need
+            for i in range(need):
+                free[i] = newfree[i]
+            # the token's set: sinks, free entries, local window
+            c = 0
+            for x in range(ns):
+                cur[c] = x
+                c += 1
+            for i in range(need):
+                cur[c] = free[i]
+                c += 1
+            for x in range(ctx - nw, ctx):
+                cur[c] = x
+                c += 1
+            if q < n_warm:
+                for i in range(k):
+                    warm_out[q, i] = cur[i]
+            else:
+                t = (q - n_warm) // mtp
+                if (q - n_warm) % mtp == 0:
+                    for i in range(step_out.shape[1]):
+                        step_out[t, i] = -1
+                    fill = 0
+                else:
+                    fill = 0
+                    while fill < step_out.shape[1] and step_out[t, fill] >= 0:
+                        fill += 1
+                for i in range(k):
+                    x = cur[i]
+                    if union_mark[x] != t + 1:
+                        union_mark[x] = t + 1
+                        step_out[t, fill] = x
+                        fill += 1
+            prev_ctx = ctx
+        return 0
+
+    return gen
+
+
+def _stream_seed(seed: int, request: int, layer: int) -> int:
+    return int(np.random.SeedSequence([seed, request, layer]).generate_state(1)[0] & 0x7FFFFFFF)
+
+
+def _check_generator_args(context_len, k, mtp, steps, batch, n_layers, warmup_windows, seed):
+    context_len = _int("context_len", context_len, lo=1)
+    k = _int("k", k, lo=1)
+    if k > context_len:
+        raise ValueError(f"k (top-K) = {k} is larger than the context ({context_len} tokens); expected k <= context_len")
+    mtp = _int("mtp", mtp, lo=1)
+    steps = _int("steps", steps, lo=1)
+    batch = _int("batch", batch, lo=1)
+    n_layers = _int("n_layers", n_layers, lo=1)
+    warmup_windows = _int("warmup_windows", warmup_windows, lo=0)
+    if context_len - warmup_windows + 1 < k:
+        raise ValueError(f"the first warmup window (prefill position {context_len - warmup_windows}) sees fewer than "
+                         f"k = {k} tokens; use fewer warmup_windows or a longer context")
+    seed = _int("seed", seed, lo=0)
+    return context_len, k, mtp, steps, batch, n_layers, warmup_windows, seed
+
+
+def synthetic_streams(context_len: int, *, n_layers: int = 61, k: int = 2048, mtp: int = 2, steps: int = 64,
+                      batch: int = 4, warmup_windows: int = PAPER_WARMUP_WINDOWS, profile: Any = "paper",
+                      seed: int = 0, n_sinks: int | None = None, local_window: int | None = None,
+                      popularity_sigma: float | None = None) -> Iterator[tuple[int, int, np.ndarray, np.ndarray]]:
+    """Yield ``(request, layer, warm (W, k), steps (steps, mtp*k))`` one stream at a time (no full trace in memory).
+
+    Model (per request and layer, a chain of query tokens: the W warmup positions, then ``mtp`` tokens per step):
+    each token selects the ``n_sinks`` first tokens, the last ``local_window`` tokens of its context and
+    ``k - n_sinks - local_window`` "free" entries. The next token keeps a random subset of the previous free entries,
+    as many as make its overlap with the previous token's set equal ``profile[layer] * k`` (when the sinks and the
+    shifted window alone exceed that, it keeps none), and draws the rest from the older context among entries the
+    previous set did not hold (uniformly, or weighted by a per-position log-normal popularity when
+    ``popularity_sigma > 0``). A decode step's set is the union of its ``mtp`` tokens' sets.
+    """
+    context_len, k, mtp, steps, batch, n_layers, warmup_windows, seed = _check_generator_args(
+        context_len, k, mtp, steps, batch, n_layers, warmup_windows, seed)
+    r = locality_profile(profile, n_layers)
+    d = generator_defaults()
+    n_sinks = _int("n_sinks", d["n_sinks"] if n_sinks is None else n_sinks, lo=0)
+    local_window = _int("local_window", d["local_window"] if local_window is None else local_window, lo=0)
+    sigma = float(d["popularity_sigma"] if popularity_sigma is None else popularity_sigma)
+    if not (sigma >= 0 and np.isfinite(sigma)):
+        raise ValueError(f"popularity_sigma must be a finite number >= 0, got {popularity_sigma!r}")
+    gen = _gen_kernel()
+    n_pos = context_len + steps * mtp
+    for b in range(batch):
+        for layer in range(n_layers):
+            s = _stream_seed(seed, b, layer)
+            if sigma > 0:
+                w = np.exp(sigma * np.random.default_rng(s).standard_normal(n_pos))
+                cdf = np.concatenate([[0.0], np.cumsum(w)])
+            else:
+                cdf = np.zeros(1)
+            warm = np.empty((warmup_windows, k), np.int32)
+            out = np.empty((steps, mtp * k), np.int32)
+            gen(s, context_len, k, mtp, steps, warmup_windows, float(r[layer]), n_sinks, local_window, cdf,
+                sigma > 0, warm, out)
+            yield b, layer, warm, out
+
+
+def synthetic_trace(context_len: int, *, n_layers: int = 61, k: int = 2048, mtp: int = 2, steps: int = 64,
+                    batch: int = 4, warmup_windows: int = PAPER_WARMUP_WINDOWS, profile: Any = "paper",
+                    seed: int = 0, n_sinks: int | None = None, local_window: int | None = None,
+                    popularity_sigma: float | None = None) -> Trace:
+    """A whole synthetic :class:`Trace` (see :func:`synthetic_streams` for the model). Memory: B*layers*steps*mtp*k*4 B."""
+    context_len, k, mtp, steps, batch, n_layers, warmup_windows, seed = _check_generator_args(
+        context_len, k, mtp, steps, batch, n_layers, warmup_windows, seed)
+    nbytes = batch * n_layers * steps * mtp * k * 4
+    if nbytes > 2e9:
+        raise ValueError(f"this trace would take {nbytes / 1e9:.1f} GB; use synthetic_streams() or "
+                         f"ess.cachesim.misses_per_layer(), which never hold the whole trace")
+    idx = np.empty((batch, n_layers, steps, mtp * k), np.int32)
+    warm = np.empty((batch, n_layers, warmup_windows, k), np.int32) if warmup_windows else None
+    for b, layer, w, s in synthetic_streams(context_len, n_layers=n_layers, k=k, mtp=mtp, steps=steps, batch=batch,
+                                            warmup_windows=warmup_windows, profile=profile, seed=seed,
+                                            n_sinks=n_sinks, local_window=local_window,
+                                            popularity_sigma=popularity_sigma):
+        idx[b, layer] = s
+        if warm is not None:
+            warm[b, layer] = w
+    d = generator_defaults()
+    meta = {"generator": "ess.traces.synthetic_trace",
+            "profile": profile if isinstance(profile, (str, numbers.Real)) else list(map(float, profile)),
+            "n_sinks": d["n_sinks"] if n_sinks is None else n_sinks,
+            "local_window": d["local_window"] if local_window is None else local_window,
+            "popularity_sigma": d["popularity_sigma"] if popularity_sigma is None else popularity_sigma}
+    return Trace(idx, context_len, k, mtp, seed, warm, meta)
+
+
+def adjacent_overlap(trace: Trace) -> np.ndarray:
+    """Mean overlap |S(t-1) & S(t)| / |S(t)| between adjacent steps, per layer: (n_layers,).
+
+    With ``mtp = 1`` this is the metric of paper Fig. 2 and reproduces the generator's profile.
+    """
+    if trace.steps < 2:
+        raise ValueError("adjacent_overlap needs a trace with at least 2 steps")
+    out = np.zeros(trace.n_layers)
+    for layer in range(trace.n_layers):
+        vals = []
+        for b in range(trace.batch):
+            rows = trace.indices[b, layer]
+            for t in range(1, trace.steps):
+                a, c = rows[t - 1][rows[t - 1] >= 0], rows[t][rows[t] >= 0]
+                if c.size:
+                    vals.append(np.intersect1d(a, c, assume_unique=True).size / c.size)
+        out[layer] = np.mean(vals)
+    return out
+
+
+# ------------------------------------------------------------------------------------------------------ recorder
+class TraceRecorder:
+    """Collect real index sets, step by step, into a :class:`Trace`.
+
+    A sparse-attention implementation (or a hook around it) calls, for every layer of every decode step,
+    ``observe(layer, indices)`` with ``indices`` of shape ``(B, K)`` or ``(B, q, K)`` (``q`` query tokens of the
+    step, -1 padded as the indexer's top-k returns them), then ``end_step()`` once the step's layers are done.
+    ``observe_warmup(layer, indices)`` with ``(B, W, K)`` stores the top-K of the last W prefill positions.
+    Nothing is half-recorded: a step with a layer missing raises in ``end_step`` and is dropped.
+
+    >>> rec = TraceRecorder(context_len=8, k=2, n_layers=1, batch=1)
+    >>> rec.observe(0, np.array([[3, 7]])); rec.end_step()
+    >>> rec.to_trace().indices.tolist()
+    [[[[3, 7]]]]
+    """
+
+    def __init__(self, *, context_len: int, k: int, n_layers: int, batch: int, mtp: int = 1,
+                 meta: Mapping | None = None):
+        self.context_len = _int("context_len", context_len, lo=1)
+        self.k = _int("k", k, lo=1)
+        if self.k > self.context_len:
+            raise ValueError(f"k (top-K) = {k} is larger than the context ({context_len} tokens)")
+        self.n_layers = _int("n_layers", n_layers, lo=1)
+        self.batch = _int("batch", batch, lo=1)
+        self.mtp = _int("mtp", mtp, lo=1)
+        self.meta = dict(meta or {})
+        self._steps: list[np.ndarray] = []                        # each (B, n_layers, mtp*k)
+        self._pending: dict[int, np.ndarray] = {}
+        self._warm: dict[int, np.ndarray] = {}
+
+    def _as_sets(self, name: str, layer: int, indices: Any) -> np.ndarray:
+        layer = _int("layer", layer, lo=0)
+        if layer >= self.n_layers:
+            raise ValueError(f"layer must be < n_layers = {self.n_layers}, got {layer}")
+        if hasattr(indices, "detach"):                            # a torch tensor
+            indices = indices.detach().cpu().numpy()
+        a = np.asarray(indices)
+        if not np.issubdtype(a.dtype, np.integer):
+            raise TypeError(f"{name}: indices must be integers, got dtype {a.dtype}")
+        if a.ndim == 2:
+            a = a[:, None, :]
+        if a.ndim != 3 or a.shape[0] != self.batch or a.shape[2] > self.k:
+            raise ValueError(f"{name}: indices must have shape (B={self.batch}, K<={self.k}) or (B, q, K), "
+                             f"got {np.asarray(indices).shape}")
+        return a
+
+    def observe(self, layer: int, indices: Any) -> None:
+        """The top-K of this step's query tokens in ``layer``: (B, K) or (B, q, K), q <= mtp."""
+        a = self._as_sets("observe", layer, indices)
+        if a.shape[1] > self.mtp:
+            raise ValueError(f"observe: {a.shape[1]} query tokens in one step, but mtp = {self.mtp}")
+        if layer in self._pending:
+            raise ValueError(f"observe: layer {layer} was already observed in this step; call end_step() first")
+        out = np.full((self.batch, self.mtp * self.k), -1, np.int32)
+        for b in range(self.batch):
+            flat = a[b].reshape(-1)
+            flat = flat[flat >= 0]
+            _, first = np.unique(flat, return_index=True)       # union, keeping first-occurrence order
+            u = flat[np.sort(first)]
+            out[b, :u.size] = u
+        self._pending[int(layer)] = out
+
+    def observe_warmup(self, layer: int, indices: Any) -> None:
+        """The top-K of the last W prefill positions of ``layer``: (B, W, K), in position order."""
+        a = self._as_sets("observe_warmup", layer, indices)
+        w = np.full((self.batch, a.shape[1], self.k), -1, np.int32)
+        w[:, :, :a.shape[2]] = a
+        self._warm[int(layer)] = w
+
+    def end_step(self) -> None:
+        missing = sorted(set(range(self.n_layers)) - set(self._pending))
+        if missing:
+            self._pending.clear()
+            raise ValueError(f"end_step: layers {missing} were not observed in this step; the step is dropped")
+        self._steps.append(np.stack([self._pending[l] for l in range(self.n_layers)], axis=1))
+        self._pending.clear()
+
+    @property
+    def steps(self) -> int:
+        return len(self._steps)
+
+    def to_trace(self) -> Trace:
+        if not self._steps:
+            raise ValueError("the recorder holds no complete step; the trace would be empty")
+        idx = np.stack(self._steps, axis=2)                       # (B, n_layers, steps, mtp*k)
+        width = max(int((idx >= 0).sum(axis=-1).max()), 1)
+        warm = None
+        if self._warm:
+            if set(self._warm) != set(range(self.n_layers)):
+                raise ValueError("observe_warmup must be called for every layer or for none")
+            warm = np.stack([self._warm[l] for l in range(self.n_layers)], axis=1)
+        return Trace(idx[..., :width], self.context_len, self.k, self.mtp, None, warm,
+                     {"recorded": True, **self.meta})
