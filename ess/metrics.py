@@ -1,0 +1,113 @@
+"""Transfer metrics of the tiered cache: hits, misses and bytes per (request, layer, step), and a link model.
+
+:class:`ess.storage.TieredCache` appends one :class:`StepMetrics` per event to its :class:`MetricsLog`:
+
+* ``"step"``    a decode step of one layer: hits, misses, bytes host->device (the misses);
+* ``"warmup"``  one LRU-Warmup window (loads, not counted as misses of the decode);
+* ``"append"``  the write-back of one new token (bytes device->host, all layers in one record, ``layer = -1``);
+* ``"restore"`` the device pool of a request rebuilt from host memory after a restore from disk.
+
+The link utilisation of an interval is the bytes moved over the link's bandwidth times the interval.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from .specs import link_figures
+
+__all__ = ["StepMetrics", "MetricsLog", "LinkModel", "link_model"]
+
+
+@dataclass(frozen=True)
+class StepMetrics:
+    kind: str
+    request_id: object
+    layer: int
+    step: int
+    hits: int
+    misses: int
+    bytes_h2d: int
+    bytes_d2h: int
+
+
+class MetricsLog:
+    """An append-only list of :class:`StepMetrics` with pandas views."""
+
+    def __init__(self):
+        self.records: list[StepMetrics] = []
+
+    def add(self, record: StepMetrics) -> None:
+        self.records.append(record)
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def clear(self) -> None:
+        self.records.clear()
+
+    def to_frame(self):
+        import pandas as pd
+        cols = ["kind", "request_id", "layer", "step", "hits", "misses", "bytes_h2d", "bytes_d2h"]
+        return pd.DataFrame([asdict(r) for r in self.records], columns=cols)
+
+    def totals(self) -> dict:
+        """Sums over all records, by kind, as ``{kind: {hits, misses, bytes_h2d, bytes_d2h}}``."""
+        out: dict = {}
+        for r in self.records:
+            t = out.setdefault(r.kind, {"hits": 0, "misses": 0, "bytes_h2d": 0, "bytes_d2h": 0})
+            t["hits"] += r.hits
+            t["misses"] += r.misses
+            t["bytes_h2d"] += r.bytes_h2d
+            t["bytes_d2h"] += r.bytes_d2h
+        return out
+
+    def per_step(self):
+        """Decode steps summed over layers and requests: one row per step number, with the write-back bytes of
+        the token appended after that step (the ``append`` record with the same step number)."""
+        df = self.to_frame()
+        steps = df[df.kind == "step"].groupby("step")[["hits", "misses", "bytes_h2d"]].sum()
+        app = df[df.kind == "append"].groupby("step")[["bytes_d2h"]].sum()
+        return steps.join(app, how="left").fillna(0).astype("int64").reset_index()
+
+
+@dataclass(frozen=True)
+class LinkModel:
+    """A host-device link moving ``bandwidth_GB_per_s`` (GB = 1e9 B) in one direction."""
+
+    name: str
+    bandwidth_GB_per_s: float
+    source: str = ""
+
+    def __post_init__(self):
+        if not self.bandwidth_GB_per_s > 0:
+            raise ValueError(f"LinkModel.bandwidth_GB_per_s must be > 0, got {self.bandwidth_GB_per_s!r}")
+
+    def transfer_s(self, n_bytes: float) -> float:
+        """Seconds to move ``n_bytes`` at full bandwidth."""
+        return float(n_bytes) / (self.bandwidth_GB_per_s * 1e9)
+
+    def utilisation(self, n_bytes: float, interval_s: float) -> float:
+        """Share of the link's capacity used when ``n_bytes`` cross it within ``interval_s`` (may exceed 1: the
+        link cannot keep up)."""
+        if not interval_s > 0:
+            raise ValueError(f"interval_s must be > 0, got {interval_s!r}")
+        return self.transfer_s(n_bytes) / interval_s
+
+
+_LINKS = {
+    "flashtrans_h2d": ("flashtrans", "h2d_GB_per_s"),
+    "flashtrans_d2h": ("flashtrans", "d2h_GB_per_s"),
+    "memcpy_per_entry_h2d": ("flashtrans", "memcpy_per_entry_h2d_GB_per_s"),
+    "memcpy_per_entry_d2h": ("flashtrans", "memcpy_per_entry_d2h_GB_per_s"),
+    "pcie5_x16": ("pcie", "gen5_x16_GB_per_s_per_direction"),
+    "pcie4_x16": ("pcie", "gen4_x16_GB_per_s_per_direction"),
+}
+
+
+def link_model(name: str = "flashtrans_h2d") -> LinkModel:
+    """A link preset from ``data/hardware/links.yaml``: one of ``flashtrans_h2d``, ``flashtrans_d2h``,
+    ``memcpy_per_entry_h2d``, ``memcpy_per_entry_d2h``, ``pcie5_x16``, ``pcie4_x16``."""
+    if name not in _LINKS:
+        raise ValueError(f"link must be one of {sorted(_LINKS)}, got {name!r}")
+    group, field = _LINKS[name]
+    return LinkModel(name, float(link_figures()[group][field]), f"data/hardware/links.yaml {group}.{field}")

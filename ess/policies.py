@@ -1,0 +1,226 @@
+"""Eviction policies of the GPU pool: LRU (the paper's), FIFO and importance; LRU-Warmup seeding.
+
+A pool of ``capacity`` slots belongs to one (request, layer). One decode step selects a set S of tokens (the valid
+top-K indices, in array order); hits are S ∩ pool, misses S \\ pool. The misses go to free slots first, then to
+victims chosen by the policy among the resident entries **not in S** (an entry selected this step is never
+evicted by the same step). The policy sees slots only; :class:`ess.storage.TieredCache` keeps the token map.
+
+Ranking (lowest evicted first, ties broken by the lower slot number):
+
+* ``"lru"``: last use. After a step the entries of S are the most recent, ordered by their position in the indices
+  array (a later position is more recent), hits and misses alike. This is the paper's policy ([ARX] "managed by
+  LRU per layer"); the exact order inside one step is ours (the paper does not say), and
+  :func:`simulate_misses` and ``ess.cachesim`` use the same rule.
+* ``"fifo"``: insertion time; a hit does not refresh it.
+* ``"importance"``: a decayed indexer score. Each step every resident entry's score is multiplied by ``decay``
+  (default 0.5, a design choice), then each entry of S adds its score for this step (the indexer score passed as
+  ``scores``, aligned with the indices; 1.0 each when no scores are given, which makes it a decayed access count).
+  The lowest score is evicted first, ties by LRU order.
+
+**LRU-Warmup** ([ARX]): before decoding, the top-K sets of the last W prefill positions are fed to the pool in order,
+each like one step, so that the first decode steps find the hot entries resident (:meth:`TieredCache.warmup`).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["POLICIES", "EvictionPolicy", "LRUPolicy", "FIFOPolicy", "ImportancePolicy", "make_policy",
+           "simulate_misses", "check_step_indices"]
+
+POLICIES = ("lru", "fifo", "importance")
+
+
+class EvictionPolicy:
+    """Per-pool eviction state over ``capacity`` slots. Subclasses define :meth:`_keys` and :meth:`update`.
+
+    :meth:`choose_victims` never changes the state; :meth:`update` is called once the step's transfers succeeded."""
+
+    name = "base"
+
+    def __init__(self, capacity: int):
+        if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)) or capacity <= 0:
+            raise ValueError(f"capacity must be a positive integer number of slots, got {capacity!r}")
+        self.capacity = int(capacity)
+        self.clock = 0                                       # counts entry touches, for recency order
+        self.stamp = np.zeros(self.capacity, np.int64)       # last use (LRU order, also the tie-breaker)
+
+    # -- ranking ---------------------------------------------------------------------------------------------
+    def _keys(self) -> tuple[np.ndarray, ...]:
+        """Sort keys per slot, most significant last (``np.lexsort`` order); lowest is evicted first."""
+        raise NotImplementedError
+
+    def choose_victims(self, candidates: np.ndarray, n: int) -> np.ndarray:
+        """The ``n`` slots among ``candidates`` (resident, not selected this step) to evict, first victim first."""
+        if n == 0:
+            return np.empty(0, np.int64)
+        if n > candidates.size:
+            raise ValueError(f"{n} victims needed but only {candidates.size} evictable slots")
+        keys = tuple(k[candidates] for k in self._keys())
+        order = np.lexsort((candidates,) + keys)
+        return candidates[order[:n]].astype(np.int64)
+
+    # -- state changes ---------------------------------------------------------------------------------------
+    def _touch(self, slots: np.ndarray) -> None:
+        self.stamp[slots] = self.clock + 1 + np.arange(slots.size)
+        self.clock += int(slots.size)
+
+    def update(self, slots: np.ndarray, inserted: np.ndarray, scores: np.ndarray | None) -> None:
+        """After a step: ``slots`` of S in indices order, ``inserted`` marks the ones loaded by this step."""
+        self._touch(slots)
+
+    def clear(self, slots: np.ndarray) -> None:
+        """Forget the entries of ``slots`` (evicted or freed)."""
+        self.stamp[slots] = 0
+
+    def state(self) -> dict:
+        return {"clock": self.clock, "stamp": self.stamp.copy()}
+
+    def set_state(self, state: dict) -> None:
+        self.clock = int(state["clock"])
+        self.stamp[:] = state["stamp"]
+
+
+class LRUPolicy(EvictionPolicy):
+    name = "lru"
+
+    def _keys(self):
+        return (self.stamp,)
+
+
+class FIFOPolicy(EvictionPolicy):
+    name = "fifo"
+
+    def __init__(self, capacity: int):
+        super().__init__(capacity)
+        self.inserted_at = np.zeros(self.capacity, np.int64)
+        self.n_inserted = 0
+
+    def _keys(self):
+        return (self.inserted_at,)
+
+    def update(self, slots, inserted, scores):
+        new = slots[inserted]
+        self.inserted_at[new] = self.n_inserted + 1 + np.arange(new.size)
+        self.n_inserted += int(new.size)
+        self._touch(slots)
+
+    def clear(self, slots):
+        super().clear(slots)
+        self.inserted_at[slots] = 0
+
+    def state(self):
+        return {**super().state(), "inserted_at": self.inserted_at.copy(), "n_inserted": self.n_inserted}
+
+    def set_state(self, state):
+        super().set_state(state)
+        self.inserted_at[:] = state["inserted_at"]
+        self.n_inserted = int(state["n_inserted"])
+
+
+class ImportancePolicy(EvictionPolicy):
+    name = "importance"
+
+    def __init__(self, capacity: int, decay: float = 0.5):
+        super().__init__(capacity)
+        decay = float(decay)
+        if not 0.0 <= decay <= 1.0:
+            raise ValueError(f"decay must be in [0, 1], got {decay}")
+        self.decay = decay
+        self.score = np.zeros(self.capacity, np.float64)
+
+    def _keys(self):
+        return (self.stamp, self.score)            # score decides, LRU order breaks ties
+
+    def update(self, slots, inserted, scores):
+        self.score *= self.decay
+        add = np.ones(slots.size) if scores is None else np.asarray(scores, np.float64)
+        self.score[slots] += add
+        self._touch(slots)
+
+    def clear(self, slots):
+        super().clear(slots)
+        self.score[slots] = 0.0
+
+    def state(self):
+        return {**super().state(), "score": self.score.copy()}
+
+    def set_state(self, state):
+        super().set_state(state)
+        self.score[:] = state["score"]
+
+
+def make_policy(name: str, capacity: int, **options) -> EvictionPolicy:
+    """A policy by name: ``"lru"``, ``"fifo"`` or ``"importance"`` (option ``decay``)."""
+    if name == "lru":
+        return LRUPolicy(capacity, **options)
+    if name == "fifo":
+        return FIFOPolicy(capacity, **options)
+    if name == "importance":
+        return ImportancePolicy(capacity, **options)
+    raise ValueError(f"policy must be one of {POLICIES}, got {name!r}")
+
+
+def check_step_indices(indices, n_tokens: int, capacity: int, name: str = "indices") -> np.ndarray:
+    """Validate one step's top-K indices: 1-D integers in ``[-1, n_tokens)``, no repeated valid index, at most
+    ``capacity`` valid ones. Returns them as a contiguous int64 array."""
+    if not isinstance(indices, np.ndarray):
+        raise TypeError(f"{name} must be a NumPy int64 array, got {type(indices).__name__}")
+    if indices.ndim != 1:
+        raise ValueError(f"{name} must be 1-D (K,), got shape {indices.shape}")
+    if indices.dtype.kind not in "iu" or indices.dtype == np.bool_:
+        raise TypeError(f"{name} must hold integers (int64), got dtype {indices.dtype}")
+    idx = np.ascontiguousarray(indices, dtype=np.int64)
+    if idx.size:
+        lo, hi = int(idx.min()), int(idx.max())
+        if lo < -1 or hi >= n_tokens:
+            bad = lo if lo < -1 else hi
+            raise ValueError(f"{name} holds {bad}, outside [-1, {n_tokens}) (the request has {n_tokens} tokens; "
+                             f"-1 = padding)")
+    valid = idx[idx >= 0]
+    if valid.size > capacity:
+        raise ValueError(f"{name} selects {valid.size} entries but the pool has only capacity={capacity} slots "
+                         f"(the budget must hold one step's K entries)")
+    if np.unique(valid).size != valid.size:
+        u, c = np.unique(valid, return_counts=True)
+        raise ValueError(f"{name} repeats token {int(u[c > 1][0])}; valid top-K indices must be distinct")
+    return idx
+
+
+def simulate_misses(trace, capacity: int, *, policy: str = "lru", warmup=(), scores=None) -> np.ndarray:
+    """Misses per step of one pool over ``trace`` (a sequence of index arrays, -1 padding), without bytes.
+
+    The same slot bookkeeping as :class:`ess.storage.TieredCache` (the policy objects above), usable as a readable
+    oracle; ``warmup`` windows are applied first and not counted."""
+    pol = make_policy(policy, capacity)
+    slot_of: dict[int, int] = {}
+    token_of = np.full(capacity, -1, np.int64)
+    misses = []
+    for t, idx in enumerate(list(warmup) + list(trace)):
+        n_tok = max(int(np.max(idx)) + 1, 1) if len(idx) else 1
+        idx = check_step_indices(np.asarray(idx), n_tok, capacity)
+        valid = idx[idx >= 0]
+        slots = np.array([slot_of.get(int(v), -1) for v in valid], np.int64)
+        miss = slots < 0
+        n_miss = int(miss.sum())
+        free = np.flatnonzero(token_of < 0)
+        use_free = free[:n_miss]
+        need = n_miss - use_free.size
+        in_s = np.zeros(capacity, bool)
+        in_s[slots[~miss]] = True
+        candidates = np.flatnonzero((token_of >= 0) & ~in_s)
+        victims = pol.choose_victims(candidates, need)
+        for v in victims:
+            del slot_of[int(token_of[v])]
+        pol.clear(victims)
+        new_slots = np.concatenate([use_free, victims]).astype(np.int64)
+        slots[miss] = new_slots
+        token_of[new_slots] = valid[miss]
+        for v, s in zip(valid[miss], new_slots):
+            slot_of[int(v)] = int(s)
+        sc = None
+        if scores is not None and t >= len(warmup):
+            sc = np.asarray(scores[t - len(warmup)], np.float64)[idx >= 0]
+        pol.update(slots, miss, sc)
+        if t >= len(warmup):
+            misses.append(n_miss)
+    return np.asarray(misses, np.int64)

@@ -1,0 +1,815 @@
+"""Tiered latent-cache storage: the GPU pool, the host pool and the disk tier, holding and moving real bytes.
+
+ESS keeps the whole latent cache in (pinned) host memory and a bounded hot subset on the GPU ([ARX]). Here:
+
+* :class:`HostPool` every latent entry of every request and layer, ``(n_layers, tokens, entry_bytes)`` uint8 per
+  request (656-byte FP8 or 1,152-byte BF16 layout, :mod:`ess.layout`), grown one token per decode step
+  (write-back of the new token only); pinned when the device is CUDA.
+* the device pool: ``capacity`` slots per (request, layer), one uint8 array ``(slots, entry_bytes)`` (a NumPy
+  array for ``device="cpu"``, a CUDA tensor otherwise). Slot numbers are global: request block ``b`` holds layer
+  ``l``'s pool in slots ``[(b * n_layers + l) * capacity, ... + capacity)``.
+* :class:`DiskTier` a memory-mapped cold archive: blocks of ``block_tokens`` tokens (all layers), a CRC-32 per
+  block, a manifest written last (the commit point) and the device-pool state; spill, restore and crash recovery.
+* :class:`TieredCache` the three together behind the per-step call :meth:`TieredCache.step`.
+
+One step of one (request, layer) with the valid top-K indices S (array order, ``-1`` padding ignored): hits are
+S ∩ pool; misses S \\ pool go to free slots first, then to victims chosen by the eviction policy among resident
+entries **not** in S (:mod:`ess.policies`); the miss rows are copied host -> device by a transfer kernel
+(:mod:`ess.kernels.transfer`); only after the copy succeeds does the token map change. Bad input (indices out of
+range or repeated, more valid indices than ``capacity``, wrong dtype or shape) raises before anything changes. A
+copy that fails part-way frees the slots it was writing (their old entries are dropped, never left half-written)
+and raises :class:`~ess.kernels.transfer.TransferError`.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .kernels import resolve_backend
+from .kernels.transfer import TransferError, copy_rows
+from .layout import KV_DTYPES, check_context_len, check_ratio, latent_entry_bytes, padded_tokens
+from .metrics import MetricsLog, StepMetrics
+from .policies import POLICIES, check_step_indices, make_policy
+from .specs import ModelSpec, model_spec
+
+__all__ = ["StepResult", "HostPool", "DiskTier", "CorruptBlockError", "TieredCache", "TransferError",
+           "capacity_from_budget", "capacity_from_ratio"]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Results
+# ----------------------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class StepResult:
+    """What one :meth:`TieredCache.step` did for one (request, layer).
+
+    ``slots`` (K,) int64 global device slot of each index (-1 where the index is -1); ``hit`` (K,) bool;
+    ``hit_pos`` / ``miss_pos`` positions into ``indices`` of the hits and of the misses (loaded this step), so
+    that attention can run over the hits while the misses are in flight; ``evicted`` the tokens pushed out;
+    ``bytes_h2d`` the bytes copied host -> device."""
+
+    request_id: object
+    layer: int
+    step: int
+    indices: np.ndarray
+    slots: np.ndarray
+    hit: np.ndarray
+    hit_pos: np.ndarray
+    miss_pos: np.ndarray
+    evicted: np.ndarray
+    bytes_h2d: int
+
+    @property
+    def n_hits(self) -> int:
+        return int(self.hit_pos.size)
+
+    @property
+    def n_misses(self) -> int:
+        return int(self.miss_pos.size)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Host pool
+# ----------------------------------------------------------------------------------------------------------------
+
+def _check_entries(name: str, entries, shape_tail: tuple, lead: str) -> np.ndarray:
+    if not isinstance(entries, np.ndarray):
+        raise TypeError(f"{name} must be a NumPy uint8 array, got {type(entries).__name__}")
+    if entries.dtype != np.uint8:
+        raise TypeError(f"{name} must have dtype uint8 (raw latent-entry bytes), got {entries.dtype}")
+    want = len(shape_tail) + (len(lead.split(",")) if lead else 0)
+    if entries.ndim != want or tuple(entries.shape[-len(shape_tail):]) != shape_tail:
+        desc = f"({lead + ', ' if lead else ''}{', '.join(map(str, shape_tail))})"
+        raise ValueError(f"{name} must have shape {desc}, got {entries.shape}")
+    return entries
+
+
+class HostPool:
+    """Every latent entry of every request: per request one ``(n_layers, capacity_tokens, entry_bytes)`` uint8
+    array of which the first ``n_tokens`` token rows are valid; the capacity doubles when full.
+
+    ``pinned=True`` allocates page-locked memory through torch (needed for zero-copy CUDA reads)."""
+
+    def __init__(self, n_layers: int, entry_bytes: int, *, pinned: bool = False):
+        self.n_layers = int(n_layers)
+        self.entry_bytes = int(entry_bytes)
+        self.pinned = bool(pinned)
+        self._arrays: dict = {}       # request_id -> np.ndarray (n_layers, cap, W)
+        self._tensors: dict = {}      # request_id -> pinned torch tensor sharing the array's memory
+        self._n_tokens: dict = {}
+
+    def _alloc(self, cap: int):
+        shape = (self.n_layers, cap, self.entry_bytes)
+        if self.pinned:
+            import torch
+            t = torch.zeros(shape, dtype=torch.uint8, pin_memory=True)
+            return t.numpy(), t
+        return np.zeros(shape, np.uint8), None
+
+    def __contains__(self, request_id) -> bool:
+        return request_id in self._arrays
+
+    def requests(self) -> list:
+        return list(self._arrays)
+
+    def n_tokens(self, request_id) -> int:
+        return self._n_tokens[request_id]
+
+    def add(self, request_id, entries: np.ndarray) -> None:
+        n = entries.shape[1]
+        arr, t = self._alloc(max(n, 1))
+        arr[:, :n] = entries
+        self._arrays[request_id], self._tensors[request_id], self._n_tokens[request_id] = arr, t, n
+
+    def append(self, request_id, entries: np.ndarray) -> int:
+        """Write one token's entries ``(n_layers, entry_bytes)``; returns its token index."""
+        arr, n = self._arrays[request_id], self._n_tokens[request_id]
+        if n == arr.shape[1]:
+            new, t = self._alloc(2 * arr.shape[1])
+            new[:, :n] = arr[:, :n]
+            self._arrays[request_id], self._tensors[request_id] = arr, t = new, t
+            arr = new
+        arr[:, n] = entries
+        self._n_tokens[request_id] = n + 1
+        return n
+
+    def remove(self, request_id) -> None:
+        for d in (self._arrays, self._tensors, self._n_tokens):
+            d.pop(request_id, None)
+
+    def entries(self, request_id) -> np.ndarray:
+        """The valid entries ``(n_layers, n_tokens, entry_bytes)`` (a view: do not write)."""
+        return self._arrays[request_id][:, :self._n_tokens[request_id]]
+
+    def layer_rows(self, request_id, layer: int, *, as_torch: bool = False):
+        """All rows of one layer ``(capacity_tokens, entry_bytes)``, contiguous: a transfer source."""
+        if as_torch and self.pinned:
+            return self._tensors[request_id][layer]
+        return self._arrays[request_id][layer]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of valid entries (not counting spare capacity)."""
+        return sum(n * self.n_layers * self.entry_bytes for n in self._n_tokens.values())
+
+    @property
+    def allocated_bytes(self) -> int:
+        return sum(a.nbytes for a in self._arrays.values())
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Disk tier
+# ----------------------------------------------------------------------------------------------------------------
+
+class CorruptBlockError(RuntimeError):
+    """Disk blocks whose checksum does not match and that could not be restored from a host copy."""
+
+    def __init__(self, request_id, blocks: list[int], path: str):
+        self.request_id, self.blocks, self.path = request_id, list(blocks), path
+        super().__init__(f"request {request_id!r}: disk block(s) {self.blocks} in {path} fail their CRC-32 check "
+                         f"and no host copy is left to restore them from")
+
+
+_SAFE = re.compile(r"^[A-Za-z0-9_.\-]{1,100}$")
+
+
+def _file_stem(request_id) -> str:
+    if isinstance(request_id, (int, np.integer)) and not isinstance(request_id, bool):
+        return f"req-i{int(request_id)}"
+    if isinstance(request_id, str) and _SAFE.match(request_id):
+        return f"req-s{request_id}"
+    raise ValueError(f"request_id {request_id!r} cannot name a disk file: use an int or a string of letters, "
+                     f"digits, '_', '.', '-'")
+
+
+class DiskTier:
+    """A cold archive of requests in ``directory``: per request ``<stem>.blocks`` (memory-mapped blocks of
+    ``block_tokens`` tokens x all layers, zero-padded), ``<stem>.pool.npz`` (device-pool state) and
+    ``<stem>.json`` (manifest: sizes, one CRC-32 per block, CRC of the pool file), written last and atomically."""
+
+    def __init__(self, directory, n_layers: int, entry_bytes: int, block_tokens: int = 64):
+        if isinstance(block_tokens, bool) or not isinstance(block_tokens, int) or block_tokens <= 0:
+            raise ValueError(f"block_tokens must be a positive integer, got {block_tokens!r}")
+        self.dir = Path(directory)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.n_layers, self.entry_bytes, self.block_tokens = int(n_layers), int(entry_bytes), block_tokens
+
+    @property
+    def block_bytes(self) -> int:
+        return self.n_layers * self.block_tokens * self.entry_bytes
+
+    def _paths(self, request_id):
+        stem = _file_stem(request_id)
+        return self.dir / f"{stem}.blocks", self.dir / f"{stem}.pool.npz", self.dir / f"{stem}.json"
+
+    def has(self, request_id) -> bool:
+        return self._paths(request_id)[2].exists()
+
+    def manifest(self, request_id) -> dict:
+        return json.loads(self._paths(request_id)[2].read_text(encoding="utf-8"))
+
+    def list_requests(self) -> list:
+        out = []
+        for p in sorted(self.dir.glob("req-*.json")):
+            m = json.loads(p.read_text(encoding="utf-8"))
+            out.append(m["request_id"])
+        return out
+
+    def _block_view(self, mm: np.memmap, b: int) -> np.ndarray:
+        return mm[b * self.block_bytes:(b + 1) * self.block_bytes].reshape(
+            self.n_layers, self.block_tokens, self.entry_bytes)
+
+    def write(self, request_id, entries: np.ndarray, pool_state: dict, *, from_token: int = 0) -> int:
+        """Write ``entries`` ``(n_layers, n_tokens, W)``: the blocks from the one holding ``from_token`` on
+        (earlier blocks are unchanged on disk and keep their CRC), then the pool state, then the manifest.
+        Returns the number of blocks written."""
+        blocks_path, pool_path, man_path = self._paths(request_id)
+        n_tokens = entries.shape[1]
+        n_blocks = -(-n_tokens // self.block_tokens)
+        old = self.manifest(request_id) if man_path.exists() else None
+        crcs = list(old["block_crc32"]) if old and old["entry_bytes"] == self.entry_bytes else []
+        first = min(from_token // self.block_tokens, len(crcs)) if old else 0
+        crcs = crcs[:first]
+        with open(blocks_path, "ab"):
+            pass
+        os.truncate(blocks_path, max(n_blocks, 1) * self.block_bytes)
+        mm = np.memmap(blocks_path, dtype=np.uint8, mode="r+", shape=(max(n_blocks, 1) * self.block_bytes,))
+        for b in range(first, n_blocks):
+            view = self._block_view(mm, b)
+            lo, hi = b * self.block_tokens, min((b + 1) * self.block_tokens, n_tokens)
+            view[:, :hi - lo] = entries[:, lo:hi]
+            view[:, hi - lo:] = 0
+            crcs.append(zlib.crc32(view.tobytes()))
+        mm.flush()
+        del mm
+        tmp = pool_path.with_suffix(".tmp.npz")
+        np.savez(tmp, **pool_state)
+        pool_crc = zlib.crc32(tmp.read_bytes())
+        tmp.replace(pool_path)
+        manifest = {"request_id": request_id, "n_layers": self.n_layers, "entry_bytes": self.entry_bytes,
+                    "block_tokens": self.block_tokens, "n_tokens": int(n_tokens), "block_crc32": crcs,
+                    "pool_crc32": pool_crc}
+        tmp = man_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(manifest), encoding="utf-8")
+        tmp.replace(man_path)
+        return n_blocks - first
+
+    def verify(self, request_id) -> list[int]:
+        """Blocks whose CRC-32 does not match the manifest (the pool file counts as block ``-1``)."""
+        blocks_path, pool_path, _ = self._paths(request_id)
+        m = self.manifest(request_id)
+        n_blocks = len(m["block_crc32"])
+        mm = np.memmap(blocks_path, dtype=np.uint8, mode="r")
+        bad = []
+        for b, crc in enumerate(m["block_crc32"]):
+            lo, hi = b * self.block_bytes, (b + 1) * self.block_bytes
+            if hi > mm.size or zlib.crc32(mm[lo:hi].tobytes()) != crc:
+                bad.append(b)
+        del mm
+        if not pool_path.exists() or zlib.crc32(pool_path.read_bytes()) != m["pool_crc32"]:
+            bad.append(-1)
+        return bad if n_blocks or bad else []
+
+    def read(self, request_id) -> tuple[np.ndarray, dict, list[int]]:
+        """``(entries (n_layers, n_tokens, W), pool_state, bad_blocks)``; the rows of bad blocks are as found."""
+        blocks_path, pool_path, _ = self._paths(request_id)
+        m = self.manifest(request_id)
+        if (m["n_layers"], m["entry_bytes"], m["block_tokens"]) != (self.n_layers, self.entry_bytes,
+                                                                    self.block_tokens):
+            raise ValueError(f"request {request_id!r} on disk has layout {m['n_layers']} layers x "
+                             f"{m['entry_bytes']} B x {m['block_tokens']}-token blocks; this tier expects "
+                             f"{self.n_layers} x {self.entry_bytes} B x {self.block_tokens}")
+        bad = self.verify(request_id)
+        n = m["n_tokens"]
+        out = np.zeros((self.n_layers, n, self.entry_bytes), np.uint8)
+        mm = np.memmap(blocks_path, dtype=np.uint8, mode="r")
+        for b in range(len(m["block_crc32"])):
+            lo, hi = b * self.block_tokens, min((b + 1) * self.block_tokens, n)
+            if (b + 1) * self.block_bytes <= mm.size:
+                out[:, lo:hi] = self._block_view(mm, b)[:, :hi - lo]
+        del mm
+        pool = {}
+        if -1 not in bad:
+            with np.load(pool_path) as z:
+                pool = {k: z[k] for k in z.files}
+        return out, pool, bad
+
+    def remove(self, request_id) -> None:
+        for p in self._paths(request_id):
+            p.unlink(missing_ok=True)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Budgets
+# ----------------------------------------------------------------------------------------------------------------
+
+def _positive_int(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an integer, got {type(value).__name__}")
+    if value <= 0:
+        raise ValueError(f"{name} must be > 0, got {value}")
+    return int(value)
+
+
+def capacity_from_budget(model: ModelSpec, budget_bytes: float, n_requests: int, context_len: int,
+                         dtype: str = "fp8") -> int:
+    """GPU slots per (request, layer) that ``budget_bytes`` of device pool gives ``n_requests`` requests:
+    ``floor(budget / (n_requests x n_layers x entry_bytes))``. A ``ValueError`` when that is fewer than one
+    step's K = min(index_topk, context) entries."""
+    n_requests = _positive_int("n_requests", n_requests)
+    context_len = check_context_len(model, context_len)
+    try:
+        budget = float(budget_bytes)
+    except (TypeError, ValueError):
+        raise TypeError(f"budget_bytes must be a number of bytes, got {budget_bytes!r}") from None
+    if not budget > 0:
+        raise ValueError(f"budget_bytes must be > 0, got {budget_bytes!r}")
+    per_slot = n_requests * model.n_layers * latent_entry_bytes(model, dtype)
+    capacity = int(budget // per_slot)
+    k = min(model.index_topk, context_len)
+    if capacity < k:
+        raise ValueError(f"budget_bytes={budget:.0f} gives {capacity} slots per request and layer for "
+                         f"{n_requests} requests x {model.n_layers} layers x {per_slot // n_requests // model.n_layers}"
+                         f" B; one step needs K = {k} slots ({k * per_slot:.0f} B)")
+    return capacity
+
+
+def capacity_from_ratio(model: ModelSpec, ratio: float, context_len: int) -> int:
+    """GPU slots per (request, layer) for a sparse-memory ratio: ``floor(ratio x padded tokens)``, the same rule as
+    :func:`ess.memory.largest_batch`; a ``ValueError`` when that is fewer than one step's K entries."""
+    ratio = check_ratio(ratio)
+    context_len = check_context_len(model, context_len)
+    capacity = int(ratio * padded_tokens(model, context_len))
+    k = min(model.index_topk, context_len)
+    if capacity < k:
+        raise ValueError(f"ratio {ratio} of {padded_tokens(model, context_len)} tokens gives {capacity} slots per "
+                         f"request and layer, fewer than the K = {k} entries one step selects")
+    return capacity
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The tiered cache
+# ----------------------------------------------------------------------------------------------------------------
+
+@dataclass
+class _Pool:
+    """Bookkeeping of one (request, layer) pool."""
+
+    base: int                        # first global slot
+    token_of: np.ndarray             # (capacity,) token in each local slot, -1 = free
+    slot_of: np.ndarray              # (tokens,) local slot of each token, -1 = not resident
+    policy: object
+    steps: int = 0
+
+    def copy_state(self) -> dict:
+        return {"token_of": self.token_of.copy(), "slot_of": self.slot_of.copy(), "policy": self.policy.state(),
+                "steps": self.steps}
+
+
+@dataclass
+class _Request:
+    block: int
+    pools: list = field(default_factory=list)
+
+
+class TieredCache:
+    """Latent cache in three tiers for one model: host pool (all entries), GPU pool (``capacity`` slots per request
+    and layer), optional disk tier (``disk_dir``).
+
+    Parameters
+    ----------
+    model : ModelSpec or preset name
+    capacity : int
+        GPU slots per (request, layer). See :meth:`from_budget` and :meth:`from_ratio` for the other ways to size it.
+    dtype : ``"fp8"`` (656-byte entries) or ``"bf16"`` (1,152 B)
+    policy : ``"lru"`` (default, the paper's), ``"fifo"`` or ``"importance"`` (:mod:`ess.policies`)
+    backend : transfer backend, ``"auto" | "reference" | "numba" | "torch"``
+    device : ``"cpu"`` (device pool is a NumPy array, for CPU runs and tests) or ``"cuda[:n]"`` (a CUDA tensor; the
+        host pool is pinned and misses are read zero-copy)
+    disk_dir : folder of the disk tier (``None``: no disk tier)
+    max_requests : when given, the device pool is allocated once for that many requests (a fixed budget) and
+        :meth:`add_request` refuses more; otherwise it grows by whole requests.
+    policy_options : passed to the policy (``decay`` for importance)
+    block_tokens : tokens per disk block (default: the model's cache page, 64)
+
+    >>> import numpy as np
+    >>> c = TieredCache("tiny", capacity=4)                  # 4 layers, 164-byte FP8 entries
+    >>> c.add_request("r", np.zeros((4, 10, c.entry_bytes), np.uint8))
+    >>> r = c.step("r", 0, np.array([3, -1, 7], np.int64))
+    >>> r.n_misses, r.bytes_h2d, r.slots.tolist()
+    (2, 328, [0, -1, 1])
+    """
+
+    def __init__(self, model, *, capacity: int, dtype: str = "fp8", policy: str = "lru", backend: str = "auto",
+                 device: str = "cpu", disk_dir=None, max_requests: int | None = None,
+                 policy_options: dict | None = None, block_tokens: int | None = None):
+        self.model = model_spec(model) if isinstance(model, str) else model
+        if not isinstance(self.model, ModelSpec):
+            raise TypeError(f"model must be a ModelSpec or preset name, got {type(model).__name__}")
+        self.capacity = _positive_int("capacity", capacity)
+        if dtype not in KV_DTYPES:
+            raise ValueError(f"dtype must be one of {KV_DTYPES}, got {dtype!r}")
+        if policy not in POLICIES:
+            raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
+        self.device = str(device)
+        if not (self.device == "cpu" or self.device.startswith("cuda")):
+            raise ValueError(f"device must be 'cpu' or 'cuda[:n]', got {device!r}")
+        self.backend = resolve_backend(backend, device=self.device)
+        self.dtype, self.policy_name = dtype, policy
+        self.policy_options = dict(policy_options or {})
+        make_policy(policy, 1, **self.policy_options)           # check the options now
+        self.entry_bytes = latent_entry_bytes(self.model, dtype)
+        self.n_layers = self.model.n_layers
+        self.on_cuda = self.device.startswith("cuda")
+        self.host = HostPool(self.n_layers, self.entry_bytes, pinned=self.on_cuda)
+        self.max_requests = None if max_requests is None else _positive_int("max_requests", max_requests)
+        self._block_slots = self.n_layers * self.capacity
+        self._device = self._alloc_device(self.max_requests or 1)
+        self._free_blocks = list(range(self._n_blocks()))
+        self._requests: dict = {}
+        self._spilled: set = set()
+        self.metrics = MetricsLog()
+        self.disk = None
+        if disk_dir is not None:
+            bt = self.model.cache_page_tokens if block_tokens is None else block_tokens
+            self.disk = DiskTier(disk_dir, self.n_layers, self.entry_bytes, bt)
+        self._disk_clean_tokens: dict = {}            # request -> tokens already on disk and unchanged since
+
+    # -- constructors from budgets ---------------------------------------------------------------------------
+    @classmethod
+    def from_budget(cls, model, budget_bytes: float, n_requests: int, context_len: int, **kwargs) -> "TieredCache":
+        """A cache whose device pool holds ``n_requests`` requests within ``budget_bytes`` (all layers): capacity
+        from :func:`capacity_from_budget`, allocated once (``max_requests = n_requests``)."""
+        model = model_spec(model) if isinstance(model, str) else model
+        cap = capacity_from_budget(model, budget_bytes, n_requests, context_len, kwargs.get("dtype", "fp8"))
+        return cls(model, capacity=cap, max_requests=n_requests, **kwargs)
+
+    @classmethod
+    def from_ratio(cls, model, ratio: float, context_len: int, **kwargs) -> "TieredCache":
+        """A cache with ``floor(ratio x padded context)`` slots per request and layer (:func:`capacity_from_ratio`)."""
+        model = model_spec(model) if isinstance(model, str) else model
+        return cls(model, capacity=capacity_from_ratio(model, ratio, context_len), **kwargs)
+
+    @classmethod
+    def recover(cls, model, disk_dir, **kwargs) -> "TieredCache":
+        """A new cache rebuilt after a crash from every request archived in ``disk_dir`` (host and device pools
+        restored from the last checkpoint or spill). Raises :class:`CorruptBlockError` for a damaged request."""
+        cache = cls(model, disk_dir=disk_dir, **kwargs)
+        for rid in cache.disk.list_requests():
+            cache._spilled.add(rid)
+            cache.restore(rid)
+        return cache
+
+    # -- device pool memory ----------------------------------------------------------------------------------
+    def _alloc_device(self, n_blocks: int):
+        shape = (n_blocks * self._block_slots, self.entry_bytes)
+        if self.on_cuda:
+            import torch
+            return torch.zeros(shape, dtype=torch.uint8, device=self.device)
+        return np.zeros(shape, np.uint8)
+
+    def _n_blocks(self) -> int:
+        return int(self._device.shape[0]) // self._block_slots
+
+    def _take_block(self) -> int:
+        if not self._free_blocks:
+            if self.max_requests is not None:
+                raise ValueError(f"the device pool is sized for max_requests={self.max_requests} requests and all "
+                                 f"are in use; remove or spill one first")
+            old = self._device
+            n = self._n_blocks()
+            self._device = self._alloc_device(2 * n)
+            self._device[:old.shape[0]] = old
+            self._free_blocks = list(range(n, 2 * n))
+        return self._free_blocks.pop(0)
+
+    @property
+    def device_pool(self):
+        """The device pool array ``(slots, entry_bytes)`` (NumPy or CUDA tensor)."""
+        return self._device
+
+    @property
+    def device_allocated_bytes(self) -> int:
+        return int(self._device.shape[0]) * self.entry_bytes
+
+    @property
+    def device_resident_bytes(self) -> int:
+        """Bytes of entries resident in the device pool now."""
+        n = sum(int((p.token_of >= 0).sum()) for r in self._requests.values() for p in r.pools)
+        return n * self.entry_bytes
+
+    @property
+    def budget_bytes(self) -> int | None:
+        """The device-pool budget when one was fixed (``max_requests``), else ``None``."""
+        return None if self.max_requests is None else self.max_requests * self._block_slots * self.entry_bytes
+
+    # -- requests --------------------------------------------------------------------------------------------
+    def requests(self) -> list:
+        return list(self._requests)
+
+    def n_tokens(self, request_id) -> int:
+        self._check_active(request_id)
+        return self.host.n_tokens(request_id)
+
+    def _check_active(self, request_id) -> _Request:
+        if request_id in self._spilled:
+            raise ValueError(f"request {request_id!r} is spilled to disk; restore() it first")
+        try:
+            return self._requests[request_id]
+        except (KeyError, TypeError):
+            raise ValueError(f"unknown request_id {request_id!r}") from None
+
+    def _check_layer(self, layer) -> int:
+        if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)):
+            raise TypeError(f"layer must be an integer, got {type(layer).__name__}")
+        if not 0 <= layer < self.n_layers:
+            raise ValueError(f"layer must be in [0, {self.n_layers}), got {layer}")
+        return int(layer)
+
+    def _new_pools(self, block: int, n_tokens: int) -> list:
+        return [_Pool(base=(block * self.n_layers + l) * self.capacity,
+                      token_of=np.full(self.capacity, -1, np.int64),
+                      slot_of=np.full(max(n_tokens, 1), -1, np.int64),
+                      policy=make_policy(self.policy_name, self.capacity, **self.policy_options))
+                for l in range(self.n_layers)]
+
+    def add_request(self, request_id, latent_entries: np.ndarray) -> None:
+        """Register a request with its prefill entries ``(n_layers, L, entry_bytes)`` uint8 (host pool only; the
+        device pool starts empty: use :meth:`warmup` to seed it)."""
+        try:
+            hash(request_id)
+        except TypeError:
+            raise TypeError(f"request_id must be hashable, got {type(request_id).__name__}") from None
+        if request_id in self._requests or request_id in self._spilled:
+            raise ValueError(f"request_id {request_id!r} already exists")
+        _check_entries("latent_entries", latent_entries, (self.entry_bytes,), "n_layers, L")
+        if latent_entries.shape[0] != self.n_layers:
+            raise ValueError(f"latent_entries must have shape (n_layers={self.n_layers}, L, {self.entry_bytes}), "
+                             f"got {latent_entries.shape}")
+        if self.disk is not None:
+            _file_stem(request_id)
+        block = self._take_block()
+        self.host.add(request_id, latent_entries)
+        self._requests[request_id] = _Request(block, self._new_pools(block, latent_entries.shape[1]))
+        self._disk_clean_tokens[request_id] = 0
+
+    def append_token(self, request_id, entries: np.ndarray) -> int:
+        """Write back one new token's entries ``(n_layers, entry_bytes)`` to the host pool (only that token's
+        bytes move device -> host); returns the new token's index. The new token is not put in the GPU pool."""
+        req = self._check_active(request_id)
+        _check_entries("entries", entries, (self.n_layers, self.entry_bytes), "")
+        tok = self.host.append(request_id, entries)
+        for p in req.pools:
+            if tok >= p.slot_of.size:
+                p.slot_of = np.concatenate([p.slot_of, np.full(p.slot_of.size, -1, np.int64)])
+        step = max(p.steps for p in req.pools)
+        self.metrics.add(StepMetrics("append", request_id, -1, step, 0, 0, 0, self.n_layers * self.entry_bytes))
+        return tok
+
+    def remove_request(self, request_id) -> None:
+        """Forget a request in host and device memory (its disk archive, if any, stays)."""
+        if request_id in self._spilled:
+            self._spilled.discard(request_id)
+            return
+        req = self._check_active(request_id)
+        self.host.remove(request_id)
+        self._free_blocks.append(req.block)
+        self._free_blocks.sort()
+        del self._requests[request_id]
+        self._disk_clean_tokens.pop(request_id, None)
+
+    # -- the step --------------------------------------------------------------------------------------------
+    def _copy_rows(self, src, src_idx, dst, dst_idx) -> None:
+        """The one place where bytes move (tests replace it to inject a failure)."""
+        copy_rows(src, src_idx, dst, dst_idx, backend=self.backend)
+
+    def _h2d(self, request_id, layer: int, tokens: np.ndarray, slots: np.ndarray) -> None:
+        src = self.host.layer_rows(request_id, layer, as_torch=self.on_cuda)
+        self._copy_rows(src, tokens, self._device, slots)
+
+    def _load(self, request_id, layer: int, pool: _Pool, idx: np.ndarray, scores) -> tuple:
+        """Make every valid index of ``idx`` resident; returns ``(valid_pos, local_slots, miss, evicted)``."""
+        valid_pos = np.flatnonzero(idx >= 0)
+        valid = idx[valid_pos]
+        local = pool.slot_of[valid]                                        # (K',) -1 = miss
+        miss = local < 0
+        n_miss = int(miss.sum())
+        free = np.flatnonzero(pool.token_of < 0)[:n_miss]
+        in_s = np.zeros(self.capacity, bool)
+        in_s[local[~miss]] = True
+        candidates = np.flatnonzero((pool.token_of >= 0) & ~in_s)
+        victims = pool.policy.choose_victims(candidates, n_miss - free.size)
+        new_local = np.concatenate([free, victims]).astype(np.int64)
+        tokens = valid[miss]
+        try:
+            if n_miss:
+                self._h2d(request_id, layer, tokens, pool.base + new_local)
+        except Exception as exc:
+            # the victims' rows may be half overwritten: drop those entries (the free slots stay free)
+            pool.slot_of[pool.token_of[victims]] = -1
+            pool.token_of[victims] = -1
+            pool.policy.clear(victims)
+            raise TransferError(f"request {request_id!r} layer {layer}: host->device copy of {n_miss} rows failed "
+                                f"({exc}); the {victims.size} slots being overwritten were freed") from exc
+        evicted = pool.token_of[victims].copy()
+        pool.slot_of[evicted] = -1
+        pool.policy.clear(victims)
+        pool.token_of[new_local] = tokens
+        pool.slot_of[tokens] = new_local
+        local[miss] = new_local
+        pool.policy.update(local, miss, None if scores is None else scores[valid_pos])
+        return valid_pos, local, miss, evicted
+
+    def _check_scores(self, scores, idx):
+        if scores is None:
+            return None
+        if not isinstance(scores, np.ndarray) or scores.dtype.kind != "f":
+            raise TypeError(f"scores must be a NumPy float array aligned with indices, got {type(scores).__name__}")
+        if scores.shape != idx.shape:
+            raise ValueError(f"scores must have the shape of indices {idx.shape}, got {scores.shape}")
+        if not np.isfinite(scores[idx >= 0]).all():
+            raise ValueError("scores must be finite where indices are valid")
+        return scores.astype(np.float64)
+
+    def step(self, request_id, layer: int, indices: np.ndarray, *, scores: np.ndarray | None = None) -> StepResult:
+        """Make the top-K entries ``indices`` (K,) int64 (-1 = padding) of one (request, layer) resident.
+
+        Returns a :class:`StepResult`; on bad input raises ``ValueError``/``TypeError`` with every pool unchanged.
+        ``scores`` (K,) float, the indexer scores of the selected tokens, feed the importance policy."""
+        req = self._check_active(request_id)
+        layer = self._check_layer(layer)
+        idx = check_step_indices(indices, self.host.n_tokens(request_id), self.capacity)
+        scores = self._check_scores(scores, idx)
+        pool = req.pools[layer]
+        valid_pos, local, miss, evicted = self._load(request_id, layer, pool, idx, scores)
+        slots = np.full(idx.shape, -1, np.int64)
+        slots[valid_pos] = pool.base + local
+        hit = np.zeros(idx.shape, bool)
+        hit[valid_pos[~miss]] = True
+        n_miss = int(miss.sum())
+        pool.steps += 1
+        res = StepResult(request_id, layer, pool.steps, idx, slots, hit, valid_pos[~miss], valid_pos[miss],
+                         evicted, n_miss * self.entry_bytes)
+        self.metrics.add(StepMetrics("step", request_id, layer, pool.steps, res.n_hits, n_miss, res.bytes_h2d, 0))
+        return res
+
+    def warmup(self, request_id, layer: int, windows) -> int:
+        """LRU-Warmup: feed the top-K sets of the last W prefill positions, in order, to the pool of one layer (each
+        like a step; the loads are logged as ``"warmup"``, not as decode misses). All windows are validated
+        before any is applied. Returns the number of entries loaded."""
+        req = self._check_active(request_id)
+        layer = self._check_layer(layer)
+        if isinstance(windows, np.ndarray) and windows.ndim == 2:
+            windows = list(windows)
+        if not isinstance(windows, (list, tuple)):
+            raise TypeError(f"windows must be a list of index arrays, got {type(windows).__name__}")
+        n_tok = self.host.n_tokens(request_id)
+        checked = [check_step_indices(w, n_tok, self.capacity, name=f"windows[{i}]") for i, w in enumerate(windows)]
+        pool = req.pools[layer]
+        loaded = 0
+        for w in checked:
+            _, _, miss, _ = self._load(request_id, layer, pool, w, None)
+            n = int(miss.sum())
+            loaded += n
+            self.metrics.add(StepMetrics("warmup", request_id, layer, pool.steps, int(miss.size) - n, n,
+                                         n * self.entry_bytes, 0))
+        return loaded
+
+    # -- reading ---------------------------------------------------------------------------------------------
+    def device_rows(self, slots: np.ndarray) -> np.ndarray:
+        """The uint8 rows ``(n, entry_bytes)`` in device ``slots`` (global slot numbers, as in
+        :attr:`StepResult.slots`), copied to a NumPy array; rows for slot ``-1`` are zero."""
+        if not isinstance(slots, np.ndarray) or slots.ndim != 1 or slots.dtype.kind not in "iu":
+            raise TypeError("slots must be a 1-D NumPy integer array")
+        n = int(self._device.shape[0])
+        if slots.size and (slots.min() < -1 or slots.max() >= n):
+            raise ValueError(f"slots must be in [-1, {n}), got values in [{slots.min()}, {slots.max()}]")
+        slots = slots.astype(np.int64)
+        if self.on_cuda:
+            import torch
+            out = torch.zeros((slots.size, self.entry_bytes), dtype=torch.uint8, device=self._device.device)
+            ok = np.flatnonzero(slots >= 0)
+            if ok.size:
+                sel = torch.from_numpy(slots[ok]).to(self._device.device)
+                out[torch.from_numpy(ok).to(self._device.device)] = self._device.index_select(0, sel)
+            return out.cpu().numpy()
+        out = np.zeros((slots.size, self.entry_bytes), np.uint8)
+        ok = slots >= 0
+        out[ok] = self._device[slots[ok]]
+        return out
+
+    def host_rows(self, request_id, layer: int, tokens: np.ndarray) -> np.ndarray:
+        """Copies of the host entries of ``tokens`` in one layer ``(n, entry_bytes)``."""
+        self._check_active(request_id)
+        layer = self._check_layer(layer)
+        return self.host.entries(request_id)[layer][np.asarray(tokens, np.int64)].copy()
+
+    def resident(self, request_id, layer: int) -> np.ndarray:
+        """Tokens resident in the pool of one (request, layer), in eviction order (first to go first)."""
+        pool = self._check_active(request_id).pools[self._check_layer(layer)]
+        slots = np.flatnonzero(pool.token_of >= 0)
+        return pool.token_of[pool.policy.choose_victims(slots, slots.size)]
+
+    def slot_map(self, request_id, layer: int) -> dict:
+        """``{token: global slot}`` of one (request, layer) pool."""
+        pool = self._check_active(request_id).pools[self._check_layer(layer)]
+        s = np.flatnonzero(pool.token_of >= 0)
+        return {int(pool.token_of[i]): int(pool.base + i) for i in s}
+
+    def snapshot(self) -> dict:
+        """A deep copy of all bookkeeping and bytes (for tests that check a failed call changed nothing)."""
+        dev = self._device.cpu().numpy().copy() if self.on_cuda else self._device.copy()
+        return {"device": dev, "free_blocks": list(self._free_blocks), "spilled": set(self._spilled),
+                "host": {r: self.host.entries(r).copy() for r in self.host.requests()},
+                "pools": {r: [p.copy_state() for p in q.pools] for r, q in self._requests.items()},
+                "n_metrics": len(self.metrics)}
+
+    # -- disk tier -------------------------------------------------------------------------------------------
+    def _need_disk(self) -> DiskTier:
+        if self.disk is None:
+            raise ValueError("this cache has no disk tier: pass disk_dir= when constructing it")
+        return self.disk
+
+    def _pool_state(self, req: _Request) -> dict:
+        states = [p.policy.state() for p in req.pools]
+        out = {"token_of": np.stack([p.token_of for p in req.pools]),
+               "steps": np.array([p.steps for p in req.pools], np.int64)}
+        for key in states[0]:
+            out[f"policy_{key}"] = np.stack([np.asarray(s[key]) for s in states])
+        return out
+
+    def checkpoint(self, request_id) -> int:
+        """Write the request to disk (blocks changed since the last checkpoint, the device-pool state and the
+        manifest), keeping it in memory. Returns the number of blocks written."""
+        disk = self._need_disk()
+        req = self._check_active(request_id)
+        n = disk.write(request_id, self.host.entries(request_id), self._pool_state(req),
+                       from_token=self._disk_clean_tokens.get(request_id, 0))
+        self._disk_clean_tokens[request_id] = self.host.n_tokens(request_id)
+        return n
+
+    def spill(self, request_id) -> None:
+        """Pause a request: checkpoint it to disk, then free its host and device memory."""
+        self.checkpoint(request_id)
+        self.remove_request(request_id)
+        self._spilled.add(request_id)
+
+    def verify_disk(self, request_id) -> list[int]:
+        """Disk blocks of a request that fail their CRC-32 (``-1``: the pool-state file)."""
+        return self._need_disk().verify(request_id)
+
+    def repair_disk(self, request_id) -> list[int]:
+        """Rewrite the damaged disk blocks of a request held in memory from its host copy; returns the blocks."""
+        disk = self._need_disk()
+        bad = disk.verify(request_id)
+        if bad:
+            req = self._check_active(request_id)
+            first = min(b for b in bad if b >= 0) * disk.block_tokens if any(b >= 0 for b in bad) else \
+                self.host.n_tokens(request_id)
+            disk.write(request_id, self.host.entries(request_id), self._pool_state(req), from_token=first)
+            self._disk_clean_tokens[request_id] = self.host.n_tokens(request_id)
+        return bad
+
+    def restore(self, request_id) -> dict:
+        """Bring a spilled request (or one found on disk after a crash) back: host pool from the disk blocks, each
+        checked against its CRC-32, then the device pool refilled with the resident entries it held at the
+        checkpoint. Raises :class:`CorruptBlockError` (and restores nothing) when a block is damaged. Returns
+        ``{"tokens", "resident", "bytes_h2d"}``."""
+        disk = self._need_disk()
+        if request_id in self._requests:
+            raise ValueError(f"request {request_id!r} is already in memory")
+        if not disk.has(request_id):
+            raise ValueError(f"request {request_id!r} is not on disk in {disk.dir}")
+        entries, pool_state, bad = disk.read(request_id)
+        if bad:
+            raise CorruptBlockError(request_id, bad, str(disk.dir))
+        token_of = pool_state["token_of"]
+        if token_of.shape != (self.n_layers, self.capacity):
+            raise ValueError(f"request {request_id!r} was archived with capacity {token_of.shape[1]}, this cache "
+                             f"has capacity {self.capacity}")
+        block = self._take_block()
+        self._spilled.discard(request_id)
+        self.host.add(request_id, entries)
+        pools = self._new_pools(block, entries.shape[1])
+        self._requests[request_id] = _Request(block, pools)
+        self._disk_clean_tokens[request_id] = entries.shape[1]
+        moved = 0
+        for l, p in enumerate(pools):
+            p.token_of[:] = token_of[l]
+            slots = np.flatnonzero(p.token_of >= 0)
+            p.slot_of[p.token_of[slots]] = slots
+            p.steps = int(pool_state["steps"][l])
+            p.policy.set_state({k[len("policy_"):]: v[l] for k, v in pool_state.items() if k.startswith("policy_")})
+            if slots.size:
+                self._h2d(request_id, l, p.token_of[slots], p.base + slots)
+                moved += slots.size
+                self.metrics.add(StepMetrics("restore", request_id, l, p.steps, 0, int(slots.size),
+                                             int(slots.size) * self.entry_bytes, 0))
+        return {"tokens": int(entries.shape[1]), "resident": moved, "bytes_h2d": moved * self.entry_bytes}
