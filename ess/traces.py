@@ -189,13 +189,17 @@ def load_trace(path: str | Path) -> Trace:
         raise ValueError(f"trace file {path} does not exist")
     try:
         with np.load(path, allow_pickle=False) as z:
-            files = set(z.files)
-            missing = {"indices", "warmup", "metadata"} - files
-            if missing:
-                raise ValueError(f"{path.name}: not an ess trace, missing arrays {sorted(missing)}")
-            indices, warm, meta = z["indices"], z["warmup"], json.loads(str(z["metadata"]))
-    except (OSError, EOFError, json.JSONDecodeError) as exc:
+            arrays = {name: z[name] for name in z.files}
+    except (OSError, EOFError, ValueError) as exc:
         raise ValueError(f"{path.name}: cannot read the trace ({exc})") from exc
+    missing = {"indices", "warmup", "metadata"} - set(arrays)
+    if missing:
+        raise ValueError(f"{path.name}: not an ess trace, missing arrays {sorted(missing)}")
+    indices, warm = arrays["indices"], arrays["warmup"]
+    try:
+        meta = json.loads(str(arrays["metadata"]))
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path.name}: metadata is not valid JSON ({exc})") from exc
     if not isinstance(meta, dict) or meta.get("format") != _FORMAT:
         raise ValueError(f"{path.name}: metadata format must be {_FORMAT!r}")
     for key in ("context_len", "k", "mtp"):

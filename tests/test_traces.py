@@ -1,0 +1,137 @@
+"""Trace format, synthetic generator and recorder."""
+import numpy as np
+import pytest
+
+from ess import traces as T
+
+
+def small(**kw):
+    args = dict(n_layers=3, k=32, mtp=1, steps=12, batch=2, warmup_windows=4, seed=3, local_window=4)
+    args.update(kw)
+    return T.synthetic_trace(kw.pop("context_len", 512), **{k: v for k, v in args.items() if k != "context_len"})
+
+
+def test_generator_follows_the_profile_per_layer():
+    prof = [0.2, 0.5, 0.9]
+    tr = T.synthetic_trace(2048, n_layers=3, k=128, mtp=1, steps=20, batch=2, warmup_windows=0, seed=0,
+                           local_window=4, profile=prof)
+    np.testing.assert_allclose(T.adjacent_overlap(tr), prof, atol=1.5 / 128)
+
+
+def test_paper_profile_is_read_from_data_and_has_sources():
+    import yaml
+    raw = yaml.safe_load(open(T.DATA_DIR / "paper_fig2.yaml"))
+    assert raw["read_from_chart"] is True
+    assert all(v["source"] for v in raw["layers"].values())
+    p = T.locality_profile("paper", 61)
+    assert p.shape == (61,) and p[0] == 0.0 and p[2] > p[18] and p[45] > p[47]
+    assert T.locality_profile("paper", 4).shape == (4,)
+
+
+def test_sets_are_valid_with_sinks_window_growth_and_mtp_union():
+    tr = T.synthetic_trace(300, n_layers=2, k=40, mtp=3, steps=6, batch=1, warmup_windows=3, seed=1,
+                           n_sinks=2, local_window=5, profile=0.3)
+    for t in range(tr.steps):
+        ctx = 300 + 3 * t
+        for layer in range(2):
+            row = tr.indices[0, layer, t]
+            s = row[row >= 0]
+            assert s.size == np.unique(s).size and 40 <= s.size <= 120
+            assert s.max() < ctx                                            # the context grows by mtp per step
+            assert {0, 1} <= set(s) and set(range(ctx - 5, ctx)) <= set(s)  # sinks and local window
+            assert (row[s.size:] == -1).all()
+    w = tr.warmup[0, 0]
+    assert w.shape == (3, 40) and w[0].max() < 300 - 3 + 1
+
+
+def test_generator_is_seeded():
+    a, b, c = small(seed=5), small(seed=5), small(seed=6)
+    assert np.array_equal(a.indices, b.indices) and np.array_equal(a.warmup, b.warmup)
+    assert not np.array_equal(a.indices, c.indices)
+
+
+def test_save_load_roundtrip(tmp_path):
+    tr = small()
+    p = tr.save(tmp_path / "t.npz")
+    back = T.load_trace(p)
+    assert np.array_equal(back.indices, tr.indices) and np.array_equal(back.warmup, tr.warmup)
+    assert (back.context_len, back.k, back.mtp, back.seed) == (tr.context_len, tr.k, tr.mtp, tr.seed)
+    assert back.meta["profile"] == "paper"
+
+
+def test_bad_traces_raise(tmp_path):
+    ok = np.zeros((1, 1, 2, 4), np.int32) + np.arange(4)
+    with pytest.raises(ValueError, match="empty"):
+        T.Trace(np.zeros((1, 1, 0, 4), np.int32), 16, 4)
+    with pytest.raises(ValueError, match="larger than the context"):
+        T.Trace(ok, 3, 4)
+    with pytest.raises(ValueError, match="4 dimensions"):
+        T.Trace(ok[0], 16, 4)
+    with pytest.raises(TypeError, match="integers"):
+        T.Trace(ok.astype(float), 16, 4)
+    dup = ok.copy()
+    dup[0, 0, 1, 2] = 0
+    with pytest.raises(ValueError, match="repeats"):
+        T.Trace(dup, 16, 4)
+    far = ok.copy()
+    far[0, 0, 0, 0] = 16                     # step 0 reads only positions < 16
+    with pytest.raises(ValueError, match="beyond the context"):
+        T.Trace(far, 16, 4)
+    with pytest.raises(ValueError, match=">= 0"):
+        T.Trace(ok - 2, 16, 4)
+    with pytest.raises(ValueError, match="larger than the context"):
+        T.synthetic_trace(100, k=200, n_layers=1, steps=1, batch=1)
+    bad = tmp_path / "bad.npz"
+    np.savez_compressed(bad, x=np.zeros(3))
+    with pytest.raises(ValueError, match="not an ess trace"):
+        T.load_trace(bad)
+    junk = tmp_path / "junk.npz"
+    junk.write_bytes(b"not a zip")
+    with pytest.raises(ValueError, match="cannot read"):
+        T.load_trace(junk)
+    with pytest.raises(ValueError, match="profile"):
+        T.locality_profile([0.5, 0.5], 3)
+    with pytest.raises(ValueError, match=r"\[0, 1\]"):
+        T.locality_profile(1.5, 3)
+
+
+class FakeAttention:
+    """A stand-in for a sparse attention: each call returns (B, q, K) top-k indices, -1 padded."""
+
+    def __init__(self, rng, B, q, k, L):
+        self.rng, self.B, self.q, self.k, self.L = rng, B, q, k, L
+
+    def topk(self):
+        out = np.stack([np.stack([self.rng.choice(self.L, self.k, replace=False) for _ in range(self.q)])
+                        for _ in range(self.B)])
+        out[:, :, -1] = -1
+        return out
+
+
+def test_recorder_collects_union_per_step_and_refuses_partial_steps():
+    rng = np.random.default_rng(0)
+    fake = FakeAttention(rng, B=2, q=2, k=6, L=50)
+    rec = T.TraceRecorder(context_len=50, k=6, n_layers=2, batch=2, mtp=2, meta={"source": "fake"})
+    seen = []
+    for _ in range(3):
+        for layer in range(2):
+            idx = fake.topk()
+            seen.append(idx)
+            rec.observe(layer, idx)
+        rec.end_step()
+    rec.observe(0, fake.topk())
+    with pytest.raises(ValueError, match="not observed"):
+        rec.end_step()
+    assert rec.steps == 3
+    tr = rec.to_trace()
+    assert tr.indices.shape[:3] == (2, 2, 3) and tr.meta["source"] == "fake"
+    for t in range(3):
+        for layer in range(2):
+            want = seen[2 * t + layer]
+            for b in range(2):
+                got = tr.indices[b, layer, t]
+                assert set(got[got >= 0]) == set(want[b][want[b] >= 0].ravel())
+    with pytest.raises(ValueError, match="shape"):
+        rec.observe(0, np.zeros((3, 6), np.int64))
+    with pytest.raises(ValueError, match="empty"):
+        T.TraceRecorder(context_len=50, k=6, n_layers=1, batch=1).to_trace()
