@@ -1,0 +1,157 @@
+"""Eviction policies: LRU/FIFO/importance semantics against independent plain-Python oracles."""
+from collections import OrderedDict
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from ess.policies import (FIFOPolicy, ImportancePolicy, LRUPolicy, check_step_indices, make_policy,
+                          simulate_misses)
+from ess.storage import TieredCache
+
+
+def lru_oracle(trace, capacity, warmup=()):
+    """Misses per step of the documented LRU rule, written independently with an OrderedDict."""
+    od: OrderedDict = OrderedDict()                  # first = least recent
+    misses = []
+    for t, idx in enumerate(list(warmup) + list(trace)):
+        s = [int(v) for v in idx if v >= 0]
+        m = [v for v in s if v not in od]
+        need = len(od) + len(m) - capacity
+        if need > 0:
+            victims = [v for v in od if v not in set(s)][:need]
+            for v in victims:
+                del od[v]
+        for v in s:                                  # later position = more recent
+            od.pop(v, None)
+            od[v] = True
+        if t >= len(warmup):
+            misses.append(len(m))
+    return misses, list(od)
+
+
+def fifo_oracle(trace, capacity):
+    order: list = []
+    misses = []
+    for idx in trace:
+        s = [int(v) for v in idx if v >= 0]
+        m = [v for v in s if v not in order]
+        need = len(order) + len(m) - capacity
+        if need > 0:
+            victims = [v for v in order if v not in set(s)][:need]
+            order = [v for v in order if v not in victims]
+        order += m
+        misses.append(len(m))
+    return misses, order
+
+
+def random_trace(rng, n_tokens, k, steps, pad=0.2):
+    out = []
+    for _ in range(steps):
+        idx = rng.choice(n_tokens, size=k, replace=False).astype(np.int64)
+        idx[rng.random(k) < pad] = -1
+        out.append(idx)
+    return out
+
+
+def test_lru_handworked_example():
+    # capacity 3: [1,2,3] -> 3 misses; [4,1] -> evict 2 (LRU, not in S) -> 1 miss; [2,3] -> 3 left, 2 back
+    trace = [np.array([1, 2, 3]), np.array([4, 1]), np.array([2, 3])]
+    assert simulate_misses(trace, 3).tolist() == [3, 1, 1]
+    # after step 2 the order is 3 < 4 < 1; step 3 selects 2 and 3: the victim is 4, not 3 (3 is in S)
+    c = TieredCache("tiny", capacity=3)
+    c.add_request(0, np.zeros((4, 8, c.entry_bytes), np.uint8))
+    for idx in trace:
+        c.step(0, 0, idx.astype(np.int64))
+    assert c.resident(0, 0).tolist() == [1, 2, 3]
+
+
+def test_position_order_within_a_step():
+    # one step selecting [5, 4]: 5 is older than 4 afterwards, so the next miss evicts 5
+    c = TieredCache("tiny", capacity=2)
+    c.add_request(0, np.zeros((4, 8, c.entry_bytes), np.uint8))
+    c.step(0, 0, np.array([5, 4], np.int64))
+    r = c.step(0, 0, np.array([6], np.int64))
+    assert r.evicted.tolist() == [5]
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10_000), cap_extra=st.integers(0, 12), k=st.integers(1, 9), warm=st.integers(0, 3))
+def test_lru_agrees_with_oracle(seed, cap_extra, k, warm):
+    rng = np.random.default_rng(seed)
+    n = 30
+    trace = random_trace(rng, n, k, 12)
+    windows = random_trace(rng, n, k, warm)
+    cap = k + cap_extra
+    want, order = lru_oracle(trace, cap, windows)
+    assert simulate_misses(trace, cap, warmup=windows).tolist() == want
+    c = TieredCache("tiny", capacity=cap)
+    c.add_request("r", np.zeros((4, n, c.entry_bytes), np.uint8))
+    c.warmup("r", 2, windows)
+    got = [c.step("r", 2, idx).n_misses for idx in trace]
+    assert got == want
+    assert c.resident("r", 2).tolist() == order
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 10_000), cap_extra=st.integers(0, 8), k=st.integers(1, 7))
+def test_fifo_agrees_with_oracle(seed, cap_extra, k):
+    rng = np.random.default_rng(seed)
+    trace = random_trace(rng, 25, k, 12)
+    want, order = fifo_oracle(trace, k + cap_extra)
+    assert simulate_misses(trace, k + cap_extra, policy="fifo").tolist() == want
+    c = TieredCache("tiny", capacity=k + cap_extra, policy="fifo")
+    c.add_request(1, np.zeros((4, 25, c.entry_bytes), np.uint8))
+    assert [c.step(1, 0, idx).n_misses for idx in trace] == want
+    assert c.resident(1, 0).tolist() == order
+
+
+def test_importance_evicts_lowest_decayed_score():
+    c = TieredCache("tiny", capacity=3, policy="importance", policy_options={"decay": 0.5})
+    c.add_request(0, np.zeros((4, 10, c.entry_bytes), np.uint8))
+    c.step(0, 0, np.array([1, 2, 3], np.int64), scores=np.array([5.0, 1.0, 3.0]))
+    # scores now 5, 1, 3; next step selects 4 -> the victim is token 2 (lowest score), not token 1 (LRU)
+    r = c.step(0, 0, np.array([4], np.int64), scores=np.array([0.1]))
+    assert r.evicted.tolist() == [2]
+    # decayed: 1 -> 2.5, 3 -> 1.5, 4 -> 0.1; selecting 5 evicts 4, then selecting [6] evicts the lower of 3 / 5
+    assert c.step(0, 0, np.array([5], np.int64), scores=np.array([9.0])).evicted.tolist() == [4]
+    assert c.step(0, 0, np.array([6], np.int64), scores=np.array([9.0])).evicted.tolist() == [3]
+
+
+def test_importance_without_scores_counts_accesses():
+    pol = ImportancePolicy(3, decay=1.0)
+    pol.update(np.array([0, 1, 2]), np.array([True] * 3), None)
+    pol.update(np.array([0, 2]), np.array([False, False]), None)
+    assert pol.choose_victims(np.array([0, 1, 2]), 1).tolist() == [1]
+
+
+def test_policy_factory_and_errors():
+    assert isinstance(make_policy("lru", 4), LRUPolicy)
+    assert isinstance(make_policy("fifo", 4), FIFOPolicy)
+    with pytest.raises(ValueError, match="policy must be one of"):
+        make_policy("random", 4)
+    with pytest.raises(ValueError, match="capacity must be a positive integer"):
+        LRUPolicy(0)
+    with pytest.raises(ValueError, match="decay must be in"):
+        ImportancePolicy(2, decay=1.5)
+    with pytest.raises(ValueError, match="2 victims needed but only 1"):
+        LRUPolicy(3).choose_victims(np.array([0]), 2)
+
+
+@pytest.mark.parametrize("idx,err,match", [
+    (np.array([0, 10]), ValueError, r"holds 10, outside \[-1, 10\)"),
+    (np.array([-3, 1]), ValueError, "holds -3"),
+    (np.array([1, 2, 1]), ValueError, "repeats token 1"),
+    (np.array([1, 2, 3, 4, 5]), ValueError, "capacity=4"),
+    (np.array([1.0, 2.0]), TypeError, "integers"),
+    (np.array([[1, 2]]), ValueError, "1-D"),
+    ([1, 2], TypeError, "NumPy int64 array"),
+])
+def test_check_step_indices(idx, err, match):
+    with pytest.raises(err, match=match):
+        check_step_indices(idx, 10, 4)
+
+
+def test_padding_does_not_count_against_capacity():
+    out = check_step_indices(np.array([-1, -1, 3, -1, 2, -1], np.int32), 10, 2)
+    assert out.dtype == np.int64 and out.tolist() == [-1, -1, 3, -1, 2, -1]
