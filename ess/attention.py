@@ -15,7 +15,7 @@ The maths [DS ``inference/model.py``; paper-facts.md "DeepSeek-V3.2-Exp geometry
   value is the c_KV part (absorbed MLA: the output is 512-d per head, before the up-projection). Returns the output
   and the log-sum-exp ``lse = log sum exp(sm_scale * q . latent)``.
 * **Softmax scale** (:func:`softmax_scale`): ``(qk_nope_head_dim + qk_rope_head_dim)**-0.5 * mscale**2`` with
-  ``mscale = 0.1 ln(rope_factor) + 1`` (YaRN): ``192**-0.5 * (0.1 ln 40 + 1)**2 = 0.1917`` for DeepSeek-V3.2-Exp
+  ``mscale = 0.1 ln(rope_factor) + 1`` (YaRN): ``192**-0.5 * (0.1 ln 40 + 1)**2 = 0.1352`` for DeepSeek-V3.2-Exp
   (paper-facts.md, [DS] ``inference/model.py``); ``32 + 16 = 48`` and factor 1 give ``48**-0.5`` for ``tiny``.
 * **Split attention**: attention over two disjoint index sets (the DA overlap's Attn0 over hits, Attn1 over misses)
   merged exactly by their log-sum-exps: ``o = (e^{lse0} o0 + e^{lse1} o1) / (e^{lse0} + e^{lse1})``.
@@ -55,7 +55,7 @@ class AttentionOutput:
 
 def softmax_scale(model: ModelSpec) -> float:
     """``(qk_nope + qk_rope)**-0.5 * mscale**2``, ``mscale = 0.1 ln(rope_factor) + 1`` ([DS] ``inference/model.py``
-    with ``mscale = 1``; 0.1917 for DeepSeek-V3.2-Exp)."""
+    with ``mscale = 1``; 0.1352 for DeepSeek-V3.2-Exp)."""
     mscale = 0.1 * math.log(model.rope_factor) + 1.0 if model.rope_factor > 1 else 1.0
     return (model.qk_nope_head_dim + model.qk_rope_head_dim) ** -0.5 * mscale * mscale
 

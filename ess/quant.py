@@ -70,8 +70,7 @@ def fp8_e4m3_encode(x) -> np.ndarray:
     d_lo, d_hi = a - _POS[lo], _POS[hi] - a
     pick_hi = (d_hi < d_lo) | ((d_hi == d_lo) & (hi % 2 == 0))
     code = np.where(pick_hi, hi, lo).astype(np.uint8)
-    negative = np.signbit(x) & (code != 0)
-    return np.where(negative, code | 0x80, code).astype(np.uint8)
+    return np.where(np.signbit(x), code | 0x80, code).astype(np.uint8)     # sign kept, -0 included (as torch)
 
 
 def fp8_e4m3_decode(codes) -> np.ndarray:

@@ -1,0 +1,171 @@
+"""Attention kernels against the roofline of this machine.
+
+Per request (B = 1 by default): the lightning indexer over L tokens (Hi heads x D dims, DeepSeek-V3.2-Exp: 64 x 128)
+and sparse MLA decode over K = 2,048 selected entries with H = 128 heads and 576 dims, every backend starting from
+the same stored FP8 layouts (132-byte indexer entries, 656-byte latent entries), so dequantisation is part of the
+timed work. Alongside, in the same run: the machine's fp32 matmul throughput (NumPy and torch GEMM, 2,048^3) and
+its memory bandwidth (a large array copy), which bound what any kernel can reach.
+
+Work counted: indexer 2 Hi D L flops (the dot products; ReLU and weighting are O(Hi L)) and L (D + 4) bytes read;
+sparse MLA 2 H K (Dqk + Dv) flops and K * 656 bytes read (plus the K indices). GB/s is the bytes of the stored
+cache read per second, the figure that matters for a memory-bound kernel.
+
+Timing: one warm-up call (JIT compilation and first-touch excluded), then ``--repeats`` calls timed with
+``time.perf_counter``; min, median, mean and std are stored. Nothing is asserted.
+
+    .venv/bin/python benchmarks/attention_kernels.py [--L 32768] [--repeats 5] [--reference-L 8192]
+
+Writes build/benchmarks/attention_kernels.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from ess import quant  # noqa: E402
+from ess.attention import softmax_scale  # noqa: E402
+from ess.kernels.attention import numba_cpu, reference, torch_ops  # noqa: E402
+from ess.specs import model_spec  # noqa: E402
+
+
+def timeit(fn, repeats: int) -> dict:
+    fn()  # warm-up
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return {"min_s": min(times), "median_s": statistics.median(times), "mean_s": statistics.fmean(times),
+            "std_s": statistics.pstdev(times), "repeats": repeats}
+
+
+def roofline(repeats: int) -> dict:
+    import torch
+    n = 2048
+    a = np.random.default_rng(0).standard_normal((n, n), dtype=np.float32)
+    b = a.copy()
+    flops = 2 * n ** 3
+    t_np = timeit(lambda: a @ b, repeats)
+    ta, tb = torch.from_numpy(a), torch.from_numpy(b)
+    t_t = timeit(lambda: ta @ tb, repeats)
+    big = np.ones(64 * 2 ** 20 // 4 * 4, dtype=np.float32)  # 256 MiB
+    dst = np.empty_like(big)
+    t_copy = timeit(lambda: np.copyto(dst, big), repeats)
+    return {"numpy_sgemm_GFLOPs": flops / t_np["min_s"] / 1e9, "torch_sgemm_GFLOPs": flops / t_t["min_s"] / 1e9,
+            "copy_GBs": 2 * big.nbytes / t_copy["min_s"] / 1e9,
+            "note": "GEMM 2048^3 fp32; copy bandwidth counts read + write of a 256 MiB array"}
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="deepseek-v3.2-exp")
+    ap.add_argument("--L", type=int, default=32768, help="indexer context length")
+    ap.add_argument("--K", type=int, default=None, help="selected entries (default: the model's top-k)")
+    ap.add_argument("--B", type=int, default=1, help="requests")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--reference-L", type=int, default=4096,
+                    help="the float64 reference runs the indexer at this L (it is slow); rates are per token")
+    ap.add_argument("--out", default=str(ROOT / "build" / "benchmarks" / "attention_kernels.json"))
+    args = ap.parse_args(argv)
+
+    import numba
+    import torch
+    m = model_spec(args.model)
+    K = args.K or m.index_topk
+    B, L, Hi, D, H = args.B, args.L, m.index_n_heads, m.index_head_dim, m.n_heads
+    kv, rope, tile, Dqk = m.kv_lora_rank, m.qk_rope_head_dim, m.latent_fp8_tile, m.latent_dim
+    rng = np.random.default_rng(0)
+
+    keys = quant.encode_indexer_keys(rng.standard_normal((B, L, D), dtype=np.float32), m)       # (B, L, 132)
+    qi = rng.standard_normal((B, Hi, D), dtype=np.float32)
+    w = rng.random((B, Hi), dtype=np.float32)
+    lengths = np.full(B, L, dtype=np.int64)
+    n_lat = max(L, K)
+    lat = quant.encode_latent(rng.standard_normal((n_lat, kv), dtype=np.float32),
+                              rng.standard_normal((n_lat, rope), dtype=np.float32), m)          # (N, 656)
+    idx = np.stack([rng.choice(n_lat, K, replace=False) for _ in range(B)]).astype(np.int64)   # (B, K)
+    q = rng.standard_normal((B, H, Dqk), dtype=np.float32)
+    sm = softmax_scale(m)
+
+    idx_flops = 2.0 * B * Hi * D * L
+    idx_bytes = float(B * L * (D + 4))
+    mla_flops = 2.0 * B * H * K * (Dqk + kv)
+    mla_bytes = float(B * K * lat.shape[1])
+
+    results = {"machine": {"platform": platform.platform(), "processor": platform.processor(),
+                           "cpus": os.cpu_count(), "numba_threads": numba.get_num_threads(),
+                           "torch_threads": torch.get_num_threads(), "numpy": np.__version__,
+                           "numba": numba.__version__, "torch": torch.__version__},
+               "config": {"model": m.name, "B": B, "L": L, "K": K, "Hi": Hi, "D": D, "H": H, "Dqk": Dqk,
+                          "Dv": kv, "reference_L": args.reference_L},
+               "roofline": roofline(args.repeats), "kernels": {}}
+
+    out_i = np.empty((B, L), np.float32)
+    tq, tw, tk, tl = (torch_ops.to_device(a, "cpu") for a in (qi, w, keys, lengths))
+    Lr = min(args.reference_L, L)
+    out_r = np.empty((B, Lr), np.float32)
+    keys_r = np.ascontiguousarray(keys[:, :Lr])
+    cases = {
+        ("indexer", "numba"): (lambda: numba_cpu.indexer_scores(qi, w, keys, lengths, out_i), 1.0),
+        ("indexer", "torch"): (lambda: torch_ops.indexer_scores_t(tq, tw, tk, tl), 1.0),
+        ("indexer", "reference"): (lambda: reference.indexer_scores(qi, w, keys_r, np.full(B, Lr), out_r), Lr / L),
+    }
+    out = np.empty((B, H, kv), np.float32)
+    lse = np.empty((B, H), np.float32)
+    tqm, tpool, tidx = (torch_ops.to_device(a, "cpu") for a in (q, lat, idx))
+    cases.update({
+        ("sparse_mla", "numba"): (lambda: numba_cpu.sparse_mla_decode(q, lat, idx, sm, True, kv, rope, tile, out, lse),
+                                  1.0),
+        ("sparse_mla", "torch"): (lambda: torch_ops.sparse_mla_decode_t(tqm, tpool, tidx, sm, True, kv, rope, tile),
+                                  1.0),
+        ("sparse_mla", "reference"): (lambda: reference.sparse_mla_decode(q, lat, idx, sm, True, kv, rope, tile,
+                                                                          out, lse), 1.0),
+    })
+    for (op, be), (fn, frac) in cases.items():
+        t = timeit(fn, args.repeats if be != "reference" else max(1, args.repeats // 2))
+        flops, nbytes = (idx_flops, idx_bytes) if op == "indexer" else (mla_flops, mla_bytes)
+        t.update({"GFLOPs": frac * flops / t["min_s"] / 1e9, "GBs": frac * nbytes / t["min_s"] / 1e9,
+                  "work_fraction": frac})
+        results["kernels"][f"{op}/{be}"] = t
+    roof = results["roofline"]
+    peak = max(roof["numpy_sgemm_GFLOPs"], roof["torch_sgemm_GFLOPs"])
+    ratios = {}
+    for op in ("indexer", "sparse_mla"):
+        k = results["kernels"]
+        ratios[f"{op}: numba / torch speed"] = k[f"{op}/torch"]["min_s"] / k[f"{op}/numba"]["min_s"]
+        ratios[f"{op}: numba / reference speed"] = k[f"{op}/reference"]["min_s"] / k[f"{op}/reference"]["work_fraction"] \
+            / k[f"{op}/numba"]["min_s"]
+        for be in ("numba", "torch"):
+            ratios[f"{op}: {be} share of fp32 GEMM peak"] = k[f"{op}/{be}"]["GFLOPs"] / peak
+    results["ratios"] = ratios
+
+    print(f"machine: {results['machine']}")
+    print(f"config: {results['config']}")
+    print(f"roofline: numpy sgemm {roof['numpy_sgemm_GFLOPs']:.1f} GFLOP/s, torch sgemm "
+          f"{roof['torch_sgemm_GFLOPs']:.1f} GFLOP/s, copy {roof['copy_GBs']:.1f} GB/s")
+    for name, t in results["kernels"].items():
+        print(f"{name:24s} min {t['min_s'] * 1e3:9.2f} ms  median {t['median_s'] * 1e3:9.2f} ms  "
+              f"{t['GFLOPs']:7.2f} GFLOP/s  {t['GBs']:7.3f} GB/s" + ("" if t["work_fraction"] == 1 else
+                                                                    f"  (measured at {t['work_fraction']:.3g} of L)"))
+    for name, r in ratios.items():
+        print(f"{name:45s} {r:8.3f}")
+    path = Path(args.out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(results, indent=1))
+    print(f"wrote {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}")
+    return results
+
+
+if __name__ == "__main__":
+    main()
