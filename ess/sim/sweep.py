@@ -1,0 +1,98 @@
+"""Grid sweeps of the simulator: the cartesian product of parameter lists, cut into chunks, each chunk simulated
+vectorised; chunks run in local processes by default (with a tqdm progress bar) or on a Dask cluster when a
+scheduler address is given (``dask.distributed``), so outgrowing one machine changes one argument.
+
+>>> df = sweep({"batch": [52, 64], "context_len": [32768]}, workers=0)
+>>> list(df.columns[:3])
+['batch', 'context_len', 'ratio']
+"""
+from __future__ import annotations
+
+import itertools
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any, Mapping
+
+import numpy as np
+import pandas as pd
+
+from .costs import CostParams
+from .timeline import simulate
+
+__all__ = ["GRID_KEYS", "grid", "run_chunk", "sweep"]
+
+# Arguments of ess.sim.simulate that may vary over the grid (the rest are fixed keyword arguments).
+GRID_KEYS = ("batch", "context_len", "ratio", "mtp_tokens", "accept_ratio", "h2d_GB_per_s", "d2h_GB_per_s")
+
+
+def grid(axes: Mapping[str, Any]) -> pd.DataFrame:
+    """The cartesian product of ``axes`` (``{name: list of values}``, names from :data:`GRID_KEYS`)."""
+    if not isinstance(axes, Mapping) or not axes:
+        raise ValueError("axes must be a non-empty mapping {name: values}")
+    bad = [k for k in axes if k not in GRID_KEYS]
+    if bad:
+        raise ValueError(f"unknown grid axes {bad}; allowed: {GRID_KEYS}")
+    for k, v in axes.items():
+        if np.ndim(v) != 1 or len(v) == 0:
+            raise ValueError(f"axis {k!r} must be a non-empty list of values")
+    if "batch" not in axes or "context_len" not in axes:
+        raise ValueError("axes must include 'batch' and 'context_len'")
+    names = list(axes)
+    rows = list(itertools.product(*[list(axes[k]) for k in names]))
+    return pd.DataFrame(rows, columns=names)
+
+
+def run_chunk(chunk: pd.DataFrame, kwargs: Mapping[str, Any]) -> pd.DataFrame:
+    """Simulate one chunk of grid rows (a pure function: picklable, used by every executor)."""
+    args = {k: chunk[k].to_numpy() for k in GRID_KEYS if k in chunk}
+    res = simulate(args.pop("batch"), args.pop("context_len"), args.pop("ratio", 1.0), **args, **kwargs)
+    out = res.to_frame()
+    out.index = chunk.index
+    return out
+
+
+def sweep(axes: Mapping[str, Any], *, chunk_size: int = 20000, workers: int | None = None,
+          scheduler: str | None = None, progress: bool = True, misses=None, strategy="best",
+          params: CostParams | None = None, **kwargs) -> pd.DataFrame:
+    """Simulate every configuration of the grid ``axes``; returns one row per configuration.
+
+    ``workers``: local processes (default: the CPU count; 0 runs in this process). ``scheduler``: a Dask
+    scheduler address (``"tcp://host:8786"``) or a ``dask.distributed.Client``; then chunks run on that cluster.
+    ``misses`` (shape ``(n_layers,)``) apply to every configuration with a ratio < 1."""
+    if chunk_size <= 0:
+        raise ValueError(f"chunk_size must be > 0, got {chunk_size}")
+    g = grid(axes)
+    kw = dict(kwargs, misses=misses, strategy=strategy, params=params)
+    if misses is not None and np.ndim(misses) != 1:
+        raise ValueError("sweep takes misses of shape (n_layers,) shared by every configuration")
+    chunks = [g.iloc[i:i + chunk_size] for i in range(0, len(g), chunk_size)]
+    from tqdm.auto import tqdm
+    bar = tqdm(total=len(g), disable=not progress, desc="configurations", unit="cfg")
+    parts = []
+    if scheduler is not None:
+        from dask.distributed import Client, as_completed
+        client = scheduler if isinstance(scheduler, Client) else Client(scheduler)
+        try:
+            futs = [client.submit(run_chunk, c, kw, pure=False) for c in chunks]
+            for fut in as_completed(futs):
+                part = fut.result()
+                parts.append(part)
+                bar.update(len(part))
+        finally:
+            if not isinstance(scheduler, Client):
+                client.close()
+    elif workers == 0 or len(chunks) == 1:
+        for c in chunks:
+            parts.append(run_chunk(c, kw))
+            bar.update(len(c))
+    else:
+        with ProcessPoolExecutor(max_workers=workers) as pool:
+            for part in pool.map(run_chunk, chunks, itertools.repeat(kw)):
+                parts.append(part)
+                bar.update(len(part))
+    bar.close()
+    out = pd.concat(parts).sort_index()
+    extra = [k for k in g.columns if k not in ("batch", "context_len", "ratio", "mtp_tokens", "accept_ratio",
+                                              "h2d_GB_per_s")]
+    for k in extra:
+        out[k] = g[k]
+    return out

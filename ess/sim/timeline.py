@@ -1,0 +1,336 @@
+"""The decode-step timeline of one GPU: Two-Batch Overlap, MTP, and the offload overhead of each overlap strategy.
+
+One decode step on one GPU (batch ``B`` split into two micro-batches of ``b = B/2`` for Two-Batch Overlap)::
+
+    step = sum over layers of  max(compute lane, communication lane)   + MTP draft passes + output heads + fixed
+    compute lane (layer l)  = 2 x [Indexer + PreAttn + Attn + O_proj + FFN]  + 2 x offload overhead_l(b)
+    communication lane      = 2 x [dispatch + combine]          (MoE layers; dense layers have none)
+
+so a stall on the compute lane is hidden while the all-to-all of the other micro-batch is longer. With ``T`` tokens
+per request per step (MTP) and ``a`` accepted on average, ``OTPS = a / step`` and the node throughput is
+``B x gpus_per_node x a / step`` (paper-facts.md: throughput = batch x 8 x OTPS).
+
+The offload overhead of one micro-batch and layer, for ``m`` misses per request (H2D ``h = b m 656 B / link``,
+D2H ``d = b T 656 B / d2h``), relative to the no-offload sequence ``Indexer -> PreAttn -> Attn -> O_proj``
+(paper's strategies, paper-facts.md "Overlap strategies"):
+
+* ``none`` (fully serial): ``h + d``
+* ``da`` (dual attention: H2D issued after the indexer, overlapping PreAttn and the attention over hits; the misses
+  are attended after they land and merged by log-sum-exp; D2H overlaps O_proj):
+  ``max(0, h - PreAttn - Attn_hit) + merge [m > 0] + max(0, d - O_proj)``
+* ``dba`` (dual-batch attention: indexer split in two halves, each half's H2D overlaps the next compute):
+  ``max(0, h/2 - Indexer/2) + max(0, h/2 - PreAttn - Attn/2) + max(0, d - Attn/2)``
+* ``best``: per layer, the cheapest of the three (the offline per-layer choice); or a sequence of names, one per
+  layer.
+
+Everything is vectorised over configurations with numpy (arrays broadcast; misses have shape ``(n_layers,)`` or
+``(N, n_layers)``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from ..layout import indexer_entry_bytes, latent_entry_bytes
+from ..memory import kv_budget_bytes, resolve
+from ..specs import link_figures
+from .costs import CostParams, gemm_time_s, layer_costs, lm_head_time_s
+
+__all__ = ["STRATEGIES", "StepResult", "simulate", "offload_overhead_s", "batch_limits", "ratio_for_batch",
+           "best_batch"]
+
+STRATEGIES = ("none", "da", "dba")
+
+
+def _default_link() -> tuple[float, float]:
+    ft = link_figures()["flashtrans"]
+    return ft["h2d_GB_per_s"], ft["d2h_GB_per_s"]
+
+
+def offload_overhead_s(costs, micro_batch, misses, tokens_per_req, h2d_GB_per_s, d2h_GB_per_s, entry_bytes: int):
+    """Extra compute-lane seconds of one micro-batch for each strategy: dict ``{name: array}`` shaped like
+    ``misses`` (``costs`` fields broadcast against it). Pure arithmetic on the costs (see the module docstring)."""
+    b = np.asarray(micro_batch, dtype=float)[..., None]
+    T = np.asarray(tokens_per_req, dtype=float)[..., None]
+    m = np.asarray(misses, dtype=float)
+    h2d = np.asarray(h2d_GB_per_s, dtype=float)[..., None] * 1e9
+    d2h = np.asarray(d2h_GB_per_s, dtype=float)[..., None] * 1e9
+    with np.errstate(divide="ignore", invalid="ignore"):
+        h = np.where(m > 0, b * m * entry_bytes / h2d, 0.0)
+        d = b * T * entry_bytes / d2h
+    I, p, a, o = (np.asarray(x)[..., None] for x in (costs.indexer, costs.pre_attn, costs.attn, costs.o_proj))
+    merge = np.asarray(costs.merge)[..., None]
+    sel = np.asarray(costs.selected, dtype=float)[..., None]
+    frac = np.minimum(m / sel, 1.0)
+    a_hit = a * (1.0 - frac)
+    zero = 0.0
+    return {
+        "none": h + d,
+        "da": np.maximum(zero, h - p - a_hit) + np.where(m > 0, merge, 0.0) + np.maximum(zero, d - o),
+        "dba": np.maximum(zero, h / 2 - I / 2) + np.maximum(zero, h / 2 - p - a / 2) + np.maximum(zero, d - a / 2),
+    }
+
+
+def batch_limits(context_len, ratio, *, model="deepseek-v3.2-exp", deployment="paper-table1", gpu=None, host=None):
+    """Vectorised :func:`ess.memory.largest_batch`: ``(batch, reason)`` arrays (batch 0 with a reason when no
+    request fits). Same arithmetic as ``largest_batch`` (tests compare the two)."""
+    model, dep, gpu, host = resolve(model, deployment, gpu, host)
+    L = np.asarray(context_len, dtype=np.int64)
+    r = np.asarray(ratio, dtype=float)
+    L, r = np.broadcast_arrays(L, r)
+    try:
+        budget = kv_budget_bytes(model, dep, gpu)
+    except ValueError as exc:
+        return np.zeros(L.shape, dtype=np.int64), np.full(L.shape, str(exc), dtype=object)
+    page = model.cache_page_tokens
+    tokens = -(-L // page) * page
+    idx = tokens * indexer_entry_bytes(model) * model.n_layers
+    lat = tokens * latent_entry_bytes(model, dep.kv_dtype) * model.n_layers
+    gpu_bytes = idx + lat * r
+    batch_gpu = np.floor(budget / gpu_bytes)
+    host_budget = host.memory_capacity_GB_per_gpu * 1e9
+    batch_host = np.where(r < 1.0, np.floor(host_budget / lat), np.inf)
+    batch = np.minimum(batch_gpu, batch_host).astype(np.int64)
+    slots = r * tokens
+    need = np.minimum(tokens, model.index_topk)
+    reason = np.full(L.shape, "", dtype=object)
+    few = slots < need
+    reason[few] = "ratio leaves fewer GPU slots per request and layer than the K entries one step selects"
+    batch = np.where(few, 0, batch)
+    none = (batch == 0) & ~few
+    reason[none] = f"one request does not fit in the KV budget ({budget / 1e9:.1f} GB) or host memory"
+    return batch, reason
+
+
+def ratio_for_batch(batch, context_len, *, model="deepseek-v3.2-exp", deployment="paper-table1", gpu=None,
+                    host=None, decimals: int = 4):
+    """The largest sparse-memory ratio (rounded down to ``decimals``) at which ``batch`` requests of
+    ``context_len`` tokens fit in the KV budget: ``batch x (indexer + ratio x latent) <= budget`` (the rule the
+    paper's configurations follow, paper-facts.md). 1.0 when no offload is needed; NaN when no ratio fits."""
+    model, dep, gpu, host = resolve(model, deployment, gpu, host)
+    B = np.asarray(batch, dtype=float)
+    L = np.asarray(context_len, dtype=np.int64)
+    budget = kv_budget_bytes(model, dep, gpu)
+    page = model.cache_page_tokens
+    tokens = -(-L // page) * page
+    idx = tokens * indexer_entry_bytes(model) * model.n_layers
+    lat = tokens * latent_entry_bytes(model, dep.kv_dtype) * model.n_layers
+    with np.errstate(divide="ignore"):
+        r = (budget / B - idx) / lat
+    r = np.floor(r * 10 ** decimals) / 10 ** decimals
+    r = np.where(r >= 1.0, 1.0, r)
+    ok = r > 0
+    r = np.where(ok, r, np.nan)
+    lim, _ = batch_limits(L, np.where(ok, r, 1.0), model=model, deployment=dep, gpu=gpu, host=host)
+    return np.where(ok & (lim >= B), r, np.nan)
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """Simulated decode step per configuration (arrays of shape (N,); NaN where infeasible)."""
+
+    batch: np.ndarray
+    context_len: np.ndarray
+    ratio: np.ndarray
+    tokens_per_step: np.ndarray
+    accept_ratio: np.ndarray
+    h2d_GB_per_s: np.ndarray
+    step_s: np.ndarray
+    step_no_offload_s: np.ndarray
+    feasible: np.ndarray
+    reason: np.ndarray
+    layer_overhead_s: np.ndarray           # (N, n_layers): offload overhead per layer (both micro-batches)
+    layer_strategy: np.ndarray             # (N, n_layers): index into STRATEGIES used per layer
+    gpus_per_node: int
+
+    @property
+    def stall_s(self):
+        """Step time added by offload (transfers not hidden)."""
+        return self.step_s - self.step_no_offload_s
+
+    @property
+    def otps(self):
+        """Output tokens per second per request: accepted tokens per step / step time."""
+        return self.accept_ratio / self.step_s
+
+    @property
+    def throughput(self):
+        """Output tokens per second per node: batch x GPUs per node x OTPS."""
+        return self.batch * self.gpus_per_node * self.otps
+
+    def to_frame(self):
+        import pandas as pd
+        return pd.DataFrame({"batch": self.batch, "context_len": self.context_len, "ratio": self.ratio,
+                             "mtp": self.tokens_per_step, "accept_ratio": self.accept_ratio,
+                             "h2d_GB_per_s": self.h2d_GB_per_s, "step_ms": self.step_s * 1e3,
+                             "stall_ms": self.stall_s * 1e3, "otps": self.otps, "throughput": self.throughput,
+                             "feasible": self.feasible, "reason": self.reason})
+
+
+def _as_array(name, value, *, positive=True, integer=False):
+    try:
+        arr = np.asarray(value, dtype=float)
+    except (TypeError, ValueError):
+        raise TypeError(f"{name} must be a number or an array of numbers, got {value!r}") from None
+    if arr.ndim > 1:
+        raise ValueError(f"{name} must be a scalar or a 1-D array, got shape {arr.shape}")
+    if np.isnan(arr).any() or (positive and (arr <= 0).any()):
+        raise ValueError(f"{name} must be > 0 (no NaN), got {value!r}")
+    if integer and (arr != np.round(arr)).any():
+        raise ValueError(f"{name} must hold whole numbers, got {value!r}")
+    return arr
+
+
+def simulate(batch, context_len, ratio=1.0, *, misses=None, mtp_tokens=None, accept_ratio=None,
+             h2d_GB_per_s=None, d2h_GB_per_s=None, strategy="best", params: CostParams | None = None,
+             model="deepseek-v3.2-exp", deployment="paper-table1", gpu=None, host=None,
+             check_memory: bool = True, host_memory_cap: bool = True) -> StepResult:
+    """Simulate one decode step for every configuration (arguments broadcast to shape (N,)).
+
+    ``batch`` is requests per GPU, ``ratio`` the sparse-memory ratio (1 = no offload), ``misses`` the mean misses
+    per request per decode step per layer, shape ``(n_layers,)`` or ``(N, n_layers)`` (required when any
+    ratio < 1; pass zeros for a perfect cache). ``mtp_tokens`` and ``accept_ratio`` default to the deployment's;
+    ``h2d_GB_per_s`` and ``d2h_GB_per_s`` to the FlashTrans figures (``np.inf`` = an infinitely fast link).
+    ``strategy``: ``"none"``, ``"da"``, ``"dba"``, ``"best"`` (per-layer cheapest) or a sequence of those names,
+    one per layer. With ``check_memory`` a batch beyond the memory model's limit is infeasible (NaN, with the
+    reason); without, memory is ignored (the paper's Fig. 1 "no memory limit" curve). With ``host_memory_cap``
+    each GPU's link is capped at its share of the host's DRAM bandwidth (sockets x per-socket bandwidth / GPUs).
+    """
+    model, dep, gpu, host = resolve(model, deployment, gpu, host)
+    params = params or CostParams()
+    if not isinstance(params, CostParams):
+        raise TypeError(f"params must be a CostParams, got {type(params).__name__}")
+    h2d_def, d2h_def = _default_link()
+    B = _as_array("batch", batch, integer=True)
+    L = _as_array("context_len", context_len, integer=True)
+    r = _as_array("ratio", ratio)
+    if (r > 1).any():
+        raise ValueError(f"ratio must be in (0, 1], got {ratio!r}")
+    if (L > model.max_position_embeddings).any():
+        raise ValueError(f"context_len must not exceed {model.max_position_embeddings} tokens, got {context_len!r}")
+    T = _as_array("mtp_tokens", dep.mtp_tokens_per_step if mtp_tokens is None else mtp_tokens, integer=True)
+    acc = _as_array("accept_ratio", dep.mtp_accept_ratio if accept_ratio is None else accept_ratio)
+    link = _as_array("h2d_GB_per_s", h2d_def if h2d_GB_per_s is None else h2d_GB_per_s)
+    d2h = _as_array("d2h_GB_per_s", d2h_def if d2h_GB_per_s is None else d2h_GB_per_s)
+    B, L, r, T, acc, link, d2h = np.broadcast_arrays(B, L, r, T, acc, link, d2h)
+    B, L, r, T, acc, link, d2h = (np.atleast_1d(x).astype(float) for x in (B, L, r, T, acc, link, d2h))
+    N, nl = B.shape[0], model.n_layers
+    if (acc > T).any() or (acc < 1).any():
+        raise ValueError("accept_ratio must lie in [1, mtp_tokens] (accepted tokens per step)")
+    # host DRAM shared by the node's GPUs caps each GPU's link (hosts.yaml, theoretical bandwidth)
+    host_cap = host.sockets * host.memory_bandwidth_GB_per_s_per_socket / host.gpus
+    link_eff = np.minimum(link, host_cap) if host_memory_cap else link
+    d2h_eff = np.minimum(d2h, host_cap) if host_memory_cap else d2h
+
+    offload = r < 1.0
+    if misses is None:
+        if offload.any():
+            raise ValueError("misses (mean misses per request per step per layer, shape (n_layers,) or "
+                             "(N, n_layers)) are required when a ratio is < 1; pass zeros for a perfect cache")
+        m = np.zeros((N, nl))
+    else:
+        m = np.asarray(misses, dtype=float)
+        if m.ndim == 1:
+            m = np.broadcast_to(m, (N, nl))
+        if m.shape != (N, nl):
+            raise ValueError(f"misses must have shape ({nl},) or ({N}, {nl}), got {np.shape(misses)}")
+        if not np.isfinite(m).all() or (m < 0).any():
+            raise ValueError("misses must be finite and >= 0")
+    m = np.where(offload[:, None], m, 0.0)
+
+    b = B / 2.0                                                       # Two-Batch Overlap micro-batch
+    c = layer_costs(model, gpu, dep, b, L, T).scaled(params.compute_scale, params.comm_scale)
+    if (m > c.selected[:, None] + 1e-9).any():
+        raise ValueError("misses cannot exceed the entries selected per request and step (mtp_tokens x min(K, L))")
+
+    entry = latent_entry_bytes(model, dep.kv_dtype)
+    over = offload_overhead_s(c, b, m, T, link_eff, d2h_eff, entry)
+    stack = np.stack([over[s] for s in STRATEGIES])                   # (3, N, nl)
+    if isinstance(strategy, str):
+        if strategy == "best":
+            choice = np.argmin(stack, axis=0)
+        elif strategy in STRATEGIES:
+            choice = np.full((N, nl), STRATEGIES.index(strategy))
+        else:
+            raise ValueError(f"strategy must be one of {STRATEGIES + ('best',)} or one name per layer, got {strategy!r}")
+    else:
+        names = list(strategy)
+        if len(names) != nl or any(s not in STRATEGIES for s in names):
+            raise ValueError(f"a per-layer strategy must list {nl} names from {STRATEGIES}")
+        choice = np.broadcast_to(np.array([STRATEGIES.index(s) for s in names]), (N, nl))
+    layer_over = 2.0 * np.take_along_axis(stack, choice[None], axis=0)[0]   # both micro-batches
+    layer_over = np.where(offload[:, None], layer_over, 0.0)
+
+    attn_block = c.attention_block
+    dense = model.n_dense_layers
+    comp = np.empty((N, nl))
+    comp[:, :dense] = (2 * (attn_block + c.ffn_dense))[:, None]
+    comp[:, dense:] = (2 * (attn_block + c.moe))[:, None]
+    comm = np.zeros((N, nl))
+    comm[:, dense:] = (2 * (c.dispatch + c.combine))[:, None]
+    layers = np.maximum(comp + layer_over, comm).sum(axis=1)
+    layers0 = np.maximum(comp, comm).sum(axis=1)
+
+    # MTP: T-1 draft passes through the MTP module (one MoE block at one token per request, eh_proj 2h -> h), plus
+    # the output head for the T verified tokens and each draft ([DS]: one MTP module sharing the head).
+    c1 = layer_costs(model, gpu, dep, b, L, np.ones_like(T)).scaled(params.compute_scale, params.comm_scale)
+    fp8 = "fp8" if model.weight_bytes_per_param == 1 else "bf16"
+    draft = (np.maximum(2 * (c1.attention_block + c1.moe), 2 * (c1.dispatch + c1.combine))
+             + params.compute_scale * (gemm_time_s(B, model.hidden_size, 2 * model.hidden_size, gpu, dtype=fp8)
+                                       + lm_head_time_s(B, model, gpu)))
+    heads = params.compute_scale * lm_head_time_s(B * T, model, gpu) + (T - 1) * draft
+    fixed = params.fixed_ms * 1e-3
+    step = layers + heads + fixed
+    step0 = layers0 + heads + fixed
+
+    if check_memory:
+        lim, why = batch_limits(L.astype(np.int64), r, model=model, deployment=dep, gpu=gpu, host=host)
+        feasible = B <= lim
+        reason = np.where(lim == 0, why, np.where(feasible, "", np.char.add(
+            "batch exceeds the memory limit of ", lim.astype(str).astype(object))))
+    else:
+        feasible = np.ones(N, dtype=bool)
+        reason = np.full(N, "", dtype=object)
+    step = np.where(feasible, step, np.nan)
+    step0 = np.where(feasible, step0, np.nan)
+    return StepResult(B, L, r, T, acc, link, step, step0, feasible, reason.astype(object), layer_over,
+                      np.asarray(choice), dep.gpus_per_node)
+
+
+def best_batch(context_len, ratios, *, misses_by_ratio=None, otps_floor: float | None = None, **kwargs):
+    """Adaptive batch sizing: over the given ratios and every batch up to each ratio's memory limit, the
+    configuration with the highest node throughput whose OTPS is at least ``otps_floor``.
+
+    ``misses_by_ratio`` maps each ratio < 1 to its per-layer misses (shape (n_layers,)). Returns a dict with the
+    chosen ``batch``, ``ratio``, ``throughput``, ``otps`` and ``step_ms`` (``None`` values and a ``reason`` when
+    nothing qualifies)."""
+    rows_B, rows_r, rows_m = [], [], []
+    model, dep, gpu, host = resolve(kwargs.get("model", "deepseek-v3.2-exp"), kwargs.get("deployment", "paper-table1"),
+                                    kwargs.get("gpu"), kwargs.get("host"))
+    nl = model.n_layers
+    for ratio in ratios:
+        lim, why = batch_limits(int(context_len), float(ratio), model=model, deployment=dep, gpu=gpu, host=host)
+        lim = int(lim)
+        if lim == 0:
+            continue
+        mis = np.zeros(nl) if ratio >= 1 else np.asarray((misses_by_ratio or {})[ratio], dtype=float)
+        rows_B.append(np.arange(1, lim + 1))
+        rows_r.append(np.full(lim, float(ratio)))
+        rows_m.append(np.broadcast_to(mis, (lim, nl)))
+    if not rows_B:
+        return {"batch": None, "ratio": None, "throughput": None, "otps": None, "step_ms": None,
+                "reason": "no ratio admits a single request"}
+    kw = {k: v for k, v in kwargs.items() if k not in ("model", "deployment", "gpu", "host")}
+    res = simulate(np.concatenate(rows_B), int(context_len), np.concatenate(rows_r), misses=np.concatenate(rows_m),
+                   model=model, deployment=dep, gpu=gpu, host=host, **kw)
+    tput = np.where(res.feasible, res.throughput, -np.inf)
+    if otps_floor is not None:
+        tput = np.where(res.otps >= otps_floor, tput, -np.inf)
+    i = int(np.argmax(tput))
+    if not np.isfinite(tput[i]):
+        return {"batch": None, "ratio": None, "throughput": None, "otps": None, "step_ms": None,
+                "reason": f"no configuration reaches OTPS {otps_floor}"}
+    return {"batch": int(res.batch[i]), "ratio": float(res.ratio[i]), "throughput": float(res.throughput[i]),
+            "otps": float(res.otps[i]), "step_ms": float(res.step_s[i] * 1e3), "reason": ""}

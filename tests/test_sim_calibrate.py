@@ -1,0 +1,52 @@
+"""Calibration: fitted on the calibration data only, residuals reported, the no-offload row reproduced."""
+import numpy as np
+import pytest
+
+from ess.published import published
+from ess.sim.calibrate import calibrate, calibration_points
+from ess.sim.timeline import simulate
+
+
+@pytest.fixture(scope="module")
+def cal():
+    return calibrate()
+
+
+def test_only_calibration_points_are_used():
+    pts = calibration_points()
+    names = {p.name for p in pts}
+    assert len(pts) == 20 and "t2_32k_mtp2_b52_r1" in names
+    for doc in ("paper_fig1", "paper_table2"):
+        for key, e in published(doc).items():
+            assert (key in names) == (e["role"] == "calibration")
+    held = [e for e in published("paper_table2").values() if e["role"] == "held_back"]
+    assert held and all(e["value"] is None for e in held)
+
+
+def test_residuals_are_reported_and_small(cal):
+    df = cal.residuals
+    assert len(df) == 20 and np.allclose(df.rel_error, (df.predicted - df.published) / df.published)
+    assert cal.rms_rel_error < 0.06
+    assert cal.max_abs_rel_error < 0.15
+    assert "Fig. 1" in cal.params.fitted_on
+
+
+def test_no_offload_row_at_the_memory_limit_matches_calibration(cal):
+    row = published("paper_table2")["t2_32k_mtp2_b52_r1"]
+    r = simulate(row["batch"], row["context_len"], 1.0, params=cal.params)      # memory checked: 52 is the limit
+    assert r.feasible[0]
+    assert r.throughput[0] == pytest.approx(row["value"], rel=0.03)
+    assert r.otps[0] == pytest.approx(row["otps"], rel=0.03)
+    assert not simulate(row["batch"] + 1, row["context_len"], 1.0, params=cal.params).feasible[0]
+
+
+def test_fitted_parameters_are_physical(cal):
+    p = cal.params
+    assert 0.3 < p.compute_scale < 4 and 0.3 < p.comm_scale < 4 and p.fixed_ms >= 0
+
+
+def test_calibration_needs_points():
+    with pytest.raises(ValueError, match="at least 3"):
+        calibrate(calibration_points()[:2])
+    with pytest.raises(ValueError, match="table2_weight"):
+        calibrate(table2_weight=0)

@@ -1,0 +1,152 @@
+"""The step timeline: limits and monotonicity of the offload overhead, memory feasibility, bad input."""
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from ess.memory import largest_batch
+from ess.sim.costs import CostParams
+from ess.sim.timeline import STRATEGIES, batch_limits, best_batch, ratio_for_batch, simulate
+from ess.specs import deployment_spec
+
+NL = 61
+RNG = np.random.default_rng(0)
+MISSES = RNG.uniform(0, 1500, NL)
+
+
+@pytest.mark.parametrize("strategy", ["none", "dba", "best"])
+def test_infinite_link_has_no_offload_overhead(strategy):
+    r = simulate([64, 160], 32768, [0.2, 0.1], misses=MISSES, h2d_GB_per_s=np.inf, d2h_GB_per_s=np.inf,
+                 strategy=strategy, host_memory_cap=False)
+    assert r.feasible.all()
+    assert np.allclose(r.step_s, r.step_no_offload_s, rtol=0, atol=1e-12)
+
+
+def test_host_memory_caps_an_infinite_link():
+    capped = simulate(64, 32768, 0.2, misses=MISSES, h2d_GB_per_s=np.inf, strategy="none")
+    at_cap = simulate(64, 32768, 0.2, misses=MISSES, h2d_GB_per_s=2 * 307 / 8, strategy="none")
+    assert capped.step_s[0] == pytest.approx(at_cap.step_s[0])
+
+
+def test_dual_attention_on_an_infinite_link_costs_only_the_merge():
+    kw = dict(h2d_GB_per_s=np.inf, d2h_GB_per_s=np.inf, strategy="da", host_memory_cap=False)
+    r = simulate(64, 32768, 0.2, misses=MISSES, **kw)
+    assert r.stall_s[0] > 0
+    r0 = simulate(64, 32768, 0.2, misses=np.zeros(NL), **kw)
+    assert r0.stall_s[0] == pytest.approx(0, abs=1e-12)
+
+
+@pytest.mark.parametrize("strategy", ["none", "da", "dba", "best"])
+def test_throughput_never_rises_when_the_link_slows(strategy):
+    links = np.array([np.inf, 256, 64, 37, 16, 4, 1, 0.25])
+    r = simulate(128, 131072 // 4, 0.2, misses=MISSES, h2d_GB_per_s=links, strategy=strategy)
+    assert np.all(np.diff(r.throughput) <= 1e-9)
+    assert r.throughput[-1] < r.throughput[0]
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(1, 160), st.sampled_from([4096, 32768, 131072]), st.floats(1, 3000),
+       st.sampled_from(["none", "da", "dba", "best"]), st.floats(1, 80))
+def test_more_misses_never_make_a_step_shorter(batch, L, scale, strategy, link):
+    rng = np.random.default_rng(batch)
+    ksel = 2 * min(2048, L)
+    base = rng.uniform(0, 1, NL) * min(scale, ksel)
+    more = np.minimum(base + rng.uniform(0, 1, NL) * min(scale, ksel), ksel)
+    r = simulate([batch, batch], L, 0.2, misses=np.stack([base, more]), h2d_GB_per_s=link, strategy=strategy,
+                 check_memory=False)
+    assert r.step_s[1] >= r.step_s[0] - 1e-15
+
+
+def test_best_is_never_worse_than_a_fixed_strategy():
+    steps = {s: simulate(96, 131072, 0.1, misses=MISSES, strategy=s, check_memory=False).step_s[0]
+             for s in STRATEGIES + ("best",)}
+    assert steps["best"] <= min(steps[s] for s in STRATEGIES) + 1e-15
+    per_layer = simulate(96, 131072, 0.1, misses=MISSES, strategy=["dba"] * NL, check_memory=False).step_s[0]
+    assert per_layer == pytest.approx(steps["dba"])
+
+
+def test_no_offload_ignores_link_and_misses():
+    a = simulate(52, 32768, 1.0, misses=MISSES, h2d_GB_per_s=0.1)
+    b = simulate(52, 32768, 1.0)
+    assert a.step_s[0] == b.step_s[0] and a.stall_s[0] == 0
+
+
+def test_throughput_is_batch_times_8_times_otps():
+    r = simulate([13, 52], [131072, 32768])
+    assert np.allclose(r.throughput, r.batch * 8 * r.otps)
+    assert np.allclose(r.otps, 1.7 / r.step_s)
+
+
+def test_step_grows_with_context_batch_and_mtp():
+    r = simulate([52, 52, 52, 64], [8192, 32768, 32768, 32768], 1.0, mtp_tokens=[2, 2, 4, 2], accept_ratio=1.7,
+                 check_memory=False)
+    s = r.step_s
+    assert s[1] > s[0] and s[2] > s[1] and s[3] > s[1]
+
+
+def test_batch_limits_match_largest_batch():
+    Ls = [4096, 32768, 65536, 131072]
+    rs = [1.0, 0.5, 0.2, 0.1, 0.05, 0.01]
+    L, r = np.meshgrid(Ls, rs)
+    lim, _ = batch_limits(L.ravel(), r.ravel())
+    for Li, ri, bi in zip(L.ravel(), r.ravel(), lim):
+        assert bi == largest_batch(int(Li), float(ri)).batch, (Li, ri)
+
+
+def test_ratio_for_batch_is_the_largest_that_fits():
+    B = np.array([52, 64, 96, 128, 160])
+    r = ratio_for_batch(B, 32768)
+    assert r[0] == 1.0
+    for b, ri in zip(B[1:], r[1:]):
+        assert largest_batch(32768, float(ri)).batch >= b
+        assert largest_batch(32768, float(ri) + 2e-4).batch < b
+    assert np.isnan(ratio_for_batch(100000, 32768))
+
+
+def test_beyond_memory_is_infeasible_with_a_reason():
+    r = simulate([52, 53], 32768, 1.0)
+    assert r.feasible.tolist() == [True, False]
+    assert np.isnan(r.throughput[1]) and "memory limit of 52" in r.reason[1]
+
+
+def test_weights_that_do_not_fit_are_infeasible_with_a_reason():
+    dep = deployment_spec("paper-table1").replace(ep=1, nodes=1)
+    r = simulate(1, 4096, 1.0, deployment=dep)
+    assert not r.feasible[0] and "do not fit" in r.reason[0]
+
+
+def test_too_small_ratio_is_infeasible():
+    r = simulate(10, 32768, 0.01, misses=np.zeros(NL))
+    assert not r.feasible[0] and "slots" in r.reason[0]
+
+
+def test_best_batch_respects_the_otps_floor():
+    free = best_batch(32768, [1.0])
+    assert free["batch"] == 52
+    slow = best_batch(32768, [1.0], otps_floor=free["otps"] + 1, params=CostParams(fixed_ms=1.0))
+    assert slow["batch"] is None or slow["otps"] >= free["otps"] + 1
+    nothing = best_batch(32768, [1.0], otps_floor=1e6)
+    assert nothing["batch"] is None and "OTPS" in nothing["reason"]
+
+
+@pytest.mark.parametrize("kw,err", [
+    ({"ratio": 0.2}, "misses"),
+    ({"ratio": 0.2, "misses": np.zeros(5)}, "shape"),
+    ({"ratio": 0.2, "misses": -np.ones(NL)}, ">= 0"),
+    ({"ratio": 0.2, "misses": np.full(NL, 5000.0)}, "exceed"),
+    ({"strategy": "fast"}, "strategy"),
+    ({"strategy": ["da"] * 3}, "per-layer"),
+    ({"accept_ratio": 2.5}, "accept_ratio"),
+    ({"ratio": 1.5}, "ratio"),
+    ({"batch": 0}, "batch"),
+    ({"batch": 2.5}, "whole"),
+    ({"h2d_GB_per_s": 0}, "h2d"),
+])
+def test_bad_input_is_rejected(kw, err):
+    args = {"batch": 8, "context_len": 32768, **kw}
+    with pytest.raises(ValueError, match=err):
+        simulate(args.pop("batch"), args.pop("context_len"), **args)
+
+
+def test_bad_params_type():
+    with pytest.raises(TypeError, match="params"):
+        simulate(8, 32768, params={"fixed_ms": 1})
