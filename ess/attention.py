@@ -339,7 +339,8 @@ def decode_step(cache, layer: int, request_ids: Sequence, q_index, index_weights
                 backend: str = "auto", device: str | None = None) -> DecodeStep:
     """One layer of one decode step for a batch, reading the latents through ``cache`` (an
     :class:`ess.storage.TieredCache`): indexer over the device-resident indexer caches -> top-K -> ``cache.step``
-    (hits resolved, misses brought in) -> sparse MLA over the resident slots.
+    (hits resolved, misses brought in; the selected tokens' indexer scores are passed along for score-aware policies)
+    -> sparse MLA over the rows of the resident slots, gathered in top-K order.
 
     index_keys: one (L_b, D + 4) uint8 indexer cache per request; q_index (B, Hi, D), index_weights (B, Hi), q
     (B, H, Dqk) as in :func:`indexer_scores` and :func:`sparse_mla_decode`. ``topk`` defaults to the model's.
@@ -359,8 +360,10 @@ def decode_step(cache, layer: int, request_ids: Sequence, q_index, index_weights
     pool = np.zeros((B * k, E), dtype=np.uint8)
     local = np.full((B, k), -1, dtype=np.int64)
     steps = []
+    sel = np.take_along_axis(scores, np.maximum(indices, 0), axis=1).astype(np.float64)
+    sel = np.where(indices >= 0, sel, 0.0)                                           # (B, K) scores of the picks
     for b, rid in enumerate(request_ids):
-        res = cache.step(rid, layer, indices[b])
+        res = cache.step(rid, layer, indices[b], scores=sel[b])                      # scores feed "importance"
         slots = np.asarray(res.slots, dtype=np.int64)
         valid = indices[b] >= 0
         if slots.shape != (k,) or np.any(slots[valid] < 0):

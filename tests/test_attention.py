@@ -145,7 +145,7 @@ class _ScatterCache:
     def add_request(self, rid, entries):
         self.host[rid] = entries
 
-    def step(self, rid, layer, indices):
+    def step(self, rid, layer, indices, **_):
         slots = np.full(indices.shape, -1, np.int64)
         hit = np.zeros(indices.shape, bool)
         needed = {(rid, layer, int(t)) for t in indices if t >= 0}
@@ -204,22 +204,26 @@ _HAS_STORAGE = importlib.util.find_spec("ess.storage") is not None
 
 @pytest.mark.skipif(not _HAS_STORAGE, reason="ess.storage (the tiered cache) is not in this checkout yet")
 @settings(max_examples=12, deadline=None)
-@given(ratio=st.floats(0.05, 1.0), policy=st.sampled_from(["lru", "fifo"]), B=st.integers(1, 3),
+@given(ratio=st.floats(0.05, 1.0), policy=st.sampled_from(["lru", "fifo", "importance"]), B=st.integers(1, 3),
        backend=st.sampled_from(BACKENDS), seed=st.integers(0, 2 ** 16))
 def test_decode_step_through_tiered_cache_is_bitwise_lossless(ratio, policy, B, backend, seed):
     from ess.storage import TieredCache
     rng = np.random.default_rng(seed)
-    lens = [int(x) for x in rng.integers(TINY.index_topk + 1, 3 * TINY.index_topk, size=B)]
+    K = TINY.index_topk
+    lens = [int(x) for x in rng.integers(K + 1, 6 * K, size=B)]
     lat, keys, qi, w, q = _decode_inputs(rng, TINY, B, lens)
-    capacity = max(TINY.index_topk * B, int(ratio * sum(lens)))       # the pool must hold one step's K per request
+    capacity = max(K, math.ceil(ratio * max(lens)))                   # slots per (request, layer); at least one K
     cache = TieredCache(TINY, capacity=capacity, dtype="fp8", policy=policy, backend="numba" if backend != "torch"
                         else "torch")
     ids = [f"req{b}" for b in range(B)]
     for rid, e in zip(ids, lat):
         cache.add_request(rid, e)
+    misses = 0
     for layer in rng.integers(0, TINY.n_layers, size=3):
         step = A.decode_step(cache, int(layer), ids, qi, w, keys, q, TINY, backend=backend)
         base = A.resident_attention(q, [e[int(layer)] for e in lat], step.indices, TINY, backend=backend)
         np.testing.assert_array_equal(step.out, base.out)
         np.testing.assert_array_equal(step.lse, base.lse)
+        misses += sum(int(r.miss_pos.size) for r in step.steps)
         qi = qi + rng.standard_normal(qi.shape) * 0.3                  # the next step selects a shifted set
+    assert misses > 0                                                  # rows really came in through the cache
