@@ -1,0 +1,305 @@
+"""Three prefetch tiers sharing one host->device link, simulated step by step over a trace.
+
+Time line of one step of one pool (one request, one layer)::
+
+    | immediate: this step's misses (the step waits: stall) | compute (step_time): the link is free for ... |
+                                                              speculative, then delayed transfers
+
+* **immediate** -- the misses of the step; highest priority, always served, and the step cannot start before they
+  arrive (no overlap of transfers with attention: the paper's "no overlap" baseline; the DA/DBA overlaps are
+  modelled in the throughput simulator).
+* **speculative** -- entries the predictor expects the next step to select, not resident; sent in the link time
+  left while the step computes (at most ``spec_fraction`` of it). One is loaded only when the pool has a free slot
+  or the predictor scores it above the resident entry it would replace.
+* **delayed** -- background work (here: the LRU-Warmup windows when ``warmup="delayed"``), lowest priority, uses
+  the remaining link time and only free slots (it never evicts).
+
+Per step the link can move ``link_GB_per_s * step_time`` bytes for the two background tiers (the per-step budget).
+Reported: stall time, hit rate, bytes moved per tier, bytes prefetched but never used before eviction or the end,
+and link use = busy time / elapsed time (elapsed = stall + compute per step).
+"""
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import asdict, dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+from .predict import History, HeatScorer, LSTMHeatPredictor, DEFAULT_DECAY
+from .traces import Trace
+
+__all__ = ["PrefetchConfig", "PrefetchResult", "simulate_prefetch", "PREDICTORS", "EVICTIONS", "WARMUPS"]
+
+PREDICTORS = ("none", "heat", "lstm")
+EVICTIONS = ("lru", "predictor")
+WARMUPS = ("none", "before", "delayed")
+
+
+@dataclass(frozen=True)
+class PrefetchConfig:
+    """One pool's prefetch setting. ``step_time_us``: compute time of one step of one (request, layer) -- the link
+    time the background tiers may use per step (a per-request share when requests share the link)."""
+
+    capacity: int                          # slots per (request, layer)
+    link_GB_per_s: float = 37.0            # [BLOG] FlashTrans H2D (data/hardware/links.yaml)
+    step_time_us: float = 23.1             # [derived] 73.3 ms step / 61 layers / batch 52 (paper-facts.md, Table 2)
+    entry_bytes: int = 656                 # [FMLA] FP8 latent entry (paper-facts.md, Byte layouts)
+    speculative: bool = True
+    delayed: bool = True
+    predictor: str = "heat"                # "none" | "heat" | "lstm" (an LSTMHeatPredictor must then be given)
+    eviction: str = "lru"                  # "lru" | "predictor" (lowest predicted score first)
+    warmup: str = "before"                 # "none" | "before" (free, before decoding, as the paper) | "delayed"
+    spec_fraction: float = 1.0             # share of the per-step link budget the speculative tier may take
+    history: int = 8                       # steps of history the predictor sees
+    decay: float = DEFAULT_DECAY           # heat decay per step
+
+    def __post_init__(self) -> None:
+        if isinstance(self.capacity, bool) or not isinstance(self.capacity, numbers.Integral) or self.capacity < 1:
+            raise ValueError(f"capacity must be a positive integer number of slots, got {self.capacity!r}")
+        for name in ("link_GB_per_s", "step_time_us"):
+            v = getattr(self, name)
+            if not (isinstance(v, numbers.Real) and math.isfinite(v) and v > 0):
+                raise ValueError(f"{name} must be a finite number > 0, got {v!r}")
+        if not (isinstance(self.entry_bytes, numbers.Integral) and self.entry_bytes > 0):
+            raise ValueError(f"entry_bytes must be a positive integer, got {self.entry_bytes!r}")
+        if self.predictor not in PREDICTORS:
+            raise ValueError(f"predictor must be one of {PREDICTORS}, got {self.predictor!r}")
+        if self.eviction not in EVICTIONS:
+            raise ValueError(f"eviction must be one of {EVICTIONS}, got {self.eviction!r}")
+        if self.warmup not in WARMUPS:
+            raise ValueError(f"warmup must be one of {WARMUPS}, got {self.warmup!r}")
+        if self.eviction == "predictor" and self.predictor == "none":
+            raise ValueError("eviction='predictor' needs a predictor ('heat' or 'lstm')")
+        if self.speculative and self.predictor == "none":
+            raise ValueError("the speculative tier needs a predictor ('heat' or 'lstm'); set speculative=False")
+        if not 0 <= self.spec_fraction <= 1:
+            raise ValueError(f"spec_fraction must lie in [0, 1], got {self.spec_fraction!r}")
+        if not 0 < self.decay < 1:
+            raise ValueError(f"decay must lie in (0, 1), got {self.decay!r}")
+
+    @property
+    def budget_entries(self) -> int:
+        """Entries the link moves in one step's compute time (the background tiers' per-step budget)."""
+        return int(self.link_GB_per_s * 1e3 * self.step_time_us // self.entry_bytes)
+
+
+@dataclass
+class PrefetchResult:
+    """Totals over every simulated pool, and per-step series summed over pools."""
+
+    config: dict
+    pools: int
+    steps: int
+    accesses: int
+    hits: int
+    stall_s: float
+    elapsed_s: float
+    link_busy_s: float
+    bytes_immediate: int
+    bytes_speculative: int
+    bytes_delayed: int
+    bytes_prefetched_unused: int
+    misses_per_step: np.ndarray = field(repr=False)       # (steps,) summed over pools
+    stall_per_step_s: np.ndarray = field(repr=False)      # (steps,)
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hits / self.accesses if self.accesses else 1.0
+
+    @property
+    def bytes_moved(self) -> int:
+        return self.bytes_immediate + self.bytes_speculative + self.bytes_delayed
+
+    @property
+    def link_use(self) -> float:
+        return self.link_busy_s / self.elapsed_s if self.elapsed_s else 0.0
+
+    def summary(self) -> dict:
+        d = {k: v for k, v in asdict(self).items() if k not in ("misses_per_step", "stall_per_step_s", "config")}
+        d.update(hit_rate=self.hit_rate, bytes_moved=self.bytes_moved, link_use=self.link_use,
+                 misses_per_pool_step=float(self.misses_per_step.sum() / (self.pools * self.steps)))
+        return d
+
+
+def _pool(steps: np.ndarray, warm: np.ndarray | None, n_pos: int, cfg: PrefetchConfig, scorer) -> dict:
+    C = cfg.capacity
+    E = cfg.entry_bytes
+    bw = cfg.link_GB_per_s * 1e9
+    step_s = cfg.step_time_us * 1e-6
+    resident = np.zeros(n_pos, bool)
+    stamp = np.full(n_pos, -np.inf)          # LRU recency (higher = more recent)
+    pending = np.zeros(n_pos, np.int8)       # 1: prefetched (spec/delayed) and not used since
+    hist = History(n_pos, cfg.history, cfg.decay)
+    n_res = 0
+    queue: list[int] = []
+    out = dict(accesses=0, hits=0, stall_s=0.0, elapsed_s=0.0, link_busy_s=0.0, bytes_immediate=0,
+               bytes_speculative=0, bytes_delayed=0, bytes_prefetched_unused=0)
+    T = steps.shape[0]
+    miss_t = np.zeros(T, np.int64)
+    stall_t = np.zeros(T)
+
+    def scores(cand):
+        return scorer.score(hist, cand) if scorer is not None else np.zeros(cand.size)
+
+    def evict(n, protect):
+        nonlocal n_res
+        if n <= 0:
+            return
+        res = np.flatnonzero(resident)
+        if protect is not None:
+            res = res[~protect[res]]
+        if res.size < n:
+            raise ValueError(f"the pool ({C} slots) cannot hold one step's entries")
+        key = stamp[res] if cfg.eviction == "lru" else scores(res)
+        v = res[np.argsort(key, kind="stable")[:n]]
+        out["bytes_prefetched_unused"] += int(pending[v].sum()) * E
+        pending[v] = 0
+        resident[v] = False
+        n_res -= n
+
+    # warmup windows: before decoding (free, like a step each), or queued for the delayed tier
+    if warm is not None and cfg.warmup != "none":
+        for i, row in enumerate(warm):
+            s = row[row >= 0]
+            if cfg.warmup == "before":
+                new = s[~resident[s]]
+                mark = np.zeros(n_pos, bool)
+                mark[s] = True
+                evict(n_res + new.size - C, mark)
+                resident[new] = True
+                n_res += new.size
+                stamp[s] = -(warm.shape[0] - i) + np.arange(s.size) / max(s.size, 1) - 1
+            else:
+                queue.extend(int(x) for x in s)
+            hist.observe(row)
+        if cfg.warmup == "delayed":                                   # each entry once, latest window last
+            seen, q = set(), []
+            for x in reversed(queue):
+                if x not in seen:
+                    seen.add(x)
+                    q.append(x)
+            queue = q[::-1]
+    for t in range(T):
+        row = steps[t]
+        s = row[row >= 0]
+        if s.size > C:
+            raise ValueError(f"step {t} selects {s.size} entries but the pool has {C} slots")
+        hit = resident[s]
+        out["accesses"] += s.size
+        out["hits"] += int(hit.sum())
+        pending[s] = 0
+        miss = s[~hit]
+        mark = np.zeros(n_pos, bool)
+        mark[s] = True
+        evict(n_res + miss.size - C, mark)
+        resident[miss] = True
+        n_res += miss.size
+        stamp[s] = t + np.arange(s.size) / s.size
+        t_imm = miss.size * E / bw
+        out["bytes_immediate"] += miss.size * E
+        miss_t[t] = miss.size
+        stall_t[t] = t_imm
+        hist.observe(row)
+        budget = cfg.budget_entries
+        busy = t_imm
+        # speculative tier: predicted next-step entries, in the compute time of this step
+        if cfg.speculative and budget > 0 and t + 1 < T:
+            n_spec = int(budget * cfg.spec_fraction)
+            cand = hist.recent()
+            cand = cand[~resident[cand]]
+            if cand.size and n_spec > 0:
+                sc = scores(cand)
+                order = np.argsort(-sc, kind="stable")[:n_spec]
+                cand, sc = cand[order], sc[order]
+                free = C - n_res
+                take = list(cand[:free])
+                rest, rest_sc = cand[free:], sc[free:]
+                if rest.size:
+                    res = np.flatnonzero(resident)
+                    rsc = scores(res)
+                    o = np.argsort(rsc, kind="stable")
+                    res, rsc = res[o], rsc[o]
+                    n_swap = 0
+                    while n_swap < min(rest.size, res.size) and rest_sc[n_swap] > rsc[n_swap]:
+                        n_swap += 1
+                    if n_swap:
+                        v = res[:n_swap]
+                        out["bytes_prefetched_unused"] += int(pending[v].sum()) * E
+                        pending[v] = 0
+                        resident[v] = False
+                        n_res -= n_swap
+                        take += list(rest[:n_swap])
+                take = np.asarray(take, np.int64)
+                if take.size:
+                    resident[take] = True
+                    pending[take] = 1
+                    stamp[take] = t + 0.5 * np.arange(take.size) / take.size - 0.5   # older than this step's set
+                    n_res += take.size
+                    out["bytes_speculative"] += take.size * E
+                    busy += take.size * E / bw
+                    budget -= take.size
+        # delayed tier: background queue, free slots only
+        if cfg.delayed and queue and budget > 0:
+            sent = 0
+            while queue and sent < budget and n_res < C:
+                x = queue.pop()                       # latest window first: the most useful entries
+                if resident[x]:
+                    continue
+                resident[x] = True
+                pending[x] = 1
+                stamp[x] = -1.0 - sent * 1e-9
+                n_res += 1
+                sent += 1
+            out["bytes_delayed"] += sent * E
+            busy += sent * E / bw
+        out["stall_s"] += t_imm
+        out["elapsed_s"] += t_imm + step_s
+        out["link_busy_s"] += busy
+    out["bytes_prefetched_unused"] += int(pending.sum()) * E
+    out["misses"] = miss_t
+    out["stalls"] = stall_t
+    return out
+
+
+def simulate_prefetch(trace: Trace, config: PrefetchConfig, *, predictor: LSTMHeatPredictor | None = None,
+                      requests: Sequence[int] | None = None, layers: Sequence[int] | None = None) -> PrefetchResult:
+    """Run the tiers over the chosen pools of ``trace`` (all by default) and sum their figures."""
+    if not isinstance(trace, Trace):
+        raise TypeError(f"trace must be an ess.traces.Trace, got {type(trace).__name__}")
+    if not isinstance(config, PrefetchConfig):
+        raise TypeError(f"config must be a PrefetchConfig, got {type(config).__name__}")
+    if config.capacity < trace.k:
+        raise ValueError(f"capacity ({config.capacity} slots) is smaller than K = {trace.k}")
+    if config.warmup != "none" and trace.warmup is None:
+        raise ValueError(f"warmup={config.warmup!r} but the trace has no warmup windows")
+    if config.predictor == "lstm":
+        if not isinstance(predictor, LSTMHeatPredictor) or predictor.model is None:
+            raise ValueError("predictor='lstm' needs a trained LSTMHeatPredictor (predictor=...)")
+        if predictor.history != config.history:
+            raise ValueError(f"config.history ({config.history}) must equal the predictor's ({predictor.history})")
+        scorer = predictor
+    elif config.predictor == "heat":
+        scorer = HeatScorer()
+    else:
+        scorer = None
+    requests = range(trace.batch) if requests is None else list(requests)
+    layers = range(trace.n_layers) if layers is None else list(layers)
+    tot: dict[str, Any] = {}
+    misses = np.zeros(trace.steps, np.int64)
+    stalls = np.zeros(trace.steps)
+    n = 0
+    for b in requests:
+        for layer in layers:
+            warm = trace.warmup[b, layer] if trace.warmup is not None else None
+            r = _pool(trace.indices[b, layer], warm, trace.n_positions, config, scorer)
+            misses += r.pop("misses")
+            stalls += r.pop("stalls")
+            for k, v in r.items():
+                tot[k] = tot.get(k, 0) + v
+            n += 1
+    if n == 0:
+        raise ValueError("no pool selected (requests and layers must not be empty)")
+    return PrefetchResult(config=asdict(config), pools=n, steps=trace.steps, misses_per_step=misses,
+                          stall_per_step_s=stalls, **tot)
