@@ -75,8 +75,8 @@ def _kernels():
     @njit(cache=True)
     def lru(seq, n_free, capacity, n_pos, out):
         """seq (T, W): rows 0..n_free-1 are warmup (not counted). out (T - n_free,) misses. Returns -1 or bad row."""
-        prv = np.empty(n_pos + 1, np.int64)
-        nxt = np.empty(n_pos + 1, np.int64)
+        prv = np.empty(n_pos + 1, np.int32)
+        nxt = np.empty(n_pos + 1, np.int32)
         res = np.zeros(n_pos, np.bool_)
         H = n_pos                                     # sentinel: nxt[H] = least recent, prv[H] = most recent
         prv[H] = H

@@ -1,0 +1,109 @@
+"""Cache-simulation throughput: index lookups per second on one core, Numba LRU against a plain-Python LRU.
+
+A lookup is one valid index of one step checked against the pool (and the pool updated). Both simulators run on
+the same synthetic trace (32K context, K = 2,048, MTP 2, paper locality profile) in the same run; their miss counts
+must agree. Target (issue 5): >= 20 million lookups/s for LRU. Optional ``--sweep``: the issue's full sweep (61
+layers x 8 ratios at 32K, batch 16, 256 steps) timed once.
+
+    .venv/bin/python benchmarks/cachesim_throughput.py [--quick] [--sweep]
+
+Writes build/benchmarks/cachesim_throughput.json. There is no physical limit quoted: the kernel is bound by
+random accesses to a few arrays of the context's size, which fit in the caches of one core.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("NUMBA_NUM_THREADS", "1")
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import numba  # noqa: E402
+import numpy as np  # noqa: E402
+
+from ess import cachesim as C  # noqa: E402
+from ess.traces import synthetic_streams  # noqa: E402
+
+
+def dist(xs):
+    return {"min": min(xs), "median": statistics.median(xs), "mean": statistics.mean(xs),
+            "std": statistics.pstdev(xs), "n": len(xs)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="fewer layers and repeats")
+    ap.add_argument("--sweep", action="store_true", help="also time the 61-layer x 8-ratio sweep (batch 16, 256 steps)")
+    args = ap.parse_args()
+    L, k, mtp, steps = 32768, 2048, 2, 256
+    layers = 4 if args.quick else 8
+    repeats = 3 if args.quick else 7
+    cap = C.capacity_for(0.2, L, k)
+    streams = [(w, s) for _, _, w, s in synthetic_streams(L, n_layers=layers, k=k, mtp=mtp, steps=steps, batch=1,
+                                                           seed=0)]
+    n_pos = L + steps * mtp
+    lookups = sum(int((s >= 0).sum()) + int((w >= 0).sum()) for w, s in streams)
+    C.simulate_sequence(streams[0][1][:2], cap, warm=streams[0][0], n_positions=n_pos)       # compile
+    times, numba_misses = [], None
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        m = [C.simulate_sequence(s, cap, warm=w, n_positions=n_pos) for w, s in streams]
+        times.append(time.perf_counter() - t0)
+        numba_misses = m
+    rates = [lookups / t for t in times]
+    # plain-Python LRU (OrderedDict) on the first stream only (it is slow), same semantics
+    w0, s0 = streams[0]
+    py_lookups = int((s0 >= 0).sum()) + int((w0 >= 0).sum())
+    py_times = []
+    for _ in range(1 if args.quick else 2):
+        t0 = time.perf_counter()
+        ref = C.reference_misses(s0, cap, warm=w0)
+        py_times.append(time.perf_counter() - t0)
+    assert ref == numba_misses[0].tolist(), "numba and plain-Python LRU disagree"
+    py_rates = [py_lookups / t for t in py_times]
+    out = {"benchmark": "cachesim_throughput", "policy": "lru",
+           "config": {"context_len": L, "k": k, "mtp": mtp, "steps": steps, "layers": layers, "ratio": 0.2,
+                      "capacity": cap, "warmup_windows": streams[0][0].shape[0], "profile": "paper"},
+           "lookups_per_run": lookups, "numba_lookups_per_s": dist(rates),
+           "python_lookups_per_s": dist(py_rates),
+           "speedup_median": statistics.median(rates) / statistics.median(py_rates),
+           "target_lookups_per_s": 20e6,
+           "ratio_to_target_median": statistics.median(rates) / 20e6,
+           "machine": {"platform": platform.platform(), "processor": platform.processor(), "python": sys.version.split()[0],
+                       "numpy": np.__version__, "numba": numba.__version__, "cpu_count": os.cpu_count()}}
+    print(f"LRU, {layers} streams x {steps} steps at 32K (K 2048, MTP 2, ratio 0.2): {lookups:,} lookups per run")
+    print(f"  numba  : median {statistics.median(rates) / 1e6:8.1f} M lookups/s (min {min(rates) / 1e6:.1f}, "
+          f"max {max(rates) / 1e6:.1f}, n {len(rates)})")
+    print(f"  python : median {statistics.median(py_rates) / 1e6:8.2f} M lookups/s (OrderedDict LRU, same trace)")
+    print(f"  ratio numba/python {out['speedup_median']:.0f}x; ratio to the 20 M/s target {out['ratio_to_target_median']:.2f}")
+    for pol in ("fifo", "heat", "belady"):
+        C.simulate_sequence(streams[0][1][:2], cap, warm=streams[0][0], n_positions=n_pos, policy=pol)  # compile
+        t0 = time.perf_counter()
+        for w, s in streams:
+            C.simulate_sequence(s, cap, warm=w, n_positions=n_pos, policy=pol)
+        dt = time.perf_counter() - t0
+        out[f"{pol}_lookups_per_s_single_run"] = lookups / dt
+        print(f"  {pol:7s}: {lookups / dt / 1e6:8.1f} M lookups/s (one run)")
+    if args.sweep:
+        ratios = [0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9]
+        t0 = time.perf_counter()
+        C.sweep_synthetic(32768, ratios, n_layers=61, k=2048, mtp=2, steps=256, batch=16)
+        dt = time.perf_counter() - t0
+        out["sweep_61_layers_8_ratios_batch16_256_steps_s"] = dt
+        print(f"  full sweep (61 layers x 8 ratios, 32K, batch 16, 256 steps, LRU + warmup): {dt:.1f} s "
+              f"(issue target < 60 s: ratio {dt / 60:.2f})")
+    path = ROOT / "build" / "benchmarks" / "cachesim_throughput.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out, indent=1))
+    print(f"wrote {path.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    main()
