@@ -41,7 +41,8 @@ from .specs import ModelSpec
 __all__ = [
     "softmax_scale", "prepare_index_queries", "indexer_scores", "topk_indices", "sparse_mla_decode",
     "dense_mla_decode", "merge_attention", "split_attention", "AttentionOutput", "DecodeStep", "decode_step",
-    "resident_attention", "latent_format",
+    "resident_attention", "latent_format", "indexer_selection_example", "storage_precision",
+    "attention_cost_scan", "lossless_check",
 ]
 
 
@@ -385,3 +386,167 @@ def resident_attention(q, latents: Sequence, indices, model: ModelSpec, *, dtype
     E = latent_layout(model, dtype).entry_bytes
     lat, _ = _ragged(latents, "latents", E)
     return sparse_mla_decode(q, lat, indices, model, dtype=dtype, sm_scale=sm_scale, backend=backend, device=device)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# experiments used by notebook 03 (synthetic inputs, stated as such)
+# ----------------------------------------------------------------------------------------------------------------
+
+def indexer_selection_example(model: ModelSpec, n_tokens: int = 96, *, topk: int | None = None, lag: int = 8,
+                              seed: int = 0, backend: str = "auto") -> dict:
+    """What the indexer picks on a small synthetic prefill: every position ``t`` queries with the key of token
+    ``t - lag`` plus noise (a "look back" pattern), and token 0 has a large key (an attention sink). Returns
+    ``scores`` (T, T) (row t = query at position t, -inf where s > t) and ``indices`` (T, K)."""
+    n_tokens = _positive_int(n_tokens, "n_tokens")
+    rng = np.random.default_rng(seed)
+    D, Hi = model.index_head_dim, model.index_n_heads
+    k = rng.standard_normal((n_tokens, D))
+    k[0] *= 3.0                                                            # the sink
+    q = np.stack([k[max(t - lag, 0)] for t in range(n_tokens)])[:, None, :] + 0.5 * rng.standard_normal(
+        (n_tokens, Hi, D))
+    from .quant import encode_indexer_keys
+    keys = np.broadcast_to(encode_indexer_keys(k, model), (n_tokens, n_tokens, D + 4))
+    w = np.full((n_tokens, Hi), 1.0 / Hi)
+    scores = indexer_scores(q, w, keys, np.arange(1, n_tokens + 1), backend=backend)
+    return {"scores": scores, "indices": topk_indices(scores, topk or model.index_topk), "lag": lag}
+
+
+def _random_latents(rng, model: ModelSpec, shape: tuple) -> tuple[np.ndarray, np.ndarray]:
+    return (rng.standard_normal(shape + (model.kv_lora_rank,)).astype(np.float32),
+            rng.standard_normal(shape + (model.qk_rope_head_dim,)).astype(np.float32))
+
+
+def storage_precision(model: ModelSpec, n_tokens: int = 4096, *, topk: int | None = None, n_heads: int | None = None,
+                      batch: int = 2, seed: int = 0, backend: str = "reference"):
+    """FP8 (656 B) against BF16 (1,152 B) latent storage on the same inputs: bytes per entry and the error of the
+    attention output against float64 attention over the unquantised latents.
+
+    Inputs are synthetic (standard-normal c_KV, rope and queries; top-K chosen at random), not model activations;
+    the error is an **output** error of one attention layer, not a task-accuracy loss. Returns a DataFrame with one
+    row per format: ``entry_bytes``, ``rel_rms_error`` (||o - o*|| / ||o*|| over all heads), ``max_abs_error``,
+    ``lse_max_abs_error``.
+    """
+    import pandas as pd
+    from .quant import encode_latent
+    rng = np.random.default_rng(seed)
+    H = n_heads or model.n_heads
+    K = min(topk or model.index_topk, n_tokens)
+    ckv, rope = _random_latents(rng, model, (batch, n_tokens))
+    q = rng.standard_normal((batch, H, model.latent_dim)).astype(np.float32)
+    idx = np.stack([rng.choice(n_tokens, K, replace=False) for _ in range(batch)]).astype(np.int64)
+    scale = softmax_scale(model)
+    exact_o = np.empty((batch, H, model.kv_lora_rank))
+    exact_l = np.empty((batch, H))
+    for b in range(batch):
+        lat = np.concatenate([ckv[b, idx[b]], rope[b, idx[b]]], axis=1).astype(np.float64)      # (K, Dqk)
+        s = scale * (q[b].astype(np.float64) @ lat.T)
+        m = s.max(axis=1, keepdims=True)
+        p = np.exp(s - m)
+        exact_o[b] = p @ lat[:, :model.kv_lora_rank] / p.sum(axis=1, keepdims=True)
+        exact_l[b] = (m + np.log(p.sum(axis=1, keepdims=True)))[:, 0]
+    rows = []
+    for dtype in ("fp8", "bf16"):
+        res = sparse_mla_decode(q, encode_latent(ckv, rope, model, dtype), idx, model, dtype=dtype, backend=backend)
+        err = res.out - exact_o
+        rows.append({"dtype": dtype, "entry_bytes": latent_layout(model, dtype).entry_bytes,
+                     "rel_rms_error": float(np.linalg.norm(err) / np.linalg.norm(exact_o)),
+                     "max_abs_error": float(np.abs(err).max()),
+                     "lse_max_abs_error": float(np.abs(res.lse - exact_l).max()),
+                     "config": {"model": model.name, "L": n_tokens, "K": K, "H": H, "batch": batch, "seed": seed,
+                                "inputs": "standard normal, random top-K", "backend": backend}})
+    return pd.DataFrame(rows)
+
+
+def attention_cost_scan(model: ModelSpec, context_lens: Sequence[int], *, topk: int | None = None,
+                        n_heads: int | None = None, backend: str = "numba", repeats: int = 3, seed: int = 0):
+    """Measured time of one decode step (one request, one layer) against context length L: dense MLA over all L
+    entries, sparse MLA over K entries, and the indexer over L keys, all read from stored FP8 entries with the same
+    kernels. ``cumulative_*`` columns integrate the per-step cost over a whole sequence of L decode steps
+    (trapezoid between the measured L, linear from 0 to the first): O(L^2) dense against O(L K) sparse attention
+    (plus the indexer's O(L^2) at a much smaller constant). Times are the minimum of ``repeats`` after a warm-up."""
+    import time
+
+    import pandas as pd
+    from .quant import encode_indexer_keys, encode_latent
+    rng = np.random.default_rng(seed)
+    H = n_heads or model.n_heads
+    K = topk or model.index_topk
+    Lmax = max(context_lens)
+    ckv, rope = _random_latents(rng, model, (Lmax,))
+    lat = encode_latent(ckv, rope, model)[None]                                               # (1, Lmax, E)
+    keys = encode_indexer_keys(rng.standard_normal((1, Lmax, model.index_head_dim)), model)
+    q = rng.standard_normal((1, H, model.latent_dim)).astype(np.float32)
+    qi = rng.standard_normal((1, model.index_n_heads, model.index_head_dim)).astype(np.float32)
+    w = rng.random((1, model.index_n_heads)).astype(np.float32)
+
+    def best(fn):
+        fn()
+        t = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            fn()
+            t.append(time.perf_counter() - t0)
+        return min(t)
+
+    rows = []
+    for L in sorted(context_lens):
+        dense_idx = np.arange(L, dtype=np.int64)[None]
+        sparse_idx = rng.choice(L, min(K, L), replace=False)[None].astype(np.int64)
+        lat_L, keys_L = lat[:, :L], keys[:, :L]
+        rows.append({
+            "context_len": L,
+            "dense_s": best(lambda: sparse_mla_decode(q, lat_L, dense_idx, model, backend=backend)),
+            "sparse_s": best(lambda: sparse_mla_decode(q, lat_L, sparse_idx, model, backend=backend)),
+            "indexer_s": best(lambda: indexer_scores(qi, w, keys_L, backend=backend)),
+        })
+    df = pd.DataFrame(rows)
+    df["sparse_total_s"] = df.sparse_s + df.indexer_s
+    Ls = np.concatenate([[0], df.context_len.to_numpy()])
+    for col in ("dense_s", "sparse_total_s", "sparse_s", "indexer_s"):
+        per_step = np.concatenate([[0.0], df[col].to_numpy()])
+        df["cumulative_" + col] = np.cumsum(np.diff(Ls) * (per_step[1:] + per_step[:-1]) / 2)[:]
+    df.attrs["config"] = {"model": model.name, "H": H, "K": K, "backend": backend, "repeats": repeats,
+                          "batch": 1, "dtype": "fp8"}
+    return df
+
+
+def lossless_check(model: ModelSpec, *, ratios: Sequence[float] = (0.1, 0.3, 1.0),
+                   policies: Sequence[str] = ("lru", "fifo"), batch: int = 2, n_tokens: int | None = None,
+                   steps: int = 3, backend: str = "auto", seed: int = 0):
+    """Decode steps through :class:`ess.storage.TieredCache` against attention over all-resident caches, for each
+    ratio and policy: returns a DataFrame with the misses served and whether every output and log-sum-exp was
+    bit-for-bit equal."""
+    import pandas as pd
+    from .quant import encode_indexer_keys, encode_latent
+    from .storage import TieredCache
+    K = model.index_topk
+    L = n_tokens or 4 * K
+    rows = []
+    for ratio in ratios:
+        for policy in policies:
+            rng = np.random.default_rng(seed)
+            ckv, rope = _random_latents(rng, model, (batch, model.n_layers, L))
+            lat = encode_latent(ckv, rope, model)
+            keys = [encode_indexer_keys(rng.standard_normal((L, model.index_head_dim)), model) for _ in range(batch)]
+            cache = TieredCache(model, capacity=max(K, int(np.ceil(ratio * L))), policy=policy)
+            ids = [f"r{b}" for b in range(batch)]
+            for rid, e in zip(ids, lat):
+                cache.add_request(rid, e)
+            qi = rng.standard_normal((batch, model.index_n_heads, model.index_head_dim))
+            w = rng.random((batch, model.index_n_heads))
+            equal, misses, hits = True, 0, 0
+            for step in range(steps):
+                for layer in range(model.n_layers):
+                    q = rng.standard_normal((batch, model.n_heads, model.latent_dim)).astype(np.float32)
+                    res = decode_step(cache, layer, ids, qi, w, keys, q, model, backend=backend)
+                    base = resident_attention(q, [e[layer] for e in lat], res.indices, model, backend=backend)
+                    equal &= bool(np.array_equal(res.out, base.out) and np.array_equal(res.lse, base.lse))
+                    misses += sum(int(r.miss_pos.size) for r in res.steps)
+                    hits += sum(int(r.hit_pos.size) for r in res.steps)
+                qi = qi + 0.3 * rng.standard_normal(qi.shape)
+            rows.append({"ratio": ratio, "policy": policy, "capacity": cache.capacity, "misses": misses,
+                         "hits": hits, "bitwise_equal": equal})
+    df = pd.DataFrame(rows)
+    df.attrs["config"] = {"model": model.name, "batch": batch, "L": L, "K": K, "steps": steps,
+                          "layers": model.n_layers, "backend": resolve_backend(backend)}
+    return df
