@@ -83,7 +83,7 @@ def predict_points(points, params: CostParams, **kw) -> np.ndarray:
 
 
 def calibrate(points: list[CalibrationPoint] | None = None, *, table2_weight: float = 5.0,
-              scale_range: tuple[float, float] = (0.3, 4.0), grid: int = 24, refine: int = 2, **kw) -> Calibration:
+              scale_range: tuple[float, float] = (0.1, 5.0), grid: int = 24, refine: int = 2, **kw) -> Calibration:
     """Fit ``compute_scale``, ``comm_scale`` and ``fixed_ms`` on the calibration points; return them with the
     residuals (relative throughput errors, ``(predicted - published) / published``)."""
     points = list(points) if points is not None else calibration_points()
@@ -120,7 +120,8 @@ def calibrate(points: list[CalibrationPoint] | None = None, *, table2_weight: fl
         lo_m, hi_m = np.log(best[2]) - 2 * step_m, np.log(best[2]) + 2 * step_m
     _, sc, sm, f = best
     params = CostParams(float(sc), float(sm), float(f) * 1e3,
-                        fitted_on="paper Fig. 1 (19 chart points) + Table 2 first row (paper-facts.md, "
+                        fitted_on=f"{sum(p.read_from_chart for p in points)} paper Fig. 1 chart points + "
+                                  f"{sum(not p.read_from_chart for p in points)} Table 2 rows (paper-facts.md, "
                                   f"Calibration data); Table 2 weight {table2_weight:g}")
     pred = predict_points(points, params, **kw)
     obs = np.array([p.throughput for p in points])
@@ -129,3 +130,13 @@ def calibrate(points: list[CalibrationPoint] | None = None, *, table2_weight: fl
                        "predicted": pred, "rel_error": rel, "read_from_chart": [p.read_from_chart for p in points],
                        "source": [p.source for p in points]})
     return Calibration(params, df, float(np.sqrt(np.mean(rel ** 2))), float(np.max(np.abs(rel))))
+
+
+_CACHE: dict = {}
+
+
+def calibrated_params() -> CostParams:
+    """The parameters of :func:`calibrate` with its defaults (computed once per process)."""
+    if "params" not in _CACHE:
+        _CACHE["params"] = calibrate().params
+    return _CACHE["params"]

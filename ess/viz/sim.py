@@ -1,0 +1,108 @@
+"""Figures of the simulator (notebooks 05-08): calibration fit, step breakdown, Table 2 predictions, overlap
+overhead against misses, and deployment ratios. Data in, plotly figure out."""
+from __future__ import annotations
+
+import numpy as np
+import plotly.graph_objects as go
+
+from ._style import TEMPLATE as _TEMPLATE
+
+__all__ = ["fig_calibration", "fig_residuals", "fig_step_breakdown", "fig_table2", "fig_overlap_vs_misses",
+           "fig_misses_per_layer", "fig_deployment"]
+
+
+def fig_calibration(residuals, curve=None, unfitted=None) -> go.Figure:
+    """Published calibration points (Fig. 1 read by eye, Table 2 row 1) and the fitted model's curve
+    (``curve``: DataFrame with batch, throughput; ``unfitted`` likewise, optional)."""
+    fig = go.Figure()
+    chart = residuals[residuals.read_from_chart]
+    exact = residuals[~residuals.read_from_chart]
+    fig.add_scatter(x=chart.batch, y=chart.published, mode="markers", name="paper Fig. 1 (read by eye)",
+                    marker={"size": 8})
+    fig.add_scatter(x=exact.batch, y=exact.published, mode="markers", name="paper Table 2 row 1",
+                    marker={"symbol": "x", "size": 12, "color": "black"})
+    if curve is not None:
+        fig.add_scatter(x=curve.batch, y=curve.throughput, mode="lines", name="ess, calibrated")
+    if unfitted is not None:
+        fig.add_scatter(x=unfitted.batch, y=unfitted.throughput, mode="lines", line={"dash": "dot"},
+                        name="ess, unfitted (kernel points only)")
+    for b, label in ((12, "128K limit"), (52, "32K limit")):
+        fig.add_vline(x=b, line={"dash": "dash", "color": "grey"}, annotation_text=label)
+    fig.update_layout(template=_TEMPLATE, title="Decode throughput against batch: 32K, MTP 2, accept 1.7, no memory limit",
+                      xaxis={"title": "batch per GPU"}, yaxis={"title": "tokens/s per 8-GPU node"},
+                      legend={"orientation": "h", "y": -0.25})
+    return fig
+
+
+def fig_residuals(residuals) -> go.Figure:
+    """Relative error of the calibrated model on each calibration point."""
+    fig = go.Figure()
+    fig.add_bar(x=residuals.name, y=residuals.rel_error * 100,
+                marker={"color": np.where(residuals.read_from_chart, "#636efa", "black")})
+    fig.update_layout(template=_TEMPLATE, title="Calibration residuals (predicted - published) / published",
+                      xaxis={"title": "calibration point"}, yaxis={"title": "%"})
+    return fig
+
+
+def fig_step_breakdown(df) -> go.Figure:
+    """Stacked step time per component (``df``: index = configuration label, columns = components in ms)."""
+    fig = go.Figure()
+    for col in df.columns:
+        fig.add_bar(x=[str(i) for i in df.index], y=df[col], name=col)
+    fig.update_layout(barmode="stack", template=_TEMPLATE, title="Where one decode step goes (per GPU)",
+                      xaxis={"title": "configuration"}, yaxis={"title": "ms per step"},
+                      legend={"orientation": "h", "y": -0.3})
+    return fig
+
+
+def fig_table2(t2, context_len: int = 32768) -> go.Figure:
+    """Predicted node throughput against batch for each MTP setting (solid: cache-simulated misses; dotted: no
+    misses, write-back only)."""
+    sub = t2[t2.context_len == context_len]
+    fig = go.Figure()
+    for (mtp, acc), part in sub.groupby(["mtp", "accept_ratio"]):
+        part = part.sort_values("batch")
+        name = f"MTP {mtp}, accept {acc:g}"
+        if "throughput" in part:
+            fig.add_scatter(x=part.batch, y=part.throughput, mode="lines+markers", name=name + " (simulated misses)")
+        fig.add_scatter(x=part.batch, y=part.throughput_no_miss, mode="lines", line={"dash": "dot"},
+                        name=name + " (no misses)")
+    pub = sub[sub.published.notna()]
+    fig.add_scatter(x=pub.batch, y=pub.published, mode="markers", marker={"symbol": "x", "size": 12, "color": "black"},
+                    name="paper Table 2 row 1 (calibration)")
+    fig.update_layout(template=_TEMPLATE, title=f"Table 2 predicted: {context_len // 1024}K, ratio each batch needs",
+                      xaxis={"title": "batch per GPU"}, yaxis={"title": "tokens/s per 8-GPU node"},
+                      legend={"orientation": "h", "y": -0.3})
+    return fig
+
+
+def fig_overlap_vs_misses(df, title: str = "Offload overhead against misses") -> go.Figure:
+    """Overhead (% of the no-offload step) per strategy against mean misses per request, step and layer."""
+    fig = go.Figure()
+    for s, part in df.groupby("strategy", sort=False):
+        fig.add_scatter(x=part.misses_per_layer, y=part.overhead_pct, mode="lines+markers", name=s)
+    fig.update_layout(template=_TEMPLATE, title=title, xaxis={"title": "misses per request, step and layer"},
+                      yaxis={"title": "step-time overhead, %"}, legend={"orientation": "h", "y": -0.25})
+    return fig
+
+
+def fig_misses_per_layer(misses: dict) -> go.Figure:
+    """Per-layer miss counts, one line per label."""
+    fig = go.Figure()
+    for label, m in misses.items():
+        fig.add_scatter(x=np.arange(len(m)), y=m, mode="lines", name=label)
+    fig.update_layout(template=_TEMPLATE, title="Misses per request and step, by layer (cache simulation)",
+                      xaxis={"title": "layer"}, yaxis={"title": "misses"}, legend={"orientation": "h", "y": -0.25})
+    return fig
+
+
+def fig_deployment(df) -> go.Figure:
+    """After/before ratio of each deployment claim: the article's against ours."""
+    sub = df[df.article_ratio.notna()]
+    fig = go.Figure()
+    fig.add_bar(x=sub.claim, y=sub.article_ratio, name="article")
+    fig.add_bar(x=sub.claim, y=sub.ours_ratio, name="ess (simulated)")
+    fig.add_hline(y=1, line={"color": "grey"})
+    fig.update_layout(barmode="group", template=_TEMPLATE, title="Deployment benefits: after / before",
+                      yaxis={"title": "ratio"}, legend={"orientation": "h", "y": -0.25})
+    return fig

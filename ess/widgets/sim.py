@@ -1,0 +1,85 @@
+"""The memory-budget simulator widget: GPU, ratio, context, MTP, accept ratio and link bandwidth -> batch,
+throughput, OTPS and stall. :func:`sim_budget_view` is the pure function; :func:`sim_budget_widget` wraps it."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..memory import largest_batch, resolve
+from ..sim.costs import CostParams
+from ..sim.timeline import simulate
+from ..specs import list_gpus
+
+__all__ = ["sim_budget_view", "sim_budget_widget"]
+
+CONTEXTS = [8192, 16384, 32768, 65536, 131072]
+
+
+def sim_budget_view(gpu: str = "H200", ratio: float = 0.2, context_len: int = 32768, mtp: int = 2,
+                    accept_ratio: float = 1.7, h2d_GB_per_s: float = 37.0, *, misses=None,
+                    params: CostParams | None = None, deployment: str = "paper-table1") -> tuple:
+    """Largest batch for the GPU's memory at this ratio and context, and the simulated step at every batch up to
+    it: (figure of throughput and OTPS against batch, summary dict). ``misses`` (n_layers,) defaults to zeros
+    (a perfect cache: only the write-back of new tokens costs link time); ``params`` to the calibrated ones."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    model, dep, gpu_, host = resolve("deepseek-v3.2-exp", deployment, gpu, None)
+    try:
+        lim = largest_batch(context_len, ratio, model=model, deployment=dep, gpu=gpu_)
+    except ValueError as exc:                   # weights do not fit
+        return go.Figure(), {"batch": 0, "throughput": None, "otps": None, "stall_ms": None, "reason": str(exc)}
+    if lim.batch == 0:
+        return go.Figure(), {"batch": 0, "throughput": None, "otps": None, "stall_ms": None, "reason": lim.reason}
+    mis = np.zeros(model.n_layers) if misses is None else np.asarray(misses, dtype=float)
+    if params is None:
+        from ..sim.calibrate import calibrated_params
+        params = calibrated_params()
+    B = np.arange(1, lim.batch + 1)
+    r = simulate(B, context_len, ratio, misses=mis, mtp_tokens=mtp, accept_ratio=accept_ratio,
+                 h2d_GB_per_s=h2d_GB_per_s, params=params, model=model, deployment=dep, gpu=gpu_)
+    fig = make_subplots(specs=[[{"secondary_y": True}]])
+    fig.add_scatter(x=B, y=r.throughput, name="throughput (tokens/s per node)")
+    fig.add_scatter(x=B, y=r.otps, name="OTPS (tokens/s per request)", secondary_y=True)
+    fig.update_layout(template="plotly_white", height=340,
+                      title=f"{gpu}: {context_len // 1024}K, ratio {ratio:g}, MTP {mtp} (accept {accept_ratio:g}), "
+                            f"{h2d_GB_per_s:g} GB/s -> batch {lim.batch}",
+                      xaxis={"title": "batch per GPU"}, legend={"orientation": "h", "y": -0.3})
+    fig.update_yaxes(title_text="tokens/s per node", secondary_y=False)
+    fig.update_yaxes(title_text="OTPS", secondary_y=True)
+    summary = {"batch": lim.batch, "limited_by": lim.limited_by, "throughput": float(r.throughput[-1]),
+               "otps": float(r.otps[-1]), "step_ms": float(r.step_s[-1] * 1e3),
+               "stall_ms": float(r.stall_s[-1] * 1e3), "reason": ""}
+    return fig, summary
+
+
+def sim_budget_widget(params: CostParams | None = None, misses=None):
+    """Sliders for :func:`sim_budget_view` (needs a running kernel)."""
+    import ipywidgets as W
+
+    gpu_w = W.Dropdown(options=list_gpus(), value="H200", description="GPU")
+    ratio_w = W.FloatSlider(value=0.2, min=0.05, max=1.0, step=0.05, description="ratio")
+    ctx_w = W.SelectionSlider(options=[(f"{c // 1024}K", c) for c in CONTEXTS], value=32768, description="context")
+    mtp_w = W.IntSlider(value=2, min=1, max=4, description="MTP")
+    acc_w = W.FloatSlider(value=1.7, min=1.0, max=4.0, step=0.1, description="accept")
+    link_w = W.FloatLogSlider(value=37, base=10, min=0, max=2.5, description="H2D GB/s")
+    label, out = W.HTML(), W.Output()
+
+    def update(_=None):
+        acc = min(acc_w.value, mtp_w.value)
+        fig, s = sim_budget_view(gpu_w.value, ratio_w.value, ctx_w.value, mtp_w.value, acc, link_w.value,
+                                 misses=misses, params=params)
+        if s["throughput"] is None:
+            label.value = f"<b>infeasible</b>: {s['reason']}"
+        else:
+            label.value = (f"<b>batch {s['batch']}</b> ({s['limited_by']}), {s['throughput']:,.0f} tokens/s per node, "
+                           f"OTPS {s['otps']:.1f}, step {s['step_ms']:.1f} ms, stall {s['stall_ms']:.2f} ms")
+        out.clear_output(wait=True)
+        with out:
+            fig.show()
+
+    for w in (gpu_w, ratio_w, ctx_w, mtp_w, acc_w, link_w):
+        w.observe(update, names="value")
+    update()
+    box = W.VBox([W.HBox([gpu_w, ratio_w, ctx_w]), W.HBox([mtp_w, acc_w, link_w]), label, out])
+    box.summary_label = label
+    return box
