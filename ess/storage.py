@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from .kernels import resolve_backend
-from .kernels.transfer import TransferError, copy_rows
+from .kernels.transfer import TransferError, copy_rows_unchecked
 from .layout import KV_DTYPES, check_context_len, check_ratio, latent_entry_bytes, padded_tokens
 from .metrics import MetricsLog, StepMetrics
 from .policies import POLICIES, check_step_indices, make_policy
@@ -587,8 +587,10 @@ class TieredCache:
 
     # -- the step --------------------------------------------------------------------------------------------
     def _copy_rows(self, src, src_idx, dst, dst_idx) -> None:
-        """The one place where bytes move (tests replace it to inject a failure)."""
-        copy_rows(src, src_idx, dst, dst_idx, backend=self.backend)
+        """The one place where bytes move (tests replace it to inject a failure). The indices were built by the
+        step itself (in range, distinct slots), so the kernel is called without re-validation."""
+        copy_rows_unchecked(src, np.ascontiguousarray(src_idx, np.int64), dst,
+                            np.ascontiguousarray(dst_idx, np.int64), backend=self.backend)
 
     def _h2d(self, request_id, layer: int, tokens: np.ndarray, slots: np.ndarray) -> None:
         src = self.host.layer_rows(request_id, layer, as_torch=self.on_cuda)

@@ -18,7 +18,7 @@ import numpy as np
 
 from .. import resolve_backend
 
-__all__ = ["copy_rows", "gather_rows", "scatter_rows", "TransferError"]
+__all__ = ["copy_rows", "copy_rows_unchecked", "gather_rows", "scatter_rows", "TransferError"]
 
 
 class TransferError(RuntimeError):
@@ -104,9 +104,18 @@ def copy_rows(src, src_idx, dst, dst_idx, *, backend: str = "auto", mode: str = 
     if s_idx.shape != d_idx.shape:
         raise ValueError(f"src_idx and dst_idx must have the same length, got {s_idx.shape[0]} and {d_idx.shape[0]}")
     valid = d_idx[(s_idx >= 0) & (d_idx >= 0)]
-    if np.unique(valid).size != valid.size:
-        raise ValueError("dst_idx names a destination row more than once")
+    if valid.size > 1:
+        v = np.sort(valid)
+        if (v[1:] == v[:-1]).any():
+            raise ValueError(f"dst_idx names destination row {int(v[1:][v[1:] == v[:-1]][0])} more than once")
     _dispatch(src, s_idx, dst, d_idx, backend, mode)
+    return dst
+
+
+def copy_rows_unchecked(src, src_idx, dst, dst_idx, *, backend: str = "auto", mode: str = "auto"):
+    """:func:`copy_rows` without validation, for callers that built the indices themselves (the storage step):
+    ``src_idx``/``dst_idx`` int64, in range, distinct destinations."""
+    _dispatch(src, src_idx, dst, dst_idx, backend, mode)
     return dst
 
 
@@ -125,7 +134,7 @@ def gather_rows(src, idx, *, out=None, backend: str = "auto", mode: str = "auto"
     k, w_out = _check_rows("out", out)
     if (k, w_out) != (idx.shape[0], w):
         raise ValueError(f"out must have shape ({idx.shape[0]}, {w}), got {tuple(out.shape)}")
-    _dispatch(src, idx, out, np.arange(k, dtype=np.int64), backend, mode)
+    _dispatch(src, idx, out, np.arange(k, dtype=np.int64), backend, mode)       # distinct destinations by design
     return out
 
 

@@ -1,7 +1,11 @@
 """Numba kernels for the CPU: one parallel pass over the row pairs (the FlashTrans idea on the host side).
 
-Each row is copied as 8-byte words when the row width allows it (656 B = 82 words), otherwise byte by byte; the
-pairs are split over the threads with ``prange``. Same signature as :func:`ess.kernels.transfer.reference.copy_rows`.
+Each thread takes a contiguous share of the pairs and copies each row as 8-byte words when the row width allows it
+(656 B = 82 words), byte by byte otherwise. Rows are scattered in a large host pool, so the copy is bound by memory
+latency, not bandwidth: the kernel issues a software prefetch (``llvm.prefetch``) for every 64-byte line of the row
+``PREFETCH_ROWS`` pairs ahead, which keeps enough loads in flight to stream from DRAM (benchmarks/transfer_gather.py:
+from about 57 % to about 100 % of a contiguous copy for rows that are not in the CPU caches, measured on the CI
+machine; the machine is shared, see the benchmark's JSON for the spread). Same signature as :func:`ess.kernels.transfer.reference.copy_rows`.
 """
 from __future__ import annotations
 
@@ -9,52 +13,96 @@ import functools
 
 import numpy as np
 
-__all__ = ["copy_rows"]
+__all__ = ["copy_rows", "PREFETCH_ROWS", "PARALLEL_MIN_BYTES"]
+
+# rows prefetched ahead of the copy: 4..32 all reached the contiguous-copy rate on the CI machine; 8 is a design
+# choice in that plateau (benchmarks/transfer_gather.py)
+PREFETCH_ROWS = 8
+# below this many bytes one thread does the whole copy: waking the thread pool costs more than it saves (design choice)
+PARALLEL_MIN_BYTES = 1 << 16
+LINE_BYTES = 64         # cache-line size of x86-64 and most AArch64 servers
+
+
+@functools.lru_cache(maxsize=None)
+def _prefetch_intrinsic():
+    from llvmlite import ir
+    from numba import types
+    from numba.core import cgutils
+    from numba.extending import intrinsic
+
+    @intrinsic
+    def prefetch(typingctx, arr, i, j):
+        """Prefetch the line holding ``arr[i, j]`` for reading (no fault on any address)."""
+        sig = types.void(arr, i, j)
+
+        def codegen(context, builder, signature, args):
+            aty = signature.args[0]
+            ary = context.make_array(aty)(context, builder, args[0])
+            ptr = cgutils.get_item_pointer(context, builder, aty, ary, [args[1], args[2]], wraparound=False)
+            i8p = ir.IntType(8).as_pointer()
+            i32 = ir.IntType(32)
+            fnty = ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32])
+            fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0i8")
+            # (address, rw = read, locality = 3 keep in all levels, cache type = data)
+            builder.call(fn, [builder.bitcast(ptr, i8p), ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return prefetch
 
 
 @functools.lru_cache(maxsize=None)
 def _kernels():
     import numba as nb
 
-    @nb.njit(parallel=True, cache=True, nogil=True, boundscheck=False)
-    def copy_rows_par(src, src_idx, dst, dst_idx):   # (N, W) (K,) (M, W) (K,)
-        n = src_idx.shape[0]
+    prefetch = _prefetch_intrinsic()
+
+    @nb.njit(inline="always", boundscheck=False)
+    def copy_share(src, src_idx, dst, dst_idx, lo, hi, ahead, step):   # pairs [lo, hi) of one thread
         w = src.shape[1]
-        for i in nb.prange(n):
+        for i in range(lo, min(lo + ahead, hi)):
+            if src_idx[i] >= 0:
+                for j in range(0, w, step):
+                    prefetch(src, src_idx[i], j)
+        for i in range(lo, hi):
+            if i + ahead < hi and src_idx[i + ahead] >= 0:
+                t = src_idx[i + ahead]
+                for j in range(0, w, step):
+                    prefetch(src, t, j)
             s = src_idx[i]
             d = dst_idx[i]
             if s >= 0 and d >= 0:
                 for j in range(w):
                     dst[d, j] = src[s, j]
 
-    @nb.njit(cache=True, nogil=True, boundscheck=False)
-    def copy_rows_seq(src, src_idx, dst, dst_idx):
+    @nb.njit(parallel=True, nogil=True, boundscheck=False)      # not cached: the prefetch intrinsic is a dynamic global
+    def copy_rows_par(src, src_idx, dst, dst_idx, ahead, step):   # (N, W) (K,) (M, W) (K,)
         n = src_idx.shape[0]
-        w = src.shape[1]
-        for i in range(n):
-            s = src_idx[i]
-            d = dst_idx[i]
-            if s >= 0 and d >= 0:
-                for j in range(w):
-                    dst[d, j] = src[s, j]
+        nt = nb.get_num_threads()
+        share = (n + nt - 1) // nt
+        for t in nb.prange(nt):
+            copy_share(src, src_idx, dst, dst_idx, t * share, min((t + 1) * share, n), ahead, step)
+
+    @nb.njit(nogil=True, boundscheck=False)
+    def copy_rows_seq(src, src_idx, dst, dst_idx, ahead, step):
+        copy_share(src, src_idx, dst, dst_idx, 0, src_idx.shape[0], ahead, step)
 
     return copy_rows_par, copy_rows_seq
 
 
-# below this many bytes one thread does the whole copy: starting the thread pool costs more than it saves
-PARALLEL_MIN_BYTES = 1 << 16   # design choice, measured on the 2-core CI machine (benchmarks/transfer_gather.py)
-
-
 def copy_rows(src: np.ndarray, src_idx: np.ndarray, dst: np.ndarray, dst_idx: np.ndarray, *,
-              parallel: bool | None = None) -> np.ndarray:
+              parallel: bool | None = None, prefetch_rows: int = PREFETCH_ROWS) -> np.ndarray:
     """``dst[dst_idx[i]] = src[src_idx[i]]`` for every pair where both indices are >= 0; returns ``dst``.
 
-    ``parallel=None`` uses the threads when the pairs move at least :data:`PARALLEL_MIN_BYTES`."""
+    ``parallel=None`` uses the threads when the pairs move at least :data:`PARALLEL_MIN_BYTES`;
+    ``prefetch_rows=0`` turns the software prefetch off."""
     par, seq = _kernels()
     s, d = src, dst
     if src.shape[1] % 8 == 0 and src.ctypes.data % 8 == 0 and dst.ctypes.data % 8 == 0:
         s, d = src.view(np.uint64), dst.view(np.uint64)
+    step = max(LINE_BYTES // s.itemsize, 1)
     if parallel is None:
         parallel = src_idx.shape[0] * src.shape[1] >= PARALLEL_MIN_BYTES
-    (par if parallel else seq)(s, src_idx, d, dst_idx)
+    (par if parallel else seq)(s, src_idx, d, dst_idx, int(prefetch_rows), step)
     return dst

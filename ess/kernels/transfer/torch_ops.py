@@ -48,8 +48,8 @@ def copy_rows(src, src_idx, dst, dst_idx, *, mode: str = "auto"):
     """``dst[dst_idx[i]] = src[src_idx[i]]`` for every pair where both indices are >= 0; returns ``dst``.
 
     ``src``/``dst``: (N, W) / (M, W) uint8 tensors (CPU or CUDA); ``src_idx``/``dst_idx``: (K,) int64 CPU
-    tensors. ``mode="auto"`` is ``"zero_copy"`` when exactly one side is on CUDA and the host side is pinned,
-    ``"staged"`` otherwise."""
+    tensors. ``mode="auto"`` is ``"zero_copy"`` when exactly one side is on CUDA, the host side is pinned and
+    torch accepts the alias (:func:`cuda_alias`), ``"staged"`` otherwise."""
     import torch
 
     if mode not in MODES:
@@ -63,16 +63,23 @@ def copy_rows(src, src_idx, dst, dst_idx, *, mode: str = "auto"):
         return dst
     cross = src.device.type != dst.device.type
     host_side = (dst if src.device.type == "cuda" else src) if cross else None
+    alias = None
     if mode == "auto":
-        mode = "zero_copy" if cross and host_side.is_pinned() and host_side.is_contiguous() else "staged"
+        mode = "staged"
+        if cross and host_side.is_pinned() and host_side.is_contiguous():
+            try:                                  # zero-copy where this torch/driver lets us alias pinned memory
+                alias, mode = cuda_alias(host_side), "zero_copy"
+            except (RuntimeError, ValueError, TypeError):
+                pass
     if mode == "zero_copy" and cross:
         dev = src.device if src.device.type == "cuda" else dst.device
         s_idx = s_idx.to(dev, non_blocking=True)
         d_idx = d_idx.to(dev, non_blocking=True)
+        alias = cuda_alias(host_side) if alias is None else alias
         if src.device.type == "cpu":                             # H2D: the kernel reads pinned host rows
-            dst.index_copy_(0, d_idx, cuda_alias(src).index_select(0, s_idx))
+            dst.index_copy_(0, d_idx, alias.index_select(0, s_idx))
         else:                                                    # D2H: the kernel writes pinned host rows
-            cuda_alias(dst).index_copy_(0, d_idx, src.index_select(0, s_idx))
+            alias.index_copy_(0, d_idx, src.index_select(0, s_idx))
         return dst
     # staged (or both tensors on one device): gather where the source is, one copy, scatter where dst is
     rows = src.index_select(0, s_idx.to(src.device))           # (K', W) contiguous
