@@ -19,7 +19,7 @@ from ..specs import _read_yaml
 from ..sim.costs import CostParams, layer_costs
 from ..sim.timeline import ratio_for_batch, simulate
 
-__all__ = ["step_breakdown", "misses_from_cachesim", "predict_configs", "table2_predictions", "article_table_32k", "claim_128k",
+__all__ = ["break_even_misses", "step_breakdown", "misses_from_cachesim", "predict_configs", "table2_predictions", "article_table_32k", "claim_128k",
            "deployment_benefits", "section12_claims", "overlap_vs_misses", "deployment_assumptions"]
 
 MissesFn = Callable[[int, float, int], np.ndarray]
@@ -338,3 +338,26 @@ def overlap_vs_misses(params: CostParams, miss_counts, *, context_len: int = 131
                          "overhead_pct": (st / s0 - 1) * 100, "layers_da": int((ch == 1).sum()),
                          "layers_dba": int((ch == 2).sum())})
     return pd.DataFrame(rows)
+
+
+def break_even_misses(params: CostParams, configs: pd.DataFrame, baseline_throughput: float, *,
+                      profile: np.ndarray | None = None, strategy="best", n_layers: int = 61,
+                      resolution: int = 400) -> pd.DataFrame:
+    """For each offload configuration (columns ``batch, context_len, ratio, mtp, accept_ratio``), the largest mean
+    miss count per request, step and layer (per-layer shape ``profile``, normalised to mean 1; uniform if None) at
+    which its throughput still reaches ``baseline_throughput``; also as a share of the entries selected per step.
+    NaN where even zero misses fall short."""
+    prof = np.ones(n_layers) if profile is None else np.asarray(profile, dtype=float) / np.mean(profile)
+    out = []
+    for _, c in configs.iterrows():
+        ksel = int(c.mtp) * min(2048, int(c.context_len))
+        scale = np.linspace(0, ksel / prof.max(), resolution)
+        m = np.minimum(scale[:, None] * prof[None, :], ksel)
+        r = simulate(np.full(resolution, int(c.batch)), int(c.context_len), float(c.ratio), misses=m,
+                     mtp_tokens=int(c.mtp), accept_ratio=float(c.accept_ratio), params=params, strategy=strategy)
+        ok = r.throughput >= baseline_throughput
+        be = float(scale[ok].max()) if ok.any() else np.nan
+        out.append({"batch": int(c.batch), "ratio": float(c.ratio), "mtp": int(c.mtp),
+                    "accept_ratio": float(c.accept_ratio), "break_even_misses_per_layer": be,
+                    "break_even_miss_share": be / ksel if np.isfinite(be) else np.nan})
+    return pd.DataFrame(out)
