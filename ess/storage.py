@@ -815,3 +815,54 @@ class TieredCache:
                 self.metrics.add(StepMetrics("restore", request_id, l, p.steps, 0, int(slots.size),
                                              int(slots.size) * self.entry_bytes, 0))
         return {"tokens": int(entries.shape[1]), "resident": moved, "bytes_h2d": moved * self.entry_bytes}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Where the bytes of a batch live
+# ----------------------------------------------------------------------------------------------------------------
+
+def tier_placement(context_len: int, ratio: float, *, batch: int | None = None, model="deepseek-v3.2-exp",
+                   deployment="paper-table1", gpu=None, host=None, n_spilled: int = 0):
+    """Bytes per GPU in each tier for a decode batch: a DataFrame with columns ``tier`` (``"GPU"``, ``"host"``,
+    ``"disk"``), ``part`` and ``bytes``, plus ``.attrs`` with the batch, the pool capacity per (request, layer)
+    and what bounds the batch.
+
+    ``batch=None`` takes the largest batch of :func:`ess.memory.largest_batch`. With ``ratio < 1`` the GPU holds
+    the indexer cache and ``capacity_from_ratio`` slots per request and layer, the host holds every latent entry;
+    ``ratio == 1`` is the no-offload baseline (all latent entries on the GPU, none on the host). ``n_spilled``
+    paused requests sit on disk with their whole latent cache."""
+    import pandas as pd
+
+    from .layout import request_cache
+    from .memory import kv_budget_bytes, largest_batch, resolve, weights_per_gpu_bytes
+
+    model, dep, gpu_, host_ = resolve(model, deployment, gpu, host)
+    lim = largest_batch(context_len, ratio, model=model, deployment=dep, gpu=gpu_, host=host_)
+    if batch is None:
+        batch = lim.batch
+    if isinstance(batch, bool) or not isinstance(batch, (int, np.integer)) or batch < 0:
+        raise ValueError(f"batch must be a non-negative integer, got {batch!r}")
+    if isinstance(n_spilled, bool) or not isinstance(n_spilled, (int, np.integer)) or n_spilled < 0:
+        raise ValueError(f"n_spilled must be a non-negative integer, got {n_spilled!r}")
+    rc = request_cache(model, context_len, ratio, dep.kv_dtype)
+    entry = latent_entry_bytes(model, dep.kv_dtype)
+    offload = ratio < 1.0
+    capacity = capacity_from_ratio(model, ratio, context_len) if offload else rc.tokens
+    pool = batch * model.n_layers * capacity * entry
+    budget = kv_budget_bytes(model, dep, gpu_)
+    hbm = gpu_.hbm_capacity_GiB * 2 ** 30
+    weights = weights_per_gpu_bytes(model, dep)
+    host_total = host_.memory_capacity_GB_per_gpu * 1e9
+    host_latent = batch * rc.latent_bytes if offload else 0
+    rows = [("GPU", "weights", weights), ("GPU", "indexer cache", batch * rc.indexer_bytes),
+            ("GPU", "latent pool" if offload else "latent cache (all)", pool),
+            ("GPU", "KV budget unused", max(budget - batch * rc.indexer_bytes - pool, 0.0)),
+            ("GPU", "runtime reserve", hbm - weights - budget),
+            ("host", "latent cache (all)", host_latent),
+            ("host", "free", max(host_total - host_latent, 0.0)),
+            ("disk", "spilled requests", n_spilled * rc.latent_bytes)]
+    df = pd.DataFrame(rows, columns=["tier", "part", "bytes"])
+    df.attrs.update(batch=int(batch), capacity=int(capacity), limited_by=lim.limited_by, reason=lim.reason,
+                    largest_batch=lim.batch, context_len=int(context_len), ratio=float(ratio), gpu=gpu_.name,
+                    deployment=dep.name, entry_bytes=entry, n_layers=model.n_layers)
+    return df

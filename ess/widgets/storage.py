@@ -1,0 +1,65 @@
+"""The storage-budget widget (notebook 02): where the bytes live for a GPU, context, ratio and paused requests."""
+from __future__ import annotations
+
+import ipywidgets as W
+
+from ..specs import list_gpus
+from ..storage import tier_placement
+from ..viz.storage import fig_tier_bytes
+
+__all__ = ["storage_budget_view", "storage_budget_widget"]
+
+CONTEXTS = [8192, 16384, 32768, 65536, 131072]
+
+
+def storage_budget_view(gpu: str = "H200", context_len: int = 32768, ratio: float = 0.2, n_spilled: int = 0, *,
+                        deployment: str = "paper-table1") -> tuple:
+    """The tier figure and a summary dict (batch, slots per request and layer, GB per tier) for one setting.
+    An infeasible setting (the pool cannot hold one step's K entries) gives a figure with the reason as title."""
+    import plotly.graph_objects as go
+
+    try:
+        df = tier_placement(context_len, ratio, gpu=gpu, deployment=deployment, n_spilled=n_spilled)
+    except ValueError as exc:
+        fig = go.Figure()
+        fig.update_layout(title=f"infeasible: {exc}", template="plotly_white", height=200)
+        return fig, {"feasible": False, "reason": str(exc)}
+    gb = df.groupby("tier", sort=False).bytes.sum() / 1e9
+    a = df.attrs
+    summary = {"feasible": a["batch"] > 0, "batch": a["batch"], "limited_by": a["limited_by"],
+               "slots_per_request_layer": a["capacity"], "reason": a["reason"],
+               **{f"{t}_GB": float(v) for t, v in gb.items()},
+               "latent_pool_GB": float(df[df.part.str.startswith("latent")].query("tier == 'GPU'").bytes.sum() / 1e9),
+               "host_latent_GB": float(df[(df.tier == "host") & (df.part == "latent cache (all)")].bytes.sum() / 1e9)}
+    return fig_tier_bytes(df), summary
+
+
+def storage_budget_widget(gpu: str = "H200", context_len: int = 32768, ratio: float = 0.2) -> W.VBox:
+    """GPU dropdown, context, ratio and paused-request sliders -> :func:`storage_budget_view`."""
+    gpu_w = W.Dropdown(options=list_gpus(), value=gpu, description="GPU")
+    ctx_w = W.SelectionSlider(options=[(f"{c // 1024}K", c) for c in CONTEXTS], value=context_len,
+                              description="context L")
+    ratio_w = W.FloatSlider(value=ratio, min=0.05, max=1.0, step=0.05, description="ratio")
+    spill_w = W.IntSlider(value=0, min=0, max=64, description="paused")
+    label = W.HTML()
+    out = W.Output()
+
+    def update(_=None):
+        fig, s = storage_budget_view(gpu_w.value, ctx_w.value, ratio_w.value, spill_w.value)
+        if s["feasible"]:
+            label.value = (f"<b>batch {s['batch']}</b> per GPU (bounded by {s['limited_by']}); "
+                           f"{s['slots_per_request_layer']} GPU slots per request and layer; latent pool "
+                           f"{s['latent_pool_GB']:.1f} GB on the GPU, {s['host_latent_GB']:.0f} GB in host memory")
+        else:
+            label.value = f"<b>infeasible</b>: {s['reason']}"
+        out.clear_output(wait=True)
+        with out:
+            fig.show()
+
+    for w in (gpu_w, ctx_w, ratio_w, spill_w):
+        w.observe(update, names="value")
+    update()
+    box = W.VBox([W.HBox([gpu_w, ctx_w]), W.HBox([ratio_w, spill_w]), label, out])
+    box.summary_label = label
+    box.controls = {"gpu": gpu_w, "context_len": ctx_w, "ratio": ratio_w, "n_spilled": spill_w}
+    return box
