@@ -131,10 +131,10 @@ class HostPool:
     def append(self, request_id, entries: np.ndarray) -> int:
         """Write one token's entries ``(n_layers, entry_bytes)``; returns its token index."""
         arr, n = self._arrays[request_id], self._n_tokens[request_id]
-        if n == arr.shape[1]:
+        if n == arr.shape[1]:                       # full: double the capacity, keep the valid rows
             new, t = self._alloc(2 * arr.shape[1])
             new[:, :n] = arr[:, :n]
-            self._arrays[request_id], self._tensors[request_id] = arr, t = new, t
+            self._arrays[request_id], self._tensors[request_id] = new, t
             arr = new
         arr[:, n] = entries
         self._n_tokens[request_id] = n + 1
@@ -265,7 +265,6 @@ class DiskTier:
         """Blocks whose CRC-32 does not match the manifest (the pool file counts as block ``-1``)."""
         blocks_path, pool_path, _ = self._paths(request_id)
         m = self.manifest(request_id)
-        n_blocks = len(m["block_crc32"])
         mm = np.memmap(blocks_path, dtype=np.uint8, mode="r")
         bad = []
         for b, crc in enumerate(m["block_crc32"]):
@@ -275,7 +274,7 @@ class DiskTier:
         del mm
         if not pool_path.exists() or zlib.crc32(pool_path.read_bytes()) != m["pool_crc32"]:
             bad.append(-1)
-        return bad if n_blocks or bad else []
+        return bad
 
     def read(self, request_id) -> tuple[np.ndarray, dict, list[int]]:
         """``(entries (n_layers, n_tokens, W), pool_state, bad_blocks)``; the rows of bad blocks are as found."""
@@ -782,17 +781,19 @@ class TieredCache:
     def restore(self, request_id) -> dict:
         """Bring a spilled request (or one found on disk after a crash) back: host pool from the disk blocks, each
         checked against its CRC-32, then the device pool refilled with the resident entries it held at the
-        checkpoint. Raises :class:`CorruptBlockError` (and restores nothing) when a block is damaged. Returns
-        ``{"tokens", "resident", "bytes_h2d"}``."""
+        checkpoint. Raises :class:`CorruptBlockError` (and restores nothing) when a block of entries is damaged;
+        when only the pool-state file is damaged (or missing), the entries are restored and the device pool starts
+        empty. Returns ``{"tokens", "resident", "bytes_h2d", "pool_state_restored"}``."""
         disk = self._need_disk()
         if request_id in self._requests:
             raise ValueError(f"request {request_id!r} is already in memory")
         if not disk.has(request_id):
             raise ValueError(f"request {request_id!r} is not on disk in {disk.dir}")
         entries, pool_state, bad = disk.read(request_id)
-        if bad:
+        if [b for b in bad if b >= 0]:
             raise CorruptBlockError(request_id, bad, str(disk.dir))
-        token_of = pool_state["token_of"]
+        pool_ok = -1 not in bad
+        token_of = pool_state["token_of"] if pool_ok else np.full((self.n_layers, self.capacity), -1, np.int64)
         if token_of.shape != (self.n_layers, self.capacity):
             raise ValueError(f"request {request_id!r} was archived with capacity {token_of.shape[1]}, this cache "
                              f"has capacity {self.capacity}")
@@ -807,14 +808,17 @@ class TieredCache:
             p.token_of[:] = token_of[l]
             slots = np.flatnonzero(p.token_of >= 0)
             p.slot_of[p.token_of[slots]] = slots
-            p.steps = int(pool_state["steps"][l])
-            p.policy.set_state({k[len("policy_"):]: v[l] for k, v in pool_state.items() if k.startswith("policy_")})
+            if pool_ok:
+                p.steps = int(pool_state["steps"][l])
+                p.policy.set_state({k[len("policy_"):]: v[l] for k, v in pool_state.items()
+                                    if k.startswith("policy_")})
             if slots.size:
                 self._h2d(request_id, l, p.token_of[slots], p.base + slots)
                 moved += slots.size
                 self.metrics.add(StepMetrics("restore", request_id, l, p.steps, 0, int(slots.size),
                                              int(slots.size) * self.entry_bytes, 0))
-        return {"tokens": int(entries.shape[1]), "resident": moved, "bytes_h2d": moved * self.entry_bytes}
+        return {"tokens": int(entries.shape[1]), "resident": moved, "bytes_h2d": moved * self.entry_bytes,
+                "pool_state_restored": pool_ok}
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -230,7 +230,7 @@ def test_spill_restore_and_incremental_checkpoint(tmp_path):
     with pytest.raises(ValueError, match="spilled to disk"):
         c.step("x", 0, np.array([1], np.int64))
     info = c.restore("x")
-    assert info == {"tokens": 21, "resident": 4, "bytes_h2d": 4 * W}
+    assert info == {"tokens": 21, "resident": 4, "bytes_h2d": 4 * W, "pool_state_restored": True}
     truth = np.concatenate([e, new[:, None]], axis=1)
     check_resident_bytes(c, "x", truth)
     assert c.resident("x", 3).tolist() == order
@@ -289,8 +289,13 @@ def test_corrupt_block_without_host_copy_is_reported(tmp_path):
         c.restore(5)
     assert info.value.blocks == [2]
     assert same(before, c.snapshot())                           # nothing restored, nothing half-changed
-    _flip_byte(tmp_path / "req-i5.pool.npz", 40)
-    assert -1 in c.verify_disk(5)
+    _flip_byte(tmp_path / "req-i5.blocks", 2 * c.disk.block_bytes + 3)   # undo: the block is whole again
+    _flip_byte(tmp_path / "req-i5.pool.npz", 40)                        # now only the pool state is damaged
+    assert c.verify_disk(5) == [-1]
+    info = c.restore(5)                                                 # entries back, device pool empty
+    assert info["pool_state_restored"] is False and info["resident"] == 0
+    assert c.n_tokens(5) == 10 and all(c.slot_map(5, l) == {} for l in range(4))
+    np.testing.assert_array_equal(c.host.entries(5), entries(10))
 
 
 def test_disk_rejects_unsafe_ids(tmp_path):
@@ -298,6 +303,21 @@ def test_disk_rejects_unsafe_ids(tmp_path):
     with pytest.raises(ValueError, match="cannot name a disk file"):
         c.add_request("../etc", entries(3))
     assert c.requests() == []
+
+
+@pytest.mark.cuda
+def test_cuda_device_pool_matches_host():
+    c = TieredCache(TINY, capacity=6, device="cuda")
+    assert c.backend == "torch" and c.host.pinned
+    e = entries(40)
+    c.add_request(0, e)
+    rng = np.random.default_rng(0)
+    for _ in range(10):
+        idx = rng.choice(40, 5, replace=False).astype(np.int64)
+        idx[0] = -1
+        r = c.step(0, int(rng.integers(4)), idx)
+        np.testing.assert_array_equal(c.device_rows(r.slots)[1:], e[r.layer, idx[1:]])
+    check_resident_bytes(c, 0, e)
 
 
 # -------------------------------------------------------------------------------------------------------------
