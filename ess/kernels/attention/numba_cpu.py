@@ -9,9 +9,9 @@ register blocking so that each value loaded feeds several fused multiply-adds:
   head's query is dotted with the four keys (one load of q feeds four FMAs). The per-key scale is applied after the
   ReLU (``ReLU(s x) = s ReLU(x)`` for the positive scale), once per key instead of once per value.
 * **sparse MLA**: the selected entries of each request are gathered and dequantised once (parallel over entries) into
-  a float32 (K, 576) buffer; then one task per (request, block of 16 heads) computes the scores with entries in the
-  outer loop and four heads per inner pass (the entry row stays in L1, one load of it feeds four FMAs), the softmax,
-  and ``P V`` with four entries per pass over the 512-wide output rows of the head block.
+  a reused float32 (K, 576) buffer; then one task per (request, block of 16 heads) computes the scores with entries
+  in the outer loop and a 4-head x 2-entry register block (six loads feed eight FMAs), the softmax, and ``P V`` with
+  a 2-head x 4-entry block over the 512-wide output rows of the head block (the block's outputs stay in L1).
 
 Arithmetic is float32 (accumulation order differs from the float64 reference: compare with a tolerance).
 """
@@ -159,11 +159,13 @@ def _mla(q, kv, nvalid, sm_scale, kv_rank, out, lse):
         qb = q[b]
         kvb = kv[b]
         s = np.empty((nh, n), np.float32)
-        # scores: entry rows in the outer loop, four heads per pass
-        for k in range(n):
-            row = kvb[k]
-            h = h0
-            while h + 4 <= h1:
+        # scores: entries in the outer loop, a 4-head x 2-entry register block (6 loads feed 8 FMAs)
+        h4 = h0 + nh - nh % 4
+        n2 = n - n % 2
+        for k in range(0, n2, 2):
+            r0 = kvb[k]
+            r1 = kvb[k + 1]
+            for h in range(h0, h4, 4):
                 q0 = qb[h]
                 q1 = qb[h + 1]
                 q2 = qb[h + 2]
@@ -172,24 +174,47 @@ def _mla(q, kv, nvalid, sm_scale, kv_rank, out, lse):
                 a1 = np.float32(0.0)
                 a2 = np.float32(0.0)
                 a3 = np.float32(0.0)
+                c0 = np.float32(0.0)
+                c1 = np.float32(0.0)
+                c2 = np.float32(0.0)
+                c3 = np.float32(0.0)
                 for d in range(Dqk):
-                    x = row[d]
+                    x = r0[d]
+                    y = r1[d]
                     a0 += q0[d] * x
                     a1 += q1[d] * x
                     a2 += q2[d] * x
                     a3 += q3[d] * x
-                s[h - h0, k] = a0
-                s[h - h0 + 1, k] = a1
-                s[h - h0 + 2, k] = a2
-                s[h - h0 + 3, k] = a3
-                h += 4
-            while h < h1:
+                    c0 += q0[d] * y
+                    c1 += q1[d] * y
+                    c2 += q2[d] * y
+                    c3 += q3[d] * y
+                i = h - h0
+                s[i, k] = a0
+                s[i + 1, k] = a1
+                s[i + 2, k] = a2
+                s[i + 3, k] = a3
+                s[i, k + 1] = c0
+                s[i + 1, k + 1] = c1
+                s[i + 2, k + 1] = c2
+                s[i + 3, k + 1] = c3
+            for h in range(h4, h1):
+                qh = qb[h]
+                a = np.float32(0.0)
+                c = np.float32(0.0)
+                for d in range(Dqk):
+                    a += qh[d] * r0[d]
+                    c += qh[d] * r1[d]
+                s[h - h0, k] = a
+                s[h - h0, k + 1] = c
+        for k in range(n2, n):
+            row = kvb[k]
+            for h in range(h0, h1):
                 qh = qb[h]
                 a = np.float32(0.0)
                 for d in range(Dqk):
                     a += qh[d] * row[d]
                 s[h - h0, k] = a
-                h += 1
         # softmax, in place: s becomes the unnormalised probabilities
         denom = np.empty(nh, np.float32)
         for i in range(nh):
@@ -205,15 +230,34 @@ def _mla(q, kv, nvalid, sm_scale, kv_rank, out, lse):
                 tot += e
             denom[i] = tot
             lse[b, h0 + i] = m + np.log(tot)
-        # P V: four entries per pass over each head's output row
+        # P V: a 2-head x 4-entry block per pass over the output rows (4 value loads feed 8 FMAs)
         o = np.zeros((nh, kv_rank), np.float32)
         n4 = n - n % 4
+        nh2 = nh - nh % 2
         for k in range(0, n4, 4):
             v0 = kvb[k]
             v1 = kvb[k + 1]
             v2 = kvb[k + 2]
             v3 = kvb[k + 3]
-            for i in range(nh):
+            for i in range(0, nh2, 2):
+                p0 = s[i, k]
+                p1 = s[i, k + 1]
+                p2 = s[i, k + 2]
+                p3 = s[i, k + 3]
+                g0 = s[i + 1, k]
+                g1 = s[i + 1, k + 1]
+                g2 = s[i + 1, k + 2]
+                g3 = s[i + 1, k + 3]
+                oi = o[i]
+                oj = o[i + 1]
+                for d in range(kv_rank):
+                    x0 = v0[d]
+                    x1 = v1[d]
+                    x2 = v2[d]
+                    x3 = v3[d]
+                    oi[d] += p0 * x0 + p1 * x1 + p2 * x2 + p3 * x3
+                    oj[d] += g0 * x0 + g1 * x1 + g2 * x2 + g3 * x3
+            for i in range(nh2, nh):
                 p0 = s[i, k]
                 p1 = s[i, k + 1]
                 p2 = s[i, k + 2]
