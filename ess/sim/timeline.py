@@ -49,28 +49,35 @@ def _default_link() -> tuple[float, float]:
     return ft["h2d_GB_per_s"], ft["d2h_GB_per_s"]
 
 
-def offload_overhead_s(costs, micro_batch, misses, tokens_per_req, h2d_GB_per_s, d2h_GB_per_s, entry_bytes: int):
+def offload_overhead_s(costs, micro_batch, misses, tokens_per_req, h2d_GB_per_s, d2h_GB_per_s, entry_bytes: int,
+                       offload=True):
     """Extra compute-lane seconds of one micro-batch for each strategy: dict ``{name: array}`` shaped like
-    ``misses`` (``costs`` fields broadcast against it). Pure arithmetic on the costs (see the module docstring)."""
-    b = np.asarray(micro_batch, dtype=float)[..., None]
-    T = np.asarray(tokens_per_req, dtype=float)[..., None]
+    ``misses`` (N, n_layers); per-configuration inputs have shape (N,). ``offload`` (bool or (N,)) switches the
+    write-back off for rows without offload. Pure arithmetic on the costs (see the module docstring), written as
+    ``h = m x k_h`` with ``k_h = b x entry / link`` and ``Attn_hit = Attn (1 - m / selected)``."""
+    b = np.asarray(micro_batch, dtype=float)
+    T = np.asarray(tokens_per_req, dtype=float)
     m = np.asarray(misses, dtype=float)
-    h2d = np.asarray(h2d_GB_per_s, dtype=float)[..., None] * 1e9
-    d2h = np.asarray(d2h_GB_per_s, dtype=float)[..., None] * 1e9
-    with np.errstate(divide="ignore", invalid="ignore"):
-        h = np.where(m > 0, b * m * entry_bytes / h2d, 0.0)
-        d = b * T * entry_bytes / d2h
-    I, p, a, o = (np.asarray(x)[..., None] for x in (costs.indexer, costs.pre_attn, costs.attn, costs.o_proj))
-    merge = np.asarray(costs.merge)[..., None]
-    sel = np.asarray(costs.selected, dtype=float)[..., None]
-    frac = np.minimum(m / sel, 1.0)
-    a_hit = a * (1.0 - frac)
-    zero = 0.0
-    return {
-        "none": h + d,
-        "da": np.maximum(zero, h - p - a_hit) + np.where(m > 0, merge, 0.0) + np.maximum(zero, d - o),
-        "dba": np.maximum(zero, h / 2 - I / 2) + np.maximum(zero, h / 2 - p - a / 2) + np.maximum(zero, d - a / 2),
-    }
+    k_h = b * entry_bytes / (np.asarray(h2d_GB_per_s, dtype=float) * 1e9)          # seconds per miss
+    d = np.where(offload, b * T * entry_bytes / (np.asarray(d2h_GB_per_s, dtype=float) * 1e9), 0.0)
+    I, p, a, o = (np.asarray(x, dtype=float) for x in (costs.indexer, costs.pre_attn, costs.attn, costs.o_proj))
+    merge = np.asarray(costs.merge, dtype=float)
+    sel = np.asarray(costs.selected, dtype=float)
+    col = lambda x: np.broadcast_to(x, m.shape[:1])[:, None]                           # noqa: E731
+    none = m * col(k_h)
+    none += col(d)
+    da = m * col(k_h + a / sel)
+    da -= col(p + a)
+    np.maximum(da, 0.0, out=da)
+    da += (m > 0) * col(merge)
+    da += col(np.maximum(d - o, 0.0))
+    h2 = m * col(k_h / 2)
+    dba = np.maximum(h2 - col(I / 2), 0.0)
+    h2 -= col(p + a / 2)
+    np.maximum(h2, 0.0, out=h2)
+    dba += h2
+    dba += col(np.maximum(d - a / 2, 0.0))
+    return {"none": none, "da": da, "dba": dba}
 
 
 def batch_limits(context_len, ratio, *, model="deepseek-v3.2-exp", deployment="paper-table1", gpu=None, host=None):
@@ -238,7 +245,8 @@ def simulate(batch, context_len, ratio=1.0, *, misses=None, mtp_tokens=None, acc
             raise ValueError(f"misses must have shape ({nl},) or ({N}, {nl}), got {np.shape(misses)}")
         if not np.isfinite(m).all() or (m < 0).any():
             raise ValueError("misses must be finite and >= 0")
-    m = np.where(offload[:, None], m, 0.0)
+    if not offload.all():
+        m = np.where(offload[:, None], m, 0.0)
 
     b = B / 2.0                                                       # Two-Batch Overlap micro-batch
     c = layer_costs(model, gpu, dep, b, L, T).scaled(params.compute_scale, params.comm_scale)
@@ -246,32 +254,38 @@ def simulate(batch, context_len, ratio=1.0, *, misses=None, mtp_tokens=None, acc
         raise ValueError("misses cannot exceed the entries selected per request and step (mtp_tokens x min(K, L))")
 
     entry = latent_entry_bytes(model, dep.kv_dtype)
-    over = offload_overhead_s(c, b, m, T, link_eff, d2h_eff, entry)
-    stack = np.stack([over[s] for s in STRATEGIES])                   # (3, N, nl)
+    over = offload_overhead_s(c, b, m, T, link_eff, d2h_eff, entry, offload)
     if isinstance(strategy, str):
-        if strategy == "best":
-            choice = np.argmin(stack, axis=0)
+        if strategy == "best":                      # per layer, the cheapest (ties: none, then da, then dba)
+            pick_da = over["da"] < over["none"]
+            cur = np.where(pick_da, over["da"], over["none"])
+            pick_dba = over["dba"] < cur
+            chosen = np.where(pick_dba, over["dba"], cur)
+            choice = pick_da.astype(np.int8)
+            choice[pick_dba] = 2
         elif strategy in STRATEGIES:
-            choice = np.full((N, nl), STRATEGIES.index(strategy))
+            chosen = over[strategy]
+            choice = np.full((N, nl), STRATEGIES.index(strategy), dtype=np.int8)
         else:
             raise ValueError(f"strategy must be one of {STRATEGIES + ('best',)} or one name per layer, got {strategy!r}")
     else:
         names = list(strategy)
         if len(names) != nl or any(s not in STRATEGIES for s in names):
             raise ValueError(f"a per-layer strategy must list {nl} names from {STRATEGIES}")
-        choice = np.broadcast_to(np.array([STRATEGIES.index(s) for s in names]), (N, nl))
-    layer_over = 2.0 * np.take_along_axis(stack, choice[None], axis=0)[0]   # both micro-batches
-    layer_over = np.where(offload[:, None], layer_over, 0.0)
+        idx = np.array([STRATEGIES.index(s) for s in names])
+        chosen = np.stack([over[s] for s in STRATEGIES])[idx, :, np.arange(nl)].T
+        choice = np.broadcast_to(idx.astype(np.int8), (N, nl))
+    layer_over = 2.0 * chosen                                         # both micro-batches
 
     attn_block = c.attention_block
     dense = model.n_dense_layers
-    comp = np.empty((N, nl))
-    comp[:, :dense] = (2 * (attn_block + c.ffn_dense))[:, None]
-    comp[:, dense:] = (2 * (attn_block + c.moe))[:, None]
-    comm = np.zeros((N, nl))
-    comm[:, dense:] = (2 * (c.dispatch + c.combine))[:, None]
-    layers = np.maximum(comp + layer_over, comm).sum(axis=1)
-    layers0 = np.maximum(comp, comm).sum(axis=1)
+    comp_d = 2 * (attn_block + c.ffn_dense)
+    comp_m = 2 * (attn_block + c.moe)
+    comm_m = 2 * (c.dispatch + c.combine)
+    moe_part = layer_over[:, dense:] + comp_m[:, None]
+    np.maximum(moe_part, comm_m[:, None], out=moe_part)
+    layers = dense * comp_d + layer_over[:, :dense].sum(axis=1) + moe_part.sum(axis=1)
+    layers0 = dense * comp_d + (nl - dense) * np.maximum(comp_m, comm_m)
 
     # MTP: T-1 draft passes through the MTP module (one MoE block at one token per request, eh_proj 2h -> h), plus
     # the output head for the T verified tokens and each draft ([DS]: one MTP module sharing the head).
