@@ -40,7 +40,7 @@ import numpy as np
 from .traces import PAPER_WARMUP_WINDOWS, Trace, synthetic_streams
 
 __all__ = ["POLICIES", "capacity_for", "simulate", "simulate_sequence", "misses_per_layer", "misses_per_step",
-           "sweep_synthetic", "reference_misses", "DEFAULT_HEAT_DECAY"]
+           "sweep_synthetic", "smallest_pool", "reference_misses", "DEFAULT_HEAT_DECAY"]
 
 POLICIES = ("lru", "fifo", "heat", "belady")
 DEFAULT_HEAT_DECAY = 0.5  # design choice: a step's access weighs half the one after it (heat halves every step)
@@ -469,3 +469,36 @@ def reference_misses(steps: np.ndarray, capacity: int, *, policy: str = "lru", w
         if counted:
             out.append(len(missing))
     return out
+
+
+def smallest_pool(context_len: int, target: float, *, resolution: int | None = None, k: int = 2048, mtp: int = 2,
+                  **kwargs: Any) -> dict:
+    """The smallest pool (slots per request and layer) whose average misses (over layers, requests and steps, from
+    :func:`misses_per_layer` with ``kwargs``) stay below ``target``, by bisection between the largest possible
+    step union (``mtp * k``) and the whole context, to ``resolution`` slots (default context / 64).
+
+    Assumes misses do not grow with the pool (checked at both ends of the final bracket). Returns
+    ``{"slots", "ratio", "misses", "below_slots", "below_misses"}``.
+    """
+    if not (isinstance(target, numbers.Real) and target > 0):
+        raise ValueError(f"target must be a positive number of misses, got {target!r}")
+    resolution = max(1, context_len // 64) if resolution is None else int(resolution)
+    avg = lambda cap: float(misses_per_layer(context_len, cap / context_len, k=k, mtp=mtp, **kwargs).mean())  # noqa: E731
+    lo, hi = min(mtp * k, context_len), context_len
+    at_hi = avg(hi)
+    if at_hi >= target:
+        raise ValueError(f"even a pool of the whole context ({context_len} slots) has {at_hi:.1f} misses >= {target}")
+    try:
+        at_lo = avg(lo)
+    except ValueError:
+        at_lo = math.inf                      # the smallest pool cannot hold a step: counts as too small
+    if at_lo < target:
+        return {"slots": lo, "ratio": lo / context_len, "misses": at_lo, "below_slots": None, "below_misses": None}
+    while hi - lo > resolution:
+        mid = (lo + hi) // 2
+        m = avg(mid)
+        if m < target:
+            hi, at_hi = mid, m
+        else:
+            lo, at_lo = mid, m
+    return {"slots": hi, "ratio": hi / context_len, "misses": at_hi, "below_slots": lo, "below_misses": at_lo}

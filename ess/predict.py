@@ -164,9 +164,20 @@ class LSTMHeatPredictor:
             X, y = X[keep], y[keep]
         return X, y
 
-    def fit(self, seqs: Sequence[np.ndarray], *, epochs: int = 8, lr: float = 1e-2, batch_size: int = 2048,
+    def fit(self, seqs: Sequence[np.ndarray], *, epochs: int = 8, lr: float = 1e-2, batch_size: int = 256,
             max_samples: int = 40_000) -> "LSTMHeatPredictor":
-        """Train on the history of ``seqs`` (a list of per-pool step sequences). Deterministic for a given seed."""
+        """Train on the history of ``seqs`` (a list of per-pool step sequences). Deterministic for a given seed.
+
+        Runs torch on one thread (restored afterwards): the model is tiny, and more threads only contend."""
+        import torch
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            return self._fit(seqs, epochs=epochs, lr=lr, batch_size=batch_size, max_samples=max_samples)
+        finally:
+            torch.set_num_threads(threads)
+
+    def _fit(self, seqs, *, epochs, lr, batch_size, max_samples) -> "LSTMHeatPredictor":
         import torch
         if not isinstance(seqs, (list, tuple)) or not seqs:
             raise ValueError("seqs must be a non-empty list of (steps, width) index arrays")
@@ -202,8 +213,13 @@ class LSTMHeatPredictor:
         c = np.asarray(candidates, np.int64)
         if c.size == 0:
             return np.zeros(0)
-        with torch.no_grad():
-            return self.model(torch.from_numpy(hist.features(c))).numpy().astype(np.float64)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            with torch.no_grad():
+                return self.model(torch.from_numpy(hist.features(c))).numpy().astype(np.float64)
+        finally:
+            torch.set_num_threads(threads)
 
     def score_after(self, seq: np.ndarray, candidates: np.ndarray) -> np.ndarray:
         """Scores for ``candidates`` after observing every row of ``seq``."""

@@ -1,0 +1,107 @@
+"""Figures of cache misses, replacement policies and prefetch tiers (notebook 04). Data in, figure out."""
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import numpy as np
+import plotly.graph_objects as go
+
+from ._style import TEMPLATE as _TEMPLATE
+
+__all__ = ["fig_misses_per_layer", "fig_warmup_curve", "fig_misses_vs_context", "fig_policies",
+           "fig_prefetch_tiers", "fig_prefetch_steps", "fig_locality_profile"]
+
+_LEGEND = {"orientation": "h", "y": -0.25}
+
+
+def fig_locality_profile(profile: Sequence[float], measured: Sequence[float] | None = None) -> go.Figure:
+    """Adjacent-step overlap per layer: the profile (read by eye from paper Fig. 2) and, optionally, the overlap
+    measured on a generated trace."""
+    fig = go.Figure()
+    x = np.arange(len(profile))
+    fig.add_scatter(x=x, y=profile, mode="lines+markers", name="profile (paper Fig. 2, read by eye)")
+    if measured is not None:
+        fig.add_scatter(x=x, y=measured, mode="markers", marker={"symbol": "x"}, name="measured on the synthetic trace")
+    fig.update_layout(template=_TEMPLATE, title="Temporal locality per layer",
+                      xaxis={"title": "layer"}, yaxis={"title": "overlap of adjacent steps' top-K", "range": [0, 1]},
+                      legend=_LEGEND)
+    return fig
+
+
+def fig_misses_per_layer(per_ratio: Mapping[float, Sequence[float]], *, title: str = "") -> go.Figure:
+    """Mean misses per request and decode step in each layer, one line per ratio."""
+    fig = go.Figure()
+    for ratio, m in per_ratio.items():
+        fig.add_scatter(x=np.arange(len(m)), y=m, mode="lines", name=f"ratio {ratio:g}")
+    fig.update_layout(template=_TEMPLATE, title=title or "Misses per layer",
+                      xaxis={"title": "layer"}, yaxis={"title": "misses per request per step"}, legend=_LEGEND)
+    return fig
+
+
+def fig_warmup_curve(curves: Mapping[str, Sequence[float]], *, title: str = "") -> go.Figure:
+    """Misses per decode step (mean over layers and requests), one line per setting (e.g. with / without warmup)."""
+    fig = go.Figure()
+    for name, y in curves.items():
+        fig.add_scatter(x=np.arange(len(y)), y=y, mode="lines", name=name)
+    fig.update_layout(template=_TEMPLATE, title=title or "Misses over the first decode steps",
+                      xaxis={"title": "decode step"}, yaxis={"title": "misses per request per layer", "type": "log"},
+                      legend=_LEGEND)
+    return fig
+
+
+def fig_misses_vs_context(context_lens: Sequence[int], misses: Sequence[float], *, ratio: float,
+                          title: str = "") -> go.Figure:
+    """Average misses per request, layer and step against context length at one ratio."""
+    fig = go.Figure()
+    fig.add_scatter(x=list(context_lens), y=list(misses), mode="lines+markers", name=f"ratio {ratio:g}",
+                    text=[f"{m:.0f}" for m in misses], textposition="top center")
+    fig.update_layout(template=_TEMPLATE, title=title or f"Average misses against context length (ratio {ratio:g})",
+                      xaxis={"title": "context length L (tokens)", "type": "log", "tickvals": list(context_lens),
+                             "ticktext": [f"{c // 1024}K" for c in context_lens]},
+                      yaxis={"title": "misses per request per layer per step"}, legend=_LEGEND)
+    return fig
+
+
+def fig_policies(misses: Mapping[str, float], *, bound: str = "belady", title: str = "") -> go.Figure:
+    """Mean misses per policy as bars; the offline bound is drawn as a dashed line."""
+    names = list(misses)
+    fig = go.Figure()
+    fig.add_bar(x=names, y=[misses[n] for n in names], text=[f"{misses[n]:.0f}" for n in names],
+                textposition="outside", name="misses")
+    if bound in misses:
+        fig.add_hline(y=misses[bound], line_dash="dash", annotation_text="Belady (offline optimum)")
+    fig.update_layout(template=_TEMPLATE, title=title or "Replacement policies against Belady's bound",
+                      xaxis={"title": "policy"}, yaxis={"title": "misses per request per layer per step"},
+                      showlegend=False)
+    return fig
+
+
+def fig_prefetch_tiers(summaries: Mapping[str, Mapping[str, float]], *, title: str = "") -> go.Figure:
+    """Bytes moved per tier (stacked) and the share prefetched but never used, per configuration; the hit rate
+    and stall time are in the hover text."""
+    names = list(summaries)
+    fig = go.Figure()
+    for key, label in (("bytes_immediate", "immediate (misses)"), ("bytes_speculative", "speculative"),
+                       ("bytes_delayed", "delayed")):
+        fig.add_bar(x=names, y=[summaries[n][key] / 1e6 for n in names], name=label)
+    fig.add_scatter(x=names, y=[summaries[n]["bytes_prefetched_unused"] / 1e6 for n in names], mode="markers",
+                    marker={"symbol": "x", "size": 11, "color": "black"}, name="prefetched, never used")
+    hover = [f"hit rate {summaries[n]['hit_rate']:.3f}<br>stall {summaries[n]['stall_s'] * 1e3:.2f} ms<br>"
+             f"link use {summaries[n]['link_use']:.2f}" for n in names]
+    fig.data[0].hovertext = hover
+    fig.update_layout(barmode="stack", template=_TEMPLATE, title=title or "Bytes over the link per tier",
+                      xaxis={"title": ""}, yaxis={"title": "MB moved host -> device"}, legend=_LEGEND)
+    return fig
+
+
+def fig_prefetch_steps(misses_per_step: Sequence[float], stall_per_step_s: Sequence[float], *,
+                       title: str = "") -> go.Figure:
+    """Misses per step and the stall they cause (second axis)."""
+    fig = go.Figure()
+    x = np.arange(len(misses_per_step))
+    fig.add_bar(x=x, y=misses_per_step, name="misses (immediate tier)")
+    fig.add_scatter(x=x, y=np.asarray(stall_per_step_s) * 1e6, mode="lines", name="stall (us)", yaxis="y2")
+    fig.update_layout(template=_TEMPLATE, title=title or "Misses and stall per step",
+                      xaxis={"title": "decode step"}, yaxis={"title": "misses"},
+                      yaxis2={"title": "stall (us)", "overlaying": "y", "side": "right"}, legend=_LEGEND)
+    return fig
