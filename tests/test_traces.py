@@ -135,3 +135,17 @@ def test_recorder_collects_union_per_step_and_refuses_partial_steps():
         rec.observe(0, np.zeros((3, 6), np.int64))
     with pytest.raises(ValueError, match="empty"):
         T.TraceRecorder(context_len=50, k=6, n_layers=1, batch=1).to_trace()
+
+
+def test_recording_from_the_real_indexer_has_locality_when_queries_do():
+    pytest.importorskip("ess.attention")
+    hot = T.record_indexer_trace("tiny", context_len=512, steps=6, batch=1, mtp=1, warmup_windows=2,
+                                 query_correlation=0.95, seed=1)
+    cold = T.record_indexer_trace("tiny", context_len=512, steps=6, batch=1, mtp=1, warmup_windows=2,
+                                  query_correlation=0.0, seed=1)
+    assert hot.k == 64 and hot.warmup.shape == (1, 4, 2, 64) and hot.meta["model"] == "tiny"
+    assert (hot.set_sizes() == 64).all()
+    assert T.adjacent_overlap(hot).mean() > T.adjacent_overlap(cold).mean() + 0.2
+    again = T.record_indexer_trace("tiny", context_len=512, steps=6, batch=1, mtp=1, warmup_windows=2,
+                                   query_correlation=0.95, seed=1)
+    assert np.array_equal(hot.indices, again.indices)
