@@ -458,12 +458,15 @@ def storage_precision(model: ModelSpec, n_tokens: int = 4096, *, topk: int | Non
 
 
 def attention_cost_scan(model: ModelSpec, context_lens: Sequence[int], *, topk: int | None = None,
-                        n_heads: int | None = None, backend: str = "numba", repeats: int = 3, seed: int = 0):
+                        n_heads: int | None = None, backend: str = "numba", repeats: int = 3, seed: int = 0,
+                        threads: int | None = None):
     """Measured time of one decode step (one request, one layer) against context length L: dense MLA over all L
     entries, sparse MLA over K entries, and the indexer over L keys, all read from stored FP8 entries with the same
     kernels. ``cumulative_*`` columns integrate the per-step cost over a whole sequence of L decode steps
     (trapezoid between the measured L, linear from 0 to the first): O(L^2) dense against O(L K) sparse attention
-    (plus the indexer's O(L^2) at a much smaller constant). Times are the minimum of ``repeats`` after a warm-up."""
+    (plus the indexer's O(L^2) at a much smaller constant). Every (L, kernel) pair is warmed up, then the pairs are
+    timed in turn ``repeats`` times (interleaved, so that a busy spell of the machine hits all of them) and the
+    minimum is kept. ``threads`` sets the Numba / torch thread count for the scan (restored afterwards)."""
     import time
 
     import pandas as pd
@@ -479,26 +482,36 @@ def attention_cost_scan(model: ModelSpec, context_lens: Sequence[int], *, topk: 
     qi = rng.standard_normal((1, model.index_n_heads, model.index_head_dim)).astype(np.float32)
     w = rng.random((1, model.index_n_heads)).astype(np.float32)
 
-    def best(fn):
-        fn()
-        t = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            fn()
-            t.append(time.perf_counter() - t0)
-        return min(t)
-
-    rows = []
+    cases = {}
     for L in sorted(context_lens):
         dense_idx = np.arange(L, dtype=np.int64)[None]
         sparse_idx = rng.choice(L, min(K, L), replace=False)[None].astype(np.int64)
         lat_L, keys_L = lat[:, :L], keys[:, :L]
-        rows.append({
-            "context_len": L,
-            "dense_s": best(lambda: sparse_mla_decode(q, lat_L, dense_idx, model, backend=backend)),
-            "sparse_s": best(lambda: sparse_mla_decode(q, lat_L, sparse_idx, model, backend=backend)),
-            "indexer_s": best(lambda: indexer_scores(qi, w, keys_L, backend=backend)),
-        })
+        cases[(L, "dense_s")] = (lambda lat_L=lat_L, i=dense_idx:
+                                 sparse_mla_decode(q, lat_L, i, model, backend=backend))
+        cases[(L, "sparse_s")] = (lambda lat_L=lat_L, i=sparse_idx:
+                                  sparse_mla_decode(q, lat_L, i, model, backend=backend))
+        cases[(L, "indexer_s")] = lambda keys_L=keys_L: indexer_scores(qi, w, keys_L, backend=backend)
+    import numba
+    import torch
+    old_threads = numba.get_num_threads(), torch.get_num_threads()
+    try:
+        if threads is not None:
+            numba.set_num_threads(_positive_int(threads, "threads"))
+            torch.set_num_threads(threads)
+        for fn in cases.values():
+            fn()
+        best = {key: math.inf for key in cases}
+        for _ in range(repeats):
+            for key, fn in cases.items():
+                t0 = time.perf_counter()
+                fn()
+                best[key] = min(best[key], time.perf_counter() - t0)
+    finally:
+        numba.set_num_threads(old_threads[0])
+        torch.set_num_threads(old_threads[1])
+    rows = [{"context_len": L, **{kind: best[(L, kind)] for kind in ("dense_s", "sparse_s", "indexer_s")}}
+            for L in sorted(context_lens)]
     df = pd.DataFrame(rows)
     df["sparse_total_s"] = df.sparse_s + df.indexer_s
     Ls = np.concatenate([[0], df.context_len.to_numpy()])
@@ -506,7 +519,7 @@ def attention_cost_scan(model: ModelSpec, context_lens: Sequence[int], *, topk: 
         per_step = np.concatenate([[0.0], df[col].to_numpy()])
         df["cumulative_" + col] = np.cumsum(np.diff(Ls) * (per_step[1:] + per_step[:-1]) / 2)[:]
     df.attrs["config"] = {"model": model.name, "H": H, "K": K, "backend": backend, "repeats": repeats,
-                          "batch": 1, "dtype": "fp8"}
+                          "batch": 1, "dtype": "fp8", "threads": threads or old_threads[0]}
     return df
 
 

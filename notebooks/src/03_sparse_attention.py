@@ -19,6 +19,7 @@ backend = "numba"
 scan_context_lens = [2048, 4096, 8192, 16384, 32768]
 scan_heads = 128
 scan_repeats = 5
+scan_threads = 1
 precision_tokens = 8192
 lossless_ratios = [0.1, 0.3, 1.0]
 lossless_policies = ["lru", "fifo", "importance"]
@@ -139,10 +140,13 @@ assert (lossless.misses > 0).all(), "the check must serve misses through the cac
 # One decode step of one request and layer, measured with the kernels from stored FP8 entries: dense MLA over all
 # L entries, sparse MLA over K = 2,048, and the indexer over L keys (64 heads × 128 dims). Per step, dense grows
 # with L while sparse attention stays flat; summed over the L steps of a sequence that is O(L²) against O(L·K),
-# plus the indexer's O(L²) at a much smaller constant. Times depend on this machine and on what else runs on it.
+# plus the indexer's O(L²) at a much smaller constant. Times depend on this machine and on what else runs on it;
+# the scan uses one thread (`scan_threads`) because on a shared two-core machine a two-thread kernel waits for
+# whichever thread the OS has descheduled, which swamps millisecond timings.
 
 # %%
-cost = A.attention_cost_scan(full, scan_context_lens, n_heads=scan_heads, backend=backend, repeats=scan_repeats)
+cost = A.attention_cost_scan(full, scan_context_lens, n_heads=scan_heads, backend=backend, repeats=scan_repeats,
+                             threads=scan_threads)
 fig_attention_cost(cost).show()
 display(cost[["context_len", "dense_s", "sparse_s", "indexer_s", "sparse_total_s"]])
 for _, r in cost.iterrows():
