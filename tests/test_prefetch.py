@@ -77,7 +77,7 @@ def test_widget_logic_follows_its_controls():
     from ess.widgets.prefetch import prefetch_view, prefetch_widget
     fig, s = prefetch_view(speculative=False, delayed=False, predictor="none", ratio=0.2, steps=6, n_layers=2)
     assert s["bytes_speculative"] == s["bytes_delayed"] == 0 and len(fig.data) == 2
-    box = prefetch_widget()
+    box = prefetch_widget(n_layers=2, steps=6)
     c = box.controls
     c["speculative"].value = False
     c["delayed"].value = False
@@ -94,3 +94,5 @@ def test_widget_logic_follows_its_controls():
     assert box.summary["bytes_speculative"] > 0 and "hit rate" in box.summary_label.value
     with pytest.raises(ValueError, match="predictor"):
         prefetch_view(predictor="oracle")
+    with pytest.raises(ValueError, match="unknown control"):
+        prefetch_widget(bandwidth=3)

@@ -56,9 +56,13 @@ def prefetch_view(speculative: bool = True, delayed: bool = True, predictor: str
     return fig, s
 
 
-def prefetch_widget(**defaults) -> W.VBox:
-    """Check boxes (speculative, delayed), predictor, ratio and bandwidth -> :func:`prefetch_view`."""
+def prefetch_widget(*, context_len: int = 32768, n_layers: int = 4, steps: int = 24, **defaults) -> W.VBox:
+    """Check boxes (speculative, delayed), predictor, ratio and bandwidth -> :func:`prefetch_view` (trace size from
+    ``context_len``, ``n_layers``, ``steps``; starting values of the controls from ``defaults``)."""
     v = dict(speculative=True, delayed=True, predictor="heat", ratio=0.2, link_GB_per_s=37.0)
+    unknown = set(defaults) - set(v)
+    if unknown:
+        raise ValueError(f"unknown control(s) {sorted(unknown)}; expected some of {sorted(v)}")
     v.update(defaults)
     spec_w = W.Checkbox(value=v["speculative"], description="speculative tier")
     del_w = W.Checkbox(value=v["delayed"], description="delayed tier (warmup in background)")
@@ -69,7 +73,8 @@ def prefetch_widget(**defaults) -> W.VBox:
     out = W.Output()
 
     def update(_=None):
-        fig, s = prefetch_view(spec_w.value, del_w.value, pred_w.value, ratio_w.value, bw_w.value)
+        fig, s = prefetch_view(spec_w.value, del_w.value, pred_w.value, ratio_w.value, bw_w.value,
+                               context_len=context_len, n_layers=n_layers, steps=steps)
         label.value = (f"hit rate <b>{s['hit_rate']:.3f}</b>, stall {s['stall_s'] * 1e3:.2f} ms, moved "
                        f"{s['bytes_moved'] / 1e6:.1f} MB (speculative {s['bytes_speculative'] / 1e6:.1f}, delayed "
                        f"{s['bytes_delayed'] / 1e6:.1f}), prefetched never used "
