@@ -117,7 +117,7 @@ be = tsim.break_even_misses(params, off, float(row1.throughput), profile=prof)
 be["cachesim_misses_per_layer"] = [misses_fn(32768, float(r), 2).mean() for r in be.ratio]
 display(be.round(3))
 for _, r in be.iterrows():
-    rec.record(f"break_even_misses_mtp2_b{r.batch}", r.break_even_misses_per_layer, "misses/request/step/layer",
+    rec.record(f"break_even_misses_mtp2_b{int(r.batch)}", r.break_even_misses_per_layer, "misses/request/step/layer",
                config={"batch": int(r.batch), "ratio": float(r.ratio), "mtp": 2, "context_len": 32768, **sim_cfg},
                note=f"cache simulation gives {r.cachesim_misses_per_layer:.0f}")
 
