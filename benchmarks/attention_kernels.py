@@ -10,8 +10,10 @@ Work counted: indexer 2 Hi D L flops (the dot products; ReLU and weighting are O
 sparse MLA 2 H K (Dqk + Dv) flops and K * 656 bytes read (plus the K indices). GB/s is the bytes of the stored
 cache read per second, the figure that matters for a memory-bound kernel.
 
-Timing: one warm-up call (JIT compilation and first-touch excluded), then ``--repeats`` calls timed with
-``time.perf_counter``; min, median, mean and std are stored. Nothing is asserted.
+Timing: one warm-up call of every case (JIT compilation and first touch excluded), then ``--repeats`` rounds in
+which every case is timed once with ``time.perf_counter`` (interleaved, so that load from other processes on a
+shared machine falls on all cases alike); min, median, mean and std are stored, rates use the minimum. Nothing is
+asserted.
 
     .venv/bin/python benchmarks/attention_kernels.py [--L 32768] [--repeats 5] [--reference-L 8192]
 
@@ -73,7 +75,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--L", type=int, default=32768, help="indexer context length")
     ap.add_argument("--K", type=int, default=None, help="selected entries (default: the model's top-k)")
     ap.add_argument("--B", type=int, default=1, help="requests")
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--reference-L", type=int, default=4096,
                     help="the float64 reference runs the indexer at this L (it is slow); rates are per token")
     ap.add_argument("--out", default=str(ROOT / "build" / "benchmarks" / "attention_kernels.json"))
@@ -132,8 +134,19 @@ def main(argv=None) -> dict:
         ("sparse_mla", "reference"): (lambda: reference.sparse_mla_decode(q, lat, idx, sm, True, kv, rope, tile,
                                                                           out, lse), 1.0),
     })
+    # warm every case, then time them in turn (interleaved, so a busy spell of a shared machine hits all alike)
+    for fn, _ in cases.values():
+        fn()
+    times = {key: [] for key in cases}
+    for _ in range(args.repeats):
+        for key, (fn, _) in cases.items():
+            t0 = time.perf_counter()
+            fn()
+            times[key].append(time.perf_counter() - t0)
     for (op, be), (fn, frac) in cases.items():
-        t = timeit(fn, args.repeats if be != "reference" else max(1, args.repeats // 2))
+        v = times[(op, be)]
+        t = {"min_s": min(v), "median_s": statistics.median(v), "mean_s": statistics.fmean(v),
+             "std_s": statistics.pstdev(v), "repeats": len(v)}
         flops, nbytes = (idx_flops, idx_bytes) if op == "indexer" else (mla_flops, mla_bytes)
         t.update({"GFLOPs": frac * flops / t["min_s"] / 1e9, "GBs": frac * nbytes / t["min_s"] / 1e9,
                   "work_fraction": frac})
