@@ -89,6 +89,8 @@ def test_widget_logic_follows_its_controls():
     assert mid["hit_rate"] > low["hit_rate"]
     c["link_GB_per_s"].value = 10.0
     assert box.summary["stall_s"] > mid["stall_s"] and box.summary["hit_rate"] == mid["hit_rate"]
+    c["ratio"].value = 0.2                   # a small pool: recently used entries fall out and can be re-fetched
+    c["link_GB_per_s"].value = 37.0
     c["predictor"].value = "heat"
     c["speculative"].value = True
     assert box.summary["bytes_speculative"] > 0 and "hit rate" in box.summary_label.value
