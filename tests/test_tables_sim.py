@@ -103,3 +103,15 @@ def test_widget_view_reports_batch_and_infeasible():
     assert s["batch"] == 52 and s["throughput"] > 0
     fig, s = sim_budget_view("H200", 0.01, 32768, params=P)
     assert s["throughput"] is None and "slots" in s["reason"]
+
+
+def test_widget_hbm_override_and_controls():
+    _, small = sim_budget_view("H200", 1.0, 32768, hbm_GiB=120, params=P)
+    _, big = sim_budget_view("H200", 1.0, 32768, hbm_GiB=160, params=P)
+    assert small["batch"] < 52 < big["batch"]
+    from ess.widgets.sim import sim_budget_widget
+    w = sim_budget_widget(params=P)
+    w.controls["ratio"].value = 0.5
+    assert "batch" in w.summary_label.value
+    w.controls["gpu"].value = "H100"
+    assert w.controls["hbm_GiB"].value == 80

@@ -284,6 +284,8 @@ def deployment_benefits(params: CostParams, misses_fn: MissesFn | None, *, ratio
     ]
     df = pd.DataFrame(rows)
     df["ours_ratio"] = df.ours_after / df.ours_before
+    gain_bound = t1_bound / t0                    # the same rows with zero misses (write-back only)
+    df["ours_ratio_no_miss"] = [1 / gain_bound, 1 / gain_bound, 8 * b1 / (8 * b0), gain_bound]
     return df
 
 

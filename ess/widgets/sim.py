@@ -2,6 +2,8 @@
 throughput, OTPS and stall. :func:`sim_budget_view` is the pure function; :func:`sim_budget_widget` wraps it."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from ..memory import largest_batch, resolve
@@ -15,15 +17,18 @@ CONTEXTS = [8192, 16384, 32768, 65536, 131072]
 
 
 def sim_budget_view(gpu: str = "H200", ratio: float = 0.2, context_len: int = 32768, mtp: int = 2,
-                    accept_ratio: float = 1.7, h2d_GB_per_s: float = 37.0, *, misses=None,
-                    params: CostParams | None = None, deployment: str = "paper-table1") -> tuple:
+                    accept_ratio: float = 1.7, h2d_GB_per_s: float = 37.0, *, hbm_GiB: float | None = None,
+                    misses=None, params: CostParams | None = None, deployment: str = "paper-table1") -> tuple:
     """Largest batch for the GPU's memory at this ratio and context, and the simulated step at every batch up to
-    it: (figure of throughput and OTPS against batch, summary dict). ``misses`` (n_layers,) defaults to zeros
+    it: (figure of throughput and OTPS against batch, summary dict). ``hbm_GiB`` replaces the GPU's memory
+    capacity (the rest of the GPU unchanged). ``misses`` (n_layers,) defaults to zeros
     (a perfect cache: only the write-back of new tokens costs link time); ``params`` to the calibrated ones."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
     model, dep, gpu_, host = resolve("deepseek-v3.2-exp", deployment, gpu, None)
+    if hbm_GiB is not None:
+        gpu_ = dataclasses.replace(gpu_, hbm_capacity_GiB=float(hbm_GiB))
     try:
         lim = largest_batch(context_len, ratio, model=model, deployment=dep, gpu=gpu_)
     except ValueError as exc:                   # weights do not fit
@@ -57,6 +62,7 @@ def sim_budget_widget(params: CostParams | None = None, misses=None):
     import ipywidgets as W
 
     gpu_w = W.Dropdown(options=list_gpus(), value="H200", description="GPU")
+    hbm_w = W.FloatSlider(value=141, min=40, max=288, step=1, description="HBM GiB")
     ratio_w = W.FloatSlider(value=0.2, min=0.05, max=1.0, step=0.05, description="ratio")
     ctx_w = W.SelectionSlider(options=[(f"{c // 1024}K", c) for c in CONTEXTS], value=32768, description="context")
     mtp_w = W.IntSlider(value=2, min=1, max=4, description="MTP")
@@ -67,7 +73,7 @@ def sim_budget_widget(params: CostParams | None = None, misses=None):
     def update(_=None):
         acc = min(acc_w.value, mtp_w.value)
         fig, s = sim_budget_view(gpu_w.value, ratio_w.value, ctx_w.value, mtp_w.value, acc, link_w.value,
-                                 misses=misses, params=params)
+                                 hbm_GiB=hbm_w.value, misses=misses, params=params)
         if s["throughput"] is None:
             label.value = f"<b>infeasible</b>: {s['reason']}"
         else:
@@ -77,9 +83,16 @@ def sim_budget_widget(params: CostParams | None = None, misses=None):
         with out:
             fig.show()
 
-    for w in (gpu_w, ratio_w, ctx_w, mtp_w, acc_w, link_w):
+    def gpu_changed(_=None):
+        from ..specs import gpu_spec
+        hbm_w.value = gpu_spec(gpu_w.value).hbm_capacity_GiB        # triggers update
+
+    gpu_w.observe(gpu_changed, names="value")
+    for w in (hbm_w, ratio_w, ctx_w, mtp_w, acc_w, link_w):
         w.observe(update, names="value")
     update()
-    box = W.VBox([W.HBox([gpu_w, ratio_w, ctx_w]), W.HBox([mtp_w, acc_w, link_w]), label, out])
+    box = W.VBox([W.HBox([gpu_w, hbm_w, ratio_w]), W.HBox([ctx_w, mtp_w, acc_w, link_w]), label, out])
+    box.controls = {"gpu": gpu_w, "hbm_GiB": hbm_w, "ratio": ratio_w, "context_len": ctx_w, "mtp": mtp_w,
+                    "accept_ratio": acc_w, "h2d_GB_per_s": link_w}
     box.summary_label = label
     return box
