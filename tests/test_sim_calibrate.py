@@ -50,3 +50,11 @@ def test_calibration_needs_points():
         calibrate(calibration_points()[:2])
     with pytest.raises(ValueError, match="table2_weight"):
         calibrate(table2_weight=0)
+
+
+def test_calibration_variants_differ_but_all_fit():
+    from ess.sim.calibrate import calibration_variants
+    v = calibration_variants(grid=10, refine=1)
+    assert len(v) == 4
+    assert all(c.rms_rel_error < 0.08 for c in v.values())
+    assert len({round(c.params.fixed_ms, 3) for c in v.values()}) > 1

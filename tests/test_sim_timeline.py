@@ -150,3 +150,9 @@ def test_bad_input_is_rejected(kw, err):
 def test_bad_params_type():
     with pytest.raises(TypeError, match="params"):
         simulate(8, 32768, params={"fixed_ms": 1})
+
+
+def test_rows_of_misses_count_configurations():
+    m = np.stack([np.zeros(NL), np.full(NL, 300.0)])
+    r = simulate(96, 32768, 0.4559, misses=m)
+    assert r.step_s.shape == (2,) and r.step_s[1] > r.step_s[0]

@@ -23,7 +23,8 @@ from ..published import published
 from .costs import CostParams
 from .timeline import simulate
 
-__all__ = ["CalibrationPoint", "calibration_points", "Calibration", "calibrate", "predict_points"]
+__all__ = ["CalibrationPoint", "calibration_points", "Calibration", "calibrate", "predict_points",
+           "calibration_variants", "calibrated_params"]
 
 
 @dataclass(frozen=True)
@@ -140,3 +141,13 @@ def calibrated_params() -> CostParams:
     if "params" not in _CACHE:
         _CACHE["params"] = calibrate().params
     return _CACHE["params"]
+
+
+def calibration_variants(**kw) -> dict[str, Calibration]:
+    """The fit under other defensible choices, to show how much the choices move the predictions: the default,
+    Fig. 1 alone, Table 2's row weighted like one chart point, and like twenty."""
+    pts = calibration_points()
+    return {"default (Table 2 weight 5)": calibrate(pts, **kw),
+            "Fig. 1 only": calibrate([p for p in pts if p.read_from_chart], **kw),
+            "Table 2 weight 1": calibrate(pts, table2_weight=1.0, **kw),
+            "Table 2 weight 20": calibrate(pts, table2_weight=20.0, **kw)}

@@ -221,6 +221,8 @@ def simulate(batch, context_len, ratio=1.0, *, misses=None, mtp_tokens=None, acc
     acc = _as_array("accept_ratio", dep.mtp_accept_ratio if accept_ratio is None else accept_ratio)
     link = _as_array("h2d_GB_per_s", h2d_def if h2d_GB_per_s is None else h2d_GB_per_s)
     d2h = _as_array("d2h_GB_per_s", d2h_def if d2h_GB_per_s is None else d2h_GB_per_s)
+    if misses is not None and np.ndim(misses) == 2:     # configurations may also be counted by the rows of misses
+        B = np.broadcast_to(B, np.broadcast_shapes(B.shape, (np.shape(misses)[0],)))
     B, L, r, T, acc, link, d2h = np.broadcast_arrays(B, L, r, T, acc, link, d2h)
     B, L, r, T, acc, link, d2h = (np.atleast_1d(x).astype(float) for x in (B, L, r, T, acc, link, d2h))
     N, nl = B.shape[0], model.n_layers
