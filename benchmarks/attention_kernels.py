@@ -10,12 +10,13 @@ Work counted: indexer 2 Hi D L flops (the dot products; ReLU and weighting are O
 sparse MLA 2 H K (Dqk + Dv) flops and K * 656 bytes read (plus the K indices). GB/s is the bytes of the stored
 cache read per second, the figure that matters for a memory-bound kernel.
 
-Timing: one warm-up call of every case (JIT compilation and first touch excluded), then ``--repeats`` rounds in
-which every case is timed once with ``time.perf_counter`` (interleaved, so that load from other processes on a
-shared machine falls on all cases alike); min, median, mean and std are stored, rates use the minimum. Nothing is
-asserted.
+Timing: ``--repeats / 5`` rounds; in each round every case gets a 0.3 s pause (the worker threads of OpenBLAS and
+OpenMP keep spinning for a while after a call and would slow the next backend down), one untimed call (JIT
+compilation and first touch excluded) and then 5 calls timed with ``time.perf_counter``.
+Rounds spread every case over the run, so load from other processes on a shared machine falls on all alike. min,
+median, mean and std are stored; rates use the minimum. Nothing is asserted.
 
-    .venv/bin/python benchmarks/attention_kernels.py [--L 32768] [--repeats 5] [--reference-L 8192]
+    .venv/bin/python benchmarks/attention_kernels.py [--L 32768] [--repeats 20] [--reference-L 4096] [--threads 1]
 
 Writes build/benchmarks/attention_kernels.json.
 """
@@ -78,11 +79,17 @@ def main(argv=None) -> dict:
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--reference-L", type=int, default=4096,
                     help="the float64 reference runs the indexer at this L (it is slow); rates are per token")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="threads for Numba and torch (default: all); 1 compares per-core efficiency and is less "
+                         "sensitive to other processes on a shared machine")
     ap.add_argument("--out", default=str(ROOT / "build" / "benchmarks" / "attention_kernels.json"))
     args = ap.parse_args(argv)
 
     import numba
     import torch
+    if args.threads:
+        numba.set_num_threads(args.threads)
+        torch.set_num_threads(args.threads)
     m = model_spec(args.model)
     K = args.K or m.index_topk
     B, L, Hi, D, H = args.B, args.L, m.index_n_heads, m.index_head_dim, m.n_heads
@@ -110,7 +117,8 @@ def main(argv=None) -> dict:
                            "torch_threads": torch.get_num_threads(), "numpy": np.__version__,
                            "numba": numba.__version__, "torch": torch.__version__},
                "config": {"model": m.name, "B": B, "L": L, "K": K, "Hi": Hi, "D": D, "H": H, "Dqk": Dqk,
-                          "Dv": kv, "reference_L": args.reference_L},
+                          "Dv": kv, "reference_L": args.reference_L,
+                          "threads": args.threads or "all"},
                "roofline": roofline(args.repeats), "kernels": {}}
 
     out_i = np.empty((B, L), np.float32)
@@ -134,15 +142,19 @@ def main(argv=None) -> dict:
         ("sparse_mla", "reference"): (lambda: reference.sparse_mla_decode(q, lat, idx, sm, True, kv, rope, tile,
                                                                           out, lse), 1.0),
     })
-    # warm every case, then time them in turn (interleaved, so a busy spell of a shared machine hits all alike)
-    for fn, _ in cases.values():
-        fn()
+    # rounds: in each, every case gets one untimed call (so the previous backend's OpenMP threads, which spin for a
+    # while after a parallel region, have settled) and then a block of timed calls; rounds spread each case over
+    # the run, so a busy spell of a shared machine hits all cases alike
     times = {key: [] for key in cases}
-    for _ in range(args.repeats):
+    per_round = 5
+    for _ in range(max(1, args.repeats // per_round)):
         for key, (fn, _) in cases.items():
-            t0 = time.perf_counter()
+            time.sleep(0.3)      # let the previous backend's worker threads (OpenBLAS, OpenMP) stop spinning
             fn()
-            times[key].append(time.perf_counter() - t0)
+            for _ in range(per_round):
+                t0 = time.perf_counter()
+                fn()
+                times[key].append(time.perf_counter() - t0)
     for (op, be), (fn, frac) in cases.items():
         v = times[(op, be)]
         t = {"min_s": min(v), "median_s": statistics.median(v), "mean_s": statistics.fmean(v),
