@@ -181,6 +181,10 @@ def indexer_scores(q, weights, keys, lengths=None, *, backend: str = "auto", dev
     lengths = _lengths(lengths, B, L)
     out = np.empty((B, L), dtype=np.float32)
     _run(backend, device, "indexer_scores", q, weights, keys, lengths, out)
+    visible = np.arange(L)[None, :] < lengths[:, None]
+    if not np.isfinite(out[visible]).all():
+        raise ValueError("keys: visible entries decode to non-finite values (an FP8 NaN byte 0x7f/0xff or a "
+                         "non-finite scale), or q . k overflowed")
     return out
 
 
@@ -250,6 +254,9 @@ def sparse_mla_decode(q, latents, indices, model: ModelSpec, *, dtype: str = "fp
     out = np.empty((B, H, model.kv_lora_rank), dtype=np.float32)
     lse = np.empty((B, H), dtype=np.float32)
     _run(backend, device, "sparse_mla_decode", q, pool, idx, scale, *fmt, out, lse)
+    if not (np.isfinite(out).all() and not np.isnan(lse).any() and not np.isposinf(lse).any()):
+        raise ValueError("latents: the selected entries decode to non-finite values (an FP8 NaN byte 0x7f/0xff or "
+                         "a non-finite scale), or the logits overflowed")
     return AttentionOutput(out, lse)
 
 
@@ -354,6 +361,9 @@ def decode_step(cache, layer: int, request_ids: Sequence, q_index, index_weights
     if keys.shape[0] != B:
         raise ValueError(f"index_keys must hold one cache per request ({B}), got {keys.shape[0]}")
     k = model.index_topk if topk is None else _positive_int(topk, "topk")
+    q = _float_array(q, "q", 3, "(B, H, kv_lora_rank + qk_rope_head_dim)")        # checked before the cache moves
+    if q.shape[0] != B or q.shape[2] != model.latent_dim:
+        raise ValueError(f"q must have shape (B={B}, H, {model.latent_dim}), got {q.shape}")
     scores = indexer_scores(q_index, index_weights, keys, lengths, backend=backend, device=device)
     indices = topk_indices(scores, k)                                                # (B, K)
     dtype = getattr(cache, "dtype", "fp8")

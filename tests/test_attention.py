@@ -128,6 +128,31 @@ def test_bad_inputs_name_the_argument():
         A.sparse_mla_decode(q, lat, idx, TINY, backend="cuda-magic")
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_non_finite_stored_bytes_are_reported(backend):
+    rng = np.random.default_rng(6)
+    q, lat = _latents(rng, 1, 10, 2)
+    bad = lat.copy()
+    bad[0, 3, 5] = 0x7F                                                # an FP8 NaN code in a selected entry
+    with pytest.raises(ValueError, match="latents: the selected entries decode to non-finite"):
+        A.sparse_mla_decode(q, bad, np.array([[1, 3, 4]]), TINY, backend=backend)
+    A.sparse_mla_decode(q, bad, np.array([[1, 2, 4]]), TINY, backend=backend)    # entry 3 not selected: fine
+    keys = quant.encode_indexer_keys(rng.standard_normal((1, 10, 32)), TINY)
+    keys[0, 2, 32:36] = np.frombuffer(np.float32(np.inf).tobytes(), np.uint8)    # an infinite scale
+    with pytest.raises(ValueError, match="keys: visible entries decode to non-finite"):
+        A.indexer_scores(rng.standard_normal((1, 4, 32)), np.ones((1, 4)), keys, backend=backend)
+
+
+def test_decode_step_checks_q_before_touching_the_cache():
+    rng = np.random.default_rng(7)
+    lat, keys, qi, w, q = _decode_inputs(rng, TINY, 1, [100])
+    cache = _ScatterCache(capacity=TINY.index_topk, entry_bytes=lat[0].shape[-1], seed=0)
+    cache.add_request("r", lat[0])
+    with pytest.raises(ValueError, match="q must hold finite"):
+        A.decode_step(cache, 0, ["r"], qi, w, keys, np.full_like(q, np.nan), TINY)
+    assert not cache.where                                             # nothing was loaded
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # decode step through a tiered cache
 # ---------------------------------------------------------------------------------------------------------------

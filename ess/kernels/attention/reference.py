@@ -48,6 +48,12 @@ def decode_latent_rows(rows: np.ndarray, fp8: bool, kv_rank: int, rope_dim: int,
 def indexer_scores(q, w, keys, lengths, out) -> None:
     """I(b, s) = sum_j w[b, j] * ReLU(q[b, j] . k[b, s]) for s < lengths[b], -inf otherwise."""
     B, L = out.shape
+    with np.errstate(invalid="ignore", over="ignore"):     # non-finite stored values are reported by the wrapper
+        _indexer(q, w, keys, lengths, out)
+
+
+def _indexer(q, w, keys, lengths, out) -> None:
+    B, L = out.shape
     for b in range(B):
         n = int(lengths[b])
         k = decode_index_rows(keys[b, :n])                               # (n, D)
@@ -60,6 +66,11 @@ def indexer_scores(q, w, keys, lengths, out) -> None:
 def sparse_mla_decode(q, pool, indices, sm_scale, fp8, kv_rank, rope_dim, tile, out, lse) -> None:
     """Softmax attention of every head of q[b] over the latents pool[indices[b]] (MQA: one latent per token for all
     heads); the value is the c_KV part of the latent (absorbed MLA)."""
+    with np.errstate(invalid="ignore", over="ignore"):     # non-finite stored values are reported by the wrapper
+        _mla(q, pool, indices, sm_scale, fp8, kv_rank, rope_dim, tile, out, lse)
+
+
+def _mla(q, pool, indices, sm_scale, fp8, kv_rank, rope_dim, tile, out, lse) -> None:
     B = q.shape[0]
     for b in range(B):
         idx = indices[b][indices[b] >= 0]
