@@ -174,6 +174,14 @@ def main(argv=None) -> dict:
         for be in ("numba", "torch"):
             ratios[f"{op}: {be} share of fp32 GEMM peak"] = k[f"{op}/{be}"]["GFLOPs"] / peak
     results["ratios"] = ratios
+    # roofline bound per operation: min(fp32 GEMM peak, arithmetic intensity x copy bandwidth)
+    bw = roof["copy_GBs"]
+    results["bounds"] = {}
+    for op, (flops, nbytes) in (("indexer", (idx_flops, idx_bytes)), ("sparse_mla", (mla_flops, mla_bytes))):
+        ai = flops / nbytes
+        bound = min(peak, ai * bw)
+        results["bounds"][op] = {"flop_per_byte": ai, "bound_GFLOPs": bound,
+                                 "limited_by": "compute" if peak < ai * bw else "memory"}
 
     print(f"machine: {results['machine']}")
     print(f"config: {results['config']}")
@@ -185,6 +193,9 @@ def main(argv=None) -> dict:
                                                                     f"  (measured at {t['work_fraction']:.3g} of L)"))
     for name, r in ratios.items():
         print(f"{name:45s} {r:8.3f}")
+    for op, bnd in results["bounds"].items():
+        print(f"{op}: {bnd['flop_per_byte']:.0f} flop per stored byte -> {bnd['limited_by']}-bound here "
+              f"(bound {bnd['bound_GFLOPs']:.0f} GFLOP/s = min(GEMM peak, intensity x copy bandwidth))")
     path = Path(args.out)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(results, indent=1))
