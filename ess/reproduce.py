@@ -92,7 +92,7 @@ def run_all(*, smoke: bool = False, only: list[str] | None = None, book: bool = 
     """Execute the notebooks (all, or ``only`` some), write the results index, then build the book."""
     from tqdm.auto import tqdm
 
-    build_dir = Path(build_dir or ROOT / "build")
+    build_dir = Path(build_dir or ROOT / "build").resolve()
     notebooks = _select(list_notebooks(notebooks_dir), only)
     if not notebooks:
         raise ReproduceError(f"no notebooks found in {notebooks_dir or ROOT / 'notebooks'}")
@@ -147,7 +147,7 @@ def stage_book(build_dir: Path, book_dir: Path | None = None) -> Path:
 
 def build_book(*, build_dir: Path | None = None, book_dir: Path | None = None) -> Path:
     """Build the Jupyter Book (1.x) from ``book/`` plus the executed notebooks; warnings are errors."""
-    build_dir = Path(build_dir or ROOT / "build")
+    build_dir = Path(build_dir or ROOT / "build").resolve()
     src = stage_book(build_dir, book_dir)
     out = build_dir / "book"
     if out.exists():

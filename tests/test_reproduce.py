@@ -66,3 +66,11 @@ def test_list(capsys):
 def test_stage_book_needs_executed_notebooks(tmp_path):
     with pytest.raises(reproduce.ReproduceError, match="no executed notebooks"):
         reproduce.stage_book(tmp_path)
+
+
+@pytest.mark.slow
+def test_relative_build_dir_is_resolved_from_the_caller(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    runs = reproduce.run_all(smoke=True, only=["01"], build_dir=Path("rel"), book=False, progress=False)
+    assert runs[0].results == tmp_path / "rel" / "results" / "01_memory_wall.json"
+    assert runs[0].results.exists()
