@@ -72,7 +72,7 @@ def _check_policy(policy: str, decay: float) -> None:
 def _kernels():
     from numba import njit
 
-    @njit(cache=True)
+    @njit(cache=True, nogil=True)
     def lru(seq, n_free, capacity, n_pos, out):
         """seq (T, W): rows 0..n_free-1 are warmup (not counted). out (T - n_free,) misses. Returns -1 or bad row."""
         prv = np.empty(n_pos + 1, np.int32)
@@ -125,7 +125,7 @@ def _kernels():
                 out[t - n_free] = misses
         return -1
 
-    @njit(cache=True)
+    @njit(cache=True, nogil=True)
     def fifo(seq, n_free, capacity, n_pos, out):
         prv = np.empty(n_pos + 1, np.int64)
         nxt = np.empty(n_pos + 1, np.int64)
@@ -234,7 +234,7 @@ def _kernels():
             _down(keys, items, pos, i, n)
         return n
 
-    @njit(cache=True)
+    @njit(cache=True, nogil=True)
     def keyed(seq, keyseq, n_free, capacity, n_pos, out):
         """Evict the resident entry (not in S) with the smallest key; keyseq[t, j] is seq[t, j]'s key after step t."""
         keys = np.empty(capacity, np.float64)
@@ -270,7 +270,7 @@ def _kernels():
                 out[t - n_free] = misses
         return -1
 
-    @njit(cache=True)
+    @njit(cache=True, nogil=True)
     def heat_keys(seq, n_pos, decay):
         """log of the decayed access count, scaled by decay**-t so keys at different steps compare."""
         g = -math.log(decay)
@@ -292,7 +292,7 @@ def _kernels():
                 keys[t, j] = la[x]
         return keys
 
-    @njit(cache=True)
+    @njit(cache=True, nogil=True)
     def belady_keys(seq, n_pos):
         """-(next step that reads the entry); never again = -(T + 1), so it is evicted first."""
         T = seq.shape[0]
@@ -387,11 +387,12 @@ def sweep_synthetic(context_len: int, ratios: Sequence[float], *, policies: Iter
                     warmups: Iterable[bool] = (True,), n_layers: int = 61, k: int = 2048, mtp: int = 2,
                     steps: int = 64, batch: int = 4, seed: int = 0, profile: Any = "paper",
                     warmup_windows: int = PAPER_WARMUP_WINDOWS, decay: float = DEFAULT_HEAT_DECAY,
-                    **generator: Any) -> dict:
+                    threads: int = 1, **generator: Any) -> dict:
     """Generate each synthetic (request, layer) stream once and simulate every (ratio, policy, warmup) on it.
 
     Returns ``{(ratio, policy, warmup): misses}`` with ``misses`` of shape (n_layers, steps), the mean over the
-    ``batch`` requests of misses per decode step.
+    ``batch`` requests of misses per decode step. ``threads > 1`` simulates the configurations of one stream in
+    parallel (the kernels release the GIL); the result does not depend on it.
     """
     ratios = list(ratios)
     policies = list(policies)
@@ -403,17 +404,30 @@ def sweep_synthetic(context_len: int, ratios: Sequence[float], *, policies: Iter
     caps = {r: capacity_for(r, context_len, k) for r in ratios}
     out = {(r, p, w): np.zeros((n_layers, steps)) for r in ratios for p in policies for w in warmups}
     n_pos = context_len + steps * mtp
-    for b, layer, warm, st in synthetic_streams(context_len, n_layers=n_layers, k=k, mtp=mtp, steps=steps,
-                                                batch=batch, warmup_windows=warmup_windows, profile=profile,
-                                                seed=seed, **generator):
-        for (r, p, w), acc in out.items():
-            if w and warmup_windows == 0:
-                raise ValueError("warmup=True needs warmup_windows >= 1")
+    if isinstance(threads, bool) or not isinstance(threads, numbers.Integral) or threads < 1:
+        raise ValueError(f"threads must be an integer >= 1, got {threads!r}")
+    if warmup_windows == 0 and any(warmups):
+        raise ValueError("warmup=True needs warmup_windows >= 1")
+    keys = list(out)
+    pool = None
+    if threads > 1:
+        from concurrent.futures import ThreadPoolExecutor
+        pool = ThreadPoolExecutor(max_workers=int(threads))
+    try:
+        for b, layer, warm, st in synthetic_streams(context_len, n_layers=n_layers, k=k, mtp=mtp, steps=steps,
+                                                    batch=batch, warmup_windows=warmup_windows, profile=profile,
+                                                    seed=seed, **generator):
+            run = lambda key: simulate_sequence(st, caps[key[0]], policy=key[1],  # noqa: E731
+                                                warm=warm if key[2] else None, n_positions=n_pos, decay=decay)
             try:
-                acc[layer] += simulate_sequence(st, caps[r], policy=p, warm=warm if w else None, n_positions=n_pos,
-                                                decay=decay)
+                results = list(pool.map(run, keys)) if pool is not None else [run(key) for key in keys]
             except ValueError as exc:
-                raise ValueError(f"context {context_len}, ratio {r}, layer {layer}: {exc}") from None
+                raise ValueError(f"context {context_len}, layer {layer}: {exc}") from None
+            for key, m in zip(keys, results):
+                out[key][layer] += m
+    finally:
+        if pool is not None:
+            pool.shutdown()
     for acc in out.values():
         acc /= batch
     return out

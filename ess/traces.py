@@ -257,22 +257,38 @@ def locality_profile(profile: Any = "paper", n_layers: int = 61) -> np.ndarray:
 def _gen_kernel():
     from numba import njit
 
+    @njit(cache=True, inline="always")
+    def rand(state):
+        """xorshift64* (Vigna 2016, "An experimental exploration of Marsaglia's xorshift generators"): a uniform
+        float in [0, 1). Fast and reproducible; the stream is seeded per (request, layer)."""
+        x = state[0]
+        x ^= x >> np.uint64(12)
+        x ^= x << np.uint64(25)
+        x ^= x >> np.uint64(27)
+        state[0] = x
+        return float((x * np.uint64(2685821657736338717)) >> np.uint64(11)) * (1.0 / 9007199254740992.0)
+
+    @njit(cache=True, inline="always")
+    def randint(state, n):
+        return min(int(rand(state) * n), n - 1)
+
     @njit(cache=True)
-    def draw(lo, hi, cdf, use_cdf):
+    def draw(state, lo, hi, cdf, use_cdf):
         if use_cdf:
-            u = cdf[lo] + np.random.random() * (cdf[hi] - cdf[lo])
+            u = cdf[lo] + rand(state) * (cdf[hi] - cdf[lo])
             x = np.searchsorted(cdf, u, side="right") - 1
             if x < lo:
                 x = lo
             if x >= hi:
                 x = hi - 1
             return x
-        return lo + np.random.randint(0, hi - lo)
+        return lo + randint(state, hi - lo)
 
-    @njit(cache=True)
+    @njit(cache=True, nogil=True)
     def gen(seed, context_len, k, mtp, steps, n_warm, r, n_sinks, window, cdf, use_cdf, warm_out, step_out):
         """One (request, layer) stream. Fills warm_out (n_warm, k) and step_out (steps, mtp*k), -1 padded."""
-        np.random.seed(seed)
+        state = np.empty(1, np.uint64)
+        state[0] = np.uint64(seed) * np.uint64(0x9E3779B97F4A7C15) + np.uint64(1)   # never 0
         n_pos = context_len + steps * mtp
         prev_mark = np.zeros(n_pos, np.int64)    # == g: in the previous query token's set
         chosen = np.zeros(n_pos, np.int64)       # == g: chosen for the current token
@@ -308,7 +324,7 @@ def _gen_kernel():
                 keep = 0
             # keep a random subset of the previous free entries (partial Fisher-Yates)
             for i in range(keep):
-                j = i + np.random.randint(0, nfree - i)
+                j = i + randint(state, nfree - i)
                 tmp = free[i]
                 free[i] = free[j]
                 free[j] = tmp
@@ -320,7 +336,7 @@ def _gen_kernel():
                 n_excl = nfree + max(0, min(ctx - nw, prev_ctx) - max(prev_ctx - nw, ns))
             strict = (hi - ns) - n_excl >= need - keep   # enough room to draw only entries the previous set lacked
             while n < need:
-                x = draw(ns, hi, cdf, use_cdf)
+                x = draw(state, ns, hi, cdf, use_cdf)
                 if chosen[x] == g:
                     continue
                 if strict and prev_mark[x] == g:
