@@ -333,9 +333,13 @@ def simulate_sequence(steps: np.ndarray, capacity: int, *, policy: str = "lru", 
     else:
         seq, n_free = steps, 0
     n_pos = int(seq.max()) + 1 if n_positions is None else int(n_positions)
-    n_pos = max(n_pos, 1)
+    return _run_seq(seq, n_free, int(capacity), policy, max(n_pos, 1), decay)
+
+
+def _run_seq(seq: np.ndarray, n_free: int, capacity: int, policy: str, n_pos: int, decay: float) -> np.ndarray:
+    """Run one policy kernel over ``seq`` (T, W) int32 whose first ``n_free`` rows are uncounted warmup rows."""
     kern = _kernels()
-    out = np.zeros(steps.shape[0], np.int64)
+    out = np.zeros(seq.shape[0] - n_free, np.int64)
     if policy in ("lru", "fifo"):
         bad = kern[policy](seq, n_free, capacity, n_pos, out)
     else:
@@ -417,8 +421,12 @@ def sweep_synthetic(context_len: int, ratios: Sequence[float], *, policies: Iter
         for b, layer, warm, st in synthetic_streams(context_len, n_layers=n_layers, k=k, mtp=mtp, steps=steps,
                                                     batch=batch, warmup_windows=warmup_windows, profile=profile,
                                                     seed=seed, **generator):
-            run = lambda key: simulate_sequence(st, caps[key[0]], policy=key[1],  # noqa: E731
-                                                warm=warm if key[2] else None, n_positions=n_pos, decay=decay)
+            width = max(int((st >= 0).sum(axis=1).max()), int((warm >= 0).sum(axis=1).max()) if warm.size else 1)
+            cold_seq = np.ascontiguousarray(st[:, :width])                      # drop the all-padding columns
+            warm_seq = np.concatenate([_pad_rows(warm, width), cold_seq]) if warm.size else cold_seq
+            n_w = warm.shape[0]
+            run = lambda key: _run_seq(warm_seq if key[2] else cold_seq, n_w if key[2] else 0,  # noqa: E731
+                                       caps[key[0]], key[1], n_pos, decay)
             try:
                 results = list(pool.map(run, keys)) if pool is not None else [run(key) for key in keys]
             except ValueError as exc:

@@ -122,3 +122,12 @@ def test_lru_agrees_exactly_with_the_storage_module():
                 for layer in range(model.n_layers):
                     got[b, layer, t] = cache.step(b, layer, tr.indices[b, layer, t].astype(np.int64)).n_misses
         assert np.array_equal(got, C.simulate(tr, pol, capacity=cap, warmup=True)), pol
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_sweep_equals_simulating_the_materialised_trace(threads):
+    kw = dict(n_layers=3, k=256, mtp=2, steps=6, batch=2, seed=5, local_window=8, warmup_windows=4)
+    tr = T.synthetic_trace(4096, **kw)
+    got = C.sweep_synthetic(4096, [0.2, 0.5], policies=C.POLICIES, warmups=(True, False), threads=threads, **kw)
+    for (r, pol, w), m in got.items():
+        np.testing.assert_allclose(m, C.simulate(tr, pol, ratio=r, warmup=w).mean(axis=0), err_msg=str((r, pol, w)))
