@@ -312,6 +312,10 @@ rec.to_frame()[["name", "unit", "note"]]
 #   for ratios 0.2 … 0.9, the first 256 steps with and without warmup, misses against context length at ratio 0.2,
 #   and the smallest pool with fewer than 200 misses on average.
 # * Under the default trace model (new entries drawn uniformly), LRU, FIFO and heat are nearly the same and far
-#   above Belady's bound; prediction and speculative prefetch only pay off when entries recur (popularity skew).
+#   above Belady's bound, and speculative prefetch moves extra bytes, most of them never used, without raising the
+#   hit rate: there is nothing to predict beyond recency. With a popularity skew (entries recur) the heat policy
+#   edges ahead of LRU and FIFO falls behind.
+# * Our default traces give a lower hit rate with a 2 × K buffer than vLLM reports; the trace model is the main
+#   uncertainty of these predictions, and a recorded trace from a real model can replace it.
 #
 # **Next:** these miss counts feed the throughput simulator (`ess.cachesim.misses_per_layer`).
