@@ -131,3 +131,14 @@ def test_cuda_modes_match_reference(mode):
     torch.cuda.synchronize()
     ok = (idx >= 0) & (d_idx >= 0)
     np.testing.assert_array_equal(back.numpy()[np.arange(k)[ok]], src[idx[ok]])
+
+
+@pytest.mark.parametrize("prefetch_ok", [True, False])
+def test_numba_with_and_without_prefetch(monkeypatch, prefetch_ok):
+    from ess.kernels.transfer import numba_cpu
+    monkeypatch.setattr(numba_cpu, "_PREFETCH_OK", prefetch_ok)
+    src, idx = _case(500, 656, 301, seed=11)
+    for parallel in (True, False):
+        got = numba_cpu.copy_rows(src, idx, np.zeros((301, 656), np.uint8), np.arange(301), parallel=parallel)
+        np.testing.assert_array_equal(got, reference.copy_rows(src, idx, np.zeros((301, 656), np.uint8),
+                                                               np.arange(301)))

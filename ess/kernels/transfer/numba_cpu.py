@@ -53,10 +53,15 @@ def _prefetch_intrinsic():
 
 
 @functools.lru_cache(maxsize=None)
-def _kernels():
+def _kernels(with_prefetch: bool = True):
     import numba as nb
 
-    prefetch = _prefetch_intrinsic()
+    if with_prefetch:
+        prefetch = _prefetch_intrinsic()
+    else:
+        @nb.njit(inline="always")
+        def prefetch(arr, i, j):       # no-op stand-in where the LLVM intrinsic does not compile
+            pass
 
     @nb.njit(inline="always", boundscheck=False)
     def copy_share(src, src_idx, dst, dst_idx, lo, hi, ahead, step):   # pairs [lo, hi) of one thread
@@ -97,12 +102,28 @@ def copy_rows(src: np.ndarray, src_idx: np.ndarray, dst: np.ndarray, dst_idx: np
 
     ``parallel=None`` uses the threads when the pairs move at least :data:`PARALLEL_MIN_BYTES`;
     ``prefetch_rows=0`` turns the software prefetch off."""
-    par, seq = _kernels()
     s, d = src, dst
     if src.shape[1] % 8 == 0 and src.ctypes.data % 8 == 0 and dst.ctypes.data % 8 == 0:
         s, d = src.view(np.uint64), dst.view(np.uint64)
     step = max(LINE_BYTES // s.itemsize, 1)
     if parallel is None:
         parallel = src_idx.shape[0] * src.shape[1] >= PARALLEL_MIN_BYTES
-    (par if parallel else seq)(s, src_idx, d, dst_idx, int(prefetch_rows), step)
+    global _PREFETCH_OK
+    if _PREFETCH_OK:
+        par, seq = _kernels(True)
+        try:
+            (par if parallel else seq)(s, src_idx, d, dst_idx, int(prefetch_rows), step)
+            return dst
+        except Exception as exc:       # the intrinsic failed to compile on this LLVM: fall back, say so once
+            from numba.core.errors import NumbaError
+            if not isinstance(exc, NumbaError):
+                raise
+            import warnings
+            warnings.warn(f"software prefetch unavailable ({type(exc).__name__}); copying without it")
+            _PREFETCH_OK = False
+    par, seq = _kernels(False)
+    (par if parallel else seq)(s, src_idx, d, dst_idx, 0, step)
     return dst
+
+
+_PREFETCH_OK = True
