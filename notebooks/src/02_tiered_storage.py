@@ -190,7 +190,9 @@ assert per_entry.transfer_s(mean_bytes) > 40 * ft.transfer_s(mean_bytes)
 # %% [markdown]
 # ## Eviction policies on the same trace
 # LRU (the paper's), FIFO and importance (decayed access count, since this trace carries no indexer scores), same
-# capacity, with LRU-Warmup.
+# capacity, with LRU-Warmup. This synthetic trace has reuse only between adjacent steps (fresh tokens are drawn
+# uniformly), so every policy keeps the previous step's set and the totals come out nearly equal; traces with
+# long-range reuse (notebook 04 and `ess.traces`) are where the policies part.
 
 # %%
 rows = []
@@ -268,6 +270,7 @@ rec.to_frame()[["name", "value", "unit"]]
 #   the no-offload limit to the value recorded above; the whole latent cache of that batch sits in host memory.
 # * Through the real cache, a layer that keeps a share r of its top-K set misses at most (1 − r)·K entries per step;
 #   without warmup the first step misses all K in every layer, LRU-Warmup removes most of that burst.
+# * On this trace (reuse between adjacent steps only) LRU, FIFO and importance miss almost equally.
 # * Every entry read back from the GPU pool equals its host copy; a corrupted disk block is caught by its CRC-32.
 #
 # **Next:** sparse attention over the hits and the misses, merged exactly (notebook 03).
