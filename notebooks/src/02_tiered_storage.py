@@ -192,7 +192,7 @@ assert per_entry.transfer_s(mean_bytes) > 40 * ft.transfer_s(mean_bytes)
 # LRU (the paper's), FIFO and importance (decayed access count, since this trace carries no indexer scores), same
 # capacity, with LRU-Warmup. This synthetic trace has reuse only between adjacent steps (fresh tokens are drawn
 # uniformly), so every policy keeps the previous step's set and the totals come out nearly equal; traces with
-# long-range reuse (notebook 04 and `ess.traces`) are where the policies part.
+# long-range reuse are where the policies can part.
 
 # %%
 rows = []
