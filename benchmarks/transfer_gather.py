@@ -3,8 +3,8 @@ copy of the same bytes measured in the same run (the limit), and against one cop
 
     .venv/bin/python benchmarks/transfer_gather.py [--reps 200] [--cold-reps 40] [--quick]
 
-Kernels: ``numba`` (the parallel Numba kernel called directly, on one thread, and through the validating public
-wrapper),
+Kernels: ``numba`` (the parallel Numba kernel called directly; without its software prefetch, the version before
+the prefetch was added; on one thread; and through the validating public wrapper),
 ``torch`` (``index_select`` into a preallocated output), ``per_row`` (a Python loop, one row copy per entry: the
 shape of the paper's one-``cudaMemcpyAsync``-per-entry baseline on the CPU), ``contiguous`` (``np.copyto`` of 2,048
 consecutive rows: the same bytes with no scatter, the limit).
@@ -105,6 +105,8 @@ def run(reps: int, cold_reps: int, seed: int = 0) -> dict:
     def kernel(name: str):
         if name == "numba":
             return lambda idx, start: numba_cpu.copy_rows(pool, idx, out, arange)
+        if name == "numba_no_prefetch":
+            return lambda idx, start: numba_cpu.copy_rows(pool, idx, out, arange, prefetch_rows=0)
         if name == "numba_1thread":
             return lambda idx, start: numba_cpu.copy_rows(pool, idx, out, arange, parallel=False)
         if name == "numba_wrapper":
@@ -120,7 +122,7 @@ def run(reps: int, cold_reps: int, seed: int = 0) -> dict:
             return lambda idx, start: np.copyto(out, pool[start:start + K])
         raise ValueError(name)
 
-    names = ["numba", "numba_1thread", "numba_wrapper", "torch", "per_row", "contiguous"]
+    names = ["numba", "numba_no_prefetch", "numba_1thread", "numba_wrapper", "torch", "per_row", "contiguous"]
     results: dict = {}
     for cond, n_reps in (("warm", reps), ("cold", cold_reps)):
         for order in ("random", "sorted"):
@@ -174,13 +176,14 @@ def main(argv=None) -> int:
         for order in ("random", "sorted"):
             key = f"{cond}/{order}"
             lim = res[f"{key}/contiguous"]["median"]
-            row = {n: res[f"{key}/{n}"]["median"] for n in ("numba", "numba_1thread", "numba_wrapper", "torch",
-                                                             "per_row")}
+            row = {n: res[f"{key}/{n}"]["median"] for n in ("numba", "numba_no_prefetch", "numba_1thread",
+                                                             "numba_wrapper", "torch", "per_row")}
             ratios[key] = {f"{n}_vs_contiguous": v / lim for n, v in row.items()}
             ratios[key]["numba_vs_per_row"] = row["numba"] / row["per_row"]
             best = {n: res[f"{key}/{n}"]["max"] for n in ("numba", "torch", "contiguous")}
             ratios[key]["numba_vs_contiguous_best"] = best["numba"] / best["contiguous"]
             print(f"{key:12s} contiguous {lim:6.2f} | numba {row['numba']:6.2f} ({row['numba'] / lim:5.0%}) "
+                  f"| no prefetch {row['numba_no_prefetch']:6.2f} ({row['numba_no_prefetch'] / lim:5.0%}) "
                   f"| 1 thread {row['numba_1thread']:6.2f} ({row['numba_1thread'] / lim:5.0%}) "
                   f"| wrapper {row['numba_wrapper']:6.2f} ({row['numba_wrapper'] / lim:5.0%}) "
                   f"| torch {row['torch']:6.2f} ({row['torch'] / lim:5.0%}) "
