@@ -69,6 +69,15 @@ class MetricsLog:
         app = df[df.kind == "append"].groupby("step")[["bytes_d2h"]].sum()
         return steps.join(app, how="left").fillna(0).astype("int64").reset_index()
 
+    def link_utilisation(self, link: "LinkModel", step_time_s: float):
+        """:meth:`per_step` with the share of ``link`` each step's host->device and device->host bytes use when a
+        decode step lasts ``step_time_s`` (``h2d_utilisation``, ``d2h_utilisation``; above 1: the link is too slow
+        for that step time)."""
+        df = self.per_step()
+        df["h2d_utilisation"] = [link.utilisation(b, step_time_s) for b in df.bytes_h2d]
+        df["d2h_utilisation"] = [link.utilisation(b, step_time_s) for b in df.bytes_d2h]
+        return df
+
 
 @dataclass(frozen=True)
 class LinkModel:

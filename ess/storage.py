@@ -813,7 +813,14 @@ class TieredCache:
                 p.policy.set_state({k[len("policy_"):]: v[l] for k, v in pool_state.items()
                                     if k.startswith("policy_")})
             if slots.size:
-                self._h2d(request_id, l, p.token_of[slots], p.base + slots)
+                try:
+                    self._h2d(request_id, l, p.token_of[slots], p.base + slots)
+                except Exception as exc:        # this layer's slots may be half written: empty its pool
+                    p.slot_of[:] = -1
+                    p.token_of[:] = -1
+                    p.policy.clear(np.arange(self.capacity))
+                    raise TransferError(f"request {request_id!r}: refilling layer {l}'s device pool failed ({exc}); "
+                                        f"the host entries are restored, that layer's pool is empty") from exc
                 moved += slots.size
                 self.metrics.add(StepMetrics("restore", request_id, l, p.steps, 0, int(slots.size),
                                              int(slots.size) * self.entry_bytes, 0))

@@ -237,6 +237,30 @@ def test_spill_restore_and_incremental_checkpoint(tmp_path):
     assert c.step("x", 3, np.array([2, 20], np.int64)).n_misses == 0
 
 
+def test_restore_with_failing_transfer_keeps_pools_consistent(tmp_path):
+    c = TieredCache(TINY, capacity=4, disk_dir=tmp_path)
+    e = entries(12)
+    c.add_request(0, e)
+    for layer in range(4):
+        c.step(0, layer, np.array([1, 2, 3], np.int64))
+    c.spill(0)
+    real = c._copy_rows
+    calls = []
+
+    def fail_on_third(*args):
+        calls.append(1)
+        if len(calls) == 3:
+            raise OSError("injected")
+        real(*args)
+
+    c._copy_rows = fail_on_third
+    with pytest.raises(TransferError, match="layer 2"):
+        c.restore(0)
+    c._copy_rows = real
+    assert c.slot_map(0, 2) == {} and set(c.slot_map(0, 1)) == {1, 2, 3}
+    check_resident_bytes(c, 0, e)
+
+
 def test_crash_recovery_rebuilds_pools(tmp_path):
     c = TieredCache(TINY, capacity=3, disk_dir=tmp_path, policy="fifo")
     e0, e1 = entries(10, 1), entries(12, 2)

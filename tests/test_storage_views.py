@@ -69,6 +69,8 @@ def test_metrics_and_links():
     ft = link_model("flashtrans_h2d")
     assert ft.bandwidth_GB_per_s == 37.0 and ft.transfer_s(37e9) == pytest.approx(1.0)
     assert LinkModel("x", 10.0).utilisation(5e9, 1.0) == pytest.approx(0.5)
+    u = log.link_utilisation(LinkModel("x", 1e-6), 1e-3)          # 1,000 B/s for 1 ms: 1 B/step, share = bytes
+    assert u.h2d_utilisation.tolist() == pytest.approx([6 * 656 / 1.0]) and u.d2h_utilisation.tolist() == [1312.0]
     with pytest.raises(ValueError, match="link must be one of"):
         link_model("nvlink")
     with pytest.raises(ValueError, match="bandwidth_GB_per_s must be > 0"):
