@@ -3,9 +3,11 @@
 Each thread takes a contiguous share of the pairs and copies each row as 8-byte words when the row width allows it
 (656 B = 82 words), byte by byte otherwise. Rows are scattered in a large host pool, so the copy is bound by memory
 latency, not bandwidth: the kernel issues a software prefetch (``llvm.prefetch``) for every 64-byte line of the row
-``PREFETCH_ROWS`` pairs ahead, which keeps enough loads in flight to stream from DRAM (benchmarks/transfer_gather.py:
-from about 57 % to about 100 % of a contiguous copy for rows that are not in the CPU caches, measured on the CI
-machine; the machine is shared, see the benchmark's JSON for the spread). Same signature as :func:`ess.kernels.transfer.reference.copy_rows`.
+``PREFETCH_ROWS`` pairs ahead, to keep more loads in flight. Measured on the 2-core CI machine with rows not in the
+CPU caches (benchmarks/transfer_gather.py, same run): 51 % -> 60 % of a contiguous copy of the same bytes for random
+indices with two threads (+12 % on one thread, measured separately); rows already in the caches copy at 90-100 %
+of the contiguous rate either way.
+Same signature as :func:`ess.kernels.transfer.reference.copy_rows`.
 """
 from __future__ import annotations
 
@@ -15,8 +17,8 @@ import numpy as np
 
 __all__ = ["copy_rows", "PREFETCH_ROWS", "PARALLEL_MIN_BYTES"]
 
-# rows prefetched ahead of the copy: 4..32 all reached the contiguous-copy rate on the CI machine; 8 is a design
-# choice in that plateau (benchmarks/transfer_gather.py)
+# rows prefetched ahead of the copy: 2..16 gave the same rate on one thread of the CI machine (within 5 %); 8 is a
+# design choice in that plateau
 PREFETCH_ROWS = 8
 # below this many bytes one thread does the whole copy: waking the thread pool costs more than it saves (design choice)
 PARALLEL_MIN_BYTES = 1 << 16
