@@ -100,11 +100,14 @@ def check_correctness(report: dict) -> bool:
         truth = rng.integers(0, 256, (tiny.n_layers, 600, cache.entry_bytes), dtype=np.uint8)
         cache.add_request("g", truth)
         trace = synthetic_topk_trace(600, tiny.index_topk, 30, 0.7, seed=1)
-        for idx in trace.steps:
+        for idx in trace.steps:                          # step t sees 600 + t tokens: append one per step
             for layer in range(tiny.n_layers):
                 r = cache.step("g", layer, idx)
                 if not np.array_equal(cache.device_rows(r.slots)[idx >= 0], truth[layer, idx[idx >= 0]]):
                     raise AssertionError(f"layer {layer}: device rows differ from host truth")
+            new = rng.integers(0, 256, (tiny.n_layers, cache.entry_bytes), dtype=np.uint8)
+            cache.append_token("g", new)
+            truth = np.concatenate([truth, new[:, None]], axis=1)
         report["tiered_cache_cuda"] = {"ok": True, "misses": int(cache.metrics.totals()["step"]["misses"])}
         print("  TieredCache(device='cuda') rows == host truth: ok")
     except Exception as exc:
@@ -133,6 +136,7 @@ def bandwidth(report: dict, budget_s: float, quick: bool) -> None:
     for n_rows, pool_rows in ((K, N_ROWS), (64 * K, 64 * N_ROWS // 8)):
         host = torch.from_numpy(rng.integers(0, 256, (pool_rows, W), dtype=np.uint8)).pin_memory()
         dev = torch.zeros((n_rows, W), dtype=torch.uint8, device="cuda")
+        back = torch.zeros((pool_rows, W), dtype=torch.uint8).pin_memory()
         s_idx = rng.permutation(pool_rows)[:n_rows].astype(np.int64)
         d_idx = np.arange(n_rows, dtype=np.int64)
         for mode in MODES:
@@ -146,7 +150,6 @@ def bandwidth(report: dict, budget_s: float, quick: bool) -> None:
                 secs = cuda_events_time(lambda: copy_rows(host, s_idx, dev, d_idx, backend="torch", mode=mode),
                                         reps if mode != "per_row" else 3, warmup=1 if mode == "per_row" else 3)
                 report[key] = summary(n_rows * W, secs)
-                back = torch.zeros((pool_rows, W), dtype=torch.uint8).pin_memory()
                 secs = cuda_events_time(lambda: copy_rows(dev, d_idx, back, s_idx, backend="torch", mode=mode),
                                         reps if mode != "per_row" else 3, warmup=1 if mode == "per_row" else 3)
                 report[key.replace("h2d", "d2h")] = summary(n_rows * W, secs)
@@ -157,7 +160,7 @@ def bandwidth(report: dict, budget_s: float, quick: bool) -> None:
             h, d = report[key]["median_GB_per_s"], report[key.replace("h2d", "d2h")]["median_GB_per_s"]
             print(f"  {n_rows:6d} rows {mode:10s} H2D {h:7.2f} GB/s ({h / report['peak_h2d']['median_GB_per_s']:5.0%}"
                   f" of peak)  D2H {d:7.2f} GB/s ({d / report['peak_d2h']['median_GB_per_s']:5.0%} of peak)")
-        del host, dev
+        del host, dev, back
 
 
 def main(argv=None) -> int:
