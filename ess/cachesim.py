@@ -37,26 +37,33 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from .layout import pool_slots
+from .specs import model_spec
 from .traces import PAPER_WARMUP_WINDOWS, Trace, synthetic_streams
 
 __all__ = ["POLICIES", "capacity_for", "simulate", "simulate_sequence", "misses_per_layer", "misses_per_step",
            "sweep_synthetic", "smallest_pool", "reference_misses", "DEFAULT_HEAT_DECAY"]
 
 POLICIES = ("lru", "fifo", "heat", "belady")
+_PAGE_TOKENS = model_spec("deepseek-v3.2-exp").cache_page_tokens   # [FMLA] 64-token pages (data/models)
 DEFAULT_HEAT_DECAY = 0.5  # design choice: a step's access weighs half the one after it (heat halves every step)
 
 
 # ----------------------------------------------------------------------------------------------------- validation
-def capacity_for(ratio: Any, context_len: int, k: int | None = None) -> int:
-    """Pool slots per (request, layer): ``floor(ratio * context_len)``; ratio in (0, 1], and >= k when k is given."""
+def capacity_for(ratio: Any, context_len: int, k: int | None = None, *,
+                 page_tokens: int = _PAGE_TOKENS) -> int:
+    """Pool slots per (request, layer): ``floor(ratio x context rounded up to whole pages)``, the rule of
+    :func:`ess.layout.pool_slots` that the memory model and the storage use; ratio in (0, 1], and >= k when k is
+    given."""
     if isinstance(ratio, bool) or not isinstance(ratio, numbers.Real) or not math.isfinite(ratio):
         raise TypeError(f"ratio must be a finite number in (0, 1], got {ratio!r}")
     if not 0 < ratio <= 1:
         raise ValueError(f"ratio must lie in (0, 1] (GPU-resident share of the latent cache), got {ratio}")
-    cap = int(math.floor(ratio * context_len + 1e-9))
+    tokens = -(-int(context_len) // page_tokens) * page_tokens
+    cap = pool_slots(ratio, tokens)
     if k is not None and cap < k:
-        raise ValueError(f"the pool (ratio {ratio} x context {context_len} = {cap} slots) is smaller than K = {k}; "
-                         f"one step's top-K must fit in the pool")
+        raise ValueError(f"the pool (ratio {ratio} x {tokens} allocated tokens = {cap} slots) is smaller than "
+                         f"K = {k}; one step's top-K must fit in the pool")
     return cap
 
 

@@ -18,6 +18,7 @@ Every size is computed from a :class:`~ess.specs.ModelSpec`, never typed in.
 """
 from __future__ import annotations
 
+import math
 import operator
 from dataclasses import dataclass
 
@@ -25,7 +26,7 @@ from .specs import ModelSpec
 
 __all__ = [
     "LatentLayout", "latent_layout", "latent_entry_bytes", "indexer_entry_bytes", "token_bytes",
-    "RequestCache", "request_cache", "padded_tokens", "check_context_len", "check_ratio", "KV_DTYPES",
+    "RequestCache", "request_cache", "padded_tokens", "pool_slots", "check_context_len", "check_ratio", "KV_DTYPES",
 ]
 
 KV_DTYPES = ("fp8", "bf16")
@@ -108,6 +109,13 @@ def padded_tokens(model: ModelSpec, context_len: int) -> int:
     """Tokens actually allocated for a context: rounded up to whole cache pages (64 tokens)."""
     page = model.cache_page_tokens
     return -(-context_len // page) * page
+
+
+def pool_slots(ratio: float, tokens: int) -> int:
+    """GPU-pool slots per (request, layer) for a sparse-memory ratio over ``tokens`` allocated tokens (use
+    :func:`padded_tokens`): ``floor(ratio x tokens)``. The one rule shared by the memory model, the storage and the
+    cache simulator, so that their pools agree slot for slot."""
+    return int(math.floor(check_ratio(ratio) * tokens + 1e-9))     # 1e-9: 0.3 * 1000 is 299.99999999999994
 
 
 @dataclass(frozen=True)

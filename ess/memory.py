@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass
 
 from .layout import (check_context_len, check_ratio, indexer_entry_bytes, latent_entry_bytes, padded_tokens,
-                     request_cache)
+                     pool_slots, request_cache)
 from .specs import DeploymentSpec, GPUSpec, HostSpec, ModelSpec, deployment_spec, gpu_spec, host_spec, model_spec
 
 __all__ = [
@@ -129,13 +129,13 @@ def largest_batch(context_len: int, ratio: float = 1.0, *, model: ModelSpec | st
     host_budget = host.memory_capacity_GB_per_gpu * 1e9
     batch_gpu = int(budget // rc.gpu_bytes)
     batch_host = int(host_budget // rc.latent_host_bytes) if rc.latent_host_bytes else None
-    slots = ratio * rc.tokens
+    slots = pool_slots(ratio, rc.tokens)
     need = min(rc.tokens, model.index_topk)
     common = dict(context_len=context_len, ratio=ratio, gpu_bytes_per_request=rc.gpu_bytes,
                   host_bytes_per_request=rc.latent_host_bytes, kv_budget_bytes=budget,
                   host_budget_bytes=host_budget, batch_gpu=batch_gpu, batch_host=batch_host)
     if slots < need:
-        return BatchLimit(0, "infeasible", reason=f"ratio {ratio} leaves {slots:.0f} GPU slots per request and layer, "
+        return BatchLimit(0, "infeasible", reason=f"ratio {ratio} leaves {slots} GPU slots per request and layer, "
                           f"fewer than the {need} entries one step selects (K)", **common)
     batch, limited_by = batch_gpu, "gpu"
     if batch_host is not None and batch_host < batch_gpu:

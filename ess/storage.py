@@ -33,7 +33,7 @@ import numpy as np
 
 from .kernels import resolve_backend
 from .kernels.transfer import TransferError, copy_rows_unchecked
-from .layout import KV_DTYPES, check_context_len, check_ratio, latent_entry_bytes, padded_tokens
+from .layout import KV_DTYPES, check_context_len, check_ratio, latent_entry_bytes, padded_tokens, pool_slots
 from .metrics import MetricsLog, StepMetrics
 from .policies import POLICIES, check_step_indices, make_policy
 from .specs import ModelSpec, model_spec
@@ -345,7 +345,7 @@ def capacity_from_ratio(model: ModelSpec, ratio: float, context_len: int) -> int
     :func:`ess.memory.largest_batch`; a ``ValueError`` when that is fewer than one step's K entries."""
     ratio = check_ratio(ratio)
     context_len = check_context_len(model, context_len)
-    capacity = int(ratio * padded_tokens(model, context_len))
+    capacity = pool_slots(ratio, padded_tokens(model, context_len))
     k = min(model.index_topk, context_len)
     if capacity < k:
         raise ValueError(f"ratio {ratio} of {padded_tokens(model, context_len)} tokens gives {capacity} slots per "

@@ -65,3 +65,14 @@ def test_bad_ratio(ratio):
 def test_bad_dtype():
     with pytest.raises(ValueError, match="dtype must be one of"):
         layout.latent_entry_bytes(DS, "fp4")
+
+
+@pytest.mark.parametrize("ratio", [0.1, 0.2, 0.3, 0.55, 1.0])
+@pytest.mark.parametrize("L", [20000, 32768, 100001])
+def test_one_pool_rule_for_memory_storage_and_cachesim(ratio, L):
+    from ess.cachesim import capacity_for
+    from ess.storage import capacity_from_ratio
+
+    slots = layout.pool_slots(ratio, layout.padded_tokens(DS, L))
+    assert slots == capacity_for(ratio, L) == capacity_from_ratio(DS, ratio, L)
+    assert layout.pool_slots(0.3, 1000) == 300                     # no float truncation
