@@ -67,7 +67,7 @@ def test_bad_dtype():
         layout.latent_entry_bytes(DS, "fp4")
 
 
-@pytest.mark.parametrize("ratio", [0.1, 0.2, 0.3, 0.55, 1.0])
+@pytest.mark.parametrize("ratio", [0.15, 0.2, 0.3, 0.55, 1.0])
 @pytest.mark.parametrize("L", [20000, 32768, 100001])
 def test_one_pool_rule_for_memory_storage_and_cachesim(ratio, L):
     from ess.cachesim import capacity_for
