@@ -16,6 +16,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="run only this notebook (e.g. 01 or 01_memory_wall); repeatable")
     r.add_argument("--no-book", action="store_true", help="skip the book build")
     r.add_argument("--build-dir", default=None, help="output folder (default: build/ at the repository root)")
+    r.add_argument("--cell-timeout", type=int, default=None, metavar="SECONDS",
+                   help="fail a notebook whose cell runs longer than this (default 1800)")
     b = sub.add_parser("book", help="build the book from the notebooks already executed in build/notebooks")
     b.add_argument("--build-dir", default=None)
     sub.add_parser("list", help="list the notebooks the pipeline runs")
@@ -37,7 +39,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"book: {html}")
             return 0
         build_dir = Path(args.build_dir) if args.build_dir else None
-        runs = rp.run_all(smoke=args.smoke, only=args.only, book=not args.no_book, build_dir=build_dir)
+        runs = rp.run_all(smoke=args.smoke, only=args.only, book=not args.no_book, build_dir=build_dir,
+                          cell_timeout_s=args.cell_timeout or rp.CELL_TIMEOUT_S)
     except (rp.ReproduceError, ValueError) as exc:
         print(f"ess reproduce: {exc}", file=sys.stderr)
         return 1

@@ -61,9 +61,14 @@ def _select(notebooks: list[Path], only: list[str] | None) -> list[Path]:
     return chosen
 
 
-def run_notebook(path: Path, build_dir: Path, *, smoke: bool = False, kernel_name: str = "python3") -> NotebookRun:
-    """Execute one notebook with papermill; raise :class:`ReproduceError` naming the failing cell."""
+CELL_TIMEOUT_S = 1800   # design choice: the slowest full-size cell takes about a minute here; a hang fails, not waits
+
+
+def run_notebook(path: Path, build_dir: Path, *, smoke: bool = False, kernel_name: str = "python3",
+                 cell_timeout_s: int = CELL_TIMEOUT_S) -> NotebookRun:
+    """Execute one notebook with papermill; raise :class:`ReproduceError` naming the failing (or hanging) cell."""
     import papermill as pm
+    from nbclient.exceptions import CellTimeoutError, DeadKernelError
     from papermill.exceptions import PapermillExecutionError
 
     name = path.stem
@@ -75,10 +80,17 @@ def run_notebook(path: Path, build_dir: Path, *, smoke: bool = False, kernel_nam
     start = time.perf_counter()
     try:
         pm.execute_notebook(str(path), str(out), parameters={"smoke": smoke, "results_path": str(results)},
-                            kernel_name=kernel_name, progress_bar=False, cwd=str(path.parent))
+                            kernel_name=kernel_name, progress_bar=False, cwd=str(path.parent),
+                            execution_timeout=cell_timeout_s)
     except PapermillExecutionError as exc:
         raise ReproduceError(f"notebook {path.name} failed in cell {exc.cell_index} (execution count "
                              f"{exc.exec_count}): {exc.ename}: {exc.evalue}\n  executed copy: {out}") from None
+    except CellTimeoutError as exc:
+        preview = " | ".join(line for line in str(exc).splitlines()[4:7] if line.strip("-"))
+        raise ReproduceError(f"notebook {path.name}: a cell ran longer than {cell_timeout_s} s and was stopped "
+                             f"({preview})\n  executed copy: {out}") from None
+    except DeadKernelError as exc:
+        raise ReproduceError(f"notebook {path.name}: the kernel died ({exc})\n  executed copy: {out}") from None
     seconds = time.perf_counter() - start
     if not results.exists():
         raise ReproduceError(f"notebook {path.name} ran but recorded no results (expected {results}); "
@@ -88,7 +100,8 @@ def run_notebook(path: Path, build_dir: Path, *, smoke: bool = False, kernel_nam
 
 
 def run_all(*, smoke: bool = False, only: list[str] | None = None, book: bool = True,
-            build_dir: Path | None = None, notebooks_dir: Path | None = None, progress: bool = True) -> list[NotebookRun]:
+            build_dir: Path | None = None, notebooks_dir: Path | None = None, progress: bool = True,
+            cell_timeout_s: int = CELL_TIMEOUT_S) -> list[NotebookRun]:
     """Execute the notebooks (all, or ``only`` some), write the results index, then build the book."""
     from tqdm.auto import tqdm
 
@@ -100,7 +113,7 @@ def run_all(*, smoke: bool = False, only: list[str] | None = None, book: bool = 
     bar = tqdm(notebooks, desc="notebooks", unit="nb", disable=not progress, file=sys.stderr)
     for path in bar:
         bar.set_postfix_str(path.stem)
-        runs.append(run_notebook(path, build_dir, smoke=smoke))
+        runs.append(run_notebook(path, build_dir, smoke=smoke, cell_timeout_s=cell_timeout_s))
     index_path = build_dir / "results" / "index.json"
     index = json.loads(index_path.read_text(encoding="utf-8")) if index_path.exists() else {}
     for r in runs:

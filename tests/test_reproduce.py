@@ -74,3 +74,18 @@ def test_relative_build_dir_is_resolved_from_the_caller(tmp_path, monkeypatch):
     runs = reproduce.run_all(smoke=True, only=["01"], build_dir=Path("rel"), book=False, progress=False)
     assert runs[0].results == tmp_path / "rel" / "results" / "01_memory_wall.json"
     assert runs[0].results.exists()
+
+
+@pytest.mark.slow
+def test_a_hanging_cell_fails_instead_of_waiting(tmp_path):
+    nbdir = tmp_path / "nbs"
+    nbdir.mkdir()
+    nb = nbformat.v4.new_notebook()
+    params = nbformat.v4.new_code_cell("smoke = False\nresults_path = ''")
+    params.metadata["tags"] = ["parameters"]
+    nb.cells = [params, nbformat.v4.new_code_cell("import time\ntime.sleep(60)")]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, nbdir / "98_hang.ipynb")
+    with pytest.raises(reproduce.ReproduceError, match="98_hang.ipynb"):
+        reproduce.run_all(notebooks_dir=nbdir, build_dir=tmp_path / "b", book=False, progress=False,
+                          cell_timeout_s=3)
