@@ -101,8 +101,10 @@ def run_notebook(path: Path, build_dir: Path, *, smoke: bool = False, kernel_nam
 
 def run_all(*, smoke: bool = False, only: list[str] | None = None, book: bool = True,
             build_dir: Path | None = None, notebooks_dir: Path | None = None, progress: bool = True,
-            cell_timeout_s: int = CELL_TIMEOUT_S) -> list[NotebookRun]:
-    """Execute the notebooks (all, or ``only`` some), write the results index, then build the book."""
+            cell_timeout_s: int = CELL_TIMEOUT_S, retries: int = 1) -> list[NotebookRun]:
+    """Execute the notebooks (all, or ``only`` some), write the results index, then build the book.
+
+    A notebook whose cell times out is run again up to ``retries`` times; any other failure stops the run."""
     from tqdm.auto import tqdm
 
     build_dir = Path(build_dir or ROOT / "build").resolve()
@@ -113,7 +115,16 @@ def run_all(*, smoke: bool = False, only: list[str] | None = None, book: bool = 
     bar = tqdm(notebooks, desc="notebooks", unit="nb", disable=not progress, file=sys.stderr)
     for path in bar:
         bar.set_postfix_str(path.stem)
-        runs.append(run_notebook(path, build_dir, smoke=smoke, cell_timeout_s=cell_timeout_s))
+        for attempt in range(1 + retries):
+            try:
+                runs.append(run_notebook(path, build_dir, smoke=smoke, cell_timeout_s=cell_timeout_s))
+                break
+            except ReproduceError as exc:
+                # nbclient occasionally never sees the reply of a cell that displays widgets (jupyter/nbclient#312,
+                # open): a timed-out cell is run again from a fresh kernel; a cell that raised is not.
+                if "ran longer than" not in str(exc) or attempt == retries:
+                    raise
+                print(f"\n{exc}\nretrying {path.name} ({attempt + 1}/{retries})", file=sys.stderr)
     index_path = build_dir / "results" / "index.json"
     index = json.loads(index_path.read_text(encoding="utf-8")) if index_path.exists() else {}
     for r in runs:

@@ -77,7 +77,7 @@ def test_relative_build_dir_is_resolved_from_the_caller(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-def test_a_hanging_cell_fails_instead_of_waiting(tmp_path):
+def test_a_hanging_cell_fails_instead_of_waiting(tmp_path, capsys):
     nbdir = tmp_path / "nbs"
     nbdir.mkdir()
     nb = nbformat.v4.new_notebook()
@@ -86,6 +86,7 @@ def test_a_hanging_cell_fails_instead_of_waiting(tmp_path):
     nb.cells = [params, nbformat.v4.new_code_cell("import time\ntime.sleep(60)")]
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nbformat.write(nb, nbdir / "98_hang.ipynb")
-    with pytest.raises(reproduce.ReproduceError, match="98_hang.ipynb"):
+    with pytest.raises(reproduce.ReproduceError, match="98_hang.ipynb: a cell ran longer than 3 s"):
         reproduce.run_all(notebooks_dir=nbdir, build_dir=tmp_path / "b", book=False, progress=False,
-                          cell_timeout_s=3)
+                          cell_timeout_s=3, retries=1)
+    assert "retrying 98_hang.ipynb (1/1)" in capsys.readouterr().err
