@@ -97,6 +97,8 @@ def check_context_len(model: ModelSpec, context_len: int, name: str = "context_l
 
 def check_ratio(ratio: float, name: str = "ratio") -> float:
     try:
+        if isinstance(ratio, (bool, str)):
+            raise TypeError
         ratio = float(ratio)
     except (TypeError, ValueError):
         raise TypeError(f"{name} must be a number in (0, 1], got {ratio!r}") from None

@@ -11,7 +11,7 @@ CUDA graphs and workspace. The offload pool must also hold one step's K selected
 """
 from __future__ import annotations
 
-import math
+import operator
 from dataclasses import dataclass
 
 from .layout import (check_context_len, check_ratio, indexer_entry_bytes, latent_entry_bytes, padded_tokens,
@@ -19,7 +19,7 @@ from .layout import (check_context_len, check_ratio, indexer_entry_bytes, latent
 from .specs import DeploymentSpec, GPUSpec, HostSpec, ModelSpec, deployment_spec, gpu_spec, host_spec, model_spec
 
 __all__ = [
-    "GiB", "param_counts", "weights_per_gpu_bytes", "kv_budget_bytes", "BatchLimit", "largest_batch",
+    "GiB", "param_counts", "fp8_weight_bytes", "weights_per_gpu_bytes", "kv_budget_bytes", "BatchLimit", "largest_batch",
     "host_memory_needed_bytes", "fit_mem_fraction_static", "resolve",
 ]
 
@@ -60,8 +60,9 @@ def param_counts(model: ModelSpec) -> dict[str, int]:
     }
 
 
-def _fp8_bytes(model: ModelSpec, params: float) -> float:
-    """FP8 weights plus one float32 scale per 128x128 block ([DS] weight_block_size)."""
+def fp8_weight_bytes(model: ModelSpec, params: float) -> float:
+    """Bytes of ``params`` FP8 weights plus one float32 scale per ``weight_scale_block`` squared block
+    ([DS] weight_block_size [128, 128])."""
     return params * model.weight_bytes_per_param + params / model.weight_scale_block ** 2 * 4
 
 
@@ -77,7 +78,7 @@ def weights_per_gpu_bytes(model: ModelSpec, deployment: DeploymentSpec) -> float
     replicated_fp8 = (p["attention"] + p["indexer"] + p["dense_ffn"] + p["mtp"]) / attn_split \
         + p["shared_experts"] + p["router"]
     routed_fp8 = p["routed_experts"] / deployment.ep
-    return _fp8_bytes(model, replicated_fp8 + routed_fp8) + p["embeddings"] * model.embedding_bytes_per_param
+    return fp8_weight_bytes(model, replicated_fp8 + routed_fp8) + p["embeddings"] * model.embedding_bytes_per_param
 
 
 def kv_budget_bytes(model: ModelSpec, deployment: DeploymentSpec, gpu: GPUSpec | None = None) -> float:
@@ -150,8 +151,7 @@ def host_memory_needed_bytes(batch: int, context_len: int, *, model: ModelSpec |
                              dtype: str = "fp8") -> int:
     """Host bytes that hold the whole latent cache of ``batch`` requests of ``context_len`` tokens."""
     model = model_spec(model) if isinstance(model, str) else model
-    if isinstance(batch, bool) or not isinstance(batch, int) or batch <= 0:
-        raise ValueError(f"batch must be a positive integer, got {batch!r}")
+    batch = _positive_int("batch", batch)
     context_len = check_context_len(model, context_len)
     return batch * padded_tokens(model, context_len) * latent_entry_bytes(model, dtype) * model.n_layers
 
@@ -162,9 +162,23 @@ def fit_mem_fraction_static(batch_limit: int, context_len: int, *, model: ModelS
     ``context_len`` tokens: the budget is set halfway between ``batch_limit`` and ``batch_limit + 1`` requests,
     rounded to 3 decimals (as SGLang rounds it). A calibration: use it only on calibration data."""
     model, deployment, gpu, _ = resolve(model, deployment, None, None)
+    batch_limit = _positive_int("batch_limit", batch_limit)
     rc = request_cache(model, context_len, 1.0, deployment.kv_dtype)
     static = weights_per_gpu_bytes(model, deployment) + (batch_limit + 0.5) * rc.gpu_bytes
     return round(static / (gpu.hbm_capacity_GiB * GiB), 3)
+
+
+def _positive_int(name: str, value) -> int:
+    """``value`` as an int when it is a positive integer (numpy integers too); a ValueError naming ``name``."""
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        value = operator.index(value)
+    except TypeError:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}") from None
+    if value <= 0:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return value
 
 
 def resolve(model, deployment, gpu, host):

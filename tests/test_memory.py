@@ -67,9 +67,22 @@ def test_host_memory_needed():
         memory.host_memory_needed_bytes(0, 32768)
 
 
+def test_fit_rejects_bad_limits():
+    for bad in (-5, 0, 52.7, True):
+        with pytest.raises(ValueError, match="batch_limit must be a positive integer"):
+            memory.fit_mem_fraction_static(bad, 32768)
+
+
+def test_host_memory_accepts_numpy_integers():
+    import numpy as np
+    assert memory.host_memory_needed_bytes(np.int64(2), 4096) == memory.host_memory_needed_bytes(2, 4096)
+
+
 def test_bad_inputs_name_the_argument():
     with pytest.raises(ValueError, match="ratio"):
         memory.largest_batch(32768, 0.0)
+    with pytest.raises(TypeError, match="ratio must be a number"):
+        memory.largest_batch(32768, True)
     with pytest.raises(ValueError, match="context_len"):
         memory.largest_batch(10 ** 6, 1.0)
     with pytest.raises(ValueError, match="unknown gpu"):

@@ -57,11 +57,16 @@ def memory_wall_claims(*, model="deepseek-v3.2-exp", deployment="paper-table1",
     for key, fit in (("batch_limit_32k", True), ("batch_limit_128k", False)):
         p = pap[key]
         lim = largest_batch(p["context_len"], 1.0, model=model_, deployment=dep)
-        ok = abs(lim.batch - p["value"]) <= 2
-        how = ("calibrated: mem_fraction_static was fitted on this limit" if fit
-               else "predicted with the fraction fitted at 32K")
+        ok = abs(lim.batch - p["value"]) <= 2          # issue 2's acceptance band for the memory model
+        if fit:
+            status = "calibrated" if ok else "calibration failed"
+            how = "mem_fraction_static was fitted on this limit, so agreement here shows only that the fit holds"
+        else:
+            status = "reproduced" if ok else "not reproduced"
+            how = (f"predicted with the fraction fitted at 32K: {lim.batch} vs {p['value']} "
+                   f"(difference {lim.batch - p['value']:+d}, band +-2)")
         row(f"no-offload batch limit at {p['context_len'] // 1024}K", p["value"], lim.batch, p["unit"],
-            "reproduced" if ok else "not reproduced", how, p["source"],
+            status, how, p["source"],
             {"deployment": dep.name, "context_len": p["context_len"], "ratio": 1.0})
 
     p = art["kv_per_sample_32k"]
