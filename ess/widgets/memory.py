@@ -7,6 +7,7 @@ from ..memory import largest_batch
 from ..layout import request_cache
 from ..memory import resolve
 from ..specs import list_gpus
+from ..viz._style import TEMPLATE
 
 __all__ = ["memory_budget_view", "memory_budget_widget"]
 
@@ -31,7 +32,7 @@ def memory_budget_view(gpu: str = "H200", context_len: int = 32768, ratio: float
     fig = go.Figure()
     for name, gb in parts.items():
         fig.add_bar(y=[gpu], x=[gb], name=name, orientation="h", text=f"{gb:.1f} GB", textposition="inside")
-    fig.update_layout(barmode="stack", template="plotly_white", height=260,
+    fig.update_layout(barmode="stack", template=TEMPLATE, height=260,
                       title=f"{gpu}: L = {context_len // 1024}K, ratio {ratio:g} -> batch {lim.batch} "
                             f"(no offload: {base.batch})",
                       xaxis={"title": "GB of HBM"}, legend={"orientation": "h", "y": -0.5})
