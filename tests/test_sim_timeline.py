@@ -84,12 +84,17 @@ def test_step_grows_with_context_batch_and_mtp():
 
 
 def test_batch_limits_match_largest_batch():
-    Ls = [4096, 32768, 65536, 131072]
-    rs = [1.0, 0.5, 0.2, 0.1, 0.05, 0.01]
+    """Over contexts that are and are not whole pages, and ratios at the pool rule's edge (one step's K entries)."""
+    Ls = [1000, 4096, 32768, 32769, 65536, 131072]
+    rs = [1.0, 0.5, 0.3, 0.2, 0.1, 0.0625, 0.0625 - 1e-7, 0.05, 0.01]
     L, r = np.meshgrid(Ls, rs)
-    lim, _ = batch_limits(L.ravel(), r.ravel())
-    for Li, ri, bi in zip(L.ravel(), r.ravel(), lim):
-        assert bi == largest_batch(int(Li), float(ri)).batch, (Li, ri)
+    order = RNG.permutation(L.size)                      # unordered, repeated pairs map back to their own rows
+    Lf, rf = np.r_[L.ravel()[order], L.ravel()], np.r_[r.ravel()[order], r.ravel()]
+    lim, why = batch_limits(Lf, rf)
+    for Li, ri, bi, wi in zip(Lf, rf, lim, why):
+        ref = largest_batch(int(Li), float(ri))
+        assert bi == ref.batch, (Li, ri)
+        assert (wi == "") == (ref.batch > 0), (Li, ri, wi)
 
 
 def test_ratio_for_batch_is_the_largest_that_fits():

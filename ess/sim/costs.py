@@ -20,12 +20,39 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 import numpy as np
+import yaml
 
 from ..layout import indexer_entry_bytes, latent_entry_bytes
-from ..specs import DeploymentSpec, GPUSpec, ModelSpec, _read_yaml, gpu_spec
+from ..specs import DATA_DIR, DeploymentSpec, GPUSpec, ModelSpec, gpu_spec
 
-__all__ = ["KernelPoints", "kernel_points", "CostParams", "Efficiencies", "efficiencies", "gemm_time_s",
-           "memory_time_s", "LayerCosts", "layer_costs", "lm_head_time_s"]
+__all__ = ["KernelPoints", "kernel_points", "calibration_data", "CostParams", "Efficiencies", "efficiencies",
+           "fp8_weight_bytes_per_param", "gemm_time_s", "memory_time_s", "LayerCosts", "layer_costs", "lm_head_time_s"]
+
+# float32: the format of the per-block scales of FP8 weights and FP8 activations ([DS] model.py; DeepEP FP8 dispatch)
+_SCALE_BYTES = np.dtype(np.float32).itemsize
+
+
+@functools.lru_cache(maxsize=None)
+def calibration_data(name: str) -> dict:
+    """The entries of ``data/calibration/<name>.yaml`` (``kernel_points``, ``deployment_assumptions``), each
+    ``{value: ..., source: ...}``; raises ``ValueError`` for an unknown name or an entry without a value and a
+    source."""
+    folder = DATA_DIR / "calibration"
+    allowed = sorted(p.stem for p in folder.glob("*.yaml"))
+    if name not in allowed:
+        raise ValueError(f"unknown calibration file {name!r}; allowed: {', '.join(allowed)}")
+    raw = yaml.safe_load((folder / f"{name}.yaml").read_text(encoding="utf-8"))
+    for key, entry in raw.items():
+        if not isinstance(entry, Mapping) or "value" not in entry or not entry.get("source"):
+            raise ValueError(f"data/calibration/{name}.yaml: {key!r} needs value and source")
+    return raw
+
+
+def fp8_weight_bytes_per_param(model: ModelSpec) -> float:
+    """Bytes per FP8 weight including its share of the block scales: ``weight_bytes_per_param`` plus one float32
+    scale per ``weight_scale_block`` x ``weight_scale_block`` block ([DS] weight_block_size). The same rule as
+    ``ess.memory``'s weight bytes (tests check they agree)."""
+    return model.weight_bytes_per_param + _SCALE_BYTES / model.weight_scale_block ** 2
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -55,11 +82,9 @@ def _table(value) -> tuple[np.ndarray, np.ndarray]:
 @functools.lru_cache(maxsize=None)
 def kernel_points() -> KernelPoints:
     """Load the measured kernel points (cached)."""
-    raw = _read_yaml("calibration/kernel_points.yaml")
+    raw = calibration_data("kernel_points")
     values, sources = {}, {}
     for key, entry in raw.items():
-        if not isinstance(entry, Mapping) or "value" not in entry or not entry.get("source"):
-            raise ValueError(f"kernel_points.yaml: {key!r} needs value and source")
         v = entry["value"]
         values[key] = _table(v) if isinstance(v, Mapping) else v
         sources[key] = entry["source"]
@@ -123,17 +148,20 @@ def memory_time_s(nbytes, gpu: GPUSpec):
     return np.asarray(nbytes, dtype=float) / (gpu.hbm_bandwidth_GB_per_s * 1e9 * efficiencies().memory_bound)
 
 
-def gemm_time_s(m, n: int, k: int, gpu: GPUSpec, *, groups: int = 1, dtype: str = "fp8"):
+def gemm_time_s(m, n: int, k: int, gpu: GPUSpec, *, model: ModelSpec, groups: int = 1, dtype: str = "fp8"):
     """One (grouped) GEMM ``[m, k] x [k, n]`` per group: weights ``groups x n x k``, activations in, BF16 out.
 
-    ``dtype`` is the weight format: ``"fp8"`` (DeepGEMM, 1 B/param plus block scales) or ``"bf16"`` (2 B/param).
+    ``dtype`` is the weight format: ``"fp8"`` (DeepGEMM, the model's FP8 bytes per parameter plus its block scales,
+    :func:`fp8_weight_bytes_per_param`) or ``"bf16"`` (2 B/param).
     FP8 on a GPU without FP8 tensor cores runs at the BF16 rate (weights dequantised on the fly).
     Efficiencies are the DeepGEMM points interpolated linearly over ``m`` (clamped at the ends)."""
     if dtype not in ("fp8", "bf16"):
         raise ValueError(f"dtype must be 'fp8' or 'bf16', got {dtype!r}")
+    if not isinstance(model, ModelSpec):
+        raise TypeError(f"model must be a ModelSpec, got {type(model).__name__}")
     m = np.asarray(m, dtype=float)
     eff = efficiencies()
-    wbytes = 1.0 + 4.0 / 128 ** 2 if dtype == "fp8" else 2.0
+    wbytes = fp8_weight_bytes_per_param(model) if dtype == "fp8" else 2.0
     abytes = 1.0 if dtype == "fp8" else 2.0
     nbytes = groups * (n * k * wbytes + m * k * abytes + m * n * 2.0)
     flops = 2.0 * groups * m * n * k
@@ -145,7 +173,7 @@ def gemm_time_s(m, n: int, k: int, gpu: GPUSpec, *, groups: int = 1, dtype: str 
 
 def lm_head_time_s(tokens, model: ModelSpec, gpu: GPUSpec):
     """The output head for ``tokens`` rows (BF16 weights, [DS] embeddings and head kept in bf16)."""
-    return gemm_time_s(tokens, model.vocab_size, model.hidden_size, gpu, dtype="bf16")
+    return gemm_time_s(tokens, model.vocab_size, model.hidden_size, gpu, model=model, dtype="bf16")
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -202,17 +230,19 @@ def layer_costs(model: ModelSpec, gpu: GPUSpec, deployment: DeploymentSpec, micr
     # model.py dequantises wkv_b for the absorbed path).
     norms = memory_time_s(n * 2 * 2 * (2 * h + model.q_lora_rank + model.kv_lora_rank), gpu)
     qk = model.qk_nope_head_dim + model.qk_rope_head_dim
-    pre = (norms + gemm_time_s(n, model.q_lora_rank, h, gpu, dtype=fp8)
-           + gemm_time_s(n, model.latent_dim, h, gpu, dtype=fp8)
-           + gemm_time_s(n, H * qk, model.q_lora_rank, gpu, dtype=fp8)
-           + gemm_time_s(n, model.kv_lora_rank, model.qk_nope_head_dim, gpu, groups=H, dtype="bf16"))
+    pre = (norms + gemm_time_s(n, model.q_lora_rank, h, gpu, model=model, dtype=fp8)
+           + gemm_time_s(n, model.latent_dim, h, gpu, model=model, dtype=fp8)
+           + gemm_time_s(n, H * qk, model.q_lora_rank, gpu, model=model, dtype=fp8)
+           + gemm_time_s(n, model.kv_lora_rank, model.qk_nope_head_dim, gpu, model=model, groups=H,
+                         dtype="bf16"))
 
     # Indexer: projections (q from the q-LoRA output, one key per token, per-head weights), the FP8 MQA logits
     # over all L cached keys (DeepGEMM fp8_paged_mqa_logits: M = index heads x T per request), then the fp32
     # logits are written and read back by top-k.
     ih, idim = model.index_n_heads, model.index_head_dim
-    proj = (gemm_time_s(n, ih * idim, model.q_lora_rank, gpu, dtype=fp8) + gemm_time_s(n, idim, h, gpu, dtype=fp8)
-            + gemm_time_s(n, ih, h, gpu, dtype="bf16"))
+    proj = (gemm_time_s(n, ih * idim, model.q_lora_rank, gpu, model=model, dtype=fp8)
+            + gemm_time_s(n, idim, h, gpu, model=model, dtype=fp8)
+            + gemm_time_s(n, ih, h, gpu, model=model, dtype="bf16"))
     scan_bytes = b * L * indexer_entry_bytes(model) + n * L * 4.0 * 2
     peak8 = (gpu.fp8_dense_TFLOPS or gpu.bf16_dense_TFLOPS) * 1e12
     scan_flops = 2.0 * n * ih * idim * L
@@ -227,8 +257,8 @@ def layer_costs(model: ModelSpec, gpu: GPUSpec, deployment: DeploymentSpec, micr
     attn = np.maximum(attn_bytes / bw, attn_flops / (gpu.bf16_dense_TFLOPS * 1e12 * eff.mla_compute))
 
     # O_proj: value absorption (bf16 bmm per head) then wo.
-    o_proj = (gemm_time_s(n, model.v_head_dim, model.kv_lora_rank, gpu, groups=H, dtype="bf16")
-              + gemm_time_s(n, h, H * model.v_head_dim, gpu, dtype=fp8))
+    o_proj = (gemm_time_s(n, model.v_head_dim, model.kv_lora_rank, gpu, model=model, groups=H, dtype="bf16")
+              + gemm_time_s(n, h, H * model.v_head_dim, gpu, model=model, dtype=fp8))
 
     # Dual attention merges two partial outputs (bf16, H x kv_lora_rank per token) with their log-sum-exp:
     # read two, write one.
@@ -237,13 +267,15 @@ def layer_costs(model: ModelSpec, gpu: GPUSpec, deployment: DeploymentSpec, micr
     # FFNs. Dense layers: up (gate+up fused) and down. MoE layers: router (bf16), shared expert, and the local
     # experts as grouped GEMMs with M = tokens each expert receives from all ep GPUs.
     f, fm = model.dense_ffn_dim, model.moe_ffn_dim
-    ffn_dense = gemm_time_s(n, 2 * f, h, gpu, dtype=fp8) + gemm_time_s(n, h, f, gpu, dtype=fp8)
+    ffn_dense = (gemm_time_s(n, 2 * f, h, gpu, model=model, dtype=fp8)
+                 + gemm_time_s(n, h, f, gpu, model=model, dtype=fp8))
     e_local = max(model.n_routed_experts // deployment.ep, 1)
     m_exp = deployment.ep * n * model.n_active_experts / model.n_routed_experts
-    moe = (gemm_time_s(n, model.n_routed_experts, h, gpu, dtype="bf16")
-           + model.n_shared_experts * (gemm_time_s(n, 2 * fm, h, gpu, dtype=fp8) + gemm_time_s(n, h, fm, gpu, dtype=fp8))
-           + gemm_time_s(m_exp, 2 * fm, h, gpu, groups=e_local, dtype=fp8)
-           + gemm_time_s(m_exp, h, fm, gpu, groups=e_local, dtype=fp8))
+    moe = (gemm_time_s(n, model.n_routed_experts, h, gpu, model=model, dtype="bf16")
+           + model.n_shared_experts * (gemm_time_s(n, 2 * fm, h, gpu, model=model, dtype=fp8)
+                                       + gemm_time_s(n, h, fm, gpu, model=model, dtype=fp8))
+           + gemm_time_s(m_exp, 2 * fm, h, gpu, model=model, groups=e_local, dtype=fp8)
+           + gemm_time_s(m_exp, h, fm, gpu, model=model, groups=e_local, dtype=fp8))
 
     # EP all-to-all (DeepEP low-latency): every token goes to its k experts; FP8 dispatch (values + one fp32 scale
     # per 128) and BF16 combine, at the bandwidth measured for this EP size (interpolated over EP sizes).
@@ -251,7 +283,9 @@ def layer_costs(model: ModelSpec, gpu: GPUSpec, deployment: DeploymentSpec, micr
         d_bw = np.interp(deployment.ep, *eff.ep_dispatch_GB_per_s) * 1e9
         c_bw = np.interp(deployment.ep, *eff.ep_combine_GB_per_s) * 1e9
         k_act = model.n_active_experts
-        dispatch = n * k_act * (h + h / 128 * 4) / d_bw
+        # FP8 dispatch: one float32 scale per weight_scale_block values ([DS] model.py act_quant uses the weights'
+        # block size for activations)
+        dispatch = n * k_act * (h + h / model.weight_scale_block * _SCALE_BYTES) / d_bw
         combine = n * k_act * h * 2.0 / c_bw
     else:
         dispatch = combine = np.zeros_like(n)

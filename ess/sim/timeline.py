@@ -33,7 +33,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..layout import indexer_entry_bytes, latent_entry_bytes
+from ..layout import latent_entry_bytes, pool_slots, request_cache
 from ..memory import kv_budget_bytes, resolve
 from ..specs import link_figures
 from .costs import CostParams, gemm_time_s, layer_costs, lm_head_time_s
@@ -80,9 +80,25 @@ def offload_overhead_s(costs, micro_batch, misses, tokens_per_req, h2d_GB_per_s,
     return {"none": none, "da": da, "dba": dba}
 
 
+def _request_rules(model, dep, L, r):
+    """The layout rules for each distinct (context, ratio) pair, evaluated once per pair with the scalar helpers of
+    :mod:`ess.layout` (page padding, per-request cache bytes, pool slots) so that the rule lives in one place.
+    Returns per-pair arrays and the inverse index that maps them back to the flattened inputs."""
+    pairs, inv = np.unique(np.stack([L.ravel().astype(float), r.ravel()], axis=1), axis=0, return_inverse=True)
+    n = len(pairs)
+    gpu_b, host_b, slots, need = np.empty(n), np.empty(n), np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
+    for i, (Li, ri) in enumerate(pairs):
+        rc = request_cache(model, int(Li), float(ri), dep.kv_dtype)
+        gpu_b[i], host_b[i] = rc.gpu_bytes, rc.latent_host_bytes
+        slots[i], need[i] = pool_slots(float(ri), rc.tokens), min(rc.tokens, model.index_topk)
+    return pairs, np.ravel(inv), gpu_b, host_b, slots, need
+
+
 def batch_limits(context_len, ratio, *, model="deepseek-v3.2-exp", deployment="paper-table1", gpu=None, host=None):
     """Vectorised :func:`ess.memory.largest_batch`: ``(batch, reason)`` arrays (batch 0 with a reason when no
-    request fits). Same arithmetic as ``largest_batch`` (tests compare the two)."""
+    request fits). The per-request bytes and the pool rule come from :mod:`ess.layout` (``request_cache``,
+    ``pool_slots``), once per distinct (context, ratio); only the division by the budgets is vectorised (tests
+    compare with ``largest_batch``)."""
     model, dep, gpu, host = resolve(model, deployment, gpu, host)
     L = np.asarray(context_len, dtype=np.int64)
     r = np.asarray(ratio, dtype=float)
@@ -91,39 +107,39 @@ def batch_limits(context_len, ratio, *, model="deepseek-v3.2-exp", deployment="p
         budget = kv_budget_bytes(model, dep, gpu)
     except ValueError as exc:
         return np.zeros(L.shape, dtype=np.int64), np.full(L.shape, str(exc), dtype=object)
-    page = model.cache_page_tokens
-    tokens = -(-L // page) * page
-    idx = tokens * indexer_entry_bytes(model) * model.n_layers
-    lat = tokens * latent_entry_bytes(model, dep.kv_dtype) * model.n_layers
-    gpu_bytes = idx + lat * r
-    batch_gpu = np.floor(budget / gpu_bytes)
+    pairs, inv, gpu_b, host_b, slots, need = _request_rules(model, dep, L, r)
     host_budget = host.memory_capacity_GB_per_gpu * 1e9
-    batch_host = np.where(r < 1.0, np.floor(host_budget / lat), np.inf)
+    batch_gpu = np.floor_divide(budget, gpu_b)
+    batch_host = np.where(host_b > 0, np.floor_divide(host_budget, np.where(host_b > 0, host_b, 1.0)), np.inf)
     batch = np.minimum(batch_gpu, batch_host).astype(np.int64)
-    slots = r * tokens
-    need = np.minimum(tokens, model.index_topk)
-    reason = np.full(L.shape, "", dtype=object)
     few = slots < need
-    reason[few] = "ratio leaves fewer GPU slots per request and layer than the K entries one step selects"
     batch = np.where(few, 0, batch)
-    none = (batch == 0) & ~few
-    reason[none] = f"one request does not fit in the KV budget ({budget / 1e9:.1f} GB) or host memory"
-    return batch, reason
+    reason = np.full(len(pairs), "", dtype=object)
+    for i in np.flatnonzero(few):
+        reason[i] = (f"ratio {pairs[i, 1]:g} leaves {slots[i]} GPU slots per request and layer, fewer than the "
+                     f"{need[i]} entries one step selects (K)")
+    for i in np.flatnonzero((batch == 0) & ~few):
+        reason[i] = (f"one request needs {gpu_b[i] / 1e9:.2f} GB of GPU memory (KV budget {budget / 1e9:.2f} GB) "
+                     f"and {host_b[i] / 1e9:.2f} GB of host memory ({host_budget / 1e9:.0f} GB per GPU)")
+    return batch[inv].reshape(L.shape), reason[inv].reshape(L.shape)
 
 
 def ratio_for_batch(batch, context_len, *, model="deepseek-v3.2-exp", deployment="paper-table1", gpu=None,
                     host=None, decimals: int = 4):
     """The largest sparse-memory ratio (rounded down to ``decimals``) at which ``batch`` requests of
     ``context_len`` tokens fit in the KV budget: ``batch x (indexer + ratio x latent) <= budget`` (the rule the
-    paper's configurations follow, paper-facts.md). 1.0 when no offload is needed; NaN when no ratio fits."""
+    paper's configurations follow, paper-facts.md), with the per-request bytes of :func:`ess.layout.request_cache`;
+    the result is then checked against :func:`batch_limits` (host memory, pool slots). 1.0 when no offload is
+    needed; NaN when no ratio fits."""
     model, dep, gpu, host = resolve(model, deployment, gpu, host)
     B = np.asarray(batch, dtype=float)
     L = np.asarray(context_len, dtype=np.int64)
+    B, L = np.broadcast_arrays(B, L)
     budget = kv_budget_bytes(model, dep, gpu)
-    page = model.cache_page_tokens
-    tokens = -(-L // page) * page
-    idx = tokens * indexer_entry_bytes(model) * model.n_layers
-    lat = tokens * latent_entry_bytes(model, dep.kv_dtype) * model.n_layers
+    Lu, inv = np.unique(L.ravel(), return_inverse=True)
+    caches = [request_cache(model, int(x), 1.0, dep.kv_dtype) for x in Lu]
+    idx = np.array([c.indexer_bytes for c in caches], dtype=float)[np.ravel(inv)].reshape(L.shape)
+    lat = np.array([c.latent_bytes for c in caches], dtype=float)[np.ravel(inv)].reshape(L.shape)
     with np.errstate(divide="ignore"):
         r = (budget / B - idx) / lat
     r = np.floor(r * 10 ** decimals) / 10 ** decimals
@@ -294,7 +310,8 @@ def simulate(batch, context_len, ratio=1.0, *, misses=None, mtp_tokens=None, acc
     c1 = layer_costs(model, gpu, dep, b, L, np.ones_like(T)).scaled(params.compute_scale, params.comm_scale)
     fp8 = "fp8" if model.weight_bytes_per_param == 1 else "bf16"
     draft = (np.maximum(2 * (c1.attention_block + c1.moe), 2 * (c1.dispatch + c1.combine))
-             + params.compute_scale * (gemm_time_s(B, model.hidden_size, 2 * model.hidden_size, gpu, dtype=fp8)
+             + params.compute_scale * (gemm_time_s(B, model.hidden_size, 2 * model.hidden_size, gpu, model=model,
+                                                   dtype=fp8)
                                        + lm_head_time_s(B, model, gpu)))
     heads = params.compute_scale * lm_head_time_s(B * T, model, gpu) + (T - 1) * draft
     fixed = params.fixed_ms * 1e-3
