@@ -8,12 +8,14 @@ import plotly.graph_objects as go
 from ._style import TEMPLATE as _TEMPLATE
 
 __all__ = ["fig_calibration", "fig_residuals", "fig_step_breakdown", "fig_table2", "fig_overlap_vs_misses",
-           "fig_misses_per_layer", "fig_deployment"]
+           "fig_sim_misses_per_layer", "fig_deployment"]
 
 
-def fig_calibration(residuals, curve=None, unfitted=None) -> go.Figure:
+def fig_calibration(residuals, curve=None, unfitted=None, *, limits=None,
+                    title="Decode throughput against batch (calibration data)") -> go.Figure:
     """Published calibration points (Fig. 1 read by eye, Table 2 row 1) and the fitted model's curve
-    (``curve``: DataFrame with batch, throughput; ``unfitted`` likewise, optional)."""
+    (``curve``: DataFrame with batch, throughput; ``unfitted`` likewise, optional). ``limits`` maps a label to a
+    batch drawn as a vertical reference line (e.g. the memory limits)."""
     fig = go.Figure()
     chart = residuals[residuals.read_from_chart]
     exact = residuals[~residuals.read_from_chart]
@@ -26,10 +28,10 @@ def fig_calibration(residuals, curve=None, unfitted=None) -> go.Figure:
     if unfitted is not None:
         fig.add_scatter(x=unfitted.batch, y=unfitted.throughput, mode="lines", line={"dash": "dot"},
                         name="ess, unfitted (kernel points only)")
-    for b, label in ((12, "128K limit"), (52, "32K limit")):
+    for label, b in (limits or {}).items():
         fig.add_vline(x=b, line={"dash": "dash", "color": "grey"}, annotation_text=label)
-    fig.update_layout(template=_TEMPLATE, title="Decode throughput against batch: 32K, MTP 2, accept 1.7, no memory limit",
-                      xaxis={"title": "batch per GPU"}, yaxis={"title": "tokens/s per 8-GPU node"},
+    fig.update_layout(template=_TEMPLATE, title=title,
+                      xaxis={"title": "batch per GPU"}, yaxis={"title": "tokens/s per node"},
                       legend={"orientation": "h", "y": -0.25})
     return fig
 
@@ -71,7 +73,7 @@ def fig_table2(t2, context_len: int = 32768) -> go.Figure:
     fig.add_scatter(x=pub.batch, y=pub.published, mode="markers", marker={"symbol": "x", "size": 12, "color": "black"},
                     name="paper Table 2 row 1 (calibration)")
     fig.update_layout(template=_TEMPLATE, title=f"Table 2 predicted: {context_len // 1024}K, ratio each batch needs",
-                      xaxis={"title": "batch per GPU"}, yaxis={"title": "tokens/s per 8-GPU node"},
+                      xaxis={"title": "batch per GPU"}, yaxis={"title": "tokens/s per node"},
                       legend={"orientation": "h", "y": -0.3})
     return fig
 
@@ -86,8 +88,9 @@ def fig_overlap_vs_misses(df, title: str = "Offload overhead against misses") ->
     return fig
 
 
-def fig_misses_per_layer(misses: dict) -> go.Figure:
-    """Per-layer miss counts, one line per label."""
+def fig_sim_misses_per_layer(misses: dict) -> go.Figure:
+    """Per-layer miss counts behind the simulator's offload rows, one line per label (named apart from
+    ``ess.viz.prefetch.fig_misses_per_layer``, which takes ratios as keys)."""
     fig = go.Figure()
     for label, m in misses.items():
         fig.add_scatter(x=np.arange(len(m)), y=m, mode="lines", name=label)

@@ -9,24 +9,29 @@ import numpy as np
 from ..memory import largest_batch, resolve
 from ..sim.costs import CostParams
 from ..sim.timeline import simulate
-from ..specs import list_gpus
+from ..specs import deployment_spec, gpu_spec, link_figures, list_gpus
 
 __all__ = ["sim_budget_view", "sim_budget_widget"]
 
 CONTEXTS = [8192, 16384, 32768, 65536, 131072]
 
 
-def sim_budget_view(gpu: str = "H200", ratio: float = 0.2, context_len: int = 32768, mtp: int = 2,
-                    accept_ratio: float = 1.7, h2d_GB_per_s: float = 37.0, *, hbm_GiB: float | None = None,
+def sim_budget_view(gpu: str = "H200", ratio: float = 0.2, context_len: int = 32768, mtp: int | None = None,
+                    accept_ratio: float | None = None, h2d_GB_per_s: float | None = None, *,
+                    hbm_GiB: float | None = None,
                     misses=None, params: CostParams | None = None, deployment: str = "paper-table1") -> tuple:
     """Largest batch for the GPU's memory at this ratio and context, and the simulated step at every batch up to
     it: (figure of throughput and OTPS against batch, summary dict). ``hbm_GiB`` replaces the GPU's memory
     capacity (the rest of the GPU unchanged). ``misses`` (n_layers,) defaults to zeros
-    (a perfect cache: only the write-back of new tokens costs link time); ``params`` to the calibrated ones."""
+    (a perfect cache: only the write-back of new tokens costs link time); ``params`` to the calibrated ones;
+    ``mtp`` and ``accept_ratio`` to the deployment's, ``h2d_GB_per_s`` to the FlashTrans link (``links.yaml``)."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
     model, dep, gpu_, host = resolve("deepseek-v3.2-exp", deployment, gpu, None)
+    mtp = dep.mtp_tokens_per_step if mtp is None else mtp
+    accept_ratio = dep.mtp_accept_ratio if accept_ratio is None else accept_ratio
+    h2d_GB_per_s = link_figures()["flashtrans"]["h2d_GB_per_s"] if h2d_GB_per_s is None else h2d_GB_per_s
     if hbm_GiB is not None:
         gpu_ = dataclasses.replace(gpu_, hbm_capacity_GiB=float(hbm_GiB))
     try:
@@ -57,23 +62,26 @@ def sim_budget_view(gpu: str = "H200", ratio: float = 0.2, context_len: int = 32
     return fig, summary
 
 
-def sim_budget_widget(params: CostParams | None = None, misses=None):
-    """Sliders for :func:`sim_budget_view` (needs a running kernel)."""
+def sim_budget_widget(params: CostParams | None = None, misses=None, deployment: str = "paper-table1"):
+    """Sliders for :func:`sim_budget_view` (needs a running kernel); they start at the deployment's GPU, MTP and
+    accept ratio and the FlashTrans link."""
     import ipywidgets as W
 
-    gpu_w = W.Dropdown(options=list_gpus(), value="H200", description="GPU")
-    hbm_w = W.FloatSlider(value=141, min=40, max=288, step=1, description="HBM GiB")
+    dep = deployment_spec(deployment)
+    gpu_w = W.Dropdown(options=list_gpus(), value=dep.gpu, description="GPU")
+    hbm_w = W.FloatSlider(value=gpu_spec(dep.gpu).hbm_capacity_GiB, min=40, max=288, step=1, description="HBM GiB")
     ratio_w = W.FloatSlider(value=0.2, min=0.05, max=1.0, step=0.05, description="ratio")
     ctx_w = W.SelectionSlider(options=[(f"{c // 1024}K", c) for c in CONTEXTS], value=32768, description="context")
-    mtp_w = W.IntSlider(value=2, min=1, max=4, description="MTP")
-    acc_w = W.FloatSlider(value=1.7, min=1.0, max=4.0, step=0.1, description="accept")
-    link_w = W.FloatLogSlider(value=37, base=10, min=0, max=2.5, description="H2D GB/s")
+    mtp_w = W.IntSlider(value=dep.mtp_tokens_per_step, min=1, max=4, description="MTP")
+    acc_w = W.FloatSlider(value=dep.mtp_accept_ratio, min=1.0, max=4.0, step=0.1, description="accept")
+    link_w = W.FloatLogSlider(value=link_figures()["flashtrans"]["h2d_GB_per_s"], base=10, min=0, max=2.5,
+                              description="H2D GB/s")
     label, out = W.HTML(), W.Output()
 
     def update(_=None):
         acc = min(acc_w.value, mtp_w.value)
         fig, s = sim_budget_view(gpu_w.value, ratio_w.value, ctx_w.value, mtp_w.value, acc, link_w.value,
-                                 hbm_GiB=hbm_w.value, misses=misses, params=params)
+                                 hbm_GiB=hbm_w.value, misses=misses, params=params, deployment=deployment)
         if s["throughput"] is None:
             label.value = f"<b>infeasible</b>: {s['reason']}"
         else:
@@ -84,7 +92,6 @@ def sim_budget_widget(params: CostParams | None = None, misses=None):
             fig.show()
 
     def gpu_changed(_=None):
-        from ..specs import gpu_spec
         hbm_w.value = gpu_spec(gpu_w.value).hbm_capacity_GiB        # triggers update
 
     gpu_w.observe(gpu_changed, names="value")
