@@ -45,10 +45,13 @@ class MetricsLog:
     def clear(self) -> None:
         self.records.clear()
 
-    def to_frame(self):
+    def to_frame(self, start: int = 0):
+        """The records from number ``start`` on (default all) as a DataFrame, one row per record."""
         import pandas as pd
+        if isinstance(start, bool) or not isinstance(start, int) or not 0 <= start <= len(self.records):
+            raise ValueError(f"start must be an integer in [0, {len(self.records)}], got {start!r}")
         cols = ["kind", "request_id", "layer", "step", "hits", "misses", "bytes_h2d", "bytes_d2h"]
-        return pd.DataFrame([asdict(r) for r in self.records], columns=cols)
+        return pd.DataFrame([asdict(r) for r in self.records[start:]], columns=cols)
 
     def totals(self) -> dict:
         """Sums over all records, by kind, as ``{kind: {hits, misses, bytes_h2d, bytes_d2h}}``."""

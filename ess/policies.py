@@ -25,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 __all__ = ["POLICIES", "EvictionPolicy", "LRUPolicy", "FIFOPolicy", "ImportancePolicy", "make_policy",
-           "simulate_misses", "check_step_indices"]
+           "simulate_misses", "check_step_indices", "plan_slots", "commit_slots"]
 
 POLICIES = ("lru", "fifo", "importance")
 
@@ -122,7 +122,12 @@ class ImportancePolicy(EvictionPolicy):
 
     def __init__(self, capacity: int, decay: float = 0.5):
         super().__init__(capacity)
-        decay = float(decay)
+        if isinstance(decay, bool):
+            raise TypeError(f"decay must be a number in [0, 1], got {decay!r}")
+        try:
+            decay = float(decay)
+        except (TypeError, ValueError):
+            raise TypeError(f"decay must be a number in [0, 1], got {decay!r}") from None
         if not 0.0 <= decay <= 1.0:
             raise ValueError(f"decay must be in [0, 1], got {decay}")
         self.decay = decay
@@ -186,41 +191,58 @@ def check_step_indices(indices, n_tokens: int, capacity: int, name: str = "indic
     return idx
 
 
+def plan_slots(local: np.ndarray, token_of: np.ndarray, policy: EvictionPolicy) -> tuple:
+    """Where one step's misses go, without changing anything. ``local`` (K',) is the pool slot of each valid index
+    (-1 = miss), ``token_of`` (capacity,) the token in each slot (-1 = free). Returns ``(miss, new_slots, victims)``:
+    the miss mask, the slot of each miss (free slots first, then the policy's victims among the resident entries not
+    selected this step) and the victims."""
+    miss = local < 0
+    n_miss = int(miss.sum())
+    free = np.flatnonzero(token_of < 0)[:n_miss]
+    in_s = np.zeros(token_of.size, bool)
+    in_s[local[~miss]] = True
+    candidates = np.flatnonzero((token_of >= 0) & ~in_s)
+    victims = policy.choose_victims(candidates, n_miss - free.size)
+    return miss, np.concatenate([free, victims]).astype(np.int64), victims
+
+
+def commit_slots(token_of: np.ndarray, slot_of: np.ndarray, policy: EvictionPolicy, local: np.ndarray,
+                 miss: np.ndarray, new_slots: np.ndarray, victims: np.ndarray, tokens: np.ndarray,
+                 scores: np.ndarray | None) -> np.ndarray:
+    """Apply a :func:`plan_slots` plan once the misses' rows are in place: the victims' tokens leave, the missed
+    ``tokens`` take ``new_slots``, ``local`` is filled in and the policy sees the step. ``slot_of`` maps token ->
+    slot (-1 = not resident). Returns the evicted tokens."""
+    evicted = token_of[victims].copy()
+    slot_of[evicted] = -1
+    policy.clear(victims)
+    token_of[new_slots] = tokens
+    slot_of[tokens] = new_slots
+    local[miss] = new_slots
+    policy.update(local, miss, scores)
+    return evicted
+
+
 def simulate_misses(trace, capacity: int, *, policy: str = "lru", warmup=(), scores=None) -> np.ndarray:
     """Misses per step of one pool over ``trace`` (a sequence of index arrays, -1 padding), without bytes.
 
-    The same slot bookkeeping as :class:`ess.storage.TieredCache` (the policy objects above), usable as a readable
-    oracle; ``warmup`` windows are applied first and not counted."""
+    The same slot bookkeeping as :class:`ess.storage.TieredCache` (:func:`plan_slots` and :func:`commit_slots`,
+    shared with it); ``warmup`` windows are applied first and not counted."""
     pol = make_policy(policy, capacity)
-    slot_of: dict[int, int] = {}
+    slot_of = np.full(1, -1, np.int64)
     token_of = np.full(capacity, -1, np.int64)
     misses = []
     for t, idx in enumerate(list(warmup) + list(trace)):
         n_tok = max(int(np.max(idx)) + 1, 1) if len(idx) else 1
         idx = check_step_indices(np.asarray(idx), n_tok, capacity)
+        if n_tok > slot_of.size:
+            slot_of = np.concatenate([slot_of, np.full(max(n_tok, 2 * slot_of.size) - slot_of.size, -1, np.int64)])
         valid = idx[idx >= 0]
-        slots = np.array([slot_of.get(int(v), -1) for v in valid], np.int64)
-        miss = slots < 0
-        n_miss = int(miss.sum())
-        free = np.flatnonzero(token_of < 0)
-        use_free = free[:n_miss]
-        need = n_miss - use_free.size
-        in_s = np.zeros(capacity, bool)
-        in_s[slots[~miss]] = True
-        candidates = np.flatnonzero((token_of >= 0) & ~in_s)
-        victims = pol.choose_victims(candidates, need)
-        for v in victims:
-            del slot_of[int(token_of[v])]
-        pol.clear(victims)
-        new_slots = np.concatenate([use_free, victims]).astype(np.int64)
-        slots[miss] = new_slots
-        token_of[new_slots] = valid[miss]
-        for v, s in zip(valid[miss], new_slots):
-            slot_of[int(v)] = int(s)
+        local = slot_of[valid]
+        miss, new_slots, victims = plan_slots(local, token_of, pol)
         sc = None
         if scores is not None and t >= len(warmup):
             sc = np.asarray(scores[t - len(warmup)], np.float64)[idx >= 0]
-        pol.update(slots, miss, sc)
+        commit_slots(token_of, slot_of, pol, local, miss, new_slots, victims, valid[miss], sc)
         if t >= len(warmup):
-            misses.append(n_miss)
+            misses.append(int(miss.sum()))
     return np.asarray(misses, np.int64)

@@ -35,11 +35,11 @@ from .kernels import resolve_backend
 from .kernels.transfer import TransferError, copy_rows_unchecked
 from .layout import KV_DTYPES, check_context_len, check_ratio, latent_entry_bytes, padded_tokens, pool_slots
 from .metrics import MetricsLog, StepMetrics
-from .policies import POLICIES, check_step_indices, make_policy
+from .policies import POLICIES, check_step_indices, commit_slots, make_policy, plan_slots
 from .specs import ModelSpec, model_spec
 
 __all__ = ["StepResult", "HostPool", "DiskTier", "CorruptBlockError", "TieredCache", "TransferError",
-           "capacity_from_budget", "capacity_from_ratio"]
+           "capacity_from_budget", "capacity_from_ratio", "tier_placement"]
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -208,6 +208,12 @@ class DiskTier:
     def _paths(self, request_id):
         stem = _file_stem(request_id)
         return self.dir / f"{stem}.blocks", self.dir / f"{stem}.pool.npz", self.dir / f"{stem}.json"
+
+    def block_path(self, request_id) -> Path:
+        """The file holding a request's memory-mapped blocks (block ``b`` at byte ``b * block_bytes``; each block
+        is ``(n_layers, block_tokens, entry_bytes)`` uint8). Raises ``ValueError`` for an id that cannot name a
+        file; the file exists once the request was written."""
+        return self._paths(request_id)[0]
 
     def has(self, request_id) -> bool:
         return self._paths(request_id)[2].exists()
@@ -600,15 +606,9 @@ class TieredCache:
         valid_pos = np.flatnonzero(idx >= 0)
         valid = idx[valid_pos]
         local = pool.slot_of[valid]                                        # (K',) -1 = miss
-        miss = local < 0
-        n_miss = int(miss.sum())
-        free = np.flatnonzero(pool.token_of < 0)[:n_miss]
-        in_s = np.zeros(self.capacity, bool)
-        in_s[local[~miss]] = True
-        candidates = np.flatnonzero((pool.token_of >= 0) & ~in_s)
-        victims = pool.policy.choose_victims(candidates, n_miss - free.size)
-        new_local = np.concatenate([free, victims]).astype(np.int64)
+        miss, new_local, victims = plan_slots(local, pool.token_of, pool.policy)
         tokens = valid[miss]
+        n_miss = tokens.size
         try:
             if n_miss:
                 self._h2d(request_id, layer, tokens, pool.base + new_local)
@@ -619,13 +619,8 @@ class TieredCache:
             pool.policy.clear(victims)
             raise TransferError(f"request {request_id!r} layer {layer}: host->device copy of {n_miss} rows failed "
                                 f"({exc}); the {victims.size} slots being overwritten were freed") from exc
-        evicted = pool.token_of[victims].copy()
-        pool.slot_of[evicted] = -1
-        pool.policy.clear(victims)
-        pool.token_of[new_local] = tokens
-        pool.slot_of[tokens] = new_local
-        local[miss] = new_local
-        pool.policy.update(local, miss, None if scores is None else scores[valid_pos])
+        evicted = commit_slots(pool.token_of, pool.slot_of, pool.policy, local, miss, new_local, victims, tokens,
+                               None if scores is None else scores[valid_pos])
         return valid_pos, local, miss, evicted
 
     def _check_scores(self, scores, idx):
@@ -639,15 +634,23 @@ class TieredCache:
             raise ValueError("scores must be finite where indices are valid")
         return scores.astype(np.float64)
 
+    def _checked_step_args(self, request_id, layer, indices, scores) -> tuple:
+        req = self._check_active(request_id)
+        layer = self._check_layer(layer)
+        idx = check_step_indices(indices, self.host.n_tokens(request_id), self.capacity)
+        return req, layer, idx, self._check_scores(scores, idx)
+
+    def check_step(self, request_id, layer: int, indices: np.ndarray, *, scores: np.ndarray | None = None) -> None:
+        """Raise the ``ValueError``/``TypeError`` that :meth:`step` would raise for these arguments, changing
+        nothing: lets a caller check a whole batch before the first step moves anything."""
+        self._checked_step_args(request_id, layer, indices, scores)
+
     def step(self, request_id, layer: int, indices: np.ndarray, *, scores: np.ndarray | None = None) -> StepResult:
         """Make the top-K entries ``indices`` (K,) int64 (-1 = padding) of one (request, layer) resident.
 
         Returns a :class:`StepResult`; on bad input raises ``ValueError``/``TypeError`` with every pool unchanged.
         ``scores`` (K,) float, the indexer scores of the selected tokens, feed the importance policy."""
-        req = self._check_active(request_id)
-        layer = self._check_layer(layer)
-        idx = check_step_indices(indices, self.host.n_tokens(request_id), self.capacity)
-        scores = self._check_scores(scores, idx)
+        req, layer, idx, scores = self._checked_step_args(request_id, layer, indices, scores)
         pool = req.pools[layer]
         valid_pos, local, miss, evicted = self._load(request_id, layer, pool, idx, scores)
         slots = np.full(idx.shape, -1, np.int64)
@@ -682,6 +685,72 @@ class TieredCache:
             self.metrics.add(StepMetrics("warmup", request_id, layer, pool.steps, int(miss.size) - n, n,
                                          n * self.entry_bytes, 0))
         return loaded
+
+    def run_trace(self, trace, request_id, *, batch_index: int = 0, warmup: bool = True, new_tokens=None,
+                  verify: bool = False):
+        """Replay one request of an :class:`ess.traces.Trace` through this cache and return the metrics records the
+        replay added (a DataFrame with the columns of :meth:`ess.metrics.MetricsLog.to_frame`).
+
+        Layer ``l`` of the trace drives layer ``l`` of the cache; the trace's request ``batch_index`` drives
+        ``request_id``, whose token count must be the trace's ``context_len``. With ``warmup`` the trace's LRU-Warmup
+        windows are fed first (:meth:`warmup`). Then every decode step calls :meth:`step` on every layer and writes
+        back the step's ``trace.mtp`` new tokens (:meth:`append_token`) from ``new_tokens``
+        ``(steps * mtp, n_layers, entry_bytes)`` uint8 (``None``: nothing is appended, then no step may select a
+        token past the prefill). ``verify=True`` compares the rows each step loaded with their host copies and
+        raises ``RuntimeError`` on a difference.
+
+        Every argument is checked before anything changes; a transfer that fails part-way (``TransferError``) leaves
+        the steps before it done."""
+        from .traces import Trace
+        if not isinstance(trace, Trace):
+            raise TypeError(f"trace must be an ess.traces.Trace, got {type(trace).__name__}")
+        self._check_active(request_id)
+        if isinstance(batch_index, bool) or not isinstance(batch_index, (int, np.integer)) \
+                or not 0 <= batch_index < trace.batch:
+            raise ValueError(f"batch_index must be an integer in [0, {trace.batch}), got {batch_index!r}")
+        if trace.n_layers != self.n_layers:
+            raise ValueError(f"trace has {trace.n_layers} layers, the cache {self.n_layers}: one trace layer drives "
+                             f"one cache layer")
+        n_tok = self.host.n_tokens(request_id)
+        if trace.context_len != n_tok:
+            raise ValueError(f"trace starts at context_len={trace.context_len} tokens but request {request_id!r} "
+                             f"holds {n_tok}")
+        steps = trace.indices[batch_index]                                 # (n_layers, steps, width)
+        windows = trace.warmup[batch_index] if trace.warmup is not None else None
+        if warmup and windows is None:
+            raise ValueError("warmup=True but the trace has no warmup windows (pass warmup=False)")
+        sizes = [int((steps >= 0).sum(axis=-1).max())] + ([windows.shape[-1]] if warmup else [])
+        if max(sizes) > self.capacity:
+            raise ValueError(f"trace selects up to {max(sizes)} entries per step but the pool has capacity="
+                             f"{self.capacity} slots")
+        n_new = trace.steps * trace.mtp
+        if new_tokens is None:
+            if steps.max(initial=-1) >= n_tok:
+                raise ValueError(f"new_tokens is None but the trace selects token {int(steps.max())}, past the "
+                                 f"{n_tok} tokens of the prefill: pass the decoded tokens' entries")
+        else:
+            _check_entries("new_tokens", new_tokens, (self.n_layers, self.entry_bytes), "steps * mtp")
+            if new_tokens.shape[0] != n_new:
+                raise ValueError(f"new_tokens must hold steps * mtp = {n_new} tokens, got {new_tokens.shape[0]}")
+        if not isinstance(verify, bool) or not isinstance(warmup, bool):
+            raise TypeError("warmup and verify must be True or False")
+        start = len(self.metrics)
+        if warmup:
+            for layer in range(self.n_layers):
+                self.warmup(request_id, layer, windows[layer])
+        for t in range(trace.steps):
+            for layer in range(self.n_layers):
+                res = self.step(request_id, layer, steps[layer, t])
+                if verify and res.n_misses:
+                    got = self.device_rows(res.slots[res.miss_pos])
+                    want = self.host.entries(request_id)[layer][res.indices[res.miss_pos]]
+                    if not np.array_equal(got, want):
+                        raise RuntimeError(f"request {request_id!r} layer {layer} step {t}: rows loaded into the "
+                                           f"device pool differ from their host copies")
+            if new_tokens is not None:
+                for j in range(trace.mtp):
+                    self.append_token(request_id, new_tokens[t * trace.mtp + j])
+        return self.metrics.to_frame(start)
 
     # -- reading ---------------------------------------------------------------------------------------------
     def device_rows(self, slots: np.ndarray) -> np.ndarray:
@@ -845,7 +914,7 @@ def tier_placement(context_len: int, ratio: float, *, batch: int | None = None, 
     import pandas as pd
 
     from .layout import request_cache
-    from .memory import kv_budget_bytes, largest_batch, resolve, weights_per_gpu_bytes
+    from .memory import GiB, kv_budget_bytes, largest_batch, resolve, weights_per_gpu_bytes
 
     model, dep, gpu_, host_ = resolve(model, deployment, gpu, host)
     lim = largest_batch(context_len, ratio, model=model, deployment=dep, gpu=gpu_, host=host_)
@@ -861,7 +930,7 @@ def tier_placement(context_len: int, ratio: float, *, batch: int | None = None, 
     capacity = capacity_from_ratio(model, ratio, context_len) if offload else rc.tokens
     pool = batch * model.n_layers * capacity * entry
     budget = kv_budget_bytes(model, dep, gpu_)
-    hbm = gpu_.hbm_capacity_GiB * 2 ** 30
+    hbm = gpu_.hbm_capacity_GiB * GiB
     weights = weights_per_gpu_bytes(model, dep)
     host_total = host_.memory_capacity_GB_per_gpu * 1e9
     host_latent = batch * rc.latent_bytes if offload else 0

@@ -125,15 +125,50 @@ def test_importance_without_scores_counts_accesses():
     assert pol.choose_victims(np.array([0, 1, 2]), 1).tolist() == [1]
 
 
+def _feed(pol, steps, scores=None):
+    """Steps of slots (all inserted on first sight); returns the policy."""
+    seen = set()
+    for i, slots in enumerate(steps):
+        slots = np.asarray(slots)
+        pol.update(slots, np.array([s not in seen for s in slots]), None if scores is None else scores[i])
+        seen |= set(slots.tolist())
+    return pol
+
+
+def test_policy_factory_builds_policies_that_behave_as_named():
+    # slots 0, 1, 2 inserted in that order, then 0 is used again: LRU evicts 1 (least recent), FIFO evicts 0
+    # (first in; a hit does not refresh it), importance with decay 0 keeps only the last step's score: 1 and 2 tie
+    # at 0 and LRU order picks 1
+    steps = [[0], [1], [2], [0]]
+    every = np.array([0, 1, 2])
+    assert _feed(make_policy("lru", 3), steps).choose_victims(every, 3).tolist() == [1, 2, 0]
+    assert _feed(make_policy("fifo", 3), steps).choose_victims(every, 3).tolist() == [0, 1, 2]
+    imp = _feed(make_policy("importance", 3, decay=0.0), steps, scores=[[5.0], [1.0], [3.0], [0.5]])
+    assert imp.choose_victims(every, 3).tolist() == [1, 2, 0]
+    # with decay 1 the scores add up: 0 has 5.5, 1 has 3, 2 has 1 -> 2 goes first although 1 is less recent
+    imp = _feed(make_policy("importance", 3, decay=1.0), steps, scores=[[5.0], [3.0], [1.0], [0.5]])
+    assert imp.choose_victims(every, 3).tolist() == [2, 1, 0]
+    imp = _feed(make_policy("importance", 3, decay=0.5), [[0], [1], [2]], scores=[[8.0], [3.0], [1.0]])
+    assert imp.score.tolist() == [2.0, 1.5, 1.0]                       # 8/4, 3/2, 1
+    assert make_policy("importance", 3, decay=0.25).decay == 0.25
+    # the factory passes its options through and rejects unknown ones
+    with pytest.raises(TypeError):
+        make_policy("lru", 3, decay=0.5)
+
+
 def test_policy_factory_and_errors():
-    assert isinstance(make_policy("lru", 4), LRUPolicy)
-    assert isinstance(make_policy("fifo", 4), FIFOPolicy)
     with pytest.raises(ValueError, match="policy must be one of"):
         make_policy("random", 4)
     with pytest.raises(ValueError, match="capacity must be a positive integer"):
         LRUPolicy(0)
     with pytest.raises(ValueError, match="decay must be in"):
         ImportancePolicy(2, decay=1.5)
+    with pytest.raises(TypeError, match="decay must be a number in \\[0, 1\\], got 'a'"):
+        ImportancePolicy(2, decay="a")
+    with pytest.raises(TypeError, match="decay must be a number"):
+        ImportancePolicy(2, decay=None)
+    with pytest.raises(TypeError, match="decay must be a number"):
+        TieredCache("tiny", capacity=80, policy="importance", policy_options={"decay": "a"})
     with pytest.raises(ValueError, match="2 victims needed but only 1"):
         LRUPolicy(3).choose_victims(np.array([0]), 2)
 

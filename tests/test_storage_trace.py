@@ -1,0 +1,168 @@
+"""TieredCache.run_trace (a whole ess.traces.Trace through the real cache), check_step, DiskTier.block_path and the
+storage module's public names."""
+import numpy as np
+import pytest
+
+import ess.storage as S
+from ess.layout import latent_entry_bytes
+from ess.policies import simulate_misses
+from ess.specs import model_spec
+from ess.storage import TieredCache
+from ess.traces import synthetic_trace
+
+TINY = model_spec("tiny")
+W = latent_entry_bytes(TINY)
+
+
+def _setup(ctx=300, steps=6, mtp=1, warm=4, capacity=None, seed=0):
+    trace = synthetic_trace(ctx, n_layers=TINY.n_layers, k=TINY.index_topk, mtp=mtp, steps=steps, batch=2,
+                            warmup_windows=warm, profile=[0.0, 0.9, 0.5, 0.7], seed=seed, model="uniform")
+    rng = np.random.default_rng(seed)
+    prefill = rng.integers(0, 256, (TINY.n_layers, ctx, W), dtype=np.uint8)
+    new = rng.integers(0, 256, (steps * mtp, TINY.n_layers, W), dtype=np.uint8)
+    cache = TieredCache(TINY, capacity=capacity or 2 * mtp * TINY.index_topk, backend="numba")
+    cache.add_request("q", prefill)
+    return trace, cache, prefill, new
+
+
+@pytest.mark.parametrize("mtp", [1, 2])
+def test_run_trace_equals_the_step_by_step_loop(mtp):
+    trace, cache, prefill, new = _setup(mtp=mtp)
+    df = cache.run_trace(trace, "q", batch_index=1, new_tokens=new, verify=True)
+    # the same calls written out by hand, on a second cache
+    _, hand, _, _ = _setup(mtp=mtp)
+    for layer in range(TINY.n_layers):
+        hand.warmup("q", layer, trace.warmup[1, layer])
+    for t in range(trace.steps):
+        for layer in range(TINY.n_layers):
+            hand.step("q", layer, trace.indices[1, layer, t])
+        for j in range(mtp):
+            hand.append_token("q", new[t * mtp + j])
+    assert df.equals(hand.metrics.to_frame())
+    assert (df.kind == "step").sum() == trace.steps * TINY.n_layers
+    assert (df.kind == "append").sum() == trace.steps * mtp
+    truth = np.concatenate([prefill, new.transpose(1, 0, 2)], axis=1)
+    np.testing.assert_array_equal(cache.host.entries("q"), truth)
+    for layer in range(TINY.n_layers):
+        m = cache.slot_map("q", layer)
+        np.testing.assert_array_equal(cache.device_rows(np.fromiter(m.values(), np.int64)),
+                                      truth[layer, np.fromiter(m, np.int64)])
+    # the bytes-free oracle counts the same misses layer by layer
+    st = df[df.kind == "step"]
+    for layer in range(TINY.n_layers):
+        want = simulate_misses(list(trace.indices[1, layer]), cache.capacity, warmup=list(trace.warmup[1, layer]))
+        assert st[st.layer == layer].misses.tolist() == want.tolist()
+
+
+def test_run_trace_returns_only_its_own_records_and_can_skip_warmup():
+    trace, cache, _, new = _setup()
+    cache.step("q", 0, np.array([1, 2, 3], np.int64))
+    df = cache.run_trace(trace, "q", warmup=False, new_tokens=new)
+    assert len(df) == len(cache.metrics) - 1 and "warmup" not in set(df.kind)
+    first = df[(df.kind == "step") & (df.layer == 1)].misses.iloc[0]
+    assert first >= TINY.index_topk - 3                     # cold pool: at most the 3 tokens stepped above hit
+
+
+@pytest.mark.parametrize("kwargs,err,match", [
+    ({"trace": "x"}, TypeError, "trace must be an ess.traces.Trace"),
+    ({"request_id": "nobody"}, ValueError, "unknown request_id"),
+    ({"batch_index": 2}, ValueError, r"batch_index must be an integer in \[0, 2\)"),
+    ({"new_tokens": "short"}, ValueError, "new_tokens must hold steps \\* mtp = 6 tokens"),
+    ({"new_tokens": None}, ValueError, "new_tokens is None but the trace selects token"),
+    ({"capacity": TINY.index_topk - 1}, ValueError, "capacity=63"),
+    ({"context": 299}, ValueError, "trace starts at context_len=300 tokens but request 'q' holds 299"),
+    ({"verify": 1}, TypeError, "warmup and verify must be True or False"),
+])
+def test_run_trace_checks_everything_before_changing_anything(kwargs, err, match):
+    trace, cache, prefill, new = _setup()
+    if "capacity" in kwargs:
+        cache = TieredCache(TINY, capacity=kwargs.pop("capacity"))
+        cache.add_request("q", prefill)
+    if "context" in kwargs:
+        cache = TieredCache(TINY, capacity=cache.capacity)
+        cache.add_request("q", prefill[:, :kwargs.pop("context")])
+    if kwargs.get("new_tokens") == "short":
+        kwargs["new_tokens"] = new[:-1]
+    args = {"trace": trace, "request_id": "q", "new_tokens": new, **kwargs}
+    before = cache.snapshot()
+    with pytest.raises(err, match=match):
+        cache.run_trace(args.pop("trace"), args.pop("request_id"), **args)
+    after = cache.snapshot()
+    np.testing.assert_array_equal(before["device"], after["device"])
+    assert before["n_metrics"] == after["n_metrics"]
+    for rid in before["host"]:
+        np.testing.assert_array_equal(before["host"][rid], after["host"][rid])
+
+
+def test_run_trace_layer_mismatch_and_missing_windows():
+    trace, cache, prefill, new = _setup(warm=0)
+    with pytest.raises(ValueError, match="the trace has no warmup windows"):
+        cache.run_trace(trace, "q", new_tokens=new)
+    assert len(cache.metrics) == 0
+    three = TieredCache(model_spec("tiny"), capacity=cache.capacity)
+    other = synthetic_trace(300, n_layers=3, k=TINY.index_topk, mtp=1, steps=2, batch=1, warmup_windows=0,
+                            model="uniform")
+    three.add_request("q", prefill)
+    with pytest.raises(ValueError, match="trace has 3 layers, the cache 4"):
+        three.run_trace(other, "q", warmup=False)
+
+
+def test_run_trace_verify_catches_a_wrong_copy(monkeypatch):
+    trace, cache, _, new = _setup()
+    real = TieredCache._copy_rows
+
+    def corrupting(self, src, src_idx, dst, dst_idx):
+        real(self, src, src_idx, dst, dst_idx)
+        dst[int(dst_idx[0])] ^= 1                                 # one bit of the first loaded row flipped
+
+    monkeypatch.setattr(TieredCache, "_copy_rows", corrupting)
+    with pytest.raises(RuntimeError, match="differ from their host copies"):
+        cache.run_trace(trace, "q", warmup=False, new_tokens=new, verify=True)
+
+
+def test_check_step_raises_what_step_raises_and_changes_nothing():
+    _, cache, _, _ = _setup()
+    before = cache.snapshot()
+    cache.check_step("q", 0, np.array([1, 2, -1], np.int64))
+    for args, err, match in [(("nobody", 0, np.array([1])), ValueError, "unknown request_id"),
+                             (("q", 9, np.array([1])), ValueError, r"layer must be in \[0, 4\)"),
+                             (("q", 0, np.array([300])), ValueError, r"holds 300, outside \[-1, 300\)"),
+                             (("q", 0, np.array([1, 1])), ValueError, "repeats token 1"),
+                             (("q", 0, np.array([1.0])), TypeError, "integers")]:
+        with pytest.raises(err, match=match):
+            cache.check_step(*args)
+        with pytest.raises(err, match=match):
+            cache.step(*args)
+    with pytest.raises(ValueError, match="scores must have the shape"):
+        cache.check_step("q", 0, np.array([1, 2]), scores=np.array([1.0]))
+    after = cache.snapshot()
+    np.testing.assert_array_equal(before["device"], after["device"])
+    assert before["n_metrics"] == after["n_metrics"]
+
+
+def test_block_path_is_the_file_the_blocks_live_in(tmp_path):
+    cache = TieredCache(TINY, capacity=TINY.index_topk, disk_dir=tmp_path, block_tokens=16)
+    e = np.random.default_rng(3).integers(0, 256, (4, 40, W), dtype=np.uint8)
+    cache.add_request("req.0", e)
+    path = cache.disk.block_path("req.0")
+    assert not path.exists()
+    cache.spill("req.0")
+    assert path.exists() and path.parent == tmp_path
+    assert path.stat().st_size == 3 * cache.disk.block_bytes                # 40 tokens in 16-token blocks
+    mm = np.fromfile(path, np.uint8).reshape(3, 4, 16, W)
+    np.testing.assert_array_equal(mm[1, :, :16], e[:, 16:32])              # block 1 holds tokens 16..31, all layers
+    with open(path, "r+b") as fh:                                           # damage block 2 through the public path
+        fh.seek(2 * cache.disk.block_bytes + 7)
+        b = fh.read(1)
+        fh.seek(2 * cache.disk.block_bytes + 7)
+        fh.write(bytes([b[0] ^ 0xFF]))
+    assert cache.disk.verify("req.0") == [2]
+    assert cache.disk.block_path(7).name != cache.disk.block_path("7").name   # int and str ids do not collide
+    with pytest.raises(ValueError, match="cannot name a disk file"):
+        cache.disk.block_path("../evil")
+
+
+def test_public_names():
+    for name in S.__all__:
+        assert hasattr(S, name), name
+    assert "tier_placement" in S.__all__
