@@ -35,7 +35,7 @@ import numpy as np
 from .kernels import resolve_backend
 from .kernels.attention import get as _kernels
 from .layout import indexer_entry_bytes, latent_layout
-from .quant import fp8_e4m3_round, hadamard_rotate
+from .quant import FP8_BLOCK, dequantize_fp8_tiles, hadamard_rotate, quantize_fp8_tiles
 from .specs import ModelSpec
 
 __all__ = [
@@ -120,8 +120,10 @@ def _lengths(lengths: Any, B: int, L: int) -> np.ndarray:
     if lengths is None:
         return np.full(B, L, dtype=np.int64)
     arr = np.asarray(lengths)
-    if not np.issubdtype(arr.dtype, np.integer) or arr.shape != (B,):
-        raise ValueError(f"lengths must be {B} integers (one per request), got {arr.dtype} shape {arr.shape}")
+    if not np.issubdtype(arr.dtype, np.integer):
+        raise TypeError(f"lengths must be an integer array ({B},) (one per request), got dtype {arr.dtype}")
+    if arr.shape != (B,):
+        raise ValueError(f"lengths must be {B} integers (one per request), got shape {arr.shape}")
     if arr.min(initial=1) < 1 or arr.max(initial=1) > L:
         raise ValueError(f"lengths must be in [1, L={L}], got min {arr.min()} max {arr.max()}")
     return np.ascontiguousarray(arr, dtype=np.int64)
@@ -142,20 +144,20 @@ def _run(backend: str, device: str | None, name: str, *args) -> None:
 
 def prepare_index_queries(q, *, rotate: bool = True, fp8: bool = True) -> np.ndarray:
     """Indexer queries as the model feeds them to the FP8 kernel: Hadamard-rotated over the head dim, then rounded
-    to FP8 e4m3 with one scale per 128-value block (per query head). Rotate the keys too (before
+    to FP8 e4m3 with one scale per :data:`ess.quant.FP8_BLOCK`-value block (per query head;
+:func:`ess.quant.quantize_fp8_tiles`). Rotate the keys too (before
     :func:`ess.quant.encode_indexer_keys`) so that dot products are preserved."""
     q = _float_array(q, "q", np.ndim(q), "(..., D)")
     if rotate:
         q = hadamard_rotate(q)
     if fp8:
         d = q.shape[-1]
-        tile = min(d, 128)
+        tile = min(d, FP8_BLOCK)
         if d % tile:
-            raise ValueError(f"q: head dim {d} must be a multiple of 128 (or at most 128) for FP8 blocks")
-        blocks = q.reshape(*q.shape[:-1], d // tile, tile)
-        amax = np.abs(blocks).max(axis=-1, keepdims=True)
-        s = np.where(amax > 0, amax / 448.0, 1.0).astype(np.float32)
-        q = (fp8_e4m3_round(blocks / s) * s).reshape(q.shape).astype(np.float32)
+            raise ValueError(f"q: head dim {d} must be a multiple of {FP8_BLOCK} (or at most {FP8_BLOCK}) for FP8 "
+                             f"blocks")
+        codes, scales = quantize_fp8_tiles(q, tile)
+        q = dequantize_fp8_tiles(codes, scales, tile)
     return q
 
 
@@ -166,6 +168,10 @@ def indexer_scores(q, weights, keys, lengths=None, *, backend: str = "auto", dev
     entries (:func:`ess.quant.encode_indexer_keys`); lengths: (B,) visible tokens per request (default L; the
     query sits at position ``lengths[b] - 1`` and sees tokens ``s < lengths[b]``). Returns (B, L) float32 with
     ``-inf`` at invisible tokens.
+
+    The float32 scale of every visible key must be finite and >= 0 (the quantiser writes ``amax / FP8_E4M3_MAX`` or 1; zero
+    is an all-zero key): the backends apply it before (reference) or after (numba, torch) the ReLU, which agree
+    only for non-negative scales, so a negative or non-finite scale is a ``ValueError`` naming ``keys``.
     """
     q = _float_array(q, "q", 3, "(B, Hi, D)")
     B, Hi, D = q.shape
@@ -179,12 +185,17 @@ def indexer_scores(q, weights, keys, lengths=None, *, backend: str = "auto", dev
         raise ValueError("keys must hold at least one token (L >= 1)")
     L = keys.shape[1]
     lengths = _lengths(lengths, B, L)
+    visible = np.arange(L)[None, :] < lengths[:, None]
+    scales = np.ascontiguousarray(keys[..., D:D + 4]).view("<f4")[..., 0][visible]
+    if scales.size and not (np.isfinite(scales).all() and (scales >= 0).all()):
+        bad = scales[~(np.isfinite(scales) & (scales >= 0))][0]
+        raise ValueError(f"keys: the float32 scale of every visible entry must be finite and >= 0 (found {bad}); "
+                         f"ReLU(s * x) = s * ReLU(x) holds only for s >= 0")
     out = np.empty((B, L), dtype=np.float32)
     _run(backend, device, "indexer_scores", q, weights, keys, lengths, out)
-    visible = np.arange(L)[None, :] < lengths[:, None]
     if not np.isfinite(out[visible]).all():
-        raise ValueError("keys: visible entries decode to non-finite values (an FP8 NaN byte 0x7f/0xff or a "
-                         "non-finite scale), or q . k overflowed")
+        raise ValueError("keys: visible entries decode to non-finite values (an FP8 NaN byte 0x7f/0xff), or q . k "
+                         "overflowed")
     return out
 
 
@@ -193,8 +204,10 @@ def topk_indices(scores, k: int) -> np.ndarray:
     lower token index, ``-inf`` (invisible) tokens never chosen, padded with ``-1`` when fewer than ``k`` remain."""
     k = _positive_int(k, "k")
     s = np.asarray(scores)
-    if s.ndim != 2 or not np.issubdtype(s.dtype, np.floating):
-        raise ValueError(f"scores must be a float array (B, L), got dtype {s.dtype} shape {s.shape}")
+    if not np.issubdtype(s.dtype, np.floating):
+        raise TypeError(f"scores must be a float array (B, L), got dtype {s.dtype}")
+    if s.ndim != 2:
+        raise ValueError(f"scores must be a float array (B, L), got shape {s.shape}")
     if np.isnan(s).any() or np.isposinf(s).any():
         raise ValueError("scores must not hold NaN or +inf (-inf marks an invisible token)")
     B, L = s.shape
@@ -221,6 +234,12 @@ def _pool_and_indices(latents: np.ndarray, indices: np.ndarray, B: int) -> tuple
     n_rows = latents.shape[-2]
     if idx.size and (idx.min() < -1 or idx.max() >= n_rows):
         raise ValueError(f"indices must be in [-1, {n_rows}) (-1 = padding), got min {idx.min()} max {idx.max()}")
+    srt = np.sort(idx, axis=1)
+    dup = (srt[:, 1:] == srt[:, :-1]) & (srt[:, 1:] >= 0)
+    if dup.any():
+        r, c = np.argwhere(dup)[0]
+        raise ValueError(f"indices must not repeat a valid entry within a request (each selected entry is attended "
+                         f"once); request {r} repeats {srt[r, c + 1]}")
     if latents.ndim == 2:
         return latents, np.ascontiguousarray(idx)
     if latents.shape[0] != B:
@@ -288,6 +307,9 @@ def dense_mla_decode(q, latents, model: ModelSpec, lengths=None, *, dtype: str =
 
 def merge_attention(a: AttentionOutput, b: AttentionOutput) -> AttentionOutput:
     """Exact merge of attention over two disjoint entry sets from their outputs and log-sum-exps."""
+    for name, x in (("a", a), ("b", b)):
+        if not isinstance(x, AttentionOutput):
+            raise TypeError(f"merge_attention: {name} must be an AttentionOutput (out, lse), got {type(x).__name__}")
     if a.out.shape != b.out.shape or a.lse.shape != b.lse.shape:
         raise ValueError(f"merge_attention: shapes differ: out {a.out.shape} vs {b.out.shape}, "
                          f"lse {a.lse.shape} vs {b.lse.shape}")
@@ -352,11 +374,27 @@ def decode_step(cache, layer: int, request_ids: Sequence, q_index, index_weights
 
     index_keys: one (L_b, D + 4) uint8 indexer cache per request; q_index (B, Hi, D), index_weights (B, Hi), q
     (B, H, Dqk) as in :func:`indexer_scores` and :func:`sparse_mla_decode`. ``topk`` defaults to the model's.
+
+    The cache contract: ``check_step(request_id, layer, indices, scores=...)`` raises on bad input and changes
+    nothing, ``step(...)`` with the same arguments, ``device_rows(slots)``. Every request id, the layer and every
+    request's top-K set (against that request's token count and the pool capacity) are checked with ``check_step``
+    before the first ``step``, so bad input leaves every pool as it was. A transfer that fails part-way through the
+    batch (``TransferError``) leaves the earlier requests' steps done.
     """
     request_ids = list(request_ids)
     B = len(request_ids)
     if B == 0:
         raise ValueError("request_ids must name at least one request")
+    try:
+        distinct = len(set(request_ids)) == B
+    except TypeError:
+        raise TypeError("request_ids must be hashable request ids") from None
+    if not distinct:
+        raise ValueError(f"request_ids must be distinct (one top-K set per request), got {request_ids!r}")
+    for attr in ("check_step", "step", "device_rows"):
+        if not callable(getattr(cache, attr, None)):
+            raise TypeError(f"cache must provide check_step(), step() and device_rows() (an ess.storage.TieredCache);"
+                            f" {type(cache).__name__} has no {attr}()")
     keys, lengths = _ragged(index_keys, "index_keys", indexer_entry_bytes(model))
     if keys.shape[0] != B:
         raise ValueError(f"index_keys must hold one cache per request ({B}), got {keys.shape[0]}")
@@ -366,13 +404,15 @@ def decode_step(cache, layer: int, request_ids: Sequence, q_index, index_weights
         raise ValueError(f"q must have shape (B={B}, H, {model.latent_dim}), got {q.shape}")
     scores = indexer_scores(q_index, index_weights, keys, lengths, backend=backend, device=device)
     indices = topk_indices(scores, k)                                                # (B, K)
+    sel = np.take_along_axis(scores, np.maximum(indices, 0), axis=1).astype(np.float64)
+    sel = np.where(indices >= 0, sel, 0.0)                                           # (B, K) scores of the picks
+    for b, rid in enumerate(request_ids):                                            # all checks before any step
+        cache.check_step(rid, layer, indices[b], scores=sel[b])
     dtype = getattr(cache, "dtype", "fp8")
     E = latent_layout(model, dtype).entry_bytes
     pool = np.zeros((B * k, E), dtype=np.uint8)
     local = np.full((B, k), -1, dtype=np.int64)
     steps = []
-    sel = np.take_along_axis(scores, np.maximum(indices, 0), axis=1).astype(np.float64)
-    sel = np.where(indices >= 0, sel, 0.0)                                           # (B, K) scores of the picks
     for b, rid in enumerate(request_ids):
         res = cache.step(rid, layer, indices[b], scores=sel[b])                      # scores feed "importance"
         slots = np.asarray(res.slots, dtype=np.int64)
@@ -538,12 +578,25 @@ def lossless_check(model: ModelSpec, *, ratios: Sequence[float] = (0.1, 0.3, 1.0
                    steps: int = 4, backend: str = "auto", seed: int = 0):
     """Decode steps through :class:`ess.storage.TieredCache` against attention over all-resident caches, for each
     ratio and policy: returns a DataFrame with the misses served and whether every output and log-sum-exp was
-    bit-for-bit equal."""
+    bit-for-bit equal.
+
+    The pool of each ratio has :func:`ess.storage.capacity_from_ratio` slots (``floor(ratio x page-padded tokens)``,
+    the rule of :func:`ess.layout.pool_slots`); ``n_tokens=None`` takes the shortest whole-page context, and at least
+    4 K tokens, at which the smallest ratio's pool holds one step's K entries. A given ``n_tokens`` too short for a
+    ratio is a ``ValueError``."""
     import pandas as pd
+    from .layout import padded_tokens
     from .quant import encode_indexer_keys, encode_latent
-    from .storage import TieredCache
+    from .storage import TieredCache, capacity_from_ratio
     K = model.index_topk
-    L = n_tokens or 4 * K
+    ratios = list(ratios)
+    if not ratios:
+        raise ValueError("ratios must name at least one sparse-memory ratio")
+    if n_tokens is None:
+        L = max(4 * K, padded_tokens(model, math.ceil(K / min(float(r) for r in ratios))))
+    else:
+        L = _positive_int(n_tokens, "n_tokens")
+    capacities = {r: capacity_from_ratio(model, r, L) for r in ratios}              # all checked before running
     rows = []
     for ratio in ratios:
         for policy in policies:
@@ -551,7 +604,7 @@ def lossless_check(model: ModelSpec, *, ratios: Sequence[float] = (0.1, 0.3, 1.0
             ckv, rope = _random_latents(rng, model, (batch, model.n_layers, L))
             lat = encode_latent(ckv, rope, model)
             keys = [encode_indexer_keys(rng.standard_normal((L, model.index_head_dim)), model) for _ in range(batch)]
-            cache = TieredCache(model, capacity=max(K, int(np.ceil(ratio * L))), policy=policy)
+            cache = TieredCache(model, capacity=capacities[ratio], policy=policy)
             ids = [f"r{b}" for b in range(batch)]
             for rid, e in zip(ids, lat):
                 cache.add_request(rid, e)

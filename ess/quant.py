@@ -30,12 +30,15 @@ from .layout import indexer_entry_bytes, latent_layout
 from .specs import ModelSpec
 
 __all__ = [
-    "FP8_E4M3_MAX", "FP8_E4M3_VALUES", "fp8_e4m3_encode", "fp8_e4m3_decode", "fp8_e4m3_round",
+    "FP8_E4M3_MAX", "FP8_BLOCK", "FP8_E4M3_VALUES", "fp8_e4m3_encode", "fp8_e4m3_decode", "fp8_e4m3_round",
     "bf16_encode", "bf16_decode", "bf16_round", "quantize_fp8_tiles", "dequantize_fp8_tiles",
     "hadamard_rotate", "encode_latent", "decode_latent", "encode_indexer_keys", "decode_indexer_keys",
 ]
 
 FP8_E4M3_MAX = 448.0  # largest finite float8_e4m3fn value: 1.75 * 2**8 (OCP 8-bit floating point spec)
+# values per FP8 scale block of the indexer's q and k (and of the c_KV tiles): paper-facts.md "DeepSeek-V3.2-Exp
+# geometry" ("a Hadamard transform then per-128-block FP8 quantisation of q and k"; 656 B = 512 fp8 + 4 scales)
+FP8_BLOCK = 128
 
 
 def _fp8_table() -> np.ndarray:
@@ -115,7 +118,7 @@ def _tile_scales(amax: np.ndarray, pow2_scale: bool) -> np.ndarray:
     return s.astype(np.float32)
 
 
-def quantize_fp8_tiles(x, tile: int = 128, *, pow2_scale: bool = False) -> tuple[np.ndarray, np.ndarray]:
+def quantize_fp8_tiles(x, tile: int = FP8_BLOCK, *, pow2_scale: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """Quantise the last axis of ``x`` in tiles of ``tile`` values: returns (codes uint8 (..., n), scales float32
     (..., n // tile)) with ``x ~= fp8(codes) * scale`` per tile."""
     x = np.asarray(x, dtype=np.float32)
@@ -128,7 +131,7 @@ def quantize_fp8_tiles(x, tile: int = 128, *, pow2_scale: bool = False) -> tuple
     return codes.reshape(x.shape), scales
 
 
-def dequantize_fp8_tiles(codes, scales, tile: int = 128) -> np.ndarray:
+def dequantize_fp8_tiles(codes, scales, tile: int = FP8_BLOCK) -> np.ndarray:
     """Inverse of :func:`quantize_fp8_tiles` (float32)."""
     vals = fp8_e4m3_decode(codes)
     tiles = vals.reshape(*vals.shape[:-1], vals.shape[-1] // tile, tile)

@@ -1,7 +1,6 @@
 """Public attention wrappers: top-k rule, sparse = dense when K >= L, split-and-merge = one pass, bad inputs, and the
 decode step through a tiered cache equal, bit for bit, to attention over an all-resident cache."""
 import dataclasses
-import importlib.util
 import math
 from types import SimpleNamespace
 
@@ -93,7 +92,7 @@ def test_prepared_queries_keep_scores_close():
 def test_bad_inputs_name_the_argument():
     rng = np.random.default_rng(4)
     q, lat = _latents(rng, 2, 10, 3)
-    idx = np.zeros((2, 4), dtype=np.int64)
+    idx = np.tile(np.arange(4, dtype=np.int64), (2, 1))
     keys = quant.encode_indexer_keys(rng.standard_normal((2, 10, 32)), TINY)
     qi, w = rng.standard_normal((2, 4, 32)), rng.random((2, 4))
     with pytest.raises(ValueError, match="k must be > 0"):
@@ -126,6 +125,60 @@ def test_bad_inputs_name_the_argument():
         A.sparse_mla_decode(q, lat.astype(np.int16), idx, TINY)
     with pytest.raises(ValueError, match="backend must be"):
         A.sparse_mla_decode(q, lat, idx, TINY, backend="cuda-magic")
+    with pytest.raises(ValueError, match="indices must not repeat a valid entry.*request 1 repeats 2"):
+        A.sparse_mla_decode(q, lat, np.array([[0, 1, -1, -1], [2, -1, 5, 2]]), TINY)
+    A.sparse_mla_decode(q, lat, np.array([[0, -1, -1, 1], [2, -1, -1, 5]]), TINY)      # repeated padding is fine
+    with pytest.raises(TypeError, match="lengths must be an integer array"):
+        A.indexer_scores(qi, w, keys, np.array([3.0, 4.0]))
+    with pytest.raises(ValueError, match="lengths must be 2 integers"):
+        A.indexer_scores(qi, w, keys, np.array([3, 4, 5]))
+    with pytest.raises(TypeError, match="scores must be a float array"):
+        A.topk_indices(np.zeros((1, 3), np.int64), 2)
+    with pytest.raises(ValueError, match="scores must be a float array \\(B, L\\), got shape"):
+        A.topk_indices(np.zeros(3), 2)
+    with pytest.raises(TypeError, match="merge_attention: a must be an AttentionOutput"):
+        A.merge_attention(1, 2)
+    out = A.sparse_mla_decode(q, lat, idx, TINY)
+    with pytest.raises(TypeError, match="merge_attention: b must be an AttentionOutput .*got tuple"):
+        A.merge_attention(out, (out.out, out.lse))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_indexer_rejects_negative_or_non_finite_key_scales(backend):
+    rng = np.random.default_rng(11)
+    qi, w = rng.standard_normal((1, 4, 32)), rng.random((1, 4))
+    keys = quant.encode_indexer_keys(rng.standard_normal((1, 10, 32)), TINY)
+    # a negative scale: the reference (scale before the ReLU) and numba/torch (after) would disagree
+    for bad in (-0.5, np.inf, np.nan):
+        k = keys.copy()
+        k[0, 4, 32:36] = np.frombuffer(np.float32(bad).tobytes(), np.uint8)
+        with pytest.raises(ValueError, match="keys: the float32 scale of every visible entry must be finite and >= 0"):
+            A.indexer_scores(qi, w, k, backend=backend)
+        # the same entry outside the visible range is never read: no error
+        got = A.indexer_scores(qi, w, k, np.array([4]), backend=backend)
+        assert np.isneginf(got[0, 4:]).all()
+    # zero is allowed (an all-zero key): its score is 0 on every backend
+    k = keys.copy()
+    k[0, 4, 32:36] = 0
+    got = A.indexer_scores(qi, w, k, backend=backend)
+    assert got[0, 4] == 0.0
+    ref = A.indexer_scores(qi, w, k, backend="reference")
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_prepare_index_queries_is_the_fp8_tile_quantiser():
+    rng = np.random.default_rng(12)
+    q = rng.standard_normal((2, 3, 256)).astype(np.float32)
+    got = A.prepare_index_queries(q, rotate=False)
+    codes, scales = quant.quantize_fp8_tiles(q, quant.FP8_BLOCK)
+    np.testing.assert_array_equal(got, quant.dequantize_fp8_tiles(codes, scales, quant.FP8_BLOCK))
+    # each 128-value block keeps its largest magnitude exactly (it maps to the e4m3 maximum)
+    blocks = q.reshape(2, 3, 2, 128)
+    amax = np.abs(blocks).max(axis=-1)
+    np.testing.assert_allclose(np.abs(got.reshape(2, 3, 2, 128)).max(axis=-1), amax, rtol=1e-6)
+    assert not np.array_equal(got, q)                                   # really rounded
+    with pytest.raises(ValueError, match="q: head dim 192 must be a multiple of 128"):
+        A.prepare_index_queries(rng.standard_normal((1, 192)), rotate=False)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -138,7 +191,7 @@ def test_non_finite_stored_bytes_are_reported(backend):
         A.sparse_mla_decode(q, bad, np.array([[1, 3, 4]]), TINY, backend=backend)
     A.sparse_mla_decode(q, bad, np.array([[1, 2, 4]]), TINY, backend=backend)    # entry 3 not selected: fine
     keys = quant.encode_indexer_keys(rng.standard_normal((1, 10, 32)), TINY)
-    keys[0, 2, 32:36] = np.frombuffer(np.float32(np.inf).tobytes(), np.uint8)    # an infinite scale
+    keys[0, 2, 7] = 0xFF                                                         # an FP8 NaN code in a key
     with pytest.raises(ValueError, match="keys: visible entries decode to non-finite"):
         A.indexer_scores(rng.standard_normal((1, 4, 32)), np.ones((1, 4)), keys, backend=backend)
 
@@ -151,6 +204,72 @@ def test_decode_step_checks_q_before_touching_the_cache():
     with pytest.raises(ValueError, match="q must hold finite"):
         A.decode_step(cache, 0, ["r"], qi, w, keys, np.full_like(q, np.nan), TINY)
     assert not cache.where                                             # nothing was loaded
+
+
+def _tiered(lens, capacity, seed):
+    from ess.storage import TieredCache
+    rng = np.random.default_rng(seed)
+    lat, keys, qi, w, q = _decode_inputs(rng, TINY, len(lens), lens)
+    cache = TieredCache(TINY, capacity=capacity, backend="numba")
+    for b, e in enumerate(lat):
+        cache.add_request(f"r{b}", e)
+    return cache, lat, keys, qi, w, q
+
+
+def _same_snapshot(a, b):
+    assert a.keys() == b.keys()
+    np.testing.assert_array_equal(a["device"], b["device"])
+    assert a["free_blocks"] == b["free_blocks"] and a["n_metrics"] == b["n_metrics"]
+    for rid, pools in a["pools"].items():
+        for pa, pb in zip(pools, b["pools"][rid]):
+            np.testing.assert_array_equal(pa["token_of"], pb["token_of"])
+            np.testing.assert_array_equal(pa["slot_of"], pb["slot_of"])
+            assert pa["steps"] == pb["steps"]
+            for key in pa["policy"]:
+                np.testing.assert_array_equal(pa["policy"][key], pb["policy"][key])
+
+
+@pytest.mark.parametrize("bad_at", [0, 1, 2])
+@pytest.mark.parametrize("kind", ["unknown_id", "indices_past_tokens"])
+def test_decode_step_checks_every_request_before_any_step(bad_at, kind):
+    lens = [120, 100, 90]
+    K = TINY.index_topk
+    cache, lat, keys, qi, w, q = _tiered(lens, K + 5, seed=20 + bad_at)
+    ids = ["r0", "r1", "r2"]
+    A.decode_step(cache, 1, ids, qi, w, keys, q, TINY)                     # some residents to disturb
+    before = cache.snapshot()
+    good = (qi, w, keys)
+    if kind == "unknown_id":
+        ids[bad_at] = "nobody"
+        err, match = ValueError, "unknown request_id 'nobody'"
+    elif kind == "indices_past_tokens":                                    # the indexer cache is longer than the
+        rng = np.random.default_rng(1)                                     # request's latent cache: top-K picks a
+        extra = quant.encode_indexer_keys(rng.standard_normal((30, TINY.index_head_dim)), TINY)  # token past it
+        keys = list(keys)
+        keys[bad_at] = np.concatenate([keys[bad_at], extra])
+        qi = qi.copy()
+        w = w.copy()
+        w[bad_at] = 1.0
+        qi[bad_at] = quant.decode_indexer_keys(extra[-1], TINY)[None] * 10    # so the new last token scores high
+        err, match = ValueError, "outside \\[-1, " + str(lens[bad_at]) + "\\)"
+    with pytest.raises(err, match=match):
+        A.decode_step(cache, 1, ids, qi, w, keys, q, TINY)
+    _same_snapshot(before, cache.snapshot())
+    qi, w, keys = good
+    with pytest.raises(ValueError, match=f"capacity={K + 5}"):                 # more than the pool holds
+        A.decode_step(cache, 1, ["r0", "r1", "r2"], qi, w, keys, q, TINY, topk=K + 6)
+    with pytest.raises(ValueError, match="layer must be in \\[0, 4\\)"):
+        A.decode_step(cache, 4, ["r0", "r1", "r2"], qi, w, keys, q, TINY)
+    with pytest.raises(ValueError, match="request_ids must be distinct"):
+        A.decode_step(cache, 0, ["r0", "r1", "r0"], qi, w, keys, q, TINY)
+    _same_snapshot(before, cache.snapshot())
+
+
+def test_decode_step_needs_the_cache_contract():
+    rng = np.random.default_rng(13)
+    lat, keys, qi, w, q = _decode_inputs(rng, TINY, 1, [50])
+    with pytest.raises(TypeError, match="cache must provide check_step"):
+        A.decode_step(SimpleNamespace(step=None), 0, ["r"], qi, w, keys, q, TINY)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -169,6 +288,12 @@ class _ScatterCache:
 
     def add_request(self, rid, entries):
         self.host[rid] = entries
+
+    def check_step(self, rid, layer, indices, **_):
+        if rid not in self.host:
+            raise ValueError(f"unknown request_id {rid!r}")
+        if not 0 <= layer < self.host[rid].shape[0] or indices.max() >= self.host[rid].shape[1]:
+            raise ValueError("layer or indices out of range")
 
     def step(self, rid, layer, indices, **_):
         slots = np.full(indices.shape, -1, np.int64)
@@ -224,10 +349,6 @@ def test_decode_step_through_a_scattering_cache_is_bitwise_lossless(backend):
         assert (step.indices[2] >= 0).sum() == 40 and (step.indices[0] >= 0).all()
 
 
-_HAS_STORAGE = importlib.util.find_spec("ess.storage") is not None
-
-
-@pytest.mark.skipif(not _HAS_STORAGE, reason="ess.storage (the tiered cache) is not in this checkout yet")
 @settings(max_examples=12, deadline=None)
 @given(ratio=st.floats(0.05, 1.0), policy=st.sampled_from(["lru", "fifo", "importance"]), B=st.integers(1, 3),
        backend=st.sampled_from(BACKENDS), seed=st.integers(0, 2 ** 16))
@@ -252,3 +373,15 @@ def test_decode_step_through_tiered_cache_is_bitwise_lossless(ratio, policy, B, 
         misses += sum(int(r.miss_pos.size) for r in step.steps)
         qi = qi + rng.standard_normal(qi.shape) * 0.3                  # the next step selects a shifted set
     assert misses > 0                                                  # rows really came in through the cache
+
+
+def test_lossless_check_sizes_pools_by_the_ratio_rule():
+    from ess.storage import capacity_from_ratio
+    df = A.lossless_check(TINY, ratios=(0.1, 1.0), policies=("lru",), batch=1, steps=3, backend="numba")
+    L = df.attrs["config"]["L"]
+    assert L == 640                                   # 64 / 0.1 tokens, whole 64-token pages, >= 4 K = 256
+    assert df.capacity.tolist() == [capacity_from_ratio(TINY, 0.1, L), capacity_from_ratio(TINY, 1.0, L)] == [64, 640]
+    assert df.bitwise_equal.all() and (df.misses > 0).all()
+    assert df.misses.iloc[0] > df.misses.iloc[1]      # step 3 returns to step 1's topic: only the big pool kept it
+    with pytest.raises(ValueError, match="fewer than the K = 64"):
+        A.lossless_check(TINY, ratios=(0.1,), policies=("lru",), n_tokens=256, steps=1)
