@@ -110,3 +110,46 @@ def test_torch_cuda_matches_reference():
     g = A.sparse_mla_decode(q, lat, idx, TINY, backend="torch", device="cuda")
     np.testing.assert_allclose(g.out, r.out, rtol=1e-3, atol=1e-4)
     np.testing.assert_allclose(g.lse, r.lse, rtol=1e-4, atol=1e-4)
+
+
+def test_numba_workspace_is_per_thread():
+    """Two threads decoding different inputs of the same shape at once each get their own result (the scratch
+    buffer of the dequantised entries is per thread), and one thread reuses its buffer between calls."""
+    import threading
+
+    from ess.kernels.attention import numba_cpu, reference
+    rng = np.random.default_rng(3)
+    m = TINY
+    fmt = (True, m.kv_lora_rank, m.qk_rope_head_dim, m.latent_fp8_tile)
+    cases = []
+    for _ in range(2):
+        pool = quant.encode_latent(rng.standard_normal((300, m.kv_lora_rank)),
+                                   rng.standard_normal((300, m.qk_rope_head_dim)), m)
+        q = rng.standard_normal((2, 4, m.latent_dim)).astype(np.float32)
+        idx = np.stack([rng.permutation(300)[:64] for _ in range(2)]).astype(np.int64)
+        want_o, want_l = np.empty((2, 4, m.kv_lora_rank), np.float32), np.empty((2, 4), np.float32)
+        reference.sparse_mla_decode(q, pool, idx, 0.1, *fmt, want_o, want_l)
+        cases.append((q, pool, idx, want_o))
+    numba_cpu.sparse_mla_decode(*cases[0][:3], 0.1, *fmt, np.empty((2, 4, m.kv_lora_rank), np.float32),
+                                np.empty((2, 4), np.float32))                  # compile outside the threads
+    errors, buffers = [], {}
+    start = threading.Barrier(2)
+
+    def run(i):
+        q, pool, idx, want = cases[i]
+        start.wait()
+        for _ in range(30):
+            out, lse = np.empty((2, 4, m.kv_lora_rank), np.float32), np.empty((2, 4), np.float32)
+            numba_cpu.sparse_mla_decode(q, pool, idx, 0.1, *fmt, out, lse)
+            if not np.allclose(out, want, rtol=1e-4, atol=1e-5):
+                errors.append(i)
+        buffers[i] = numba_cpu._workspace((2, 64, m.latent_dim))
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert buffers[0] is not buffers[1]                                   # one buffer per thread
+    assert numba_cpu._workspace((2, 64, m.latent_dim)) is numba_cpu._workspace((2, 64, m.latent_dim))  # reused

@@ -113,6 +113,22 @@ def test_validation_of_rows():
         gather_rows(src, idx, backend="cupy")
 
 
+@pytest.mark.parametrize("backend", ["reference", "numba", "torch"])
+def test_unknown_mode_is_rejected_on_every_backend(backend):
+    src, idx = _case(6, 656, 3, seed=1)
+    dst = np.zeros((3, 656), np.uint8)
+    for call in (lambda m: copy_rows(src, idx, dst, np.arange(3), backend=backend, mode=m),
+                 lambda m: gather_rows(src, idx, backend=backend, mode=m),
+                 lambda m: scatter_rows(src[:3], np.arange(3), dst, backend=backend, mode=m)):
+        with pytest.raises(ValueError, match="mode must be one of .*got 'bogus'"):
+            call("bogus")
+        with pytest.raises(ValueError, match="mode must be one of"):
+            call(None)
+    assert not dst.any()                                                   # nothing was copied
+    copy_rows(src, idx, dst, np.arange(3), backend=backend, mode="staged")  # a valid mode works everywhere
+    np.testing.assert_array_equal(dst, reference.copy_rows(src, idx, np.zeros_like(dst), np.arange(3)))
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("mode", ["zero_copy", "staged", "per_row"])
 def test_cuda_modes_match_reference(mode):

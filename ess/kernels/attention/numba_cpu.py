@@ -7,7 +7,8 @@ register blocking so that each value loaded feeds several fused multiply-adds:
 * **indexer**: one task per (request, chunk of 256 tokens); four keys at a time are dequantised from FP8 through a
   256-entry table into a small buffer (fused: no dequantised copy of the cache is ever written), then every indexer
   head's query is dotted with the four keys (one load of q feeds four FMAs). The per-key scale is applied after the
-  ReLU (``ReLU(s x) = s ReLU(x)`` for the positive scale), once per key instead of once per value.
+  ReLU, once per key instead of once per value: ``ReLU(s x) = s ReLU(x)`` holds only for ``s >= 0`` (the reference
+  applies it before the ReLU), so :func:`ess.attention.indexer_scores` rejects negative or non-finite scales.
 * **sparse MLA**: the selected entries of each request are gathered and dequantised once (parallel over entries) into
   a reused float32 (K, 576) buffer; then one task per (request, block of 16 heads) computes the scores with entries
   in the outer loop and a 4-head x 2-entry register block (six loads feed eight FMAs), the softmax, and ``P V`` with
@@ -17,6 +18,8 @@ Arithmetic is float32 (accumulation order differs from the float64 reference: co
 """
 from __future__ import annotations
 
+import threading
+
 import numba
 import numpy as np
 from numba import njit, prange
@@ -25,7 +28,8 @@ from ...quant import FP8_E4M3_VALUES
 
 __all__ = ["indexer_scores", "sparse_mla_decode"]
 
-_LUT = np.ascontiguousarray(FP8_E4M3_VALUES, dtype=np.float32)
+_LUT = np.ascontiguousarray(FP8_E4M3_VALUES, dtype=np.float32)   # immutable table, safe to share between threads
+_LUT.setflags(write=False)
 _CHUNK = 256        # tokens per indexer task
 _HEAD_BLOCK = 16    # query heads per sparse-MLA task
 
@@ -278,16 +282,17 @@ def _mla(q, kv, nvalid, sm_scale, kv_rank, out, lse):
                 out[b, h0 + i, d] = o[i, d] * inv
 
 
-_WORK: dict = {}
+_LOCAL = threading.local()      # per-thread scratch: two threads never share a buffer
 
 
 def _workspace(shape: tuple) -> np.ndarray:
-    """A reused float32 scratch buffer for the dequantised entries (a fresh 4.7 MB buffer per call costs more in page
-    faults than the dequantisation itself). Contents are overwritten before they are read."""
-    buf = _WORK.get(shape)
-    if buf is None:
-        _WORK.clear()
-        buf = _WORK[shape] = np.empty(shape, np.float32)
+    """A float32 scratch buffer for the dequantised entries, reused by later calls **of the same thread** (a fresh
+    4.7 MB buffer per call costs more in page faults than the dequantisation itself). Each thread has its own
+    (``threading.local``), so concurrent callers never overwrite each other's entries; one buffer per thread is
+    kept (the last shape). Contents are overwritten before they are read."""
+    buf = getattr(_LOCAL, "work", None)
+    if buf is None or buf.shape != shape:
+        buf = _LOCAL.work = np.empty(shape, np.float32)
     return buf
 
 

@@ -13,6 +13,8 @@ from ...quant import FP8_E4M3_VALUES
 
 __all__ = ["indexer_scores", "sparse_mla_decode", "indexer_scores_t", "sparse_mla_decode_t", "to_device"]
 
+# one copy of the (immutable) FP8 value table per device, built on first use and only ever read: sharing it between
+# threads is safe (two threads racing on first use both build the same table; either copy is correct)
 _LUTS: dict = {}
 
 

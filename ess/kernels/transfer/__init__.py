@@ -70,6 +70,13 @@ def _check_index(name: str, idx, n_rows: int) -> np.ndarray:
     return idx
 
 
+def _check_mode(mode) -> str:
+    from .torch_ops import MODES
+    if not isinstance(mode, str) or mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    return mode
+
+
 def _dispatch(src, s_idx, dst, d_idx, backend: str, mode: str):
     cuda = next((d for d in (_device_of(src), _device_of(dst)) if d.startswith("cuda")), None)
     backend = resolve_backend(backend, device=cuda)
@@ -94,7 +101,9 @@ def copy_rows(src, src_idx, dst, dst_idx, *, backend: str = "auto", mode: str = 
 
     Raises ``ValueError`` for indices outside ``[-1, rows)``, a destination row named twice, or rows of different
     widths; ``TypeError`` for non-uint8 rows or non-integer indices. ``mode`` applies to the torch backend
-    (``"zero_copy" | "staged" | "per_row"``, see :mod:`ess.kernels.transfer.torch_ops`)."""
+    (``"auto" | "zero_copy" | "staged" | "per_row"``, see :mod:`ess.kernels.transfer.torch_ops`); the other backends
+    have one way to copy and ignore a valid ``mode``, but any other value is a ``ValueError`` on every backend."""
+    mode = _check_mode(mode)
     n_src, w_src = _check_rows("src", src)
     n_dst, w_dst = _check_rows("dst", dst)
     if w_src != w_dst:
@@ -123,6 +132,7 @@ def gather_rows(src, idx, *, out=None, backend: str = "auto", mode: str = "auto"
     """``out[i] = src[idx[i]]`` (rows where ``idx[i] == -1`` stay as they are: zero when ``out`` is allocated here).
 
     ``out`` defaults to a NumPy array, or a torch tensor on ``src``'s device."""
+    mode = _check_mode(mode)
     n, w = _check_rows("src", src)
     idx = _check_index("idx", idx, n)
     if out is None:

@@ -129,4 +129,6 @@ def copy_rows(src: np.ndarray, src_idx: np.ndarray, dst: np.ndarray, dst_idx: np
     return dst
 
 
+# whether the prefetch intrinsic compiles on this LLVM: a process-wide fact, set once from True to False (never back)
+# when compiling fails; not scratch data, so sharing it between threads is safe (a race only repeats the fallback)
 _PREFETCH_OK = True
