@@ -39,7 +39,7 @@ import numpy as np
 
 from .layout import pool_slots
 from .specs import model_spec
-from .traces import PAPER_WARMUP_WINDOWS, Trace, synthetic_streams
+from .traces import PAPER_WARMUP_WINDOWS, Trace, _check_model, synthetic_streams
 
 __all__ = ["POLICIES", "capacity_for", "simulate", "simulate_sequence", "misses_per_layer", "misses_per_step",
            "sweep_synthetic", "smallest_pool", "reference_misses", "DEFAULT_HEAT_DECAY"]
@@ -398,13 +398,16 @@ def sweep_synthetic(context_len: int, ratios: Sequence[float], *, policies: Iter
                     warmups: Iterable[bool] = (True,), n_layers: int = 61, k: int = 2048, mtp: int = 2,
                     steps: int = 64, batch: int = 4, seed: int = 0, profile: Any = "paper",
                     warmup_windows: int = PAPER_WARMUP_WINDOWS, decay: float = DEFAULT_HEAT_DECAY,
-                    threads: int = 1, **generator: Any) -> dict:
+                    threads: int = 1, model: str | None = None, **generator: Any) -> dict:
     """Generate each synthetic (request, layer) stream once and simulate every (ratio, policy, warmup) on it.
 
-    Returns ``{(ratio, policy, warmup): misses}`` with ``misses`` of shape (n_layers, steps), the mean over the
+    ``model`` is the trace model (``"uniform"`` or ``"drift"``, ``None`` = :func:`ess.traces.default_trace_model`);
+    other ``generator`` keywords go to :func:`ess.traces.synthetic_streams`. Returns
+    ``{(ratio, policy, warmup): misses}`` with ``misses`` of shape (n_layers, steps), the mean over the
     ``batch`` requests of misses per decode step. ``threads > 1`` simulates the configurations of one stream in
     parallel (the kernels release the GIL); the result does not depend on it.
     """
+    model = _check_model(model)
     ratios = list(ratios)
     policies = list(policies)
     warmups = [bool(w) for w in warmups]
@@ -427,7 +430,7 @@ def sweep_synthetic(context_len: int, ratios: Sequence[float], *, policies: Iter
     try:
         for b, layer, warm, st in synthetic_streams(context_len, n_layers=n_layers, k=k, mtp=mtp, steps=steps,
                                                     batch=batch, warmup_windows=warmup_windows, profile=profile,
-                                                    seed=seed, **generator):
+                                                    seed=seed, model=model, **generator):
             width = max(int((st >= 0).sum(axis=1).max()), int((warm >= 0).sum(axis=1).max()) if warm.size else 1)
             cold_seq = np.ascontiguousarray(st[:, :width])                      # drop the all-padding columns
             warm_seq = np.concatenate([_pad_rows(warm, width), cold_seq]) if warm.size else cold_seq
@@ -450,24 +453,26 @@ def sweep_synthetic(context_len: int, ratios: Sequence[float], *, policies: Iter
 
 def misses_per_step(context_len: int, ratio: float, *, n_layers: int = 61, k: int = 2048, mtp: int = 2,
                     steps: int = 64, batch: int = 4, warmup: bool = True, policy: str = "lru", seed: int = 0,
-                    profile: Any = "paper", **kwargs: Any) -> np.ndarray:
+                    profile: Any = "paper", model: str | None = None, **kwargs: Any) -> np.ndarray:
     """Mean misses per request in each layer and decode step: (n_layers, steps). See :func:`misses_per_layer`."""
     res = sweep_synthetic(context_len, [ratio], policies=[policy], warmups=[warmup], n_layers=n_layers, k=k, mtp=mtp,
-                          steps=steps, batch=batch, seed=seed, profile=profile, **kwargs)
+                          steps=steps, batch=batch, seed=seed, profile=profile, model=model, **kwargs)
     return res[(ratio, policy, bool(warmup))]
 
 
 def misses_per_layer(context_len: int, ratio: float, *, n_layers: int = 61, k: int = 2048, mtp: int = 2,
                      steps: int = 64, batch: int = 4, warmup: bool = True, policy: str = "lru", seed: int = 0,
-                     profile: Any = "paper", **kwargs: Any) -> np.ndarray:
+                     profile: Any = "paper", model: str | None = None, **kwargs: Any) -> np.ndarray:
     """Mean misses per request per decode step in each layer: (n_layers,) float64.
 
-    From the synthetic trace generator (:func:`ess.traces.synthetic_streams`, locality ``profile``, ``mtp`` query
-    tokens per step, 32 warmup windows) and the cache simulation with ``floor(ratio * context_len)`` slots per
+    From the synthetic trace generator (:func:`ess.traces.synthetic_streams`, trace ``model`` -- ``"uniform"`` or
+    ``"drift"``, ``None`` = :func:`ess.traces.default_trace_model` --, locality ``profile``, ``mtp`` query tokens
+    per step, 32 warmup windows) and the cache simulation with ``floor(ratio * context_len)`` slots per
     (request, layer). Raises ValueError when the pool cannot hold one step's union of top-K sets.
     """
     return misses_per_step(context_len, ratio, n_layers=n_layers, k=k, mtp=mtp, steps=steps, batch=batch,
-                           warmup=warmup, policy=policy, seed=seed, profile=profile, **kwargs).mean(axis=1)
+                           warmup=warmup, policy=policy, seed=seed, profile=profile, model=model,
+                           **kwargs).mean(axis=1)
 
 
 # ------------------------------------------------------------------------------------------- plain-Python oracle
@@ -501,18 +506,21 @@ def reference_misses(steps: np.ndarray, capacity: int, *, policy: str = "lru", w
 
 
 def smallest_pool(context_len: int, target: float, *, resolution: int | None = None, k: int = 2048, mtp: int = 2,
-                  **kwargs: Any) -> dict:
+                  model: str | None = None, **kwargs: Any) -> dict:
     """The smallest pool (slots per request and layer) whose average misses (over layers, requests and steps, from
     :func:`misses_per_layer` with ``kwargs``) stay below ``target``, by bisection between the largest possible
-    step union (``mtp * k``) and the whole context, to ``resolution`` slots (default context / 64).
+    step union (``mtp * k``) and the whole context, to ``resolution`` slots (default context / 64); ``model`` is the
+    trace model (see :func:`misses_per_layer`).
 
     Assumes misses do not grow with the pool (checked at both ends of the final bracket). Returns
     ``{"slots", "ratio", "misses", "below_slots", "below_misses"}``.
     """
     if not (isinstance(target, numbers.Real) and target > 0):
         raise ValueError(f"target must be a positive number of misses, got {target!r}")
+    model = _check_model(model)
     resolution = max(1, context_len // 64) if resolution is None else int(resolution)
-    avg = lambda cap: float(misses_per_layer(context_len, cap / context_len, k=k, mtp=mtp, **kwargs).mean())  # noqa: E731
+    avg = lambda cap: float(misses_per_layer(context_len, cap / context_len, k=k, mtp=mtp, model=model,  # noqa: E731
+                                             **kwargs).mean())
     lo, hi = min(mtp * k, context_len), context_len
     at_hi = avg(hi)
     if at_hi >= target:
