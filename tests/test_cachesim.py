@@ -131,3 +131,40 @@ def test_sweep_equals_simulating_the_materialised_trace(threads):
     got = C.sweep_synthetic(4096, [0.2, 0.5], policies=C.POLICIES, warmups=(True, False), threads=threads, **kw)
     for (r, pol, w), m in got.items():
         np.testing.assert_allclose(m, C.simulate(tr, pol, ratio=r, warmup=w).mean(axis=0), err_msg=str((r, pol, w)))
+
+
+@pytest.mark.parametrize("model", ["uniform", "drift"])
+def test_sweep_equals_the_materialised_trace_for_both_models(model):
+    kw = dict(n_layers=3, k=256, mtp=2, steps=6, batch=2, seed=5, local_window=8, warmup_windows=4, model=model)
+    tr = T.synthetic_trace(4096, **kw)
+    assert tr.meta["model"] == model
+    got = C.sweep_synthetic(4096, [0.2, 0.5], policies=("lru", "belady"), warmups=(True, False), **kw)
+    for (r, pol, w), m in got.items():
+        np.testing.assert_allclose(m, C.simulate(tr, pol, ratio=r, warmup=w).mean(axis=0), err_msg=str((r, pol, w)))
+
+
+def test_default_model_is_the_one_the_data_names():
+    kw = dict(n_layers=2, k=256, mtp=2, steps=4, batch=1, local_window=8)
+    named = C.misses_per_layer(8192, 0.2, model=T.default_trace_model(), **kw)
+    assert np.array_equal(C.misses_per_layer(8192, 0.2, **kw), named)
+    other = [m for m in T.TRACE_MODELS if m != T.default_trace_model()][0]
+    assert not np.array_equal(C.misses_per_layer(8192, 0.2, model=other, **kw), named)
+
+
+def test_misses_per_layer_drift_runs_at_the_full_geometry():
+    # 61 layers, 128K, K 2048, default steps (64) and MTP (2); one request keeps the suite fast (the default batch
+    # of 4 takes about 4x as long: see the notebook 04 timings)
+    m = C.misses_per_layer(131072, 0.2, n_layers=61, k=2048, batch=1, model="drift")
+    assert m.shape == (61,) and np.isfinite(m).all() and (m >= 0).all()
+    assert m[0] == m.max()                          # layer 0, no locality, misses most
+    assert m[1:17].mean() < m[19:45].mean()         # layers 1-16 (overlap 0.7-0.9) miss less than 19-44
+
+
+def test_unknown_model_is_refused_everywhere():
+    kw = dict(n_layers=1, k=256, steps=2, batch=1, local_window=8)
+    for call in (lambda: C.misses_per_layer(4096, 0.5, model="lru", **kw),
+                 lambda: C.misses_per_step(4096, 0.5, model="", **kw),
+                 lambda: C.sweep_synthetic(4096, [0.5], model="Drift", **kw),
+                 lambda: C.smallest_pool(4096, 100, model="none", **kw)):
+        with pytest.raises(ValueError, match=r"model must be one of \('uniform', 'drift'\)"):
+            call()
