@@ -1,8 +1,7 @@
-"""Tier placement, the synthetic trace helper, the storage figures and the budget widget."""
+"""Tier placement, the storage figures and the budget widget."""
 import numpy as np
 import pytest
 
-from ess._storage_trace import paper_layer_overlap, synthetic_topk_trace
 from ess.layout import padded_tokens, request_cache
 from ess.memory import largest_batch
 from ess.metrics import LinkModel, MetricsLog, StepMetrics, link_model
@@ -42,20 +41,6 @@ def test_tier_placement_errors():
     df = tier_placement(32768, 0.2, batch=3, n_spilled=2)
     assert df.attrs["batch"] == 3
     assert df[df.tier == "disk"].bytes.item() == 2 * request_cache(DS, 32768).latent_bytes
-
-
-def test_synthetic_trace_has_its_overlap():
-    t = synthetic_topk_trace(5000, 256, 6, 0.75, n_windows=3, seed=2)
-    sets = t.windows + t.steps
-    for a, b in zip(sets, sets[1:]):
-        assert np.unique(b).size == 256
-        assert np.intersect1d(a, b).size == round(0.75 * 256)
-    for s, steps in enumerate(t.steps):
-        assert steps.max() < 5000 + s
-    with pytest.raises(ValueError, match="overlap must be in"):
-        synthetic_topk_trace(100, 10, 2, 1.5)
-    r = paper_layer_overlap()
-    assert r.shape == (61,) and r[0] == 0 and r[3] == 0.9 and r[18] == 0.3 and r[45] == 0.8
 
 
 def test_metrics_and_links():

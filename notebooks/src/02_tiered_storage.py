@@ -8,10 +8,11 @@
 # top-K trace and counts hits, misses and bytes per step, with and without LRU-Warmup and for three eviction
 # policies; it ends with the disk tier (spill, restore, a corrupted block caught by its checksum).
 #
-# **Prerequisites.** Notebook 01 (bytes per entry, the memory model, the ratio). The trace here is synthetic: each
-# layer keeps a fixed share r of the previous step's top-K set, with r per layer taken from the paper's locality
-# figure (read by eye). It demonstrates the mechanism; it does not reproduce the paper's per-layer miss counts or
-# warmup curves, which are held back as prediction targets for later notebooks.
+# **Prerequisites.** Notebook 01 (bytes per entry, the memory model, the ratio). The trace here is synthetic
+# (`ess.traces.synthetic_trace`): each layer's adjacent-step overlap r follows the paper's locality figure (Fig. 2,
+# read by eye, `data/locality/paper_fig2.yaml`, through `ess.traces.locality_profile`), with attention sinks and a
+# local window. It demonstrates the mechanism; it does not reproduce the paper's per-layer miss counts or warmup
+# curves, which are held back as prediction targets for later notebooks.
 
 # %% [parameters]
 smoke = False
@@ -29,7 +30,6 @@ seed = 0
 # %%
 import dataclasses
 import tempfile
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -37,9 +37,9 @@ from IPython.display import display
 
 import ess
 from ess import viz
-from ess._storage_trace import paper_layer_overlap, synthetic_topk_trace
 from ess.metrics import link_model
 from ess.storage import CorruptBlockError, TieredCache, capacity_from_ratio, tier_placement
+from ess.traces import adjacent_overlap, locality_profile, synthetic_trace
 from ess.viz.storage import fig_layer_misses, fig_policy_misses, fig_step_traffic, fig_tier_bytes
 from ess.widgets.storage import storage_budget_view, storage_budget_widget
 
@@ -83,41 +83,41 @@ print(f"batch {a['batch']} per GPU ({a['limited_by']}-bound), {a['capacity']} sl
 # ## A trace through the real cache
 # One request of `trace_context` tokens; the cache holds the DeepSeek-V3.2-Exp entry (656 B) and K = 2,048 for a
 # handful of the model's layers (the layer count of the copy is reduced so the run takes seconds; each simulated
-# layer plays one paper layer with that layer's overlap r). Prefill entries are random bytes; every decode step
-# selects K tokens per layer, the cache copies the misses host → device with the Numba transfer kernel, and the
-# new token is written back. One run seeds each layer with LRU-Warmup from the last prefill windows, one does not.
+# layer plays one paper layer with that layer's overlap r). One query token per step (no MTP), so a step selects
+# exactly K entries per layer and the context grows by one token per step. Prefill entries are random bytes; every
+# decode step selects K tokens per layer, the cache copies the misses host → device with the Numba transfer kernel
+# (each loaded row checked against its host copy), and the new token is written back
+# (`TieredCache.run_trace`). One run seeds each layer with LRU-Warmup from the last prefill windows, one does not.
 
 # %%
-overlap = paper_layer_overlap()[trace_layers]
+overlap = locality_profile("paper")[trace_layers]
 sim_model = dataclasses.replace(model, name=f"{model.name} ({len(trace_layers)} of {model.n_layers} layers)",
                                 n_layers=len(trace_layers), n_dense_layers=0)
-traces = [synthetic_topk_trace(trace_context, K, trace_steps, float(r), n_windows=warmup_windows, seed=seed + i)
-          for i, r in enumerate(overlap)]
+trace = synthetic_trace(trace_context, n_layers=len(trace_layers), k=K, mtp=1, steps=trace_steps, batch=1,
+                        warmup_windows=warmup_windows, profile=overlap, seed=seed)
+measured_overlap = adjacent_overlap(trace)
 rng = np.random.default_rng(seed)
 prefill = rng.integers(0, 256, (len(trace_layers), trace_context, entry), dtype=np.uint8)
 new_tokens = rng.integers(0, 256, (trace_steps, len(trace_layers), entry), dtype=np.uint8)
 truth = np.concatenate([prefill, new_tokens.transpose(1, 0, 2)], axis=1)
 trace_cfg = {"context_len": trace_context, "ratio": trace_ratio, "K": K, "steps": trace_steps,
              "layers": trace_layers, "overlap": [round(float(r), 3) for r in overlap], "seed": seed,
-             "warmup_windows": warmup_windows, "policy": "lru", "backend": "numba"}
+             "warmup_windows": warmup_windows, "policy": "lru", "backend": "numba", "mtp": 1,
+             "trace": dict(trace.meta)}
 
-caches = {}
+caches, runs = {}, {}
 for label, warm in (("LRU, no warmup", False), ("LRU-Warmup", True)):
-    cache = TieredCache.from_ratio(sim_model, trace_ratio, trace_context, policy="lru", backend="numba")
-    cache.add_request("req0", prefill)
-    if warm:
-        for layer, tr in enumerate(traces):
-            cache.warmup("req0", layer, tr.windows)
-    for t in range(trace_steps):
-        for layer, tr in enumerate(traces):
-            res = cache.step("req0", layer, tr.steps[t])
-            assert res.n_hits + res.n_misses == K and res.bytes_h2d == res.n_misses * entry
-            got = cache.device_rows(res.slots[res.miss_pos])
-            assert np.array_equal(got, truth[layer, tr.steps[t][res.miss_pos]]), "a loaded row differs from host"
-        cache.append_token("req0", new_tokens[t])
-    caches[label] = cache
+    caches[label] = TieredCache.from_ratio(sim_model, trace_ratio, trace_context, policy="lru", backend="numba")
+    caches[label].add_request("req0", prefill)
+    runs[label] = caches[label].run_trace(trace, "req0", warmup=warm, new_tokens=new_tokens, verify=True)
+    st = runs[label].query("kind == 'step'")
+    assert (st.hits + st.misses == K).all() and (st.bytes_h2d == st.misses * entry).all()
 capacity = caches["LRU-Warmup"].capacity
-print(f"{capacity} slots per layer ({capacity * entry / 1e6:.1f} MB), {trace_steps} steps x {len(trace_layers)} layers")
+print(f"{capacity} slots per layer ({capacity * entry / 1e6:.1f} MB), {trace_steps} steps x {len(trace_layers)} layers; "
+      f"trace model {trace.meta.get('model')!r}, measured overlap per layer {np.round(measured_overlap, 3).tolist()}")
+# the generator delivers the profile it was given, within 0.05 (the sinks and the local window set a floor for r = 0)
+assert np.all(measured_overlap >= overlap - 0.05), (measured_overlap, overlap)
+assert np.all(measured_overlap[overlap > 0.1] <= overlap[overlap > 0.1] + 0.05), (measured_overlap, overlap)
 
 # %%
 # every resident entry of every layer equals its host copy byte for byte, and no pool exceeds its slots
@@ -134,10 +134,9 @@ display(per_step["LRU-Warmup"].head(8))
 
 # %%
 frames = []
-for label, cache in caches.items():
-    df = cache.metrics.to_frame()
+for label, df in runs.items():
     st = df[df.kind == "step"]
-    frames.append(pd.DataFrame({"run": label, "layer": trace_layers, "overlap": overlap,
+    frames.append(pd.DataFrame({"run": label, "layer": trace_layers, "overlap": measured_overlap,
                                 "misses": st.groupby("layer").misses.mean().to_numpy(),
                                 "first_step_misses": st[st.step == 1].misses.to_numpy()}))
 by_layer = pd.concat(frames, ignore_index=True)
@@ -148,11 +147,14 @@ cold = by_layer[by_layer.run == "LRU, no warmup"].reset_index(drop=True)
 # without warmup the first step misses all K entries of every layer; with it, only what the windows did not hold
 assert (cold.first_step_misses == K).all()
 assert (warm.first_step_misses < K).all() and (warm.first_step_misses <= cold.first_step_misses).all()
-# the kept share r of the previous step is resident (capacity >= K), so a step misses at most K - round(rK)
-for run, cache in caches.items():
-    st = cache.metrics.to_frame().query("kind == 'step' and step > 1")
-    bound = st.layer.map(lambda l: K - round(overlap[l] * K))
-    assert (st.misses <= bound).all(), run
+# the previous step's K entries are resident (LRU, capacity >= K), so decode step s (numbered from 1) misses at most
+# the entries of its set that the previous step's set did not hold
+sets = trace.indices[0]                                                  # (layers, steps, K)
+fresh = np.array([[np.setdiff1d(sets[l, t], sets[l, t - 1]).size for t in range(1, trace_steps)]
+                  for l in range(len(trace_layers))])
+for run, df in runs.items():
+    st = df.query("kind == 'step' and step > 1")
+    assert (st.misses.to_numpy() <= fresh[st.layer.to_numpy(), st.step.to_numpy() - 2]).all(), run
 # more locality, fewer misses (layer 0, r = 0, against the layer with the highest r)
 assert warm.misses.iloc[int(np.argmax(overlap))] < warm.misses.iloc[int(np.argmin(overlap))]
 for _, r in by_layer.iterrows():
@@ -190,22 +192,16 @@ assert per_entry.transfer_s(mean_bytes) > 40 * ft.transfer_s(mean_bytes)
 # %% [markdown]
 # ## Eviction policies on the same trace
 # LRU (the paper's), FIFO and importance (decayed access count, since this trace carries no indexer scores), same
-# capacity, with LRU-Warmup. This synthetic trace has reuse only between adjacent steps (fresh tokens are drawn
-# uniformly), so every policy keeps the previous step's set and the totals come out nearly equal; traces with
-# long-range reuse are where the policies can part.
+# capacity, with LRU-Warmup. How far the policies part depends on how much long-range reuse the trace has beyond
+# adjacent steps; the totals below are for this synthetic trace only.
 
 # %%
 rows = []
 for policy in ("lru", "fifo", "importance"):
-    cache = TieredCache.from_ratio(sim_model, trace_ratio, trace_context, policy=policy)
+    cache = TieredCache.from_ratio(sim_model, trace_ratio, trace_context, policy=policy, backend="numba")
     cache.add_request("req0", prefill)
-    for layer, tr in enumerate(traces):
-        cache.warmup("req0", layer, tr.windows)
-    for t in range(trace_steps):
-        for layer, tr in enumerate(traces):
-            cache.step("req0", layer, tr.steps[t])
-        cache.append_token("req0", new_tokens[t])
-    rows.append({"policy": policy, "misses": cache.metrics.totals()["step"]["misses"]})
+    df = cache.run_trace(trace, "req0", warmup=True, new_tokens=new_tokens)
+    rows.append({"policy": policy, "misses": int(df.query("kind == 'step'").misses.sum())})
     rec.record(f"total_misses_{policy}", rows[-1]["misses"], "entries", config={**trace_cfg, "policy": policy})
 policies = pd.DataFrame(rows)
 fig_policy_misses(policies).show()
@@ -221,17 +217,18 @@ assert policies.set_index("policy").misses["lru"] == tot["LRU-Warmup"]["step"]["
 with tempfile.TemporaryDirectory() as tmp:
     cache = TieredCache.from_ratio(sim_model, trace_ratio, trace_context, disk_dir=tmp)
     cache.add_request("req0", prefill)
-    for layer, tr in enumerate(traces):
-        cache.warmup("req0", layer, tr.windows)
+    for layer in range(len(trace_layers)):
+        cache.warmup("req0", layer, trace.warmup[0, layer])
     resident_before = [cache.resident("req0", l).tolist() for l in range(len(trace_layers))]
     cache.spill("req0")
     n_blocks = len(cache.disk.manifest("req0")["block_crc32"])
-    disk_bytes = (Path(tmp) / "req-sreq0.blocks").stat().st_size
+    blocks_file = cache.disk.block_path("req0")
+    disk_bytes = blocks_file.stat().st_size
     info = cache.restore("req0")
     assert [cache.resident("req0", l).tolist() for l in range(len(trace_layers))] == resident_before
     assert np.array_equal(cache.host.entries("req0"), prefill)
     cache.spill("req0")
-    with open(Path(tmp) / "req-sreq0.blocks", "r+b") as fh:       # flip one byte of block 3
+    with open(blocks_file, "r+b") as fh:                           # flip one byte of block 3
         fh.seek(3 * cache.disk.block_bytes + 100)
         b = fh.read(1)
         fh.seek(3 * cache.disk.block_bytes + 100)
@@ -268,9 +265,11 @@ rec.to_frame()[["name", "value", "unit"]]
 # ## Summary
 # * At 32K on an H200 with ratio 0.2, the GPU keeps a fifth of each request's latent cache and the batch grows from
 #   the no-offload limit to the value recorded above; the whole latent cache of that batch sits in host memory.
-# * Through the real cache, a layer that keeps a share r of its top-K set misses at most (1 − r)·K entries per step;
-#   without warmup the first step misses all K in every layer, LRU-Warmup removes most of that burst.
-# * On this trace (reuse between adjacent steps only) LRU, FIFO and importance miss almost equally.
+# * Through the real cache, a step misses at most the entries its top-K set did not share with the previous step's
+#   (about (1 − r)·K for a layer with overlap r); without warmup the first step misses all K in every layer, and
+#   LRU-Warmup removes most of that burst.
+# * The eviction policies' totals on this synthetic trace are in the table above; the trace decides how far they
+#   part.
 # * Every entry read back from the GPU pool equals its host copy; a corrupted disk block is caught by its CRC-32.
 #
 # **Next:** sparse attention over the hits and the misses, merged exactly (notebook 03).

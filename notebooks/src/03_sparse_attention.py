@@ -116,8 +116,10 @@ display(checks)
 
 # %% [markdown]
 # ## The lossless check: attention through the tiered cache
-# For each sparse-memory ratio and eviction policy, four decode steps over every layer of `tiny` (batch 2,
-# 256 tokens, K = 64; the indexer queries alternate between two "topics", so entries come back) run through `ess.storage.TieredCache`: indexer → top-K → the cache's step call (hits
+# For each sparse-memory ratio and eviction policy, four decode steps over every layer of `tiny` (batch 2, K = 64;
+# the context is the shortest whole number of 64-token pages, at least 4 K, at which the smallest ratio's pool of
+# `floor(ratio × tokens)` slots holds one step's K entries; the indexer queries alternate between two "topics", so
+# entries come back) run through `ess.storage.TieredCache`: indexer → top-K → the cache's step call (hits
 # resolved, misses copied in) → attention over the rows of the resident slots. The baseline attends over the
 # all-resident cache with the same indices. ESS moves storage and does not change the maths [BLOG], so the two
 # must agree **bit for bit** on the same backend.
@@ -126,6 +128,8 @@ display(checks)
 lossless = A.lossless_check(tiny, ratios=lossless_ratios, policies=lossless_policies, batch=2, steps=4,
                             backend=backend)
 display(lossless)
+print(f"context {lossless.attrs['config']['L']} tokens; pool slots per ratio: "
+      f"{dict(zip(lossless.ratio, lossless.capacity))}")
 for _, r in lossless.iterrows():
     rec.record(f"lossless_ratio{r.ratio:g}_{r.policy}_misses", r.misses, "entries",
                config={**lossless.attrs["config"], "ratio": r.ratio, "policy": r.policy, "capacity": r.capacity},
