@@ -285,7 +285,8 @@ def simulate(batch, context_len, ratio=1.0, *, misses=None, mtp_tokens=None, acc
             chosen = over[strategy]
             choice = np.full((N, nl), STRATEGIES.index(strategy), dtype=np.int8)
         else:
-            raise ValueError(f"strategy must be one of {STRATEGIES + ('best',)} or one name per layer, got {strategy!r}")
+            raise ValueError(f"strategy must be one of {STRATEGIES + ('best',)} or one name per layer, "
+                             f"got {strategy!r}")
     else:
         names = list(strategy)
         if len(names) != nl or any(s not in STRATEGIES for s in names):

@@ -12,6 +12,11 @@
 # **Prerequisites.** Notebook 05 (calibrated simulator). The formulas of each strategy are in the docstring of
 # `ess/sim/timeline.py`. Batch 160 at 128K exceeds the memory model's limit (48 at ratio 0.1); like the paper's chart,
 # it is a stress configuration, so memory is not checked here.
+#
+# The chart's configuration is in the parameters: 128K, batch 160, MTP 2 (the paper's overlap chart,
+# `data/published/paper_table2.yaml: overlap_overhead_128k`) and the FlashTrans link, 37 GB/s host-to-device and
+# 43 GB/s device-to-host (`data/hardware/links.yaml: flashtrans`, [BLOG]). The next cell checks they still match the
+# data, so a changed parameter is a deliberate what-if.
 
 # %% [parameters]
 smoke = False
@@ -20,6 +25,15 @@ miss_grid = [0, 25, 50, 100, 150, 200, 300, 400, 600, 800, 1200, 1600, 2400, 320
 links_GB_per_s = [4, 8, 16, 24, 37, 48, 64, 96, 128, 256]
 cachesim_steps = 64
 cachesim_batch = 4
+context_len = 131072
+batch = 160
+mtp = 2
+h2d_GB_per_s = 37.0
+d2h_GB_per_s = 43.0
+profile_ratio = 0.1
+context_len_short = 32768
+profile_ratio_short = 0.2
+offload_ratios = [0.2, 0.1]
 
 # %%
 import numpy as np
@@ -30,6 +44,8 @@ import ess
 from ess import viz
 from ess.sim.calibrate import calibrate
 from ess.sim.sweep import sweep
+from ess.published import published
+from ess.specs import link_figures
 from ess.sim.timeline import STRATEGIES, simulate
 from ess.tables import sim as tsim
 from ess.viz import sim as vsim
@@ -42,25 +58,35 @@ if smoke:
     cachesim_steps, cachesim_batch = 16, 2
 params = calibrate().params
 misses_fn = tsim.misses_from_cachesim(steps=cachesim_steps, batch=cachesim_batch)
-L, B, T, LINK = 131072, 160, 2, 37.0
-cfg = {"context_len": L, "batch": B, "mtp": T, "h2d_GB_per_s": LINK, "d2h_GB_per_s": 43.0,
-       "params": "calibrated (notebook 05)", "memory_checked": False}
+L, B, T, LINK, D2H = context_len, batch, mtp, h2d_GB_per_s, d2h_GB_per_s
+chart = published("paper_table2")["overlap_overhead_128k"]
+flashtrans = link_figures()["flashtrans"]
+as_data = ((L, B, T, LINK) == (chart["context_len"], chart["batch"], chart["mtp_tokens"], chart["h2d_GB_per_s"])
+           and (LINK, D2H) == (flashtrans["h2d_GB_per_s"], flashtrans["d2h_GB_per_s"]))
+print(f"memory model's limit at {L // 1024}K, ratio {profile_ratio}: batch "
+      f"{ess.largest_batch(L, profile_ratio).batch} (the chart's batch {B} is a stress point)")
+print("configuration: the paper's overlap chart with the FlashTrans link" if as_data else
+      f"what-if: the parameters differ from the chart ({chart['source']}) or FlashTrans ({flashtrans})")
+cfg = {"context_len": L, "batch": B, "mtp": T, "h2d_GB_per_s": LINK, "d2h_GB_per_s": D2H,
+       "params": "calibrated (notebook 05)", "memory_checked": False, "as_published_chart": as_data}
 
 # %% [markdown]
 # ## Overhead against the miss count (the paper's chart, predicted)
-# The per-layer shape of the misses is the cache simulation's at 128K, ratio 0.1 (layer 0 misses most); the x axis
-# is its mean over layers.
+# The per-layer shape of the misses is the cache simulation's at this context and `profile_ratio` (layer 0 misses
+# most); the x axis is its mean over layers.
 
 # %%
-prof = misses_fn(L, 0.1, T)
+prof = misses_fn(L, profile_ratio, T)
 ov = tsim.overlap_vs_misses(params, miss_grid, context_len=L, batch=B, mtp=T, h2d_GB_per_s=LINK, profile=prof)
 piv = ov.pivot(index="misses_per_layer", columns="strategy", values="overhead_pct")
 display(piv.round(2))
-vsim.fig_overlap_vs_misses(ov, "Offload overhead, 128K, batch 160, MTP 2, 37 GB/s").show()
+label = f"{L // 1024}K, batch {B}, MTP {T}, {LINK:g} GB/s"
+vsim.fig_overlap_vs_misses(ov, f"Offload overhead, {label}").show()
 for _, r in ov.iterrows():
     rec.record(f"overhead_{r.strategy}_m{int(r.misses_per_layer)}", r.overhead_pct, "% of step",
                config={**cfg, "strategy": r.strategy, "mean_misses_per_layer": r.misses_per_layer,
-                       "profile": "ess.cachesim 128K ratio 0.1"}, note="held back in the paper: prediction")
+                       "profile": f"ess.cachesim {L // 1024}K ratio {profile_ratio}"},
+               note="held back in the paper: prediction")
 
 # %% [markdown]
 # Checks: the per-layer choice is never worse than any single strategy; no misses cost almost nothing (the D2H
@@ -77,36 +103,38 @@ rec.record("da_worse_than_dba_from_misses", float(cross) if not pd.isna(cross) e
 print(f"DBA beats DA from {cross} misses per layer on this grid")
 
 # %% [markdown]
-# ## The same chart at 32K
-# The indexer is four times shorter at 32K, so DBA has less to hide behind; the paper prefers DA when misses are
-# few. Same batch, MTP and link; the per-layer shape is the cache simulation's at 32K, ratio 0.2.
+# ## The same chart at a shorter context
+# The indexer is shorter at `context_len_short` (32K: four times shorter), so DBA has less to hide behind; the paper
+# prefers DA when misses are few. Same batch, MTP and link; the per-layer shape is the cache simulation's at that
+# context and `profile_ratio_short`.
 
 # %%
-ov32 = tsim.overlap_vs_misses(params, miss_grid, context_len=32768, batch=B, mtp=T, h2d_GB_per_s=LINK,
-                              profile=misses_fn(32768, 0.2, T))
+Ls = context_len_short
+ov32 = tsim.overlap_vs_misses(params, miss_grid, context_len=Ls, batch=B, mtp=T, h2d_GB_per_s=LINK,
+                              profile=misses_fn(Ls, profile_ratio_short, T))
 piv32 = ov32.pivot(index="misses_per_layer", columns="strategy", values="overhead_pct")
 display(piv32.round(2))
-vsim.fig_overlap_vs_misses(ov32, "Offload overhead, 32K, batch 160, MTP 2, 37 GB/s").show()
+vsim.fig_overlap_vs_misses(ov32, f"Offload overhead, {Ls // 1024}K, batch {B}, MTP {T}, {LINK:g} GB/s").show()
 for _, r in ov32.iterrows():
-    rec.record(f"overhead32k_{r.strategy}_m{int(r.misses_per_layer)}", r.overhead_pct, "% of step",
-               config={**cfg, "context_len": 32768, "strategy": r.strategy,
-                       "mean_misses_per_layer": r.misses_per_layer, "profile": "ess.cachesim 32K ratio 0.2"})
+    rec.record(f"overhead{Ls // 1024}k_{r.strategy}_m{int(r.misses_per_layer)}", r.overhead_pct, "% of step",
+               config={**cfg, "context_len": Ls, "strategy": r.strategy, "mean_misses_per_layer": r.misses_per_layer,
+                       "profile": f"ess.cachesim {Ls // 1024}K ratio {profile_ratio_short}"})
 da_wins = piv32[(piv32["da"] < piv32["dba"] - 1e-6)].index.tolist()
-print(f"at 32K DA beats DBA at {da_wins or 'no'} misses per layer on this grid")
+print(f"at {Ls // 1024}K DA beats DBA at {da_wins or 'no'} misses per layer on this grid")
 assert (piv32["best"] <= piv32[list(STRATEGIES)].min(axis=1) + 1e-9).all()
 
 # %% [markdown]
 # ## At the cache-simulated miss counts
-# The same configuration with the simulated per-layer misses themselves, for ratios 0.2 and 0.1: overhead of each
-# strategy and how many layers the per-layer choice gives to DA and DBA.
+# The same configuration with the simulated per-layer misses themselves, for each of `offload_ratios`: overhead of
+# each strategy and how many layers the per-layer choice gives to DA and DBA.
 
 # %%
 rows = []
-for ratio in (0.2, 0.1):
+for ratio in offload_ratios:
     m = misses_fn(L, ratio, T)
     for s in STRATEGIES + ("best",):
-        r = simulate(B, L, ratio, misses=m, mtp_tokens=T, h2d_GB_per_s=LINK, strategy=s, params=params,
-                     check_memory=False)
+        r = simulate(B, L, ratio, misses=m, mtp_tokens=T, h2d_GB_per_s=LINK, d2h_GB_per_s=D2H, strategy=s,
+                     params=params, check_memory=False)
         ch = r.layer_strategy[0]
         rows.append({"ratio": ratio, "strategy": s, "mean_misses_per_layer": m.mean(),
                      "overhead_pct": (r.step_s[0] / r.step_no_offload_s[0] - 1) * 100, "stall_ms": r.stall_s[0] * 1e3,
@@ -123,15 +151,15 @@ for _, r in at_sim.iterrows():
 # %% [markdown]
 # ## The link
 # A sweep over the host-to-device bandwidth (FlashTrans's 37 GB/s, PCIe 5.0's 63 GB/s theoretical, and slower or
-# faster links) for each strategy, with the simulated misses at ratio 0.1. It runs through `ess.sim.sweep`, which
-# shows a progress bar and can run on a Dask cluster by passing `scheduler=`.
+# faster links) for each strategy, with the simulated misses at `profile_ratio`. It runs through `ess.sim.sweep`,
+# which shows a progress bar and can run on a Dask cluster by passing `scheduler=`.
 
 # %%
-m01 = misses_fn(L, 0.1, T)
+m01 = misses_fn(L, profile_ratio, T)
 parts = []
 for s in STRATEGIES + ("best",):
-    df = sweep({"batch": [B], "context_len": [L], "ratio": [0.1], "h2d_GB_per_s": links_GB_per_s}, misses=m01,
-               strategy=s, params=params, check_memory=False, workers=0)
+    df = sweep({"batch": [B], "context_len": [L], "ratio": [profile_ratio], "h2d_GB_per_s": links_GB_per_s},
+               misses=m01, mtp_tokens=T, d2h_GB_per_s=D2H, strategy=s, params=params, check_memory=False, workers=0)
     df["strategy"] = s
     parts.append(df)
 links = pd.concat(parts)
@@ -141,11 +169,11 @@ for s, part in links.groupby("strategy"):
     assert np.all(np.diff(tp) >= -1e-9), s                 # a faster link never lowers throughput
     for _, r in part.iterrows():
         rec.record(f"throughput_{s}_link{r.h2d_GB_per_s:g}", r.throughput, "tokens/s per node",
-                   config={**cfg, "ratio": 0.1, "strategy": s, "h2d_GB_per_s": r.h2d_GB_per_s,
+                   config={**cfg, "ratio": profile_ratio, "strategy": s, "h2d_GB_per_s": r.h2d_GB_per_s,
                            "misses": misses_fn.config})
 fig = vsim.fig_overlap_vs_misses(links.rename(columns={"h2d_GB_per_s": "misses_per_layer",
                                                        "throughput": "overhead_pct"}), "")
-fig.update_layout(title="Throughput against link bandwidth, 128K, batch 160, ratio 0.1",
+fig.update_layout(title=f"Throughput against link bandwidth, {L // 1024}K, batch {B}, ratio {profile_ratio}",
                   xaxis={"title": "host-to-device GB/s", "type": "log"}, yaxis={"title": "tokens/s per node"})
 fig.show()
 
