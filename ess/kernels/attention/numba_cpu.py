@@ -287,9 +287,11 @@ _LOCAL = threading.local()      # per-thread scratch: two threads never share a 
 
 def _workspace(shape: tuple) -> np.ndarray:
     """A float32 scratch buffer for the dequantised entries, reused by later calls **of the same thread** (a fresh
-    4.7 MB buffer per call costs more in page faults than the dequantisation itself). Each thread has its own
-    (``threading.local``), so concurrent callers never overwrite each other's entries; one buffer per thread is
-    kept (the last shape). Contents are overwritten before they are read."""
+    4.7 MB buffer per call adds page faults: sparse_mla_decode with B = 1, K = 2,048, min of 60 interleaved calls on
+    the loaded 2-core CI machine, reused against fresh: 1.61 against 1.92 ms for 16 heads, 17.0 against 17.2 ms for
+    128; the per-thread lookup costs about 0.4 us). Each thread has its own (``threading.local``), so concurrent
+    callers never overwrite each other's entries; one buffer per thread is kept (the last shape). Contents are
+    overwritten before they are read."""
     buf = getattr(_LOCAL, "work", None)
     if buf is None or buf.shape != shape:
         buf = _LOCAL.work = np.empty(shape, np.float32)
