@@ -9,19 +9,22 @@ import plotly.graph_objects as go
 from ._style import TEMPLATE as _TEMPLATE
 
 __all__ = ["fig_misses_per_layer", "fig_warmup_curve", "fig_misses_vs_context", "fig_policies",
-           "fig_prefetch_tiers", "fig_prefetch_steps", "fig_locality_profile"]
+           "fig_prefetch_tiers", "fig_prefetch_steps", "fig_locality_profile", "fig_hit_rate_against_range"]
 
 _LEGEND = {"orientation": "h", "y": -0.25}
 
 
-def fig_locality_profile(profile: Sequence[float], measured: Sequence[float] | None = None) -> go.Figure:
+def fig_locality_profile(profile: Sequence[float],
+                         measured: Sequence[float] | Mapping[str, Sequence[float]] | None = None) -> go.Figure:
     """Adjacent-step overlap per layer: the profile (read by eye from paper Fig. 2) and, optionally, the overlap
-    measured on a generated trace."""
+    measured on a generated trace (one series, or a mapping name -> series for several trace models)."""
     fig = go.Figure()
     x = np.arange(len(profile))
     fig.add_scatter(x=x, y=profile, mode="lines+markers", name="profile (paper Fig. 2, read by eye)")
     if measured is not None:
-        fig.add_scatter(x=x, y=measured, mode="markers", marker={"symbol": "x"}, name="measured on the synthetic trace")
+        series = measured if isinstance(measured, Mapping) else {"measured on the synthetic trace": measured}
+        for (name, y), sym in zip(series.items(), ("x", "circle-open", "diamond-open", "cross")):
+            fig.add_scatter(x=x, y=y, mode="markers", marker={"symbol": sym}, name=name)
     fig.update_layout(template=_TEMPLATE, title="Temporal locality per layer",
                       xaxis={"title": "layer"}, yaxis={"title": "overlap of adjacent steps' top-K", "range": [0, 1]},
                       legend=_LEGEND)
@@ -49,12 +52,15 @@ def fig_warmup_curve(curves: Mapping[str, Sequence[float]], *, title: str = "") 
     return fig
 
 
-def fig_misses_vs_context(context_lens: Sequence[int], misses: Sequence[float], *, ratio: float,
-                          title: str = "") -> go.Figure:
-    """Average misses per request, layer and step against context length at one ratio."""
+def fig_misses_vs_context(context_lens: Sequence[int], misses: Sequence[float] | Mapping[str, Sequence[float]], *,
+                          ratio: float, title: str = "") -> go.Figure:
+    """Average misses per request, layer and step against context length at one ratio (one series, or a mapping
+    name -> series)."""
     fig = go.Figure()
-    fig.add_scatter(x=list(context_lens), y=list(misses), mode="lines+markers", name=f"ratio {ratio:g}",
-                    text=[f"{m:.0f}" for m in misses], textposition="top center")
+    series = misses if isinstance(misses, Mapping) else {f"ratio {ratio:g}": misses}
+    for name, y in series.items():
+        fig.add_scatter(x=list(context_lens), y=list(y), mode="lines+markers+text", name=name,
+                        text=[f"{m:.0f}" for m in y], textposition="top center")
     fig.update_layout(template=_TEMPLATE, title=title or f"Average misses against context length (ratio {ratio:g})",
                       xaxis={"title": "context length L (tokens)", "type": "log", "tickvals": list(context_lens),
                              "ticktext": [f"{c // 1024}K" for c in context_lens]},
@@ -104,4 +110,19 @@ def fig_prefetch_steps(misses_per_step: Sequence[float], stall_per_step_s: Seque
     fig.update_layout(template=_TEMPLATE, title=title or "Misses and stall per step",
                       xaxis={"title": "decode step"}, yaxis={"title": "misses"},
                       yaxis2={"title": "stall (us)", "overlaying": "y", "side": "right"}, legend=_LEGEND)
+    return fig
+
+
+def fig_hit_rate_against_range(hit_rates: Mapping[str, float], low: float, high: float, *, source: str = "",
+                               title: str = "") -> go.Figure:
+    """Hit rate per trace model (bars) beside an independently reported range (shaded band)."""
+    names = list(hit_rates)
+    fig = go.Figure()
+    fig.add_bar(x=names, y=[hit_rates[n] for n in names], text=[f"{hit_rates[n]:.3f}" for n in names],
+                textposition="outside", name="hit rate")
+    fig.add_hrect(y0=low, y1=high, fillcolor="green", opacity=0.15, line_width=0,
+                  annotation_text=source or f"reported {low:.0%}-{high:.0%}")
+    fig.update_layout(template=_TEMPLATE, title=title or "LRU hit rate with a pool of 2 x K",
+                      xaxis={"title": "trace model"}, yaxis={"title": "hit rate", "range": [0, 1]},
+                      showlegend=False)
     return fig
