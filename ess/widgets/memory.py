@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import ipywidgets as W
 
-from ..memory import largest_batch
+from ..memory import GiB, largest_batch
 from ..layout import request_cache
 from ..memory import resolve
 from ..specs import list_gpus
@@ -23,7 +23,7 @@ def memory_budget_view(gpu: str = "H200", context_len: int = 32768, ratio: float
     lim = largest_batch(context_len, ratio, model=model, deployment=dep, gpu=gpu_)
     base = largest_batch(context_len, 1.0, model=model, deployment=dep, gpu=gpu_)
     rc = request_cache(model, context_len, ratio, dep.kv_dtype)
-    hbm = gpu_.hbm_capacity_GiB * 2 ** 30 / 1e9
+    hbm = gpu_.hbm_capacity_GiB * GiB / 1e9
     weights = hbm * dep.mem_fraction_static - lim.kv_budget_bytes / 1e9
     parts = {"weights": weights, "indexer cache": lim.batch * rc.indexer_bytes / 1e9,
              "latent pool (GPU)": lim.batch * rc.latent_gpu_bytes / 1e9,
