@@ -18,15 +18,17 @@ from pathlib import Path
 
 import numpy as np
 
-from ess.sim.costs import CostParams
+from ess.sim.calibrate import calibrated_params
 from ess.sim.timeline import simulate
+from ess.specs import model_spec
 
 
 def configs(n: int, seed: int = 0):
     rng = np.random.default_rng(seed)
+    n_layers = model_spec("deepseek-v3.2-exp").n_layers
     return dict(batch=rng.integers(1, 200, n), context_len=rng.choice([8192, 32768, 65536, 131072], n),
                 ratio=rng.choice([1.0, 0.5, 0.3, 0.2, 0.15, 0.1], n), mtp_tokens=rng.choice([1, 2, 3, 4], n),
-                h2d_GB_per_s=rng.uniform(4, 128, n), misses=rng.uniform(0, 1500, (n, 61)))
+                h2d_GB_per_s=rng.uniform(4, 128, n), misses=rng.uniform(0, 1500, (n, n_layers)))
 
 
 def run_vectorised(c, params, strategy):
@@ -57,7 +59,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--strategy", default="best")
     a = ap.parse_args()
-    params = CostParams(0.6, 1.2, 48.0)
+    params = calibrated_params()                       # the fitted parameters (speed does not depend on them)
     c = configs(a.n)
     run_vectorised({k: v[:100] for k, v in c.items()}, params, a.strategy)          # warm-up
     vec = []

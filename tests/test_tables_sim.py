@@ -178,3 +178,12 @@ def test_widget_hbm_override_and_controls():
     assert "batch" in w.summary_label.value
     w.controls["gpu"].value = "H100"
     assert w.controls["hbm_GiB"].value == 80
+
+
+def test_table2_figure_labels_configured_accept_ratios(t2_zero):
+    from ess.viz import sim as vs
+    names = [t.name for t in vs.fig_table2(t2_zero, 32768).data]
+    for acc in published("paper_table2")["t2_32k_mtp4"]["accept_ratios"]:
+        assert any(n.startswith(f"MTP 4, accept {acc:g} (a configuration)") for n in names)
+    assert not any(n.startswith("MTP 2") and "configuration" in n for n in names)
+    assert hasattr(vs, "fig_sim_misses_per_layer") and not hasattr(vs, "fig_misses_per_layer")

@@ -84,7 +84,10 @@ def _request_rules(model, dep, L, r):
     """The layout rules for each distinct (context, ratio) pair, evaluated once per pair with the scalar helpers of
     :mod:`ess.layout` (page padding, per-request cache bytes, pool slots) so that the rule lives in one place.
     Returns per-pair arrays and the inverse index that maps them back to the flattened inputs."""
-    pairs, inv = np.unique(np.stack([L.ravel().astype(float), r.ravel()], axis=1), axis=0, return_inverse=True)
+    uL, iL = np.unique(L.ravel(), return_inverse=True)            # 1-D uniques: much faster than unique(axis=0)
+    ur, ir = np.unique(r.ravel(), return_inverse=True)
+    codes, inv = np.unique(np.ravel(iL) * len(ur) + np.ravel(ir), return_inverse=True)
+    pairs = np.stack([uL[codes // len(ur)].astype(float), ur[codes % len(ur)]], axis=1)
     n = len(pairs)
     gpu_b, host_b, slots, need = np.empty(n), np.empty(n), np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
     for i, (Li, ri) in enumerate(pairs):

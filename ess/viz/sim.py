@@ -57,14 +57,17 @@ def fig_step_breakdown(df) -> go.Figure:
     return fig
 
 
-def fig_table2(t2, context_len: int = 32768) -> go.Figure:
+def fig_table2(t2, context_len: int) -> go.Figure:
     """Predicted node throughput against batch for each MTP setting (solid: cache-simulated misses; dotted: no
-    misses, write-back only)."""
+    misses, write-back only). An accept ratio that is a configuration rather than a published value (its
+    ``accept_ratio_source`` differs from the row's ``source``) is labelled so."""
     sub = t2[t2.context_len == context_len]
     fig = go.Figure()
     for (mtp, acc), part in sub.groupby(["mtp", "accept_ratio"]):
         part = part.sort_values("batch")
         name = f"MTP {mtp}, accept {acc:g}"
+        if "accept_ratio_source" in part and (part.accept_ratio_source != part.source).any():
+            name += " (a configuration)"
         if "throughput" in part:
             fig.add_scatter(x=part.batch, y=part.throughput, mode="lines+markers", name=name + " (simulated misses)")
         fig.add_scatter(x=part.batch, y=part.throughput_no_miss, mode="lines", line={"dash": "dot"},
