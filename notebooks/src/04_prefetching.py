@@ -247,12 +247,19 @@ pviz.fig_misses_vs_context(context_lens, {f"{m} model": by_ctx[m] for m in (DEFA
 res_slots = context_len // (16 if smoke else 64)
 best = {}
 for model in (DEFAULT, OTHER):
-    best[model] = cachesim.smallest_pool(context_len, miss_target, resolution=res_slots, n_layers=LAYERS, k=K,
-                                         mtp=mtp, steps=pool_steps, batch=pool_batch, seed=seed, model=model)
-    b = best[model]
-    assert b["below_misses"] is None or b["misses"] < miss_target <= b["below_misses"], b
     cfg4 = {**cfg_of(model), "context_len": context_len, "mtp": mtp, "steps": pool_steps, "batch": pool_batch,
             "warmup": True, "target": miss_target, "resolution_slots": res_slots}
+    try:
+        best[model] = cachesim.smallest_pool(context_len, miss_target, resolution=res_slots, n_layers=LAYERS, k=K,
+                                             mtp=mtp, steps=pool_steps, batch=pool_batch, seed=seed, model=model)
+    except ValueError as exc:            # even the whole context misses too much: first loads dominate few steps
+        assert smoke, exc                # over the full 256 steps both models must reach the target
+        rec.record(f"smallest_pool_under_200_slots{suffix(model)}", None, "slots/request/layer", config=cfg4,
+                   note=f"not reachable in this (smoke) configuration: {exc}")
+        print(f"{model}: {exc}")
+        continue
+    b = best[model]
+    assert b["below_misses"] is None or b["misses"] < miss_target <= b["below_misses"], b
     below = ("" if b["below_slots"] is None else
              f", {b['below_misses']:.1f} at {b['below_slots']} slots")
     rec.record(f"smallest_pool_under_200_slots{suffix(model)}", b["slots"], "slots/request/layer", config=cfg4,
