@@ -15,7 +15,9 @@ Three ways to get one:
 
 * :func:`synthetic_trace` -- a generator whose per-layer adjacent-step overlap follows a profile (default: the per-layer
   overlap of paper Fig. 2, read by eye, ``data/locality/paper_fig2.yaml``), with attention sinks, a local window,
-  context growth and MTP as the union of several query tokens' sets;
+  context growth and MTP as the union of several query tokens' sets; two models, ``model="uniform"`` (new entries
+  drawn uniformly) and ``model="drift"`` (persistent token scores plus AR(1) noise, calibrated per layer to the
+  profile), the default chosen by the rule in ``data/locality/README.md`` (:func:`default_trace_model`);
 * :class:`TraceRecorder` -- collects real index sets from a sparse-attention implementation step by step;
 * :func:`load_trace` -- a trace saved with :meth:`Trace.save` (compressed ``.npz``).
 """
@@ -802,13 +804,17 @@ def drift_calibration(r: float, context_len: int, k: int = 2048, n_sinks: int | 
     locality profile only.
     """
     d = generator_defaults()
+    context_len = _int("context_len", context_len, lo=1)
+    k = _int("k", k, lo=1)
+    if k > context_len:
+        raise ValueError(f"k (top-K) = {k} is larger than the context ({context_len} tokens); expected k <= context_len")
     n_sinks = _int("n_sinks", d["n_sinks"] if n_sinks is None else n_sinks, lo=0)
     local_window = _int("local_window", d["local_window"] if local_window is None else local_window, lo=0)
     rho = float(d["drift_rho"] if rho is None else rho)
     if not 0 <= rho < 1:
         raise ValueError(f"drift_rho must lie in [0, 1), got {rho!r}")
-    if not 0 <= r <= 1:
-        raise ValueError(f"the target overlap r must lie in [0, 1], got {r!r}")
+    if isinstance(r, bool) or not isinstance(r, numbers.Real) or not 0 <= r <= 1:
+        raise ValueError(f"the target overlap r must be a number in [0, 1], got {r!r}")
     f = lambda c: _drift_overlap_at(c, rho, context_len, k, n_sinks, local_window)  # noqa: E731
     floor = f(0.0)
     if r <= floor:

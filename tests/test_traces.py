@@ -259,4 +259,6 @@ def test_unknown_trace_model_and_misplaced_options_raise():
         T.synthetic_trace(512, n_layers=1, k=32, steps=1, batch=1, model="drift", drift_rho=1.0)
     with pytest.raises(ValueError, match=r"\[0, 1\]"):
         T.drift_calibration(1.5, 512, 32)
+    with pytest.raises(ValueError, match="larger than the context"):
+        T.drift_calibration(0.5, 16, 32)
     assert T.default_trace_model() in T.TRACE_MODELS
