@@ -23,6 +23,7 @@ import numpy as np
 import yaml
 
 from ..layout import indexer_entry_bytes, latent_entry_bytes
+from ..memory import fp8_weight_bytes
 from ..specs import DATA_DIR, DeploymentSpec, GPUSpec, ModelSpec, gpu_spec
 
 __all__ = ["KernelPoints", "kernel_points", "calibration_data", "CostParams", "Efficiencies", "efficiencies",
@@ -51,8 +52,8 @@ def calibration_data(name: str) -> dict:
 def fp8_weight_bytes_per_param(model: ModelSpec) -> float:
     """Bytes per FP8 weight including its share of the block scales: ``weight_bytes_per_param`` plus one float32
     scale per ``weight_scale_block`` x ``weight_scale_block`` block ([DS] weight_block_size). The same rule as
-    ``ess.memory``'s weight bytes (tests check they agree)."""
-    return model.weight_bytes_per_param + _SCALE_BYTES / model.weight_scale_block ** 2
+    ``ess.memory``'s weight bytes, which it calls."""
+    return fp8_weight_bytes(model, 1.0)
 
 
 # ----------------------------------------------------------------------------------------------------------------
