@@ -62,17 +62,21 @@ def step_breakdown(params: CostParams, batches, context_len: int | None = None, 
 
 
 def misses_from_cachesim(*, steps: int = 64, batch: int = 4, seed: int = 0, warmup: bool = True,
-                         policy: str = "lru") -> MissesFn:
+                         policy: str = "lru", trace_model: str | None = None) -> MissesFn:
     """A cached ``(context_len, ratio, mtp) -> misses per layer`` from :func:`ess.cachesim.misses_per_layer`
-    (synthetic traces with the paper's Fig. 2 locality profile)."""
+    (synthetic traces with the paper's Fig. 2 locality profile; ``trace_model`` ``"drift"`` or ``"uniform"``,
+    ``None`` for the default chosen by the rule in data/locality/README.md)."""
     from ..cachesim import misses_per_layer
+    from ..traces import default_trace_model
+
+    trace_model = trace_model or default_trace_model()
 
     @functools.lru_cache(maxsize=None)
     def fn(context_len: int, ratio: float, mtp: int) -> np.ndarray:
         return misses_per_layer(int(context_len), float(ratio), mtp=int(mtp), steps=steps, batch=batch, seed=seed,
-                                warmup=warmup, policy=policy)
+                                warmup=warmup, policy=policy, model=trace_model)
     fn.config = {"steps": steps, "batch": batch, "seed": seed, "warmup": warmup, "policy": policy,
-                 "profile": "paper"}
+                 "profile": "paper", "trace_model": trace_model}
     return fn
 
 
