@@ -258,8 +258,41 @@ def locality_profile(profile: Any = "paper", n_layers: int = 61) -> np.ndarray:
 
 # ----------------------------------------------------------------------------------------------------- generator
 @lru_cache(maxsize=None)
+def _emit_kernel():
+    """The output step both generators share: query token ``q``'s selected set ``cur[:k]`` becomes warmup window
+    ``q`` (q < n_warm), or joins the union of decode step ``(q - n_warm) // mtp`` (MTP: the step's query tokens
+    select the union of their sets; ``union_mark`` remembers which step last took a token)."""
+    from numba import njit
+
+    @njit(cache=True, inline="always")
+    def emit(cur, k, q, n_warm, mtp, union_mark, warm_out, step_out):
+        if q < n_warm:
+            for i in range(k):
+                warm_out[q, i] = cur[i]
+            return
+        t = (q - n_warm) // mtp
+        fill = 0
+        if (q - n_warm) % mtp == 0:
+            for i in range(step_out.shape[1]):
+                step_out[t, i] = -1
+        else:
+            while fill < step_out.shape[1] and step_out[t, fill] >= 0:
+                fill += 1
+        for i in range(k):
+            x = cur[i]
+            if union_mark[x] != t + 1:
+                union_mark[x] = t + 1
+                step_out[t, fill] = x
+                fill += 1
+
+    return emit
+
+
+@lru_cache(maxsize=None)
 def _gen_kernel():
     from numba import njit
+
+    emit = _emit_kernel()
 
     @njit(cache=True, inline="always")
     def rand(state):
@@ -362,25 +395,7 @@ def _gen_kernel():
             for x in range(ctx - nw, ctx):
                 cur[c] = x
                 c += 1
-            if q < n_warm:
-                for i in range(k):
-                    warm_out[q, i] = cur[i]
-            else:
-                t = (q - n_warm) // mtp
-                if (q - n_warm) % mtp == 0:
-                    for i in range(step_out.shape[1]):
-                        step_out[t, i] = -1
-                    fill = 0
-                else:
-                    fill = 0
-                    while fill < step_out.shape[1] and step_out[t, fill] >= 0:
-                        fill += 1
-                for i in range(k):
-                    x = cur[i]
-                    if union_mark[x] != t + 1:
-                        union_mark[x] = t + 1
-                        step_out[t, fill] = x
-                        fill += 1
+            emit(cur, k, q, n_warm, mtp, union_mark, warm_out, step_out)
             prev_ctx = ctx
         return 0
 
@@ -399,6 +414,8 @@ def _normal_table() -> np.ndarray:
 @lru_cache(maxsize=None)
 def _drift_kernel():
     from numba import njit
+
+    emit = _emit_kernel()
 
     @njit(cache=True, nogil=True)
     def gen_drift(seed, base, noise, cand, context_len, k, mtp, steps, n_warm, pi, rho, n_sinks, window,
@@ -515,25 +532,7 @@ def _drift_kernel():
             for x in range(ctx - nw, ctx):
                 cur[c] = x
                 c += 1
-            if q < n_warm:
-                for i in range(k):
-                    warm_out[q, i] = cur[i]
-            else:
-                t = (q - n_warm) // mtp
-                if (q - n_warm) % mtp == 0:
-                    for i in range(step_out.shape[1]):
-                        step_out[t, i] = -1
-                    fill = 0
-                else:
-                    fill = 0
-                    while fill < step_out.shape[1] and step_out[t, fill] >= 0:
-                        fill += 1
-                for i in range(k):
-                    x = cur[i]
-                    if union_mark[x] != t + 1:
-                        union_mark[x] = t + 1
-                        step_out[t, fill] = x
-                        fill += 1
+            emit(cur, k, q, n_warm, mtp, union_mark, warm_out, step_out)
         return lowest
 
     @njit(cache=True)
