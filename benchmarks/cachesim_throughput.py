@@ -13,9 +13,6 @@ random accesses to a few arrays of the context's size, which fit in the caches o
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import statistics
 import sys
 import time
@@ -24,16 +21,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import numba  # noqa: E402
-import numpy as np  # noqa: E402
 
 from ess import cachesim as C  # noqa: E402
+from ess.bench import distribution, write_report  # noqa: E402
 from ess.traces import synthetic_streams  # noqa: E402
-
-
-def dist(xs):
-    return {"min": min(xs), "median": statistics.median(xs), "mean": statistics.mean(xs),
-            "std": statistics.pstdev(xs), "n": len(xs)}
 
 
 def main() -> None:
@@ -70,13 +61,11 @@ def main() -> None:
     out = {"benchmark": "cachesim_throughput", "policy": "lru",
            "config": {"context_len": L, "k": k, "mtp": mtp, "steps": steps, "layers": layers, "ratio": 0.2,
                       "capacity": cap, "warmup_windows": streams[0][0].shape[0], "profile": "paper"},
-           "lookups_per_run": lookups, "numba_lookups_per_s": dist(rates),
-           "python_lookups_per_s": dist(py_rates),
+           "lookups_per_run": lookups, "numba_lookups_per_s": distribution(rates),
+           "python_lookups_per_s": distribution(py_rates),
            "speedup_median": statistics.median(rates) / statistics.median(py_rates),
            "target_lookups_per_s": 20e6,
-           "ratio_to_target_median": statistics.median(rates) / 20e6,
-           "machine": {"platform": platform.platform(), "processor": platform.processor(), "python": sys.version.split()[0],
-                       "numpy": np.__version__, "numba": numba.__version__, "cpu_count": os.cpu_count()}}
+           "ratio_to_target_median": statistics.median(rates) / 20e6}
     print(f"LRU, {layers} streams x {steps} steps at 32K (K 2048, MTP 2, ratio 0.2): {lookups:,} lookups per run")
     print(f"  numba  : median {statistics.median(rates) / 1e6:8.1f} M lookups/s (min {min(rates) / 1e6:.1f}, "
           f"max {max(rates) / 1e6:.1f}, n {len(rates)})")
@@ -99,9 +88,7 @@ def main() -> None:
             out[f"sweep_61_layers_8_ratios_batch16_256_steps_threads{threads}_s"] = dt
             print(f"  full sweep (61 layers x 8 ratios, 32K, batch 16, 256 steps, LRU + warmup, {threads} thread(s)): "
                   f"{dt:.1f} s (issue target < 60 s: ratio {dt / 60:.2f})")
-    path = ROOT / "build" / "benchmarks" / "cachesim_throughput.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(out, indent=1))
+    path = write_report("cachesim_throughput", out)
     print(f"wrote {path.relative_to(ROOT)}")
 
 

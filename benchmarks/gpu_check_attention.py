@@ -15,7 +15,6 @@ On a machine without CUDA it prints "no CUDA" and exits 0. Results go to ``$OUT/
 """
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import sys
@@ -26,6 +25,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from ess.bench import write_report  # noqa: E402
 
 
 def main() -> int:
@@ -136,7 +136,7 @@ def main() -> int:
     report["wall_s"] = time.time() - t_start
     out_dir = Path(os.environ["OUT"]) if os.environ.get("OUT") else ROOT / "build" / "benchmarks"
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "gpu_check_attention.json").write_text(json.dumps(report, indent=1))
+    write_report("gpu_check_attention", report, out_dir)
     print(f"{'OK' if ok else 'FAILED'} in {report['wall_s']:.1f} s")
     return 0 if ok else 1
 

@@ -21,7 +21,6 @@ Writes ``gpu_check_transfer.json`` to ``$OUT`` when that is set, else to ``build
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -32,6 +31,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from ess.bench import write_report  # noqa: E402
 
 N_ROWS, K, W = 32 * 1024, 2048, 656      # pool rows (issue 3); K = index_topk [DS]; FP8 entry [FMLA]
 MODES = ("zero_copy", "staged", "per_row")
@@ -207,7 +207,7 @@ def main(argv=None) -> int:
     report["seconds"] = time.perf_counter() - t0
     report["correct"] = bool(ok)
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "gpu_check_transfer.json").write_text(json.dumps(report, indent=1))
+    write_report("gpu_check_transfer", report, out_dir)
     print(f"correct: {ok}; {report['seconds']:.0f} s; written {out_dir / 'gpu_check_transfer.json'}")
     return 0 if ok else 1
 

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import time
-from pathlib import Path
 
 import numpy as np
 
+from ess.bench import distribution, write_report
 from ess.sim.calibrate import calibrated_params
 from ess.sim.timeline import simulate
 from ess.specs import model_spec
@@ -47,11 +46,6 @@ def run_loop(c, params, strategy, n):
     return out
 
 
-def stats(xs):
-    return {"min": min(xs), "median": statistics.median(xs), "mean": statistics.mean(xs),
-            "std": statistics.pstdev(xs)}
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=100_000)
@@ -76,16 +70,13 @@ def main() -> None:
     v = run_vectorised({k: val[:a.loop_n] for k, val in c.items()}, params, a.strategy).step_s
     l = np.array(run_loop(c, params, a.strategy, a.loop_n))
     assert np.allclose(v, l, equal_nan=True)
-    res = {"n": a.n, "loop_n": a.loop_n, "strategy": a.strategy, "vectorised_cfg_per_s": stats(vec),
-           "loop_cfg_per_s": stats(loop), "speedup_median": statistics.median(vec) / statistics.median(loop),
-           "target_cfg_per_s": 100_000, "machine": platform.platform(), "processor": platform.processor(),
-           "python": platform.python_version(), "numpy": np.__version__}
+    res = {"n": a.n, "loop_n": a.loop_n, "strategy": a.strategy, "vectorised_cfg_per_s": distribution(vec),
+           "loop_cfg_per_s": distribution(loop), "speedup_median": statistics.median(vec) / statistics.median(loop),
+           "target_cfg_per_s": 100_000}
     print(json.dumps(res, indent=1))
     print(f"vectorised: {statistics.median(vec):,.0f} configurations/s (median of {a.repeats}), loop: "
           f"{statistics.median(loop):,.0f}/s -> {res['speedup_median']:.0f}x; target 100,000/s")
-    out = Path(__file__).resolve().parent.parent / "build" / "benchmarks" / "sim_throughput.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(res, indent=1))
+    write_report("sim_throughput", res)
 
 
 if __name__ == "__main__":

@@ -26,9 +26,7 @@ because it is less sensitive to other processes on a shared machine. The distrib
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -37,29 +35,13 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from ess.bench import distribution, write_report  # noqa: E402
 
 N_ROWS = 32 * 1024      # host pool rows (issue 3)
 K = 2048                # rows gathered per call: DeepSeek-V3.2-Exp index_topk ([DS] config, data/models)
 W = 656                 # bytes per row: FP8 latent entry ([FMLA], ess.layout)
 FLUSH_BYTES = 64 * 2 ** 20   # twice the 32 MiB L3 of the CI machine
 ROUNDS = 4
-
-
-def machine() -> dict:
-    cpu = platform.processor()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    import numba
-    import torch
-    return {"cpu": cpu, "logical_cpus": os.cpu_count(), "numba_threads": numba.config.NUMBA_NUM_THREADS,
-            "torch_threads": torch.get_num_threads(), "platform": platform.platform(),
-            "python": platform.python_version(), "numpy": np.__version__, "numba": numba.__version__,
-            "torch": torch.__version__}
 
 
 def _flush_kernel():
@@ -71,12 +53,6 @@ def _flush_kernel():
             a[i] += 1
 
     return flush
-
-
-def stats(gbps: list[float]) -> dict:
-    a = np.asarray(gbps)
-    return {"min": float(a.min()), "max": float(a.max()), "median": float(np.median(a)), "mean": float(a.mean()), "std": float(a.std()),
-            "n": int(a.size)}
 
 
 def run(reps: int, cold_reps: int, seed: int = 0) -> dict:
@@ -153,7 +129,7 @@ def run(reps: int, cold_reps: int, seed: int = 0) -> dict:
                         dt = time.perf_counter_ns() - t0
                         gbps[name].append(nbytes / dt)                 # bytes per ns = GB/s
             for name in names:
-                results[f"{cond}/{order}/{name}"] = stats(gbps[name])
+                results[f"{cond}/{order}/{name}"] = distribution(gbps[name])
     return results
 
 
@@ -192,12 +168,10 @@ def main(argv=None) -> int:
                   f"| best call: numba {best['numba']:6.2f} / contiguous {best['contiguous']:6.2f} = "
                   f"{best['numba'] / best['contiguous']:5.0%}")
     record = {"benchmark": "transfer_gather", "rows": K, "row_bytes": W, "pool_rows": N_ROWS,
-              "unit": "GB/s (1e9 B/s)", "machine": machine(),
+              "unit": "GB/s (1e9 B/s)", 
               "loadavg_1_5_15_before_after": [load_before, load_after], "results": res, "ratios": ratios,
               "command": "python benchmarks/transfer_gather.py " + " ".join(argv or sys.argv[1:])}
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(record, indent=1))
+    out = write_report(Path(args.out).stem, record, Path(args.out).parent)
     print(f"load average (1 min) before {load_before[0]:.2f}, after {load_after[0]:.2f} on "
           f"{os.cpu_count()} CPUs: parallel kernels slow down when other processes hold the cores")
     print(f"written {out.relative_to(ROOT) if out.is_relative_to(ROOT) else out}")

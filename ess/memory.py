@@ -14,8 +14,7 @@ from __future__ import annotations
 import operator
 from dataclasses import dataclass
 
-from .layout import (check_context_len, check_ratio, indexer_entry_bytes, latent_entry_bytes, padded_tokens,
-                     pool_slots, request_cache)
+from .layout import check_context_len, check_ratio, latent_entry_bytes, padded_tokens, pool_slots, request_cache
 from .specs import DeploymentSpec, GPUSpec, HostSpec, ModelSpec, deployment_spec, gpu_spec, host_spec, model_spec
 
 __all__ = [

@@ -29,7 +29,6 @@ Everything is vectorised over configurations with numpy (arrays broadcast; misse
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 

@@ -1,0 +1,65 @@
+"""The measurement harness the benchmarks share: a timing distribution, the machine and library versions, and the
+report file. Benchmarks report ratios against a baseline measured in the same run; nothing here asserts a time."""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+from pathlib import Path
+from typing import Any, Iterable
+
+__all__ = ["distribution", "machine_info", "write_report", "REPORT_DIR"]
+
+REPORT_DIR = Path(__file__).resolve().parent.parent / "build" / "benchmarks"
+
+
+def distribution(samples: Iterable[float]) -> dict[str, float]:
+    """min, max, median, mean, population std and count of a list of measurements (any unit)."""
+    xs = [float(x) for x in samples]
+    if not xs:
+        raise ValueError("samples must hold at least one measurement")
+    return {"min": min(xs), "max": max(xs), "median": statistics.median(xs), "mean": statistics.mean(xs),
+            "std": statistics.pstdev(xs), "n": len(xs)}
+
+
+def machine_info() -> dict[str, Any]:
+    """CPU model, core count, thread settings, load average and the versions of the libraries that are timed."""
+    cpu = platform.processor()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    info: dict[str, Any] = {"cpu": cpu, "logical_cpus": os.cpu_count(), "platform": platform.platform(),
+                            "python": platform.python_version()}
+    if hasattr(os, "getloadavg"):
+        info["loadavg_1_5_15"] = list(os.getloadavg())
+    import numpy
+    info["numpy"] = numpy.__version__
+    try:
+        import numba
+        info.update(numba=numba.__version__, numba_threads=numba.config.NUMBA_NUM_THREADS)
+    except ImportError:  # pragma: no cover - numba is a dependency
+        pass
+    try:
+        import torch
+        info.update(torch=torch.__version__, torch_threads=torch.get_num_threads(),
+                    cuda=torch.cuda.get_device_name(0) if torch.cuda.is_available() else None)
+    except ImportError:  # pragma: no cover - torch is a dependency
+        pass
+    return info
+
+
+def write_report(name: str, report: dict, out_dir: str | Path | None = None) -> Path:
+    """Write ``report`` (with ``machine_info()`` added when absent) as ``<out_dir>/<name>.json``; ``out_dir``
+    defaults to ``build/benchmarks/``."""
+    if not name or "/" in name:
+        raise ValueError(f"name must be a plain file stem, got {name!r}")
+    out = Path(out_dir) if out_dir else REPORT_DIR
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{name}.json"
+    path.write_text(json.dumps({"machine": machine_info(), **report}, indent=1, default=str), encoding="utf-8")
+    return path
