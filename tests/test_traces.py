@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 
 from ess import traces as T
+from ess.attention import record_indexer_trace
 
 
 def small(**kw):
@@ -139,14 +140,14 @@ def test_recorder_collects_union_per_step_and_refuses_partial_steps():
 
 def test_recording_from_the_real_indexer_has_locality_when_queries_do():
     pytest.importorskip("ess.attention")
-    hot = T.record_indexer_trace("tiny", context_len=512, steps=6, batch=1, mtp=1, warmup_windows=2,
+    hot = record_indexer_trace("tiny", context_len=512, steps=6, batch=1, mtp=1, warmup_windows=2,
                                  query_correlation=0.95, seed=1)
-    cold = T.record_indexer_trace("tiny", context_len=512, steps=6, batch=1, mtp=1, warmup_windows=2,
+    cold = record_indexer_trace("tiny", context_len=512, steps=6, batch=1, mtp=1, warmup_windows=2,
                                   query_correlation=0.0, seed=1)
     assert hot.k == 64 and hot.warmup.shape == (1, 4, 2, 64) and hot.meta["model"] == "tiny"
     assert (hot.set_sizes() == 64).all()
     assert T.adjacent_overlap(hot).mean() > T.adjacent_overlap(cold).mean() + 0.2
-    again = T.record_indexer_trace("tiny", context_len=512, steps=6, batch=1, mtp=1, warmup_windows=2,
+    again = record_indexer_trace("tiny", context_len=512, steps=6, batch=1, mtp=1, warmup_windows=2,
                                    query_correlation=0.95, seed=1)
     assert np.array_equal(hot.indices, again.indices)
 

@@ -43,7 +43,7 @@ from IPython.display import display
 
 import ess
 from ess import viz
-from ess import cachesim, predict, prefetch, traces
+from ess import attention, cachesim, predict, prefetch, traces
 from ess.viz import prefetch as pviz
 from ess.widgets.prefetch import prefetch_view, prefetch_widget
 
@@ -338,7 +338,7 @@ pred_df.round(3)
 # model). The recorded trace goes through the same simulation.
 
 # %%
-rtr = traces.record_indexer_trace("tiny", context_len=1024, steps=8 if smoke else 32, batch=2, mtp=1,
+rtr = attention.record_indexer_trace("tiny", context_len=1024, steps=8 if smoke else 32, batch=2, mtp=1,
                                   warmup_windows=4, query_correlation=0.9, seed=seed)
 r_overlap = traces.adjacent_overlap(rtr)
 r_rows = {pol: float(cachesim.simulate(rtr, pol, ratio=0.2, warmup=False).mean()) for pol in cachesim.POLICIES}
