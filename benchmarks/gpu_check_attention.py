@@ -135,7 +135,6 @@ def main() -> int:
     report["ok"] = bool(ok)
     report["wall_s"] = time.time() - t_start
     out_dir = Path(os.environ["OUT"]) if os.environ.get("OUT") else ROOT / "build" / "benchmarks"
-    out_dir.mkdir(parents=True, exist_ok=True)
     write_report("gpu_check_attention", report, out_dir)
     print(f"{'OK' if ok else 'FAILED'} in {report['wall_s']:.1f} s")
     return 0 if ok else 1

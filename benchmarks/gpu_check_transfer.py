@@ -206,7 +206,6 @@ def main(argv=None) -> int:
               f"paper: 37 vs 0.79 GB/s [BLOG]")
     report["seconds"] = time.perf_counter() - t0
     report["correct"] = bool(ok)
-    out_dir.mkdir(parents=True, exist_ok=True)
     write_report("gpu_check_transfer", report, out_dir)
     print(f"correct: {ok}; {report['seconds']:.0f} s; written {out_dir / 'gpu_check_transfer.json'}")
     return 0 if ok else 1

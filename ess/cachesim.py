@@ -79,6 +79,22 @@ def _check_policy(policy: str, decay: float) -> None:
 def _kernels():
     from numba import njit
 
+    # ---- doubly linked list over positions 0..n_pos-1 with sentinel H = n_pos (nxt[H] oldest, prv[H] newest)
+    @njit(cache=True, inline="always")
+    def _unlink(prv, nxt, x):
+        a = prv[x]
+        b = nxt[x]
+        nxt[a] = b
+        prv[b] = a
+
+    @njit(cache=True, inline="always")
+    def _push_newest(prv, nxt, H, x):
+        a = prv[H]
+        nxt[a] = x
+        prv[x] = a
+        nxt[x] = H
+        prv[H] = x
+
     @njit(cache=True, nogil=True)
     def lru(seq, n_free, capacity, n_pos, out):
         """seq (T, W): rows 0..n_free-1 are warmup (not counted). out (T - n_free,) misses. Returns -1 or bad row."""
@@ -100,19 +116,14 @@ def _kernels():
                 size += 1
                 if res[x]:
                     hits += 1
-                    a = prv[x]
-                    b = nxt[x]
-                    nxt[a] = b
-                    prv[b] = a
+                    _unlink(prv, nxt, x)
             if size > capacity:
                 return t
             misses = size - hits
             evict = n_res + misses - capacity
             while evict > 0:                          # the list now holds only residents not in S
                 v = nxt[H]
-                b = nxt[v]
-                nxt[H] = b
-                prv[b] = H
+                _unlink(prv, nxt, v)
                 res[v] = False
                 n_res -= 1
                 evict -= 1
@@ -120,11 +131,7 @@ def _kernels():
                 x = seq[t, j]
                 if x < 0:
                     continue
-                a = prv[H]
-                nxt[a] = x
-                prv[x] = a
-                nxt[x] = H
-                prv[H] = x
+                _push_newest(prv, nxt, H, x)
                 if not res[x]:
                     res[x] = True
                     n_res += 1
@@ -162,9 +169,7 @@ def _kernels():
             while evict > 0:
                 w = nxt[v]
                 if mark[v] != t + 1:
-                    a = prv[v]
-                    nxt[a] = w
-                    prv[w] = a
+                    _unlink(prv, nxt, v)
                     res[v] = False
                     n_res -= 1
                     evict -= 1
@@ -173,11 +178,7 @@ def _kernels():
                 x = seq[t, j]
                 if x < 0 or res[x]:
                     continue
-                a = prv[H]
-                nxt[a] = x
-                prv[x] = a
-                nxt[x] = H
-                prv[H] = x
+                _push_newest(prv, nxt, H, x)
                 res[x] = True
                 n_res += 1
             if t >= n_free:

@@ -259,7 +259,7 @@ def locality_profile(profile: Any = "paper", n_layers: int = 61) -> np.ndarray:
 # ----------------------------------------------------------------------------------------------------- generator
 @lru_cache(maxsize=None)
 def _emit_kernel():
-    """The output step both generators share: query token ``q``'s selected set ``cur[:k]`` becomes warmup window
+    """What both generators share: each query token's geometry (``token_geometry``) and the output step: query token ``q``'s selected set ``cur[:k]`` becomes warmup window
     ``q`` (q < n_warm), or joins the union of decode step ``(q - n_warm) // mtp`` (MTP: the step's query tokens
     select the union of their sets; ``union_mark`` remembers which step last took a token)."""
     from numba import njit
@@ -285,14 +285,26 @@ def _emit_kernel():
                 step_out[t, fill] = x
                 fill += 1
 
-    return emit
+    @njit(cache=True, inline="always")
+    def token_geometry(q, n_warm, mtp, context_len, n_sinks, window, k):
+        """Context length seen by query token ``q``, sinks, window, the free range's end ``hi`` (free range
+        ``[ns, hi)``) and how many free entries it selects."""
+        if q < n_warm:                        # prefill position context_len - n_warm + q attends to [0, pos]
+            ctx = context_len - n_warm + q + 1
+        else:                                 # decode step t reads the cache that exists before the step
+            ctx = context_len + ((q - n_warm) // mtp) * mtp
+        ns = min(n_sinks, k)
+        nw = min(window, k - ns)
+        return ctx, ns, nw, ctx - nw, k - ns - nw
+
+    return emit, token_geometry
 
 
 @lru_cache(maxsize=None)
 def _gen_kernel():
     from numba import njit
 
-    emit = _emit_kernel()
+    emit, token_geometry = _emit_kernel()
 
     @njit(cache=True, inline="always")
     def rand(state):
@@ -338,14 +350,7 @@ def _gen_kernel():
         g = 0
         n_tokens = n_warm + steps * mtp
         for q in range(n_tokens):
-            if q < n_warm:                        # prefill position context_len - n_warm + q attends to [0, pos]
-                ctx = context_len - n_warm + q + 1
-            else:                                 # decode step t reads the cache that exists before the step
-                ctx = context_len + ((q - n_warm) // mtp) * mtp
-            ns = min(n_sinks, k)
-            nw = min(window, k - ns)
-            hi = ctx - nw                          # free range [ns, hi)
-            need = k - ns - nw
+            ctx, ns, nw, hi, need = token_geometry(q, n_warm, mtp, context_len, n_sinks, window, k)
             g += 1
             # previous set's members inside the free range: previous free entries + window tokens that left it
             if prev_ctx >= 0:
@@ -415,7 +420,7 @@ def _normal_table() -> np.ndarray:
 def _drift_kernel():
     from numba import njit
 
-    emit = _emit_kernel()
+    emit, token_geometry = _emit_kernel()
 
     @njit(cache=True, nogil=True)
     def gen_drift(seed, base, noise, cand, context_len, k, mtp, steps, n_warm, pi, rho, n_sinks, window,
@@ -439,14 +444,7 @@ def _drift_kernel():
         lowest = np.inf
         n_tokens = n_warm + steps * mtp
         for q in range(n_tokens):
-            if q < n_warm:                        # prefill position context_len - n_warm + q attends to [0, pos]
-                ctx = context_len - n_warm + q + 1
-            else:                                 # decode step t reads the cache that exists before the step
-                ctx = context_len + ((q - n_warm) // mtp) * mtp
-            ns = min(n_sinks, k)
-            nw = min(window, k - ns)
-            hi = ctx - nw                          # free range [ns, hi)
-            need = k - ns - nw
+            ctx, ns, nw, hi, need = token_geometry(q, n_warm, mtp, context_len, n_sinks, window, k)
             key = np.uint64(seed) * np.uint64(0xD1B54A32D192ED03) + np.uint64(q + 1) * np.uint64(0x8CB92BA72F3D8DD7)
             c = 0
             for x in range(ns):

@@ -5,7 +5,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from ._style import TEMPLATE as _TEMPLATE
+from ._style import TEMPLATE as _TEMPLATE, LEGEND
 
 __all__ = ["fig_indexer_selection", "fig_attention_cost", "fig_storage_precision"]
 
@@ -43,7 +43,7 @@ def fig_attention_cost(df) -> go.Figure:
     fig.update_xaxes(title="context length L (tokens)", type="log")
     fig.update_yaxes(title="ms", type="log", row=1, col=1)
     fig.update_yaxes(title="s (trapezoid over measured L)", type="log", row=1, col=2)
-    fig.update_layout(template=_TEMPLATE, legend={"orientation": "h", "y": -0.25},
+    fig.update_layout(template=_TEMPLATE, legend=LEGEND,
                       title=f"Dense against sparse attention, measured ({cfg.get('backend', '')}, H={cfg.get('H')}, "
                             f"K={cfg.get('K')}, FP8 entries)")
     return fig

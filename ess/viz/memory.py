@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
-from ._style import TEMPLATE as _TEMPLATE
+from ._style import TEMPLATE as _TEMPLATE, LEGEND
 
 __all__ = ["fig_cache_bytes", "fig_batch_limits", "fig_batch_vs_context"]
 
@@ -21,7 +21,7 @@ def fig_cache_bytes(df) -> go.Figure:
                             mode="lines+markers", line={"dash": dash})
     fig.update_layout(barmode="stack", template=_TEMPLATE, title="Cache per request, all layers",
                       xaxis={"title": "context length L (tokens)", "type": "log", "tickvals": list(fp8.context_len)},
-                      yaxis={"title": "GB per request"}, legend={"orientation": "h", "y": -0.25})
+                      yaxis={"title": "GB per request"}, legend=LEGEND)
     return fig
 
 
@@ -35,7 +35,7 @@ def fig_batch_limits(df, context_len: int) -> go.Figure:
         fig.add_bar(x=part.gpu, y=part.batch, name=label, text=part.batch, textposition="outside",
                     hovertext=part.limited_by)
     fig.update_layout(barmode="group", template=_TEMPLATE, title=f"Largest batch per GPU at L = {context_len // 1024}K",
-                      xaxis={"title": "GPU"}, yaxis={"title": "requests per GPU"}, legend={"orientation": "h", "y": -0.25})
+                      xaxis={"title": "GPU"}, yaxis={"title": "requests per GPU"}, legend=LEGEND)
     return fig
 
 
@@ -52,5 +52,5 @@ def fig_batch_vs_context(df, gpu: str, published: dict | None = None) -> go.Figu
                         name=label)
     fig.update_layout(template=_TEMPLATE, title=f"Largest batch per GPU, {gpu}",
                       xaxis={"title": "context length L (tokens)", "type": "log"},
-                      yaxis={"title": "requests per GPU", "type": "log"}, legend={"orientation": "h", "y": -0.25})
+                      yaxis={"title": "requests per GPU", "type": "log"}, legend=LEGEND)
     return fig

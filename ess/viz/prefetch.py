@@ -6,13 +6,10 @@ from typing import Mapping, Sequence
 import numpy as np
 import plotly.graph_objects as go
 
-from ._style import TEMPLATE as _TEMPLATE
+from ._style import TEMPLATE as _TEMPLATE, LEGEND
 
 __all__ = ["fig_misses_per_layer", "fig_warmup_curve", "fig_misses_vs_context", "fig_policies",
            "fig_prefetch_tiers", "fig_prefetch_steps", "fig_locality_profile", "fig_hit_rate_against_range"]
-
-_LEGEND = {"orientation": "h", "y": -0.25}
-
 
 def fig_locality_profile(profile: Sequence[float],
                          measured: Sequence[float] | Mapping[str, Sequence[float]] | None = None) -> go.Figure:
@@ -27,7 +24,7 @@ def fig_locality_profile(profile: Sequence[float],
             fig.add_scatter(x=x, y=y, mode="markers", marker={"symbol": sym}, name=name)
     fig.update_layout(template=_TEMPLATE, title="Temporal locality per layer",
                       xaxis={"title": "layer"}, yaxis={"title": "overlap of adjacent steps' top-K", "range": [0, 1]},
-                      legend=_LEGEND)
+                      legend=LEGEND)
     return fig
 
 
@@ -37,7 +34,7 @@ def fig_misses_per_layer(per_ratio: Mapping[float, Sequence[float]], *, title: s
     for ratio, m in per_ratio.items():
         fig.add_scatter(x=np.arange(len(m)), y=m, mode="lines", name=f"ratio {ratio:g}")
     fig.update_layout(template=_TEMPLATE, title=title or "Misses per layer",
-                      xaxis={"title": "layer"}, yaxis={"title": "misses per request per step"}, legend=_LEGEND)
+                      xaxis={"title": "layer"}, yaxis={"title": "misses per request per step"}, legend=LEGEND)
     return fig
 
 
@@ -48,7 +45,7 @@ def fig_warmup_curve(curves: Mapping[str, Sequence[float]], *, title: str = "") 
         fig.add_scatter(x=np.arange(len(y)), y=y, mode="lines", name=name)
     fig.update_layout(template=_TEMPLATE, title=title or "Misses over the first decode steps",
                       xaxis={"title": "decode step"}, yaxis={"title": "misses per request per layer", "type": "log"},
-                      legend=_LEGEND)
+                      legend=LEGEND)
     return fig
 
 
@@ -64,7 +61,7 @@ def fig_misses_vs_context(context_lens: Sequence[int], misses: Sequence[float] |
     fig.update_layout(template=_TEMPLATE, title=title or f"Average misses against context length (ratio {ratio:g})",
                       xaxis={"title": "context length L (tokens)", "type": "log", "tickvals": list(context_lens),
                              "ticktext": [f"{c // 1024}K" for c in context_lens]},
-                      yaxis={"title": "misses per request per layer per step"}, legend=_LEGEND)
+                      yaxis={"title": "misses per request per layer per step"}, legend=LEGEND)
     return fig
 
 
@@ -96,7 +93,7 @@ def fig_prefetch_tiers(summaries: Mapping[str, Mapping[str, float]], *, title: s
              f"link use {summaries[n]['link_use']:.2f}" for n in names]
     fig.data[0].hovertext = hover
     fig.update_layout(barmode="stack", template=_TEMPLATE, title=title or "Bytes over the link per tier",
-                      xaxis={"title": ""}, yaxis={"title": "MB moved host -> device"}, legend=_LEGEND)
+                      xaxis={"title": ""}, yaxis={"title": "MB moved host -> device"}, legend=LEGEND)
     return fig
 
 
@@ -109,7 +106,7 @@ def fig_prefetch_steps(misses_per_step: Sequence[float], stall_per_step_s: Seque
     fig.add_scatter(x=x, y=np.asarray(stall_per_step_s) * 1e6, mode="lines", name="stall (us)", yaxis="y2")
     fig.update_layout(template=_TEMPLATE, title=title or "Misses and stall per step",
                       xaxis={"title": "decode step"}, yaxis={"title": "misses"},
-                      yaxis2={"title": "stall (us)", "overlaying": "y", "side": "right"}, legend=_LEGEND)
+                      yaxis2={"title": "stall (us)", "overlaying": "y", "side": "right"}, legend=LEGEND)
     return fig
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import plotly.graph_objects as go
 
-from ._style import TEMPLATE as _TEMPLATE
+from ._style import TEMPLATE as _TEMPLATE, LEGEND
 
 __all__ = ["fig_calibration", "fig_residuals", "fig_step_breakdown", "fig_table2", "fig_overlap_vs_misses",
            "fig_sim_misses_per_layer", "fig_deployment"]
@@ -32,7 +32,7 @@ def fig_calibration(residuals, curve=None, unfitted=None, *, limits=None,
         fig.add_vline(x=b, line={"dash": "dash", "color": "grey"}, annotation_text=label)
     fig.update_layout(template=_TEMPLATE, title=title,
                       xaxis={"title": "batch per GPU"}, yaxis={"title": "tokens/s per node"},
-                      legend={"orientation": "h", "y": -0.25})
+                      legend=LEGEND)
     return fig
 
 
@@ -87,7 +87,7 @@ def fig_overlap_vs_misses(df, title: str = "Offload overhead against misses") ->
     for s, part in df.groupby("strategy", sort=False):
         fig.add_scatter(x=part.misses_per_layer, y=part.overhead_pct, mode="lines+markers", name=s)
     fig.update_layout(template=_TEMPLATE, title=title, xaxis={"title": "misses per request, step and layer"},
-                      yaxis={"title": "step-time overhead, %"}, legend={"orientation": "h", "y": -0.25})
+                      yaxis={"title": "step-time overhead, %"}, legend=LEGEND)
     return fig
 
 
@@ -98,7 +98,7 @@ def fig_sim_misses_per_layer(misses: dict) -> go.Figure:
     for label, m in misses.items():
         fig.add_scatter(x=np.arange(len(m)), y=m, mode="lines", name=label)
     fig.update_layout(template=_TEMPLATE, title="Misses per request and step, by layer (cache simulation)",
-                      xaxis={"title": "layer"}, yaxis={"title": "misses"}, legend={"orientation": "h", "y": -0.25})
+                      xaxis={"title": "layer"}, yaxis={"title": "misses"}, legend=LEGEND)
     return fig
 
 
@@ -110,5 +110,5 @@ def fig_deployment(df) -> go.Figure:
     fig.add_bar(x=sub.claim, y=sub.ours_ratio, name="ess (simulated)")
     fig.add_hline(y=1, line={"color": "grey"})
     fig.update_layout(barmode="group", template=_TEMPLATE, title="Deployment benefits: after / before",
-                      yaxis={"title": "ratio"}, legend={"orientation": "h", "y": -0.25})
+                      yaxis={"title": "ratio"}, legend=LEGEND)
     return fig

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
-from ._style import TEMPLATE as _TEMPLATE
+from ._style import TEMPLATE as _TEMPLATE, LEGEND
 
 __all__ = ["fig_tier_bytes", "fig_step_traffic", "fig_layer_misses", "fig_policy_misses"]
 
@@ -34,7 +34,7 @@ def fig_step_traffic(runs: dict, *, entry_bytes: int, k: int) -> go.Figure:
     fig.update_layout(template=_TEMPLATE, title=f"Misses per decode step (K = {k} per layer; one miss moves "
                                                 f"{entry_bytes} B host to device)",
                       xaxis={"title": "decode step"}, yaxis={"title": "misses (entries loaded)", "rangemode": "tozero"},
-                      legend={"orientation": "h", "y": -0.25})
+                      legend=LEGEND)
     return fig
 
 
