@@ -24,6 +24,8 @@ sys.path.insert(0, str(ROOT))
 
 from ess import cachesim as C  # noqa: E402
 from ess.bench import distribution, write_report  # noqa: E402
+from ess.layout import pool_slots  # noqa: E402
+from ess.specs import model_spec  # noqa: E402
 from ess.traces import synthetic_streams  # noqa: E402
 
 
@@ -35,7 +37,7 @@ def main() -> None:
     L, k, mtp, steps = 32768, 2048, 2, 256
     layers = 4 if args.quick else 8
     repeats = 3 if args.quick else 7
-    cap = C.capacity_for(0.2, L, k)
+    cap = pool_slots(model_spec(), 0.2, L, need=k)
     streams = [(w, s) for _, _, w, s in synthetic_streams(L, n_layers=layers, k=k, mtp=mtp, steps=steps, batch=1,
                                                            seed=0)]
     n_pos = L + steps * mtp

@@ -580,14 +580,14 @@ def lossless_check(model: ModelSpec, *, ratios: Sequence[float] = (0.1, 0.3, 1.0
     ratio and policy: returns a DataFrame with the misses served and whether every output and log-sum-exp was
     bit-for-bit equal.
 
-    The pool of each ratio has :func:`ess.storage.capacity_from_ratio` slots (``floor(ratio x page-padded tokens)``,
-    the rule of :func:`ess.layout.pool_slots`); ``n_tokens=None`` takes the shortest whole-page context, and at least
+    The pool of each ratio has :func:`ess.layout.pool_slots` slots (``floor(ratio x page-padded tokens)``);
+    ``n_tokens=None`` takes the shortest whole-page context, and at least
     4 K tokens, at which the smallest ratio's pool holds one step's K entries. A given ``n_tokens`` too short for a
     ratio is a ``ValueError``."""
     import pandas as pd
-    from .layout import padded_tokens
+    from .layout import padded_tokens, pool_slots, step_entries
     from .quant import encode_indexer_keys, encode_latent
-    from .storage import TieredCache, capacity_from_ratio
+    from .storage import TieredCache
     K = model.index_topk
     ratios = list(ratios)
     if not ratios:
@@ -596,7 +596,7 @@ def lossless_check(model: ModelSpec, *, ratios: Sequence[float] = (0.1, 0.3, 1.0
         L = max(4 * K, padded_tokens(model, math.ceil(K / min(float(r) for r in ratios))))
     else:
         L = _positive_int(n_tokens, "n_tokens")
-    capacities = {r: capacity_from_ratio(model, r, L) for r in ratios}              # all checked before running
+    capacities = {r: pool_slots(model, r, L, need=step_entries(model, L)) for r in ratios}              # all checked before running
     rows = []
     for ratio in ratios:
         for policy in policies:

@@ -1,6 +1,7 @@
 """Trace-driven simulation of the GPU latent pool: misses per (request, layer, step) for a replacement policy.
 
-Each (request, layer) has its own pool of ``capacity`` slots (``capacity = floor(ratio * context_len)``). For one step
+Each (request, layer) has its own pool of ``capacity`` slots (from a ratio: :func:`ess.layout.pool_slots`,
+``floor(ratio x page-padded context)``, the rule the memory model and the storage use). For one step
 with valid indices ``S`` (array order; -1 padding ignored):
 
 * hits = S & pool, misses = S - pool (each miss is one entry copied host -> device);
@@ -41,30 +42,18 @@ from .layout import pool_slots
 from .specs import model_spec
 from .traces import PAPER_WARMUP_WINDOWS, Trace, _check_model, synthetic_streams
 
-__all__ = ["POLICIES", "capacity_for", "simulate", "simulate_sequence", "misses_per_layer", "misses_per_step",
+__all__ = ["POLICIES", "simulate", "simulate_sequence", "misses_per_layer", "misses_per_step",
            "sweep_synthetic", "smallest_pool", "reference_misses", "DEFAULT_HEAT_DECAY"]
 
 POLICIES = ("lru", "fifo", "heat", "belady")
-_PAGE_TOKENS = model_spec("deepseek-v3.2-exp").cache_page_tokens   # [FMLA] 64-token pages (data/models)
 DEFAULT_HEAT_DECAY = 0.5  # design choice: a step's access weighs half the one after it (heat halves every step)
 
 
 # ----------------------------------------------------------------------------------------------------- validation
-def capacity_for(ratio: Any, context_len: int, k: int | None = None, *,
-                 page_tokens: int = _PAGE_TOKENS) -> int:
-    """Pool slots per (request, layer): ``floor(ratio x context rounded up to whole pages)``, the rule of
-    :func:`ess.layout.pool_slots` that the memory model and the storage use; ratio in (0, 1], and >= k when k is
-    given."""
-    if isinstance(ratio, bool) or not isinstance(ratio, numbers.Real) or not math.isfinite(ratio):
-        raise TypeError(f"ratio must be a finite number in (0, 1], got {ratio!r}")
-    if not 0 < ratio <= 1:
-        raise ValueError(f"ratio must lie in (0, 1] (GPU-resident share of the latent cache), got {ratio}")
-    tokens = -(-int(context_len) // page_tokens) * page_tokens
-    cap = pool_slots(ratio, tokens)
-    if k is not None and cap < k:
-        raise ValueError(f"the pool (ratio {ratio} x {tokens} allocated tokens = {cap} slots) is smaller than "
-                         f"K = {k}; one step's top-K must fit in the pool")
-    return cap
+def _capacity(ratio: Any, context_len: int, k: int) -> int:
+    """Slots per pool for ``ratio`` (:func:`ess.layout.pool_slots` with DeepSeek-V3.2-Exp's cache pages), at least
+    ``k`` (one step's top-K must fit)."""
+    return pool_slots(model_spec(), ratio, context_len, need=k)
 
 
 def _check_policy(policy: str, decay: float) -> None:
@@ -365,7 +354,7 @@ def simulate(trace: Trace, policy: str = "lru", *, capacity: int | None = None, 
              warmup: bool = True, decay: float = DEFAULT_HEAT_DECAY) -> np.ndarray:
     """Misses per (request, layer, step) of ``trace``: int64 array (B, n_layers, steps).
 
-    Give ``capacity`` (slots per pool) or ``ratio`` (``capacity = floor(ratio * context_len)``). ``warmup=True``
+    Give ``capacity`` (slots per pool) or ``ratio`` (:func:`ess.layout.pool_slots` of the trace's context). ``warmup=True``
     uses the trace's warmup windows (an error when it has none).
     """
     if not isinstance(trace, Trace):
@@ -374,7 +363,7 @@ def simulate(trace: Trace, policy: str = "lru", *, capacity: int | None = None, 
     if (capacity is None) == (ratio is None):
         raise ValueError("give exactly one of capacity= or ratio=")
     if ratio is not None:
-        capacity = capacity_for(ratio, trace.context_len, trace.k)
+        capacity = _capacity(ratio, trace.context_len, trace.k)
     if isinstance(capacity, bool) or not isinstance(capacity, numbers.Integral):
         raise TypeError(f"capacity must be an integer number of slots, got {capacity!r}")
     capacity = int(capacity)
@@ -416,7 +405,7 @@ def sweep_synthetic(context_len: int, ratios: Sequence[float], *, policies: Iter
         raise ValueError("ratios must not be empty")
     for p in policies:
         _check_policy(p, decay)
-    caps = {r: capacity_for(r, context_len, k) for r in ratios}
+    caps = {r: _capacity(r, context_len, k) for r in ratios}
     out = {(r, p, w): np.zeros((n_layers, steps)) for r in ratios for p in policies for w in warmups}
     n_pos = context_len + steps * mtp
     if isinstance(threads, bool) or not isinstance(threads, numbers.Integral) or threads < 1:
@@ -468,7 +457,7 @@ def misses_per_layer(context_len: int, ratio: float, *, n_layers: int = 61, k: i
 
     From the synthetic trace generator (:func:`ess.traces.synthetic_streams`, trace ``model`` -- ``"uniform"`` or
     ``"drift"``, ``None`` = :func:`ess.traces.default_trace_model` --, locality ``profile``, ``mtp`` query tokens
-    per step, 32 warmup windows) and the cache simulation with ``floor(ratio * context_len)`` slots per
+    per step, 32 warmup windows) and the cache simulation with :func:`ess.layout.pool_slots` slots per
     (request, layer). Raises ValueError when the pool cannot hold one step's union of top-K sets.
     """
     return misses_per_step(context_len, ratio, n_layers=n_layers, k=k, mtp=mtp, steps=steps, batch=batch,

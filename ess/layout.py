@@ -26,7 +26,7 @@ from .specs import ModelSpec
 
 __all__ = [
     "LatentLayout", "latent_layout", "latent_entry_bytes", "indexer_entry_bytes", "token_bytes",
-    "RequestCache", "request_cache", "padded_tokens", "pool_slots", "check_context_len", "check_ratio", "KV_DTYPES",
+    "RequestCache", "request_cache", "padded_tokens", "pool_slots", "step_entries", "check_context_len", "check_ratio", "KV_DTYPES",
 ]
 
 KV_DTYPES = ("fp8", "bf16")
@@ -113,11 +113,27 @@ def padded_tokens(model: ModelSpec, context_len: int) -> int:
     return -(-context_len // page) * page
 
 
-def pool_slots(ratio: float, tokens: int) -> int:
-    """GPU-pool slots per (request, layer) for a sparse-memory ratio over ``tokens`` allocated tokens (use
-    :func:`padded_tokens`): ``floor(ratio x tokens)``. The one rule shared by the memory model, the storage and the
-    cache simulator, so that their pools agree slot for slot."""
-    return int(math.floor(check_ratio(ratio) * tokens + 1e-9))     # 1e-9: 0.3 * 1000 is 299.99999999999994
+def step_entries(model: ModelSpec, context_len: int, mtp: int = 1) -> int:
+    """The most entries one decode step selects per request and layer: ``min(context_len, mtp x K)`` (the union of
+    the ``mtp`` query tokens' top-K sets cannot exceed the context, nor ``mtp`` sets of K)."""
+    return min(int(context_len), int(mtp) * model.index_topk)
+
+
+def pool_slots(model: ModelSpec, ratio: float, context_len: int, *, need: int | None = None) -> int:
+    """GPU-pool slots per (request, layer) for sparse-memory ``ratio`` and a request of ``context_len`` tokens:
+    ``floor(ratio x padded_tokens(model, context_len))``, the context rounded up to whole cache pages (64 tokens for
+    DeepSeek-V3.2-Exp). The one rule of the memory model, the storage, the cache simulator and the throughput
+    simulator, so that their pools agree slot for slot.
+
+    ``need`` (e.g. :func:`step_entries`): raise a ``ValueError`` when the pool has fewer slots than that."""
+    ratio = check_ratio(ratio)
+    context_len = check_context_len(model, context_len)
+    tokens = padded_tokens(model, context_len)
+    slots = int(math.floor(ratio * tokens + 1e-9))     # 1e-9: 0.3 * 960 is 287.99999999999997
+    if need is not None and slots < need:
+        raise ValueError(f"ratio {ratio} of {tokens} allocated tokens gives {slots} GPU slots per request and "
+                         f"layer, fewer than the {need} entries one step selects (K); raise the ratio")
+    return slots
 
 
 @dataclass(frozen=True)

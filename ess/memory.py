@@ -14,7 +14,8 @@ from __future__ import annotations
 import operator
 from dataclasses import dataclass
 
-from .layout import check_context_len, check_ratio, latent_entry_bytes, padded_tokens, pool_slots, request_cache
+from .layout import (check_context_len, check_ratio, latent_entry_bytes, padded_tokens, pool_slots, request_cache,
+                     step_entries)
 from .specs import DeploymentSpec, GPUSpec, HostSpec, ModelSpec, deployment_spec, gpu_spec, host_spec, model_spec
 
 __all__ = [
@@ -129,8 +130,8 @@ def largest_batch(context_len: int, ratio: float = 1.0, *, model: ModelSpec | st
     host_budget = host.memory_capacity_GB_per_gpu * 1e9
     batch_gpu = int(budget // rc.gpu_bytes)
     batch_host = int(host_budget // rc.latent_host_bytes) if rc.latent_host_bytes else None
-    slots = pool_slots(ratio, rc.tokens)
-    need = min(rc.tokens, model.index_topk)
+    slots = pool_slots(model, ratio, context_len)
+    need = step_entries(model, context_len)
     common = dict(context_len=context_len, ratio=ratio, gpu_bytes_per_request=rc.gpu_bytes,
                   host_bytes_per_request=rc.latent_host_bytes, kv_budget_bytes=budget,
                   host_budget_bytes=host_budget, batch_gpu=batch_gpu, batch_host=batch_host)

@@ -33,13 +33,13 @@ import numpy as np
 
 from .kernels import resolve_backend
 from .kernels.transfer import TransferError, copy_rows_unchecked
-from .layout import KV_DTYPES, check_context_len, check_ratio, latent_entry_bytes, padded_tokens, pool_slots
+from .layout import KV_DTYPES, check_context_len, latent_entry_bytes, pool_slots, step_entries
 from .metrics import MetricsLog, StepMetrics
 from .policies import POLICIES, check_step_indices, commit_slots, make_policy, plan_slots
 from .specs import ModelSpec, model_spec
 
 __all__ = ["StepResult", "HostPool", "DiskTier", "CorruptBlockError", "TieredCache", "TransferError",
-           "capacity_from_budget", "capacity_from_ratio", "tier_placement"]
+           "capacity_from_budget", "tier_placement"]
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -346,19 +346,6 @@ def capacity_from_budget(model: ModelSpec, budget_bytes: float, n_requests: int,
     return capacity
 
 
-def capacity_from_ratio(model: ModelSpec, ratio: float, context_len: int) -> int:
-    """GPU slots per (request, layer) for a sparse-memory ratio: ``floor(ratio x padded tokens)``, the same rule as
-    :func:`ess.memory.largest_batch`; a ``ValueError`` when that is fewer than one step's K entries."""
-    ratio = check_ratio(ratio)
-    context_len = check_context_len(model, context_len)
-    capacity = pool_slots(ratio, padded_tokens(model, context_len))
-    k = min(model.index_topk, context_len)
-    if capacity < k:
-        raise ValueError(f"ratio {ratio} of {padded_tokens(model, context_len)} tokens gives {capacity} slots per "
-                         f"request and layer, fewer than the K = {k} entries one step selects")
-    return capacity
-
-
 # ----------------------------------------------------------------------------------------------------------------
 # The tiered cache
 # ----------------------------------------------------------------------------------------------------------------
@@ -458,9 +445,11 @@ class TieredCache:
 
     @classmethod
     def from_ratio(cls, model, ratio: float, context_len: int, **kwargs) -> "TieredCache":
-        """A cache with ``floor(ratio x padded context)`` slots per request and layer (:func:`capacity_from_ratio`)."""
+        """A cache with :func:`ess.layout.pool_slots` slots per request and layer (``floor(ratio x page-padded
+        context)``); a ``ValueError`` when that is fewer than one step's K entries."""
         model = model_spec(model) if isinstance(model, str) else model
-        return cls(model, capacity=capacity_from_ratio(model, ratio, context_len), **kwargs)
+        need = step_entries(model, context_len)
+        return cls(model, capacity=pool_slots(model, ratio, context_len, need=need), **kwargs)
 
     @classmethod
     def recover(cls, model, disk_dir, **kwargs) -> "TieredCache":
@@ -908,7 +897,7 @@ def tier_placement(context_len: int, ratio: float, *, batch: int | None = None, 
     and what bounds the batch.
 
     ``batch=None`` takes the largest batch of :func:`ess.memory.largest_batch`. With ``ratio < 1`` the GPU holds
-    the indexer cache and ``capacity_from_ratio`` slots per request and layer, the host holds every latent entry;
+    the indexer cache and :func:`ess.layout.pool_slots` slots per request and layer, the host holds every latent entry;
     ``ratio == 1`` is the no-offload baseline (all latent entries on the GPU, none on the host). ``n_spilled``
     paused requests sit on disk with their whole latent cache."""
     import pandas as pd
@@ -927,7 +916,7 @@ def tier_placement(context_len: int, ratio: float, *, batch: int | None = None, 
     rc = request_cache(model, context_len, ratio, dep.kv_dtype)
     entry = latent_entry_bytes(model, dep.kv_dtype)
     offload = ratio < 1.0
-    capacity = capacity_from_ratio(model, ratio, context_len) if offload else rc.tokens
+    capacity = pool_slots(model, ratio, context_len, need=step_entries(model, context_len)) if offload else rc.tokens
     pool = batch * model.n_layers * capacity * entry
     budget = kv_budget_bytes(model, dep, gpu_)
     hbm = gpu_.hbm_capacity_GiB * GiB

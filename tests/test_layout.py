@@ -1,3 +1,4 @@
+import numpy as np
 import pytest
 
 from ess import layout
@@ -67,12 +68,41 @@ def test_bad_dtype():
         layout.latent_entry_bytes(DS, "fp4")
 
 
-@pytest.mark.parametrize("ratio", [0.15, 0.2, 0.3, 0.55, 1.0])
-@pytest.mark.parametrize("L", [20000, 32768, 100001])
-def test_one_pool_rule_for_memory_storage_and_cachesim(ratio, L):
-    from ess.cachesim import capacity_for
-    from ess.storage import capacity_from_ratio
+def test_pool_slots_pads_to_pages_worked_examples():
+    # 1,000 tokens take 16 pages of 64 = 1,024 tokens: floor(0.3 x 1,024) = floor(307.2) = 307
+    assert layout.pool_slots(DS, 0.3, 1000) == 307
+    # 960 tokens are exactly 15 pages: 0.3 x 960 = 288, although the float product is 287.99999999999997
+    assert layout.pool_slots(DS, 0.3, 960) == 288
+    # one step selects min(L, mtp x K): 2,048 at 32K (MTP 1), 4,096 with MTP 2, the whole context below K
+    assert layout.step_entries(DS, 32768) == 2048 and layout.step_entries(DS, 32768, 2) == 4096
+    assert layout.step_entries(DS, 1000, 2) == 1000
+    # ratio 0.05 of 32K: floor(0.05 x 32,768) = 1,638 slots, fewer than K = 2,048
+    with pytest.raises(ValueError, match="1638 GPU slots .* fewer than the 2048 entries"):
+        layout.pool_slots(DS, 0.05, 32768, need=layout.step_entries(DS, 32768))
+    with pytest.raises(TypeError, match="ratio"):
+        layout.pool_slots(DS, "0.5", 100)
 
-    slots = layout.pool_slots(ratio, layout.padded_tokens(DS, L))
-    assert slots == capacity_for(ratio, L) == capacity_from_ratio(DS, ratio, L)
-    assert layout.pool_slots(0.3, 1000) == 300                     # no float truncation
+
+@pytest.mark.parametrize("ratio", [0.15, 0.2, 0.3, 0.55, 1.0])
+@pytest.mark.parametrize("L", [200, 1000, 1500])
+def test_one_pool_rule_for_memory_storage_and_cachesim(ratio, L):
+    """The storage, the cache simulator and the memory model size the same pool for a ratio: the storage's
+    capacity, the simulator's misses at that ratio against an explicit capacity, and the memory model's
+    feasibility (slots >= one step's K) all follow ``pool_slots``."""
+    from ess import cachesim, memory, traces
+    from ess.storage import TieredCache
+    tiny = model_spec("tiny")
+    slots = layout.pool_slots(tiny, ratio, L)
+    need = layout.step_entries(tiny, L)
+    if slots < need:
+        with pytest.raises(ValueError, match="fewer than"):
+            TieredCache.from_ratio(tiny, ratio, L)
+        return
+    assert TieredCache.from_ratio(tiny, ratio, L).capacity == slots
+    tr = traces.synthetic_trace(L, n_layers=1, k=tiny.index_topk, mtp=1, steps=6, batch=1, warmup_windows=0,
+                                local_window=4)
+    by_ratio = cachesim.simulate(tr, ratio=ratio, warmup=False)        # pages of 64 tokens, as tiny's
+    assert np.array_equal(by_ratio, cachesim.simulate(tr, capacity=slots, warmup=False))
+    lim = memory.largest_batch(32768, ratio)
+    assert (lim.limited_by == "infeasible" and lim.batch == 0) == (
+        layout.pool_slots(DS, ratio, 32768) < layout.step_entries(DS, 32768))

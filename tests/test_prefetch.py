@@ -3,6 +3,8 @@ import numpy as np
 import pytest
 
 from ess import cachesim as C
+from ess.layout import pool_slots
+from ess.specs import model_spec
 from ess import prefetch as F
 from ess import predict as P
 from ess import traces as T
@@ -16,7 +18,7 @@ def trace():
 
 @pytest.mark.parametrize("warmup", ["none", "before"])
 def test_demand_only_equals_the_lru_simulation(trace, warmup):
-    cap = C.capacity_for(0.25, trace.context_len, trace.k)
+    cap = pool_slots(model_spec(), 0.25, trace.context_len, need=trace.k)
     cfg = F.PrefetchConfig(cap, speculative=False, delayed=False, predictor="none", warmup=warmup)
     r = F.simulate_prefetch(trace, cfg)
     want = C.simulate(trace, "lru", capacity=cap, warmup=warmup == "before")
@@ -27,7 +29,7 @@ def test_demand_only_equals_the_lru_simulation(trace, warmup):
 
 
 def test_tiers_account_for_bytes_and_link_time(trace):
-    cap = C.capacity_for(0.25, trace.context_len, trace.k)
+    cap = pool_slots(model_spec(), 0.25, trace.context_len, need=trace.k)
     cfg = F.PrefetchConfig(cap, speculative=True, delayed=True, predictor="heat", warmup="delayed",
                            link_GB_per_s=20.0, step_time_us=10.0)
     r = F.simulate_prefetch(trace, cfg)
@@ -51,7 +53,7 @@ def test_tiers_account_for_bytes_and_link_time(trace):
 
 def test_lstm_predictor_drives_the_tiers(trace):
     pred = P.LSTMHeatPredictor(history=4, hidden=8, seed=0).fit([trace.indices[0, 0]], epochs=2, max_samples=4000)
-    cap = C.capacity_for(0.25, trace.context_len, trace.k)
+    cap = pool_slots(model_spec(), 0.25, trace.context_len, need=trace.k)
     cfg = F.PrefetchConfig(cap, predictor="lstm", eviction="predictor", history=4)
     r = F.simulate_prefetch(trace, cfg, predictor=pred, requests=[1], layers=[1, 2])
     assert r.pools == 2 and r.accesses > 0 and 0 <= r.hit_rate <= 1

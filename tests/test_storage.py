@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from ess.kernels.transfer import TransferError
 from ess.layout import latent_entry_bytes
 from ess.specs import model_spec
-from ess.storage import (CorruptBlockError, TieredCache, capacity_from_budget, capacity_from_ratio)
+from ess.storage import CorruptBlockError, TieredCache, capacity_from_budget
 
 TINY = model_spec("tiny")
 W = latent_entry_bytes(TINY)            # 164 B: the tiny model's FP8 entry
@@ -161,9 +161,9 @@ def test_budgets():
     assert capacity_from_budget(ds, budget, 2, 32768) == 4096
     with pytest.raises(ValueError, match="one step needs K = 2048"):
         capacity_from_budget(ds, 2 * 61 * 656 * 2047, 2, 32768)
-    assert capacity_from_ratio(ds, 0.1, 32768) == 3276
-    with pytest.raises(ValueError, match="fewer than the K = 2048"):
-        capacity_from_ratio(ds, 0.05, 32768)
+    assert TieredCache.from_ratio(TINY, 0.1, 1280).capacity == 128          # 0.1 x 1,280 (20 pages)
+    with pytest.raises(ValueError, match="fewer than the 2048 entries"):
+        TieredCache.from_ratio(ds, 0.05, 32768)
     c = TieredCache.from_budget(TINY, 3 * 4 * W * 100, 3, 1000)
     assert c.capacity == 100 and c.budget_bytes <= 3 * 4 * W * 100
     for r in range(3):

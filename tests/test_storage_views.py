@@ -34,7 +34,7 @@ def test_tier_placement_agrees_with_memory_model(ratio):
 
 
 def test_tier_placement_errors():
-    with pytest.raises(ValueError, match="fewer than the K = 2048"):
+    with pytest.raises(ValueError, match="fewer than the 2048 entries"):
         tier_placement(32768, 0.05)
     with pytest.raises(ValueError, match="batch must be"):
         tier_placement(32768, 0.2, batch=-1)

@@ -3,7 +3,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from ess.layout import padded_tokens, pool_slots
+from ess.layout import pool_slots, step_entries
 from ess.memory import largest_batch
 from ess.published import published
 from ess.sim.calibrate import calibrated_params
@@ -127,8 +127,8 @@ def test_deployment_benefits_mark_the_fitted_before_value():
     assert row.status_before == "fitted by construction" and "by construction" in row.assumption
     assert not (d.status_before.str.contains("reproduced") | d.status_after.str.contains("reproduced")).any()
     cfg = d.config.iloc[0]
-    tokens, need = padded_tokens(MODEL, cfg["context_len"]), cfg["mtp"] * MODEL.index_topk
-    assert pool_slots(cfg["ratio"], tokens) >= need > pool_slots(round(cfg["ratio"] - 0.01, 6), tokens)
+    L, need = cfg["context_len"], step_entries(MODEL, cfg["context_len"], cfg["mtp"])
+    assert pool_slots(MODEL, cfg["ratio"], L) >= need > pool_slots(MODEL, round(cfg["ratio"] - 0.01, 6), L)
 
 
 def test_section12_claims():

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..layout import latent_entry_bytes, pool_slots, request_cache
+from ..layout import latent_entry_bytes, pool_slots, request_cache, step_entries
 from ..memory import kv_budget_bytes, resolve
 from ..specs import link_figures
 from .costs import CostParams, gemm_time_s, layer_costs, lm_head_time_s
@@ -92,7 +92,7 @@ def _request_rules(model, dep, L, r):
     for i, (Li, ri) in enumerate(pairs):
         rc = request_cache(model, int(Li), float(ri), dep.kv_dtype)
         gpu_b[i], host_b[i] = rc.gpu_bytes, rc.latent_host_bytes
-        slots[i], need[i] = pool_slots(float(ri), rc.tokens), min(rc.tokens, model.index_topk)
+        slots[i], need[i] = pool_slots(model, float(ri), int(Li)), step_entries(model, int(Li))
     return pairs, np.ravel(inv), gpu_b, host_b, slots, need
 
 

@@ -14,7 +14,7 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
-from ..layout import indexer_entry_bytes, latent_entry_bytes, padded_tokens, pool_slots
+from ..layout import indexer_entry_bytes, latent_entry_bytes, pool_slots, step_entries
 from ..memory import largest_batch, resolve
 from ..published import published
 from ..sim.costs import CostParams, calibration_data, layer_costs
@@ -268,13 +268,12 @@ def deployment_assumptions() -> dict:
 
 
 def _smallest_ratio_for_step(model, context_len: int, mtp: int, step: float = 0.01) -> float:
-    """The smallest ratio on a grid of ``step`` whose pool (:func:`ess.layout.pool_slots` over the page-padded
-    context) holds one step's ``mtp x min(K, L)`` selected entries of a request; 1.0 if none below 1 does."""
-    tokens = padded_tokens(model, context_len)
-    need = min(tokens, mtp * model.index_topk)
+    """The smallest ratio on a grid of ``step`` whose pool (:func:`ess.layout.pool_slots`) holds one step's selected
+    entries of a request (:func:`ess.layout.step_entries`, ``mtp`` query tokens); 1.0 if none below 1 does."""
+    need = step_entries(model, context_len, mtp)
     for r in np.arange(step, 1.0, step):
         r = round(float(r), 6)
-        if pool_slots(r, tokens) >= need:
+        if pool_slots(model, r, context_len) >= need:
             return r
     return 1.0
 

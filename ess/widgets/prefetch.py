@@ -5,9 +5,10 @@ from functools import lru_cache
 
 import ipywidgets as W
 
-from ..cachesim import capacity_for
+from ..layout import pool_slots
 from ..predict import LSTMHeatPredictor
 from ..prefetch import PrefetchConfig, simulate_prefetch
+from ..specs import model_spec
 from ..traces import synthetic_trace
 
 __all__ = ["prefetch_view", "prefetch_widget", "PREDICTOR_CHOICES"]
@@ -39,7 +40,7 @@ def prefetch_view(speculative: bool = True, delayed: bool = True, predictor: str
     from ..viz.prefetch import fig_prefetch_steps
 
     trace = _trace(context_len, n_layers, steps, seed)
-    cap = capacity_for(ratio, context_len, trace.width)
+    cap = pool_slots(model_spec(), ratio, context_len, need=trace.width)
     spec = bool(speculative) and predictor != "none"
     cfg = PrefetchConfig(cap, link_GB_per_s=link_GB_per_s, step_time_us=step_time_us, speculative=spec,
                          delayed=bool(delayed), predictor=predictor, eviction=eviction,

@@ -38,7 +38,7 @@ from IPython.display import display
 import ess
 from ess import viz
 from ess.metrics import link_model
-from ess.storage import CorruptBlockError, TieredCache, capacity_from_ratio, tier_placement
+from ess.storage import CorruptBlockError, TieredCache, tier_placement
 from ess.traces import adjacent_overlap, locality_profile, synthetic_trace
 from ess.viz.storage import fig_layer_misses, fig_policy_misses, fig_step_traffic, fig_tier_bytes
 from ess.widgets.storage import storage_budget_view, storage_budget_widget
@@ -54,7 +54,8 @@ K = model.index_topk
 # %% [markdown]
 # ## Where the bytes of a batch live
 # For the chosen GPU, context and ratio, the largest batch comes from the memory model of notebook 01; the GPU holds
-# the weights, every request's indexer cache and `floor(ratio × tokens)` latent slots per request and layer; host
+# the weights, every request's indexer cache and `floor(ratio × tokens)` latent slots per request and layer (tokens
+# rounded up to whole 64-token pages, `ess.layout.pool_slots`); host
 # memory holds every latent entry; paused requests would sit on disk.
 
 # %%
@@ -71,7 +72,7 @@ rec.record("gpu_latent_pool_bytes", pool_bytes, "B/GPU", config=cfg)
 rec.record("host_latent_bytes", host_bytes, "B/GPU", config=cfg)
 # the byte budget and the ratio must give the same pool: from_budget turns the pool bytes back into slots
 assert a["batch"] > 0, a["reason"]
-assert capacity_from_ratio(model, ratio, context_len) == a["capacity"]
+assert ess.layout.pool_slots(model, ratio, context_len) == a["capacity"]
 assert ess.storage.capacity_from_budget(model, pool_bytes, a["batch"], context_len) == a["capacity"]
 # and the pool is the ratio's share of the host copy (to within the floor of one slot per request and layer)
 assert abs(pool_bytes / host_bytes - a["capacity"] / ess.layout.padded_tokens(model, context_len)) < 1e-12

@@ -53,8 +53,9 @@ if smoke:
     batch, steps, curve_steps, pool_steps, pool_batch = 2, 16, 48, 48, 1
     context_lens = [32768, 131072]
     drift_rho_sensitivity = []
-K = 2048                                   # [DS] indexer top-k 2,048
-LAYERS = 61                                # [DS] 61 layers
+model = ess.model_spec("deepseek-v3.2-exp")
+K = model.index_topk                       # 2,048 ([DS] indexer top-k, data/models)
+LAYERS = model.n_layers                    # 61 ([DS], data/models)
 WARMUP_WINDOWS = traces.PAPER_WARMUP_WINDOWS
 DEFAULT = traces.default_trace_model()     # chosen by the rule below (data/locality/paper_fig2.yaml)
 OTHER = [m for m in traces.TRACE_MODELS if m != DEFAULT][0]
@@ -63,8 +64,8 @@ model_cfg = {"uniform": {"popularity_sigma": gen_cfg["popularity_sigma"]}, "drif
 base = {"k": K, "n_layers": LAYERS, "profile": "paper (Fig. 2, read by eye)", "warmup_windows": WARMUP_WINDOWS,
         "seed": seed, "batch": batch, "n_sinks": gen_cfg["n_sinks"], "local_window": gen_cfg["local_window"],
         "policy": "lru"}
-cfg_of = lambda model: {**base, "trace_model": model, **model_cfg[model]}  # noqa: E731
-suffix = lambda model: "" if model == DEFAULT else f"_{model}"             # noqa: E731
+cfg_of = lambda tm: {**base, "trace_model": tm, **model_cfg[tm]}  # noqa: E731
+suffix = lambda tm: "" if tm == DEFAULT else f"_{tm}"             # noqa: E731
 print(f"default trace model: {DEFAULT}; also shown: {OTHER}")
 
 # %% [markdown]
@@ -90,17 +91,17 @@ print(f"default trace model: {DEFAULT}; also shown: {OTHER}")
 # %%
 profile = traces.locality_profile("paper", LAYERS)
 measured, floors, overlap_err = {}, {}, {}
-for model in traces.TRACE_MODELS:
+for tm in traces.TRACE_MODELS:
     probe = traces.synthetic_trace(context_len, n_layers=LAYERS, k=K, mtp=1, steps=8 if smoke else 16, batch=1,
-                                   warmup_windows=0, seed=seed + 1, model=model)
-    measured[model] = traces.adjacent_overlap(probe)
-    floors[model] = ((gen_cfg["n_sinks"] + gen_cfg["local_window"] - 1) / K if model == "uniform"
+                                   warmup_windows=0, seed=seed + 1, model=tm)
+    measured[tm] = traces.adjacent_overlap(probe)
+    floors[tm] = ((gen_cfg["n_sinks"] + gen_cfg["local_window"] - 1) / K if tm == "uniform"
                      else traces.drift_calibration(0.0, context_len, K)["floor"])
-    overlap_err[model] = float(np.abs(measured[model] - np.maximum(profile, floors[model])).max())
-    rec.record(f"overlap_profile_max_abs_error{suffix(model)}", overlap_err[model], "",
-               config={**cfg_of(model), "mtp": 1, "context_len": context_len, "seed": seed + 1,
-                       "steps": probe.steps, "batch": 1, "floor": floors[model]},
-               note=f"max over layers of |measured - max(profile, floor)|; floor {floors[model]:.3f}")
+    overlap_err[tm] = float(np.abs(measured[tm] - np.maximum(profile, floors[tm])).max())
+    rec.record(f"overlap_profile_max_abs_error{suffix(tm)}", overlap_err[tm], "",
+               config={**cfg_of(tm), "mtp": 1, "context_len": context_len, "seed": seed + 1,
+                       "steps": probe.steps, "batch": 1, "floor": floors[tm]},
+               note=f"max over layers of |measured - max(profile, floor)|; floor {floors[tm]:.3f}")
 assert overlap_err["uniform"] < 0.01, overlap_err      # exact by construction, up to rounding
 assert overlap_err["drift"] < 0.02, overlap_err        # calibrated by bisection on another seed
 calib = pd.DataFrame([{"overlap r": r, **traces.drift_calibration(float(r), context_len, K)}
@@ -125,11 +126,11 @@ VLLM_LOW, VLLM_HIGH = 0.80, 0.90       # vLLM RFC #48203 via paper-facts.md (2 x
 hit_cfg = {"context_len": context_len, "mtp": 1, "capacity": 2 * K, "steps": hit_steps, "batch": hit_batch,
            "warmup": True, "window": f"steps {hit_steps // 2}..{hit_steps - 1}", "seed": 0}
 hit = {}
-for model in traces.TRACE_MODELS:
+for tm in traces.TRACE_MODELS:
     m2k = cachesim.misses_per_step(context_len, 2 * K / context_len, n_layers=LAYERS, k=K, mtp=1, steps=hit_steps,
-                                   batch=hit_batch, seed=0, model=model)
-    hit[model] = float(1 - m2k[:, hit_steps // 2:].mean() / K)
-    rec.record(f"hit_rate_buffer_2k_{model}", hit[model], "", config={**cfg_of(model), **hit_cfg},
+                                   batch=hit_batch, seed=0, model=tm)
+    hit[tm] = float(1 - m2k[:, hit_steps // 2:].mean() / K)
+    rec.record(f"hit_rate_buffer_2k_{tm}", hit[tm], "", config={**cfg_of(tm), **hit_cfg},
                source="compare: vLLM RFC #48203 via paper-facts.md, 80-90 % (independent, different workload)")
 distance = {m: max(VLLM_LOW - h, h - VLLM_HIGH, 0.0) for m, h in hit.items()}
 chosen = "drift" if distance["drift"] < distance["uniform"] else "uniform"
@@ -155,29 +156,29 @@ pviz.fig_hit_rate_against_range({**{f"{m}" + (" (default)" if m == DEFAULT else 
 # %% [markdown]
 # ## Prediction 1: misses per layer at 32K, ratios 0.2 … 0.9
 # LRU with warmup (32 windows), MTP 2 as in the paper's Table 1, pool = floor(ratio × 32,768) slots per request
-# and layer. Each (request, layer) trace is generated once and simulated at every ratio. The default model's
+# and layer (32K is a whole number of 64-token pages; `ess.layout.pool_slots`). Each (request, layer) trace is generated once and simulated at every ratio. The default model's
 # predictions carry the plain names; the other model's are recorded with its name appended.
 
 # %%
 per_ratio, means = {}, {}
-for model in (DEFAULT, OTHER):
+for tm in (DEFAULT, OTHER):
     sweep = cachesim.sweep_synthetic(context_len, ratios, n_layers=LAYERS, k=K, mtp=mtp, steps=steps, batch=batch,
-                                     seed=seed, model=model)
-    per_ratio[model] = {r: sweep[(r, "lru", True)].mean(axis=1) for r in ratios}
-    cfg1 = {**cfg_of(model), "context_len": context_len, "mtp": mtp, "steps": steps, "warmup": True}
+                                     seed=seed, model=tm)
+    per_ratio[tm] = {r: sweep[(r, "lru", True)].mean(axis=1) for r in ratios}
+    cfg1 = {**cfg_of(tm), "context_len": context_len, "mtp": mtp, "steps": steps, "warmup": True}
     for r in ratios:
-        rec.record(f"misses_per_layer_32k_ratio{r:g}{suffix(model)}", per_ratio[model][r],
+        rec.record(f"misses_per_layer_32k_ratio{r:g}{suffix(tm)}", per_ratio[tm][r],
                    "misses/request/layer/step",
-                   config={**cfg1, "ratio": r, "capacity": cachesim.capacity_for(r, context_len, K)},
+                   config={**cfg1, "ratio": r, "capacity": ess.layout.pool_slots(model, r, context_len, need=K)},
                    note="held-back result of the paper (per-layer miss counts): prediction")
-        rec.record(f"misses_mean_32k_ratio{r:g}{suffix(model)}", float(per_ratio[model][r].mean()),
+        rec.record(f"misses_mean_32k_ratio{r:g}{suffix(tm)}", float(per_ratio[tm][r].mean()),
                    "misses/request/layer/step", config={**cfg1, "ratio": r})
-    means[model] = [per_ratio[model][r].mean() for r in ratios]
-    assert all(a >= b for a, b in zip(means[model], means[model][1:])), means   # a larger pool never misses more
-    assert per_ratio[model][ratios[0]][0] == max(per_ratio[model][ratios[0]]), "layer 0 (no locality) misses most"
-    pviz.fig_misses_per_layer(per_ratio[model],
-                              title=f"Misses per layer at 32K, MTP {mtp}, LRU + warmup ({model} model)").show()
-pd.DataFrame({"ratio": ratios, "pool slots": [cachesim.capacity_for(r, context_len, K) for r in ratios],
+    means[tm] = [per_ratio[tm][r].mean() for r in ratios]
+    assert all(a >= b for a, b in zip(means[tm], means[tm][1:])), means   # a larger pool never misses more
+    assert per_ratio[tm][ratios[0]][0] == max(per_ratio[tm][ratios[0]]), "layer 0 (no locality) misses most"
+    pviz.fig_misses_per_layer(per_ratio[tm],
+                              title=f"Misses per layer at 32K, MTP {mtp}, LRU + warmup ({tm} model)").show()
+pd.DataFrame({"ratio": ratios, "pool slots": [ess.layout.pool_slots(model, r, context_len, need=K) for r in ratios],
               **{f"mean misses ({m})": np.round(means[m], 1) for m in (DEFAULT, OTHER)},
               **{f"layer 0 ({m})": [round(per_ratio[m][r][0], 1) for r in ratios] for m in (DEFAULT, OTHER)},
               **{f"max other layer ({m})": [round(per_ratio[m][r][1:].max(), 1) for r in ratios]
@@ -190,13 +191,13 @@ pd.DataFrame({"ratio": ratios, "pool slots": [cachesim.capacity_for(r, context_l
 
 # %%
 curve_sets = {}
-for model in (DEFAULT, OTHER):
+for tm in (DEFAULT, OTHER):
     curves = cachesim.sweep_synthetic(context_len, [curve_ratio], warmups=(True, False), n_layers=LAYERS, k=K,
-                                      mtp=1, steps=curve_steps, batch=batch, seed=seed, model=model)
+                                      mtp=1, steps=curve_steps, batch=batch, seed=seed, model=tm)
     with_w = curves[(curve_ratio, "lru", True)].mean(axis=0)
     without_w = curves[(curve_ratio, "lru", False)].mean(axis=0)
-    cfg2 = {**cfg_of(model), "context_len": context_len, "mtp": 1, "ratio": curve_ratio, "steps": curve_steps}
-    sfx = suffix(model)
+    cfg2 = {**cfg_of(tm), "context_len": context_len, "mtp": 1, "ratio": curve_ratio, "steps": curve_steps}
+    sfx = suffix(tm)
     rec.record(f"warmup_curve_with{sfx}", with_w, "misses/request/layer", config={**cfg2, "warmup": True},
                note="held-back result of the paper (warmup curves): prediction")
     rec.record(f"warmup_curve_without{sfx}", without_w, "misses/request/layer", config={**cfg2, "warmup": False},
@@ -211,11 +212,11 @@ for model in (DEFAULT, OTHER):
     settle = int(np.argmax(without_w <= 1.1 * with_w[tail].mean()))
     rec.record(f"steps_to_settle_without_warmup{sfx}", settle, "steps", config=cfg2,
                note="first step whose misses are within 10 % of the steady state with warmup")
-    assert without_w[0] >= K * 0.99 and with_w[0] < 0.5 * without_w[0], (model, with_w[0], without_w[0])
+    assert without_w[0] >= K * 0.99 and with_w[0] < 0.5 * without_w[0], (tm, with_w[0], without_w[0])
     assert np.all(curves[(curve_ratio, "lru", True)][:, 0] <= curves[(curve_ratio, "lru", False)][:, 0])
-    curve_sets[f"{model}: LRU + warmup"] = with_w
-    curve_sets[f"{model}: LRU, no warmup"] = without_w
-    print(f"{model}: first step {with_w[0]:.0f} (warmup) vs {without_w[0]:.0f} (none); steady "
+    curve_sets[f"{tm}: LRU + warmup"] = with_w
+    curve_sets[f"{tm}: LRU, no warmup"] = without_w
+    print(f"{tm}: first step {with_w[0]:.0f} (warmup) vs {without_w[0]:.0f} (none); steady "
           f"{with_w[tail].mean():.0f}; settles after {settle} steps without warmup")
 pviz.fig_warmup_curve(curve_sets, title=f"Misses per step, 32K, MTP 1, ratio {curve_ratio}").show()
 
@@ -226,13 +227,13 @@ pviz.fig_warmup_curve(curve_sets, title=f"Misses per step, 32K, MTP 1, ratio {cu
 
 # %%
 by_ctx = {}
-for model in (DEFAULT, OTHER):
-    by_ctx[model] = [float(cachesim.misses_per_layer(L, context_ratio, n_layers=LAYERS, k=K, mtp=mtp, steps=steps,
-                                                     batch=batch, seed=seed, model=model).mean())
+for tm in (DEFAULT, OTHER):
+    by_ctx[tm] = [float(cachesim.misses_per_layer(L, context_ratio, n_layers=LAYERS, k=K, mtp=mtp, steps=steps,
+                                                     batch=batch, seed=seed, model=tm).mean())
                      for L in context_lens]
-    cfg3 = {**cfg_of(model), "ratio": context_ratio, "mtp": mtp, "steps": steps, "warmup": True}
-    for L, m in zip(context_lens, by_ctx[model]):
-        rec.record(f"misses_mean_ratio{context_ratio:g}_{L // 1024}k{suffix(model)}", m, "misses/request/layer/step",
+    cfg3 = {**cfg_of(tm), "ratio": context_ratio, "mtp": mtp, "steps": steps, "warmup": True}
+    for L, m in zip(context_lens, by_ctx[tm]):
+        rec.record(f"misses_mean_ratio{context_ratio:g}_{L // 1024}k{suffix(tm)}", m, "misses/request/layer/step",
                    config={**cfg3, "context_len": L}, note="prediction")
 pviz.fig_misses_vs_context(context_lens, {f"{m} model": by_ctx[m] for m in (DEFAULT, OTHER)},
                            ratio=context_ratio).show()
@@ -246,26 +247,26 @@ pviz.fig_misses_vs_context(context_lens, {f"{m} model": by_ctx[m] for m in (DEFA
 # %%
 res_slots = context_len // (16 if smoke else 64)
 best = {}
-for model in (DEFAULT, OTHER):
-    cfg4 = {**cfg_of(model), "context_len": context_len, "mtp": mtp, "steps": pool_steps, "batch": pool_batch,
+for tm in (DEFAULT, OTHER):
+    cfg4 = {**cfg_of(tm), "context_len": context_len, "mtp": mtp, "steps": pool_steps, "batch": pool_batch,
             "warmup": True, "target": miss_target, "resolution_slots": res_slots}
     try:
-        best[model] = cachesim.smallest_pool(context_len, miss_target, resolution=res_slots, n_layers=LAYERS, k=K,
-                                             mtp=mtp, steps=pool_steps, batch=pool_batch, seed=seed, model=model)
+        best[tm] = cachesim.smallest_pool(context_len, miss_target, resolution=res_slots, n_layers=LAYERS, k=K,
+                                             mtp=mtp, steps=pool_steps, batch=pool_batch, seed=seed, model=tm)
     except ValueError as exc:            # even the whole context misses too much: first loads dominate few steps
         assert smoke, exc                # over the full 256 steps both models must reach the target
-        rec.record(f"smallest_pool_under_200_slots{suffix(model)}", None, "slots/request/layer", config=cfg4,
+        rec.record(f"smallest_pool_under_200_slots{suffix(tm)}", None, "slots/request/layer", config=cfg4,
                    note=f"not reachable in this (smoke) configuration: {exc}")
-        print(f"{model}: {exc}")
+        print(f"{tm}: {exc}")
         continue
-    b = best[model]
+    b = best[tm]
     assert b["below_misses"] is None or b["misses"] < miss_target <= b["below_misses"], b
     below = ("" if b["below_slots"] is None else
              f", {b['below_misses']:.1f} at {b['below_slots']} slots")
-    rec.record(f"smallest_pool_under_200_slots{suffix(model)}", b["slots"], "slots/request/layer", config=cfg4,
+    rec.record(f"smallest_pool_under_200_slots{suffix(tm)}", b["slots"], "slots/request/layer", config=cfg4,
                note=f"{b['misses']:.1f} misses at this size{below}: prediction")
-    rec.record(f"smallest_pool_under_200_ratio{suffix(model)}", b["ratio"], "", config=cfg4, note="prediction")
-    print(f"{model}: smallest pool with < {miss_target} misses: {b['slots']} slots (ratio {b['ratio']:.3f}); "
+    rec.record(f"smallest_pool_under_200_ratio{suffix(tm)}", b["ratio"], "", config=cfg4, note="prediction")
+    print(f"{tm}: smallest pool with < {miss_target} misses: {b['slots']} slots (ratio {b['ratio']:.3f}); "
           f"{b['misses']:.1f} misses there{below}")
 
 # %% [markdown]
@@ -283,12 +284,12 @@ for model in (DEFAULT, OTHER):
 layer_pick = list(range(0, LAYERS, 6))
 pol_rows = []
 pol_cases = [("drift", None), ("uniform", 0.0)] + ([] if smoke else [("uniform", 1.5)])
-for model, sigma in pol_cases:
+for tm, sigma in pol_cases:
     tr = traces.synthetic_trace(context_len, n_layers=LAYERS, k=K, mtp=mtp, steps=steps, batch=min(batch, 2),
-                                seed=seed, model=model, **({} if sigma is None else {"popularity_sigma": sigma}))
+                                seed=seed, model=tm, **({} if sigma is None else {"popularity_sigma": sigma}))
     sub = traces.Trace(tr.indices[:, layer_pick], tr.context_len, tr.k, tr.mtp, tr.seed, tr.warmup[:, layer_pick])
-    label = model if sigma is None else f"{model}, popularity sigma {sigma:g}"
-    tag = model if sigma is None else f"{model}_sigma{sigma:g}"
+    label = tm if sigma is None else f"{tm}, popularity sigma {sigma:g}"
+    tag = tm if sigma is None else f"{tm}_sigma{sigma:g}"
     row = {"trace model": label}
     for pol in cachesim.POLICIES:
         for warm in (False, True):
@@ -296,7 +297,7 @@ for model, sigma in pol_cases:
             row[name] = float(cachesim.simulate(sub, pol, ratio=0.2, warmup=warm).mean())
             rec.record(f"policy_{pol}_{'warm' if warm else 'cold'}_{tag}", row[name],
                        "misses/request/layer/step",
-                       config={**cfg_of(model), "context_len": context_len, "ratio": 0.2, "mtp": mtp, "steps": steps,
+                       config={**cfg_of(tm), "context_len": context_len, "ratio": 0.2, "mtp": mtp, "steps": steps,
                                "batch": min(batch, 2), "layers": layer_pick, "popularity_sigma": sigma,
                                "policy": pol, "warmup": warm, "heat_decay": cachesim.DEFAULT_HEAT_DECAY})
     assert all(row["belady"] <= row[p] for p in ("lru", "fifo", "heat")), row
@@ -359,7 +360,7 @@ pd.DataFrame({"misses per step": r_rows}).round(2)
 # calibration row of Table 2). Same trace as above (4 layers, one request), ratio 0.2.
 
 # %%
-cap = cachesim.capacity_for(0.2, context_len, K)
+cap = ess.layout.pool_slots(model, 0.2, context_len, need=K)
 tier_cfgs = {
     "demand only (LRU + warmup)": dict(speculative=False, delayed=False, predictor="none", warmup="before"),
     "+ speculative (heat)": dict(speculative=True, delayed=False, predictor="heat", warmup="before"),

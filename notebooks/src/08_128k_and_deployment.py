@@ -29,7 +29,7 @@ from IPython.display import display
 
 import ess
 from ess import viz
-from ess.layout import latent_entry_bytes, padded_tokens, pool_slots
+from ess.layout import latent_entry_bytes, pool_slots, step_entries
 from ess.published import published
 from ess.sim.calibrate import calibrate
 from ess.sim.timeline import best_batch
@@ -98,7 +98,7 @@ rows = []
 T = dep.mtp_tokens_per_step
 for L in adaptive_contexts:
     mbr = {r: misses_fn(L, r, T) for r in adaptive_ratios
-           if r < 1 and pool_slots(r, padded_tokens(model, L)) >= T * min(model.index_topk, L)}
+           if r < 1 and pool_slots(model, r, L) >= step_entries(model, L, T)}
     ratios = [r for r in adaptive_ratios if r == 1.0 or r in mbr]
     for floor in (None, otps_floor):
         b = best_batch(L, ratios, misses_by_ratio=mbr, otps_floor=floor, params=params)
