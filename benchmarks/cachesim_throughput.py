@@ -26,7 +26,7 @@ from ess import cachesim as C  # noqa: E402
 from ess.bench import distribution, write_report  # noqa: E402
 from ess.layout import pool_slots  # noqa: E402
 from ess.specs import model_spec  # noqa: E402
-from ess.traces import synthetic_streams  # noqa: E402
+from ess.tracegen import synthetic_streams  # noqa: E402
 
 
 def main() -> None:

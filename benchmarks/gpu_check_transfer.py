@@ -95,7 +95,7 @@ def check_correctness(report: dict) -> bool:
     # the tiered cache on CUDA (tiny model: 4 layers, 164-byte rows, K = 64), a short synthetic trace
     try:
         from ess.specs import model_spec
-        from ess.traces import synthetic_trace
+        from ess.tracegen import synthetic_trace
         tiny = model_spec("tiny")
         cache = TieredCache(tiny, capacity=96, device="cuda")
         truth = rng.integers(0, 256, (tiny.n_layers, 600, cache.entry_bytes), dtype=np.uint8)

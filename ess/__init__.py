@@ -3,13 +3,17 @@
 Public namespace, re-exported from topic modules (layers from the ground up, see the README):
 
 * facts: :mod:`ess.specs` (model, GPU, host, deployment presets from ``data/``), :mod:`ess.layout` (bytes per
-  entry, token and request), :mod:`ess.results` (the record format of the notebooks), :mod:`ess.published`;
+  entry, token and request; the pool-size rule), :mod:`ess.results` (the record format of the notebooks),
+  :mod:`ess.published`;
 * kernels: :mod:`ess.kernels` (``transfer``, ``attention``; NumPy reference, Numba, torch), :mod:`ess.quant`;
-* mechanisms: :mod:`ess.memory` (weights, KV budget, largest batch), :mod:`ess.policies`, :mod:`ess.storage`
-  (host pool, GPU pool, disk tier), :mod:`ess.traces`, :mod:`ess.cachesim`;
-* behaviour: :mod:`ess.attention` (indexer, top-k, sparse MLA, split/merge, a decode step through the cache),
-  :mod:`ess.predict`, :mod:`ess.prefetch`, :mod:`ess.sim` (costs, timeline, calibration, sweeps);
-* wholes: :mod:`ess.tables`, :mod:`ess.viz`, :mod:`ess.widgets`; faces: :mod:`ess.reproduce`, the ``ess`` command.
+* mechanisms: :mod:`ess.memory` (weights, KV budget, largest batch, where a batch's bytes live),
+  :mod:`ess.policies`, :mod:`ess.storage` (host pool, GPU pool, the tiered cache), :mod:`ess.disk` (the disk
+  tier), :mod:`ess.metrics`, :mod:`ess.traces` (format, I/O, overlap, recorder), :mod:`ess.tracegen` (synthetic
+  generators and their calibration), :mod:`ess.cachesim`;
+* behaviour: :mod:`ess.attention` (indexer, top-k, sparse MLA, split/merge), :mod:`ess.predict`,
+  :mod:`ess.prefetch`, :mod:`ess.sim` (costs, timeline, calibration, sweeps, scenarios);
+* wholes: :mod:`ess.studies` (the notebooks' experiments), :mod:`ess.tables`, :mod:`ess.viz`, :mod:`ess.widgets`,
+  :mod:`ess.bench`; faces: :mod:`ess.reproduce`, the ``ess`` command.
 """
 from .attention import (decode_step, indexer_scores, merge_attention, sparse_mla_decode,  # noqa: F401
                         split_attention, topk_indices)
@@ -17,11 +21,13 @@ from .cachesim import misses_per_layer, misses_per_step  # noqa: F401
 from .layout import (indexer_entry_bytes, latent_entry_bytes, latent_layout, pool_slots,  # noqa: F401
                      request_cache, token_bytes)
 from .memory import (fit_mem_fraction_static, host_memory_needed_bytes, kv_budget_bytes,  # noqa: F401
-                     largest_batch, weights_per_gpu_bytes)
+                     largest_batch, tier_placement, weights_per_gpu_bytes)
 from .results import Recorder, load_records  # noqa: F401
 from .specs import (deployment_spec, gpu_spec, host_spec, list_deployments, list_gpus, list_hosts,  # noqa: F401
                     list_models, model_spec)
-from .storage import CorruptBlockError, StepResult, TieredCache, tier_placement  # noqa: F401
-from .traces import Trace, load_trace, synthetic_trace  # noqa: F401
+from .disk import CorruptBlockError  # noqa: F401
+from .storage import StepResult, TieredCache  # noqa: F401
+from .tracegen import synthetic_trace  # noqa: F401
+from .traces import Trace, load_trace  # noqa: F401
 
 __version__ = "0.1.0"

@@ -6,12 +6,16 @@ import json
 import os
 import platform
 import statistics
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 from typing import Any, Iterable
 
-__all__ = ["distribution", "machine_info", "write_report", "REPORT_DIR"]
+__all__ = ["distribution", "machine_info", "write_report", "run_benchmark", "REPORT_DIR", "BENCHMARK_DIR"]
 
 REPORT_DIR = Path(__file__).resolve().parent.parent / "build" / "benchmarks"
+BENCHMARK_DIR = Path(__file__).resolve().parent.parent / "benchmarks"
 
 
 def distribution(samples: Iterable[float]) -> dict[str, float]:
@@ -63,3 +67,27 @@ def write_report(name: str, report: dict, out_dir: str | Path | None = None) -> 
     path = out / f"{name}.json"
     path.write_text(json.dumps({"machine": machine_info(), **report}, indent=1, default=str), encoding="utf-8")
     return path
+
+
+def run_benchmark(name: str, *, timeout_s: float | None = None, **options: Any) -> dict:
+    """Run ``benchmarks/<name>.py`` in its own Python process (so that what it sets, such as thread counts, stays
+    there) and return the report it writes. Each option becomes a command-line flag (``context_lens=[1, 2]`` ->
+    ``--context-lens 1 2``; ``None`` is left out); the report goes to a temporary folder, never over one in
+    ``build/benchmarks``. Raises ``ValueError`` for an unknown benchmark and ``RuntimeError`` (with the end of its
+    output) when the script fails."""
+    script = BENCHMARK_DIR / f"{name}.py"
+    if not name or "/" in name or not script.is_file():
+        known = sorted(p.stem for p in BENCHMARK_DIR.glob("*.py"))
+        raise ValueError(f"unknown benchmark {name!r}; known: {', '.join(known)}")
+    args = [sys.executable, str(script)]
+    for key, value in options.items():
+        if value is None:
+            continue
+        args.append("--" + key.replace("_", "-"))
+        args += [str(v) for v in value] if isinstance(value, (list, tuple)) else [str(value)]
+    with tempfile.TemporaryDirectory() as tmp:
+        proc = subprocess.run(args + ["--out-dir", tmp], capture_output=True, text=True, timeout=timeout_s)
+        if proc.returncode != 0:
+            tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-20:])
+            raise RuntimeError(f"benchmark {name} failed (exit {proc.returncode}):\n{tail}")
+        return json.loads((Path(tmp) / f"{name}.json").read_text(encoding="utf-8"))

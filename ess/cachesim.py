@@ -40,7 +40,8 @@ import numpy as np
 
 from .layout import pool_slots
 from .specs import model_spec
-from .traces import PAPER_WARMUP_WINDOWS, Trace, _check_model, synthetic_streams
+from .tracegen import PAPER_WARMUP_WINDOWS, _check_model, synthetic_streams
+from .traces import Trace
 
 __all__ = ["POLICIES", "simulate", "simulate_sequence", "misses_per_layer", "misses_per_step",
            "sweep_synthetic", "smallest_pool", "reference_misses", "DEFAULT_HEAT_DECAY"]
@@ -391,8 +392,8 @@ def sweep_synthetic(context_len: int, ratios: Sequence[float], *, policies: Iter
                     threads: int = 1, model: str | None = None, **generator: Any) -> dict:
     """Generate each synthetic (request, layer) stream once and simulate every (ratio, policy, warmup) on it.
 
-    ``model`` is the trace model (``"uniform"`` or ``"drift"``, ``None`` = :func:`ess.traces.default_trace_model`);
-    other ``generator`` keywords go to :func:`ess.traces.synthetic_streams`. Returns
+    ``model`` is the trace model (``"uniform"`` or ``"drift"``, ``None`` = :func:`ess.tracegen.default_trace_model`);
+    other ``generator`` keywords go to :func:`ess.tracegen.synthetic_streams`. Returns
     ``{(ratio, policy, warmup): misses}`` with ``misses`` of shape (n_layers, steps), the mean over the
     ``batch`` requests of misses per decode step. ``threads > 1`` simulates the configurations of one stream in
     parallel (the kernels release the GIL); the result does not depend on it.
@@ -455,8 +456,8 @@ def misses_per_layer(context_len: int, ratio: float, *, n_layers: int = 61, k: i
                      profile: Any = "paper", model: str | None = None, **kwargs: Any) -> np.ndarray:
     """Mean misses per request per decode step in each layer: (n_layers,) float64.
 
-    From the synthetic trace generator (:func:`ess.traces.synthetic_streams`, trace ``model`` -- ``"uniform"`` or
-    ``"drift"``, ``None`` = :func:`ess.traces.default_trace_model` --, locality ``profile``, ``mtp`` query tokens
+    From the synthetic trace generator (:func:`ess.tracegen.synthetic_streams`, trace ``model`` -- ``"uniform"`` or
+    ``"drift"``, ``None`` = :func:`ess.tracegen.default_trace_model` --, locality ``profile``, ``mtp`` query tokens
     per step, 32 warmup windows) and the cache simulation with :func:`ess.layout.pool_slots` slots per
     (request, layer). Raises ValueError when the pool cannot hold one step's union of top-K sets.
     """

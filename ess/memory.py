@@ -1,4 +1,5 @@
-"""GPU and host memory planning: weights per GPU, the KV budget, and the largest decode batch.
+"""GPU and host memory planning: weights per GPU, the KV budget, the largest decode batch, and where the bytes of a
+batch live (:func:`tier_placement`).
 
 The model of one decode GPU (attention data-parallel, experts split over ``ep`` GPUs)::
 
@@ -14,13 +15,15 @@ from __future__ import annotations
 import operator
 from dataclasses import dataclass
 
+import numpy as np
+
 from .layout import (check_context_len, check_ratio, latent_entry_bytes, padded_tokens, pool_slots, request_cache,
                      step_entries)
-from .specs import DeploymentSpec, GPUSpec, HostSpec, ModelSpec, deployment_spec, gpu_spec, host_spec, model_spec
+from .specs import DeploymentSpec, GPUSpec, HostSpec, ModelSpec, gpu_spec, model_spec, resolve
 
 __all__ = [
     "GiB", "param_counts", "fp8_weight_bytes", "weights_per_gpu_bytes", "kv_budget_bytes", "BatchLimit", "largest_batch",
-    "host_memory_needed_bytes", "fit_mem_fraction_static", "resolve",
+    "host_memory_needed_bytes", "fit_mem_fraction_static", "tier_placement",
 ]
 
 GiB = 2 ** 30
@@ -181,18 +184,45 @@ def _positive_int(name: str, value) -> int:
     return value
 
 
-def resolve(model, deployment, gpu, host):
-    """Turn preset names into specs (``gpu`` and ``host`` default to the deployment's)."""
-    model = model_spec(model) if isinstance(model, str) else model
-    deployment = deployment_spec(deployment) if isinstance(deployment, str) else deployment
-    if not isinstance(model, ModelSpec):
-        raise TypeError(f"model must be a preset name or ModelSpec, got {type(model).__name__}")
-    if not isinstance(deployment, DeploymentSpec):
-        raise TypeError(f"deployment must be a preset name or DeploymentSpec, got {type(deployment).__name__}")
-    gpu = gpu_spec(gpu or deployment.gpu) if gpu is None or isinstance(gpu, str) else gpu
-    host = host_spec(host or deployment.host) if host is None or isinstance(host, str) else host
-    if not isinstance(gpu, GPUSpec):
-        raise TypeError(f"gpu must be a preset name or GPUSpec, got {type(gpu).__name__}")
-    if not isinstance(host, HostSpec):
-        raise TypeError(f"host must be a preset name or HostSpec, got {type(host).__name__}")
-    return model, deployment, gpu, host
+def tier_placement(context_len: int, ratio: float, *, batch: int | None = None, model="deepseek-v3.2-exp",
+                   deployment="paper-table1", gpu=None, host=None, n_spilled: int = 0):
+    """Bytes per GPU in each tier for a decode batch: a DataFrame with columns ``tier`` (``"GPU"``, ``"host"``,
+    ``"disk"``), ``part`` and ``bytes``, plus ``.attrs`` with the batch, the pool capacity per (request, layer)
+    and what bounds the batch.
+
+    ``batch=None`` takes the largest batch of :func:`largest_batch`. With ``ratio < 1`` the GPU holds
+    the indexer cache and :func:`ess.layout.pool_slots` slots per request and layer, the host holds every latent entry;
+    ``ratio == 1`` is the no-offload baseline (all latent entries on the GPU, none on the host). ``n_spilled``
+    paused requests sit on disk with their whole latent cache."""
+    import pandas as pd
+
+    model, dep, gpu_, host_ = resolve(model, deployment, gpu, host)
+    lim = largest_batch(context_len, ratio, model=model, deployment=dep, gpu=gpu_, host=host_)
+    if batch is None:
+        batch = lim.batch
+    if isinstance(batch, bool) or not isinstance(batch, (int, np.integer)) or batch < 0:
+        raise ValueError(f"batch must be a non-negative integer, got {batch!r}")
+    if isinstance(n_spilled, bool) or not isinstance(n_spilled, (int, np.integer)) or n_spilled < 0:
+        raise ValueError(f"n_spilled must be a non-negative integer, got {n_spilled!r}")
+    rc = request_cache(model, context_len, ratio, dep.kv_dtype)
+    entry = latent_entry_bytes(model, dep.kv_dtype)
+    offload = ratio < 1.0
+    capacity = pool_slots(model, ratio, context_len, need=step_entries(model, context_len)) if offload else rc.tokens
+    pool = batch * model.n_layers * capacity * entry
+    budget = kv_budget_bytes(model, dep, gpu_)
+    hbm = gpu_.hbm_capacity_GiB * GiB
+    weights = weights_per_gpu_bytes(model, dep)
+    host_total = host_.memory_capacity_GB_per_gpu * 1e9
+    host_latent = batch * rc.latent_bytes if offload else 0
+    rows = [("GPU", "weights", weights), ("GPU", "indexer cache", batch * rc.indexer_bytes),
+            ("GPU", "latent pool" if offload else "latent cache (all)", pool),
+            ("GPU", "KV budget unused", max(budget - batch * rc.indexer_bytes - pool, 0.0)),
+            ("GPU", "runtime reserve", hbm - weights - budget),
+            ("host", "latent cache (all)", host_latent),
+            ("host", "free", max(host_total - host_latent, 0.0)),
+            ("disk", "spilled requests", n_spilled * rc.latent_bytes)]
+    df = pd.DataFrame(rows, columns=["tier", "part", "bytes"])
+    df.attrs.update(batch=int(batch), capacity=int(capacity), limited_by=lim.limited_by, reason=lim.reason,
+                    largest_batch=lim.batch, context_len=int(context_len), ratio=float(ratio), gpu=gpu_.name,
+                    deployment=dep.name, entry_bytes=entry, n_layers=model.n_layers)
+    return df

@@ -24,7 +24,7 @@ DATA_DIR = Path(__file__).resolve().parent.parent / "data"
 __all__ = [
     "DATA_DIR", "ModelSpec", "GPUSpec", "HostSpec", "DeploymentSpec",
     "model_spec", "gpu_spec", "host_spec", "deployment_spec", "link_figures",
-    "list_models", "list_gpus", "list_hosts", "list_deployments",
+    "list_models", "list_gpus", "list_hosts", "list_deployments", "resolve",
 ]
 
 
@@ -281,3 +281,21 @@ def link_figures() -> dict[str, dict[str, float]]:
     """Host-device link figures (PCIe theoretical and measured, FlashTrans) as ``{group: {field: value}}``."""
     raw = _read_yaml("hardware/links.yaml")
     return {group: _split_sourced(entries, f"links.yaml:{group}")[0] for group, entries in raw.items()}
+
+
+def resolve(model, deployment, gpu=None, host=None) -> tuple[ModelSpec, DeploymentSpec, GPUSpec, HostSpec]:
+    """Turn preset names into specs (``gpu`` and ``host`` default to the deployment's); a ``TypeError`` for anything
+    else than a name or a spec."""
+    model = model_spec(model) if isinstance(model, str) else model
+    deployment = deployment_spec(deployment) if isinstance(deployment, str) else deployment
+    if not isinstance(model, ModelSpec):
+        raise TypeError(f"model must be a preset name or ModelSpec, got {type(model).__name__}")
+    if not isinstance(deployment, DeploymentSpec):
+        raise TypeError(f"deployment must be a preset name or DeploymentSpec, got {type(deployment).__name__}")
+    gpu = gpu_spec(gpu or deployment.gpu) if gpu is None or isinstance(gpu, str) else gpu
+    host = host_spec(host or deployment.host) if host is None or isinstance(host, str) else host
+    if not isinstance(gpu, GPUSpec):
+        raise TypeError(f"gpu must be a preset name or GPUSpec, got {type(gpu).__name__}")
+    if not isinstance(host, HostSpec):
+        raise TypeError(f"host must be a preset name or HostSpec, got {type(host).__name__}")
+    return model, deployment, gpu, host

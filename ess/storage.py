@@ -8,9 +8,8 @@ ESS keeps the whole latent cache in (pinned) host memory and a bounded hot subse
 * the device pool: ``capacity`` slots per (request, layer), one uint8 array ``(slots, entry_bytes)`` (a NumPy
   array for ``device="cpu"``, a CUDA tensor otherwise). Slot numbers are global: request block ``b`` holds layer
   ``l``'s pool in slots ``[(b * n_layers + l) * capacity, ... + capacity)``.
-* :class:`DiskTier` a memory-mapped cold archive: blocks of ``block_tokens`` tokens (all layers), a CRC-32 per
-  block, a manifest written last (the commit point) and the device-pool state; spill, restore and crash recovery.
-* :class:`TieredCache` the three together behind the per-step call :meth:`TieredCache.step`.
+* the disk tier (:class:`ess.disk.DiskTier`, optional): spill, restore and crash recovery of whole requests.
+* :class:`TieredCache` the three together behind the per-step calls (:meth:`TieredCache.step`).
 
 One step of one (request, layer) with the valid top-K indices S (array order, ``-1`` padding ignored): hits are
 S ∩ pool; misses S \\ pool go to free slots first, then to victims chosen by the eviction policy among resident
@@ -22,15 +21,11 @@ and raises :class:`~ess.kernels.transfer.TransferError`.
 """
 from __future__ import annotations
 
-import json
-import os
-import re
-import zlib
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
+from .disk import CorruptBlockError, DiskTier, request_stem
 from .kernels import resolve_backend
 from .kernels.transfer import TransferError, copy_rows_unchecked
 from .layout import KV_DTYPES, check_context_len, latent_entry_bytes, pool_slots, step_entries
@@ -38,8 +33,7 @@ from .metrics import MetricsLog, StepMetrics
 from .policies import POLICIES, check_step_indices, commit_slots, make_policy, plan_slots
 from .specs import ModelSpec, model_spec
 
-__all__ = ["StepResult", "HostPool", "DiskTier", "CorruptBlockError", "TieredCache", "TransferError",
-           "capacity_from_budget", "tier_placement"]
+__all__ = ["StepResult", "HostPool", "TieredCache", "TransferError", "capacity_from_budget"]
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -162,153 +156,6 @@ class HostPool:
     @property
     def allocated_bytes(self) -> int:
         return sum(a.nbytes for a in self._arrays.values())
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Disk tier
-# ----------------------------------------------------------------------------------------------------------------
-
-class CorruptBlockError(RuntimeError):
-    """Disk blocks whose checksum does not match and that could not be restored from a host copy."""
-
-    def __init__(self, request_id, blocks: list[int], path: str):
-        self.request_id, self.blocks, self.path = request_id, list(blocks), path
-        super().__init__(f"request {request_id!r}: disk block(s) {self.blocks} in {path} fail their CRC-32 check "
-                         f"and no host copy is left to restore them from")
-
-
-_SAFE = re.compile(r"^[A-Za-z0-9_.\-]{1,100}$")
-
-
-def _file_stem(request_id) -> str:
-    if isinstance(request_id, (int, np.integer)) and not isinstance(request_id, bool):
-        return f"req-i{int(request_id)}"
-    if isinstance(request_id, str) and _SAFE.match(request_id):
-        return f"req-s{request_id}"
-    raise ValueError(f"request_id {request_id!r} cannot name a disk file: use an int or a string of letters, "
-                     f"digits, '_', '.', '-'")
-
-
-class DiskTier:
-    """A cold archive of requests in ``directory``: per request ``<stem>.blocks`` (memory-mapped blocks of
-    ``block_tokens`` tokens x all layers, zero-padded), ``<stem>.pool.npz`` (device-pool state) and
-    ``<stem>.json`` (manifest: sizes, one CRC-32 per block, CRC of the pool file), written last and atomically."""
-
-    def __init__(self, directory, n_layers: int, entry_bytes: int, block_tokens: int = 64):
-        if isinstance(block_tokens, bool) or not isinstance(block_tokens, int) or block_tokens <= 0:
-            raise ValueError(f"block_tokens must be a positive integer, got {block_tokens!r}")
-        self.dir = Path(directory)
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self.n_layers, self.entry_bytes, self.block_tokens = int(n_layers), int(entry_bytes), block_tokens
-
-    @property
-    def block_bytes(self) -> int:
-        return self.n_layers * self.block_tokens * self.entry_bytes
-
-    def _paths(self, request_id):
-        stem = _file_stem(request_id)
-        return self.dir / f"{stem}.blocks", self.dir / f"{stem}.pool.npz", self.dir / f"{stem}.json"
-
-    def block_path(self, request_id) -> Path:
-        """The file holding a request's memory-mapped blocks (block ``b`` at byte ``b * block_bytes``; each block
-        is ``(n_layers, block_tokens, entry_bytes)`` uint8). Raises ``ValueError`` for an id that cannot name a
-        file; the file exists once the request was written."""
-        return self._paths(request_id)[0]
-
-    def has(self, request_id) -> bool:
-        return self._paths(request_id)[2].exists()
-
-    def manifest(self, request_id) -> dict:
-        return json.loads(self._paths(request_id)[2].read_text(encoding="utf-8"))
-
-    def list_requests(self) -> list:
-        out = []
-        for p in sorted(self.dir.glob("req-*.json")):
-            m = json.loads(p.read_text(encoding="utf-8"))
-            out.append(m["request_id"])
-        return out
-
-    def _block_view(self, mm: np.memmap, b: int) -> np.ndarray:
-        return mm[b * self.block_bytes:(b + 1) * self.block_bytes].reshape(
-            self.n_layers, self.block_tokens, self.entry_bytes)
-
-    def write(self, request_id, entries: np.ndarray, pool_state: dict, *, from_token: int = 0) -> int:
-        """Write ``entries`` ``(n_layers, n_tokens, W)``: the blocks from the one holding ``from_token`` on
-        (earlier blocks are unchanged on disk and keep their CRC), then the pool state, then the manifest.
-        Returns the number of blocks written."""
-        blocks_path, pool_path, man_path = self._paths(request_id)
-        n_tokens = entries.shape[1]
-        n_blocks = -(-n_tokens // self.block_tokens)
-        old = self.manifest(request_id) if man_path.exists() else None
-        crcs = list(old["block_crc32"]) if old and old["entry_bytes"] == self.entry_bytes else []
-        first = min(from_token // self.block_tokens, len(crcs)) if old else 0
-        crcs = crcs[:first]
-        with open(blocks_path, "ab"):
-            pass
-        os.truncate(blocks_path, max(n_blocks, 1) * self.block_bytes)
-        mm = np.memmap(blocks_path, dtype=np.uint8, mode="r+", shape=(max(n_blocks, 1) * self.block_bytes,))
-        for b in range(first, n_blocks):
-            view = self._block_view(mm, b)
-            lo, hi = b * self.block_tokens, min((b + 1) * self.block_tokens, n_tokens)
-            view[:, :hi - lo] = entries[:, lo:hi]
-            view[:, hi - lo:] = 0
-            crcs.append(zlib.crc32(view.tobytes()))
-        mm.flush()
-        del mm
-        tmp = pool_path.with_suffix(".tmp.npz")
-        np.savez(tmp, **pool_state)
-        pool_crc = zlib.crc32(tmp.read_bytes())
-        tmp.replace(pool_path)
-        manifest = {"request_id": request_id, "n_layers": self.n_layers, "entry_bytes": self.entry_bytes,
-                    "block_tokens": self.block_tokens, "n_tokens": int(n_tokens), "block_crc32": crcs,
-                    "pool_crc32": pool_crc}
-        tmp = man_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(manifest), encoding="utf-8")
-        tmp.replace(man_path)
-        return n_blocks - first
-
-    def verify(self, request_id) -> list[int]:
-        """Blocks whose CRC-32 does not match the manifest (the pool file counts as block ``-1``)."""
-        blocks_path, pool_path, _ = self._paths(request_id)
-        m = self.manifest(request_id)
-        mm = np.memmap(blocks_path, dtype=np.uint8, mode="r")
-        bad = []
-        for b, crc in enumerate(m["block_crc32"]):
-            lo, hi = b * self.block_bytes, (b + 1) * self.block_bytes
-            if hi > mm.size or zlib.crc32(mm[lo:hi].tobytes()) != crc:
-                bad.append(b)
-        del mm
-        if not pool_path.exists() or zlib.crc32(pool_path.read_bytes()) != m["pool_crc32"]:
-            bad.append(-1)
-        return bad
-
-    def read(self, request_id) -> tuple[np.ndarray, dict, list[int]]:
-        """``(entries (n_layers, n_tokens, W), pool_state, bad_blocks)``; the rows of bad blocks are as found."""
-        blocks_path, pool_path, _ = self._paths(request_id)
-        m = self.manifest(request_id)
-        if (m["n_layers"], m["entry_bytes"], m["block_tokens"]) != (self.n_layers, self.entry_bytes,
-                                                                    self.block_tokens):
-            raise ValueError(f"request {request_id!r} on disk has layout {m['n_layers']} layers x "
-                             f"{m['entry_bytes']} B x {m['block_tokens']}-token blocks; this tier expects "
-                             f"{self.n_layers} x {self.entry_bytes} B x {self.block_tokens}")
-        bad = self.verify(request_id)
-        n = m["n_tokens"]
-        out = np.zeros((self.n_layers, n, self.entry_bytes), np.uint8)
-        mm = np.memmap(blocks_path, dtype=np.uint8, mode="r")
-        for b in range(len(m["block_crc32"])):
-            lo, hi = b * self.block_tokens, min((b + 1) * self.block_tokens, n)
-            if (b + 1) * self.block_bytes <= mm.size:
-                out[:, lo:hi] = self._block_view(mm, b)[:, :hi - lo]
-        del mm
-        pool = {}
-        if -1 not in bad:
-            with np.load(pool_path) as z:
-                pool = {k: z[k] for k in z.files}
-        return out, pool, bad
-
-    def remove(self, request_id) -> None:
-        for p in self._paths(request_id):
-            p.unlink(missing_ok=True)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -548,7 +395,7 @@ class TieredCache:
             raise ValueError(f"latent_entries must have shape (n_layers={self.n_layers}, L, {self.entry_bytes}), "
                              f"got {latent_entries.shape}")
         if self.disk is not None:
-            _file_stem(request_id)
+            request_stem(request_id)
         block = self._take_block()
         self.host.add(request_id, latent_entries)
         self._requests[request_id] = _Request(block, self._new_pools(block, latent_entries.shape[1]))
@@ -884,54 +731,3 @@ class TieredCache:
                                              int(slots.size) * self.entry_bytes, 0))
         return {"tokens": int(entries.shape[1]), "resident": moved, "bytes_h2d": moved * self.entry_bytes,
                 "pool_state_restored": pool_ok}
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Where the bytes of a batch live
-# ----------------------------------------------------------------------------------------------------------------
-
-def tier_placement(context_len: int, ratio: float, *, batch: int | None = None, model="deepseek-v3.2-exp",
-                   deployment="paper-table1", gpu=None, host=None, n_spilled: int = 0):
-    """Bytes per GPU in each tier for a decode batch: a DataFrame with columns ``tier`` (``"GPU"``, ``"host"``,
-    ``"disk"``), ``part`` and ``bytes``, plus ``.attrs`` with the batch, the pool capacity per (request, layer)
-    and what bounds the batch.
-
-    ``batch=None`` takes the largest batch of :func:`ess.memory.largest_batch`. With ``ratio < 1`` the GPU holds
-    the indexer cache and :func:`ess.layout.pool_slots` slots per request and layer, the host holds every latent entry;
-    ``ratio == 1`` is the no-offload baseline (all latent entries on the GPU, none on the host). ``n_spilled``
-    paused requests sit on disk with their whole latent cache."""
-    import pandas as pd
-
-    from .layout import request_cache
-    from .memory import GiB, kv_budget_bytes, largest_batch, resolve, weights_per_gpu_bytes
-
-    model, dep, gpu_, host_ = resolve(model, deployment, gpu, host)
-    lim = largest_batch(context_len, ratio, model=model, deployment=dep, gpu=gpu_, host=host_)
-    if batch is None:
-        batch = lim.batch
-    if isinstance(batch, bool) or not isinstance(batch, (int, np.integer)) or batch < 0:
-        raise ValueError(f"batch must be a non-negative integer, got {batch!r}")
-    if isinstance(n_spilled, bool) or not isinstance(n_spilled, (int, np.integer)) or n_spilled < 0:
-        raise ValueError(f"n_spilled must be a non-negative integer, got {n_spilled!r}")
-    rc = request_cache(model, context_len, ratio, dep.kv_dtype)
-    entry = latent_entry_bytes(model, dep.kv_dtype)
-    offload = ratio < 1.0
-    capacity = pool_slots(model, ratio, context_len, need=step_entries(model, context_len)) if offload else rc.tokens
-    pool = batch * model.n_layers * capacity * entry
-    budget = kv_budget_bytes(model, dep, gpu_)
-    hbm = gpu_.hbm_capacity_GiB * GiB
-    weights = weights_per_gpu_bytes(model, dep)
-    host_total = host_.memory_capacity_GB_per_gpu * 1e9
-    host_latent = batch * rc.latent_bytes if offload else 0
-    rows = [("GPU", "weights", weights), ("GPU", "indexer cache", batch * rc.indexer_bytes),
-            ("GPU", "latent pool" if offload else "latent cache (all)", pool),
-            ("GPU", "KV budget unused", max(budget - batch * rc.indexer_bytes - pool, 0.0)),
-            ("GPU", "runtime reserve", hbm - weights - budget),
-            ("host", "latent cache (all)", host_latent),
-            ("host", "free", max(host_total - host_latent, 0.0)),
-            ("disk", "spilled requests", n_spilled * rc.latent_bytes)]
-    df = pd.DataFrame(rows, columns=["tier", "part", "bytes"])
-    df.attrs.update(batch=int(batch), capacity=int(capacity), limited_by=lim.limited_by, reason=lim.reason,
-                    largest_batch=lim.batch, context_len=int(context_len), ratio=float(ratio), gpu=gpu_.name,
-                    deployment=dep.name, entry_bytes=entry, n_layers=model.n_layers)
-    return df

@@ -377,11 +377,12 @@ def test_decode_step_through_tiered_cache_is_bitwise_lossless(ratio, policy, B, 
 
 def test_lossless_check_sizes_pools_by_the_ratio_rule():
     from ess.layout import pool_slots
-    df = A.lossless_check(TINY, ratios=(0.1, 1.0), policies=("lru",), batch=1, steps=3, backend="numba")
+    from ess.studies.attention import lossless_check
+    df = lossless_check(TINY, ratios=(0.1, 1.0), policies=("lru",), batch=1, steps=3, backend="numba")
     L = df.attrs["config"]["L"]
     assert L == 640                                   # 64 / 0.1 tokens, whole 64-token pages, >= 4 K = 256
     assert df.capacity.tolist() == [pool_slots(TINY, 0.1, L), pool_slots(TINY, 1.0, L)] == [64, 640]
     assert df.bitwise_equal.all() and (df.misses > 0).all()
     assert df.misses.iloc[0] > df.misses.iloc[1]      # step 3 returns to step 1's topic: only the big pool kept it
     with pytest.raises(ValueError, match="fewer than the 64 entries"):
-        A.lossless_check(TINY, ratios=(0.1,), policies=("lru",), n_tokens=256, steps=1)
+        lossless_check(TINY, ratios=(0.1,), policies=("lru",), n_tokens=256, steps=1)

@@ -4,6 +4,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from ess import cachesim as C
+from ess import tracegen as G
 from ess import traces as T
 
 
@@ -59,7 +60,7 @@ def test_lru_semantics_by_hand():
 
 
 def test_warmup_never_increases_first_step_misses():
-    tr = T.synthetic_trace(1024, n_layers=4, k=64, mtp=2, steps=4, batch=2, warmup_windows=8, seed=2,
+    tr = G.synthetic_trace(1024, n_layers=4, k=64, mtp=2, steps=4, batch=2, warmup_windows=8, seed=2,
                            local_window=8)
     for pol in C.POLICIES:
         cold = C.simulate(tr, pol, ratio=0.3, warmup=False)[:, :, 0]
@@ -106,7 +107,7 @@ def test_lru_agrees_exactly_with_the_storage_module():
     from ess.specs import model_spec
     model = model_spec("tiny")
     L, k, steps = 300, model.index_topk, 12
-    tr = T.synthetic_trace(L, n_layers=model.n_layers, k=k, mtp=2, steps=steps, batch=2, warmup_windows=4,
+    tr = G.synthetic_trace(L, n_layers=model.n_layers, k=k, mtp=2, steps=steps, batch=2, warmup_windows=4,
                            seed=7, local_window=8)
     cap = int(0.6 * L)
     for pol in ("lru", "fifo"):
@@ -127,7 +128,7 @@ def test_lru_agrees_exactly_with_the_storage_module():
 @pytest.mark.parametrize("threads", [1, 2])
 def test_sweep_equals_simulating_the_materialised_trace(threads):
     kw = dict(n_layers=3, k=256, mtp=2, steps=6, batch=2, seed=5, local_window=8, warmup_windows=4)
-    tr = T.synthetic_trace(4096, **kw)
+    tr = G.synthetic_trace(4096, **kw)
     got = C.sweep_synthetic(4096, [0.2, 0.5], policies=C.POLICIES, warmups=(True, False), threads=threads, **kw)
     for (r, pol, w), m in got.items():
         np.testing.assert_allclose(m, C.simulate(tr, pol, ratio=r, warmup=w).mean(axis=0), err_msg=str((r, pol, w)))
@@ -136,7 +137,7 @@ def test_sweep_equals_simulating_the_materialised_trace(threads):
 @pytest.mark.parametrize("model", ["uniform", "drift"])
 def test_sweep_equals_the_materialised_trace_for_both_models(model):
     kw = dict(n_layers=3, k=256, mtp=2, steps=6, batch=2, seed=5, local_window=8, warmup_windows=4, model=model)
-    tr = T.synthetic_trace(4096, **kw)
+    tr = G.synthetic_trace(4096, **kw)
     assert tr.meta["model"] == model
     got = C.sweep_synthetic(4096, [0.2, 0.5], policies=("lru", "belady"), warmups=(True, False), **kw)
     for (r, pol, w), m in got.items():
@@ -145,9 +146,9 @@ def test_sweep_equals_the_materialised_trace_for_both_models(model):
 
 def test_default_model_is_the_one_the_data_names():
     kw = dict(n_layers=2, k=256, mtp=2, steps=4, batch=1, local_window=8)
-    named = C.misses_per_layer(8192, 0.2, model=T.default_trace_model(), **kw)
+    named = C.misses_per_layer(8192, 0.2, model=G.default_trace_model(), **kw)
     assert np.array_equal(C.misses_per_layer(8192, 0.2, **kw), named)
-    other = [m for m in T.TRACE_MODELS if m != T.default_trace_model()][0]
+    other = [m for m in G.TRACE_MODELS if m != G.default_trace_model()][0]
     assert not np.array_equal(C.misses_per_layer(8192, 0.2, model=other, **kw), named)
 
 

@@ -89,7 +89,7 @@ def test_one_pool_rule_for_memory_storage_and_cachesim(ratio, L):
     """The storage, the cache simulator and the memory model size the same pool for a ratio: the storage's
     capacity, the simulator's misses at that ratio against an explicit capacity, and the memory model's
     feasibility (slots >= one step's K) all follow ``pool_slots``."""
-    from ess import cachesim, memory, traces
+    from ess import cachesim, memory, tracegen
     from ess.storage import TieredCache
     tiny = model_spec("tiny")
     slots = layout.pool_slots(tiny, ratio, L)
@@ -99,7 +99,7 @@ def test_one_pool_rule_for_memory_storage_and_cachesim(ratio, L):
             TieredCache.from_ratio(tiny, ratio, L)
         return
     assert TieredCache.from_ratio(tiny, ratio, L).capacity == slots
-    tr = traces.synthetic_trace(L, n_layers=1, k=tiny.index_topk, mtp=1, steps=6, batch=1, warmup_windows=0,
+    tr = tracegen.synthetic_trace(L, n_layers=1, k=tiny.index_topk, mtp=1, steps=6, batch=1, warmup_windows=0,
                                 local_window=4)
     by_ratio = cachesim.simulate(tr, ratio=ratio, warmup=False)        # pages of 64 tokens, as tiny's
     assert np.array_equal(by_ratio, cachesim.simulate(tr, capacity=slots, warmup=False))

@@ -3,12 +3,12 @@ import numpy as np
 import pytest
 
 from ess import predict as P
-from ess import traces as T
+from ess import tracegen as G
 
 
 @pytest.fixture(scope="module")
 def local_trace():
-    return T.synthetic_trace(1024, n_layers=2, k=64, mtp=1, steps=40, batch=2, warmup_windows=0, seed=4,
+    return G.synthetic_trace(1024, n_layers=2, k=64, mtp=1, steps=40, batch=2, warmup_windows=0, seed=4,
                              local_window=4, profile=[0.6, 0.85])
 
 

@@ -7,12 +7,12 @@ from ess.layout import pool_slots
 from ess.specs import model_spec
 from ess import prefetch as F
 from ess import predict as P
-from ess import traces as T
+from ess import tracegen as G
 
 
 @pytest.fixture(scope="module")
 def trace():
-    return T.synthetic_trace(2048, n_layers=3, k=128, mtp=2, steps=16, batch=2, warmup_windows=6, seed=9,
+    return G.synthetic_trace(2048, n_layers=3, k=128, mtp=2, steps=16, batch=2, warmup_windows=6, seed=9,
                              local_window=8)
 
 
@@ -68,7 +68,7 @@ def test_bad_config():
         F.PrefetchConfig(100, link_GB_per_s=0)
     with pytest.raises(ValueError, match="capacity"):
         F.PrefetchConfig(0)
-    tr = T.synthetic_trace(512, n_layers=1, k=64, mtp=1, steps=2, batch=1, warmup_windows=2, seed=0, local_window=4)
+    tr = G.synthetic_trace(512, n_layers=1, k=64, mtp=1, steps=2, batch=1, warmup_windows=2, seed=0, local_window=4)
     with pytest.raises(ValueError, match="smaller than K"):
         F.simulate_prefetch(tr, F.PrefetchConfig(32))
     with pytest.raises(ValueError, match="trained LSTMHeatPredictor"):

@@ -4,7 +4,8 @@ import dataclasses
 import numpy as np
 import pytest
 
-from ess.memory import param_counts, resolve, weights_per_gpu_bytes
+from ess.memory import param_counts, weights_per_gpu_bytes
+from ess.specs import resolve
 from ess.sim.costs import (CostParams, calibration_data, efficiencies, fp8_weight_bytes_per_param, gemm_time_s,
                            kernel_points, layer_costs)
 from ess.specs import gpu_spec, model_spec

@@ -7,7 +7,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from ess.kernels.transfer import TransferError
 from ess.layout import latent_entry_bytes
 from ess.specs import model_spec
-from ess.storage import CorruptBlockError, TieredCache, capacity_from_budget
+from ess.disk import CorruptBlockError
+from ess.storage import TieredCache, capacity_from_budget
 
 TINY = model_spec("tiny")
 W = latent_entry_bytes(TINY)            # 164 B: the tiny model's FP8 entry

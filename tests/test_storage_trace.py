@@ -8,7 +8,7 @@ from ess.layout import latent_entry_bytes
 from ess.policies import simulate_misses
 from ess.specs import model_spec
 from ess.storage import TieredCache
-from ess.traces import synthetic_trace
+from ess.tracegen import synthetic_trace
 
 TINY = model_spec("tiny")
 W = latent_entry_bytes(TINY)
@@ -164,4 +164,9 @@ def test_block_path_is_the_file_the_blocks_live_in(tmp_path):
 def test_public_names():
     for name in S.__all__:
         assert hasattr(S, name), name
-    assert "tier_placement" in S.__all__
+    import ess.disk
+    import ess.memory
+    for mod in (ess.disk, ess.memory):
+        for name in mod.__all__:
+            assert hasattr(mod, name), name
+    assert "tier_placement" in ess.memory.__all__ and "DiskTier" in ess.disk.__all__

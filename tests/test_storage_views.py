@@ -6,7 +6,7 @@ from ess.layout import padded_tokens, request_cache
 from ess.memory import largest_batch
 from ess.metrics import LinkModel, MetricsLog, StepMetrics, link_model
 from ess.specs import model_spec
-from ess.storage import tier_placement
+from ess.memory import tier_placement
 from ess.viz.storage import fig_layer_misses, fig_policy_misses, fig_step_traffic, fig_tier_bytes
 from ess.widgets.storage import storage_budget_view, storage_budget_widget
 

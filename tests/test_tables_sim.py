@@ -9,6 +9,7 @@ from ess.published import published
 from ess.sim.calibrate import calibrated_params
 from ess.sim.timeline import simulate
 from ess.specs import deployment_spec, model_spec
+from ess.sim import scenarios as sc
 from ess.tables import sim as ts
 from ess.widgets.sim import sim_budget_view
 
@@ -138,21 +139,21 @@ def test_section12_claims():
 
 
 def test_overlap_vs_misses_and_break_even():
-    o = ts.overlap_vs_misses(P, [0, 200, 800])
+    o = sc.overlap_vs_misses(P, [0, 200, 800])
     piv = o.pivot(index="misses_per_layer", columns="strategy", values="overhead_pct")
     assert (piv["best"] <= piv[["none", "da", "dba"]].min(axis=1) + 1e-9).all()
     assert (piv.diff().dropna() >= -1e-9).all().all()                   # more misses never cost less
-    slow = ts.overlap_vs_misses(P, [800], h2d_GB_per_s=8.0)
+    slow = sc.overlap_vs_misses(P, [800], h2d_GB_per_s=8.0)
     assert (slow.set_index("strategy").overhead_pct >= o[o.misses_per_layer == 800].set_index("strategy").overhead_pct
             - 1e-9).all()
     with pytest.raises(ValueError, match="ratio"):
-        ts.overlap_vs_misses(P, [0], ratio=1.0)
+        sc.overlap_vs_misses(P, [0], ratio=1.0)
 
 
 def test_break_even_is_where_throughput_crosses_the_baseline():
     cfg = pd.DataFrame({"batch": [160], "context_len": [32768], "ratio": [0.19], "mtp": [2], "accept_ratio": [1.7]})
     baseline = float(simulate(52, 32768, 1.0, params=P).throughput[0])
-    be = ts.break_even_misses(P, cfg, baseline, resolution=200).break_even_misses_per_layer.iloc[0]
+    be = sc.break_even_misses(P, cfg, baseline, resolution=200).break_even_misses_per_layer.iloc[0]
     ksel = 2 * MODEL.index_topk
     assert 0 < be < ksel
     step = ksel / 199

@@ -2,35 +2,36 @@
 import numpy as np
 import pytest
 
+from ess import tracegen as G
 from ess import traces as T
-from ess.attention import record_indexer_trace
+from ess.studies.locality import record_indexer_trace
 
 
 def small(**kw):
     args = dict(n_layers=3, k=32, mtp=1, steps=12, batch=2, warmup_windows=4, seed=3, local_window=4)
     args.update(kw)
-    return T.synthetic_trace(kw.pop("context_len", 512), **{k: v for k, v in args.items() if k != "context_len"})
+    return G.synthetic_trace(kw.pop("context_len", 512), **{k: v for k, v in args.items() if k != "context_len"})
 
 
 def test_generator_follows_the_profile_per_layer():
     prof = [0.2, 0.5, 0.9]
-    tr = T.synthetic_trace(2048, n_layers=3, k=128, mtp=1, steps=20, batch=2, warmup_windows=0, seed=0,
+    tr = G.synthetic_trace(2048, n_layers=3, k=128, mtp=1, steps=20, batch=2, warmup_windows=0, seed=0,
                            local_window=4, profile=prof, model="uniform")      # exact by construction
     np.testing.assert_allclose(T.adjacent_overlap(tr), prof, atol=1.5 / 128)
 
 
 def test_paper_profile_is_read_from_data_and_has_sources():
     import yaml
-    raw = yaml.safe_load(open(T.DATA_DIR / "paper_fig2.yaml"))
+    raw = yaml.safe_load(open(G.DATA_DIR / "paper_fig2.yaml"))
     assert raw["read_from_chart"] is True
     assert all(v["source"] for v in raw["layers"].values())
-    p = T.locality_profile("paper", 61)
+    p = G.locality_profile("paper", 61)
     assert p.shape == (61,) and p[0] == 0.0 and p[2] > p[18] and p[45] > p[47]
-    assert T.locality_profile("paper", 4).shape == (4,)
+    assert G.locality_profile("paper", 4).shape == (4,)
 
 
 def test_sets_are_valid_with_sinks_window_growth_and_mtp_union():
-    tr = T.synthetic_trace(300, n_layers=2, k=40, mtp=3, steps=6, batch=1, warmup_windows=3, seed=1,
+    tr = G.synthetic_trace(300, n_layers=2, k=40, mtp=3, steps=6, batch=1, warmup_windows=3, seed=1,
                            n_sinks=2, local_window=5, profile=0.3)
     for t in range(tr.steps):
         ctx = 300 + 3 * t
@@ -81,7 +82,7 @@ def test_bad_traces_raise(tmp_path):
     with pytest.raises(ValueError, match=">= 0"):
         T.Trace(ok - 2, 16, 4)
     with pytest.raises(ValueError, match="larger than the context"):
-        T.synthetic_trace(100, k=200, n_layers=1, steps=1, batch=1)
+        G.synthetic_trace(100, k=200, n_layers=1, steps=1, batch=1)
     bad = tmp_path / "bad.npz"
     np.savez_compressed(bad, x=np.zeros(3))
     with pytest.raises(ValueError, match="not an ess trace"):
@@ -91,9 +92,9 @@ def test_bad_traces_raise(tmp_path):
     with pytest.raises(ValueError, match="cannot read"):
         T.load_trace(junk)
     with pytest.raises(ValueError, match="profile"):
-        T.locality_profile([0.5, 0.5], 3)
+        G.locality_profile([0.5, 0.5], 3)
     with pytest.raises(ValueError, match=r"\[0, 1\]"):
-        T.locality_profile(1.5, 3)
+        G.locality_profile(1.5, 3)
 
 
 class FakeAttention:
@@ -158,11 +159,11 @@ DRIFT_TOL = 0.02   # stated tolerance: per-layer adjacent overlap of a fresh see
 
 def test_drift_model_reproduces_the_paper_profile_per_layer():
     L = 32768
-    tr = T.synthetic_trace(L, n_layers=61, k=2048, mtp=1, steps=12, batch=1, warmup_windows=0, seed=3,
+    tr = G.synthetic_trace(L, n_layers=61, k=2048, mtp=1, steps=12, batch=1, warmup_windows=0, seed=3,
                            model="drift")
     assert tr.meta["model"] == "drift" and tr.meta["drift_rho"] == 0.5
-    prof = T.locality_profile("paper", 61)
-    floor = T.drift_calibration(0.0, L, 2048)["floor"]       # sinks + shifted window + chance at c = 0
+    prof = G.locality_profile("paper", 61)
+    floor = G.drift_calibration(0.0, L, 2048)["floor"]       # sinks + shifted window + chance at c = 0
     want = np.maximum(prof, floor)
     got = T.adjacent_overlap(tr)
     assert np.abs(got - want).max() < DRIFT_TOL, np.round(got - want, 3)
@@ -170,22 +171,22 @@ def test_drift_model_reproduces_the_paper_profile_per_layer():
 
 
 def test_drift_calibration_is_monotone_and_fits_small_geometries():
-    cals = [T.drift_calibration(r, 4096, 256, 4, 8) for r in (0.3, 0.5, 0.7, 0.9)]
+    cals = [G.drift_calibration(r, 4096, 256, 4, 8) for r in (0.3, 0.5, 0.7, 0.9)]
     cs = [c["c"] for c in cals]
     assert cs == sorted(cs) and all(abs(c["overlap"] - r) < 0.01 for c, r in zip(cals, (0.3, 0.5, 0.7, 0.9)))
     # c = pi + (1 - pi) rho_layer, rho_layer = min(rho, c): pure drift below rho, a persistent part above
     for c in cals:
         assert abs(c["pi"] + (1 - c["pi"]) * c["rho"] - c["c"]) < 1e-12
-    low = T.drift_calibration(0.3, 4096, 256, 4, 8, rho=0.9)
+    low = G.drift_calibration(0.3, 4096, 256, 4, 8, rho=0.9)
     assert low["pi"] == 0 and low["rho"] == low["c"]
     prof = [0.3, 0.6, 0.85]
-    tr = T.synthetic_trace(4096, n_layers=3, k=256, mtp=1, steps=40, batch=2, warmup_windows=0, seed=11,
+    tr = G.synthetic_trace(4096, n_layers=3, k=256, mtp=1, steps=40, batch=2, warmup_windows=0, seed=11,
                            local_window=8, profile=prof, model="drift")
     np.testing.assert_allclose(T.adjacent_overlap(tr), prof, atol=0.03)     # K = 256: more sampling noise
 
 
 def test_drift_sets_are_valid_with_sinks_window_growth_and_mtp_union():
-    tr = T.synthetic_trace(3000, n_layers=2, k=64, mtp=3, steps=6, batch=1, warmup_windows=3, seed=1,
+    tr = G.synthetic_trace(3000, n_layers=2, k=64, mtp=3, steps=6, batch=1, warmup_windows=3, seed=1,
                            n_sinks=2, local_window=5, profile=[0.3, 0.8], model="drift")
     for t in range(tr.steps):
         ctx = 3000 + 3 * t
@@ -204,7 +205,7 @@ def test_drift_mtp_union_size_follows_the_overlap_between_the_step_tokens():
     # the mtp tokens of a step are successive links of the query-token chain: two tokens overlapping by r unite
     # to about k * (2 - r) entries
     prof = [0.3, 0.6, 0.9]
-    tr = T.synthetic_trace(32768, n_layers=3, k=2048, mtp=2, steps=8, batch=1, warmup_windows=0, seed=2,
+    tr = G.synthetic_trace(32768, n_layers=3, k=2048, mtp=2, steps=8, batch=1, warmup_windows=0, seed=2,
                            profile=prof, model="drift")
     size = tr.set_sizes()[0].mean(axis=1) / 2048
     np.testing.assert_allclose(size, 2 - np.array(prof), atol=0.03)
@@ -212,11 +213,11 @@ def test_drift_mtp_union_size_follows_the_overlap_between_the_step_tokens():
 
 def test_drift_generator_is_seeded_and_reproducible():
     kw = dict(n_layers=3, k=64, mtp=2, steps=10, batch=2, warmup_windows=4, local_window=4, model="drift")
-    a, b, c = (T.synthetic_trace(2048, seed=s, **kw) for s in (5, 5, 6))
+    a, b, c = (G.synthetic_trace(2048, seed=s, **kw) for s in (5, 5, 6))
     assert np.array_equal(a.indices, b.indices) and np.array_equal(a.warmup, b.warmup)
     assert not np.array_equal(a.indices, c.indices)
     # streams come out in (request, layer) order whatever the threads did
-    order = [(r, l) for r, l, _, _ in T.synthetic_streams(2048, seed=5, **kw)]
+    order = [(r, l) for r, l, _, _ in G.synthetic_streams(2048, seed=5, **kw)]
     assert order == [(r, l) for r in range(2) for l in range(3)]
 
 
@@ -225,18 +226,18 @@ def test_drift_candidate_set_matches_the_full_model():
     for L, k, win, prof in ((4096, 256, 8, [0.0, 0.5, 0.9]), (32768, 2048, None, [0.8, 0.9])):
         kw = dict(n_layers=len(prof), k=k, mtp=2, steps=6, batch=1, warmup_windows=3, seed=4, profile=prof,
                   local_window=win, model="drift")
-        cut = T.synthetic_trace(L, **kw)
-        full = T.synthetic_trace(L, drift_cutoff_sigmas=float("inf"), **kw)
+        cut = G.synthetic_trace(L, **kw)
+        full = G.synthetic_trace(L, drift_cutoff_sigmas=float("inf"), **kw)
         assert np.array_equal(cut.indices, full.indices) and np.array_equal(cut.warmup, full.warmup)
-    cal = T.drift_calibration(0.9, 32768, 2048)
-    _, _, n_cand = T._drift_run(1, 32768 + 12, 32768, 2048, 2, 6, 0, cal["pi"], cal["rho"], 4, 64, 6.0)
+    cal = G.drift_calibration(0.9, 32768, 2048)
+    _, _, n_cand = G._drift_run(1, 32768 + 12, 32768, 2048, 2, 6, 0, cal["pi"], cal["rho"], 4, 64, 6.0)
     assert n_cand < 0.5 * 32768                      # it does prune (the bound is what makes it safe)
 
 
 def test_drift_entries_that_drop_out_come_back_more_often_than_chance():
     """The point of the model: a token that leaves the top-K sits near the threshold and returns soon."""
     def return_rate(model):
-        tr = T.synthetic_trace(32768, n_layers=1, k=2048, mtp=1, steps=10, batch=1, warmup_windows=0, seed=9,
+        tr = G.synthetic_trace(32768, n_layers=1, k=2048, mtp=1, steps=10, batch=1, warmup_windows=0, seed=9,
                                profile=[0.475], model=model)
         rows = [set(r[r >= 0]) - set(range(4)) for r in tr.indices[0, 0]]
         back = [len((rows[t - 2] - rows[t - 1]) & rows[t]) / max(len(rows[t - 2] - rows[t - 1]), 1)
@@ -249,17 +250,17 @@ def test_drift_entries_that_drop_out_come_back_more_often_than_chance():
 
 def test_unknown_trace_model_and_misplaced_options_raise():
     with pytest.raises(ValueError, match="model must be one of"):
-        T.synthetic_trace(512, n_layers=1, k=32, steps=1, batch=1, model="markov")
+        G.synthetic_trace(512, n_layers=1, k=32, steps=1, batch=1, model="markov")
     with pytest.raises(ValueError, match="model must be one of"):
-        next(T.synthetic_streams(512, n_layers=1, k=32, steps=1, batch=1, model=3))
+        next(G.synthetic_streams(512, n_layers=1, k=32, steps=1, batch=1, model=3))
     with pytest.raises(ValueError, match="popularity_sigma belongs"):
-        T.synthetic_trace(512, n_layers=1, k=32, steps=1, batch=1, model="drift", popularity_sigma=1.0)
+        G.synthetic_trace(512, n_layers=1, k=32, steps=1, batch=1, model="drift", popularity_sigma=1.0)
     with pytest.raises(ValueError, match="belong to model='drift'"):
-        T.synthetic_trace(512, n_layers=1, k=32, steps=1, batch=1, model="uniform", drift_rho=0.3)
+        G.synthetic_trace(512, n_layers=1, k=32, steps=1, batch=1, model="uniform", drift_rho=0.3)
     with pytest.raises(ValueError, match="drift_rho"):
-        T.synthetic_trace(512, n_layers=1, k=32, steps=1, batch=1, model="drift", drift_rho=1.0)
+        G.synthetic_trace(512, n_layers=1, k=32, steps=1, batch=1, model="drift", drift_rho=1.0)
     with pytest.raises(ValueError, match=r"\[0, 1\]"):
-        T.drift_calibration(1.5, 512, 32)
+        G.drift_calibration(1.5, 512, 32)
     with pytest.raises(ValueError, match="larger than the context"):
-        T.drift_calibration(0.5, 16, 32)
-    assert T.default_trace_model() in T.TRACE_MODELS
+        G.drift_calibration(0.5, 16, 32)
+    assert G.default_trace_model() in G.TRACE_MODELS

@@ -78,7 +78,7 @@ def predict_points(points, params: CostParams, **kw) -> np.ndarray:
     step = _step_without_fixed(points, params.compute_scale, params.comm_scale, **kw) + params.fixed_ms * 1e-3
     B = np.array([p.batch for p in points])
     a = np.array([p.accept_ratio for p in points])
-    from ..memory import resolve
+    from ..specs import resolve
     dep = resolve("deepseek-v3.2-exp", kw.get("deployment", "paper-table1"), None, None)[1]
     return B * dep.gpus_per_node * a / step
 
@@ -92,7 +92,7 @@ def calibrate(points: list[CalibrationPoint] | None = None, *, table2_weight: fl
         raise ValueError(f"calibrate needs at least 3 calibration points, got {len(points)}")
     if table2_weight <= 0:
         raise ValueError(f"table2_weight must be > 0, got {table2_weight}")
-    from ..memory import resolve
+    from ..specs import resolve
     dep = resolve("deepseek-v3.2-exp", kw.get("deployment", "paper-table1"), None, None)[1]
     B = np.array([p.batch for p in points], dtype=float)
     a = np.array([p.accept_ratio for p in points])

@@ -33,8 +33,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..layout import latent_entry_bytes, pool_slots, request_cache, step_entries
-from ..memory import kv_budget_bytes, resolve
-from ..specs import link_figures
+from ..memory import kv_budget_bytes
+from ..specs import link_figures, resolve
 from .costs import CostParams, gemm_time_s, layer_costs, lm_head_time_s
 
 __all__ = ["STRATEGIES", "StepResult", "simulate", "offload_overhead_s", "batch_limits", "ratio_for_batch",

@@ -4,9 +4,9 @@ from __future__ import annotations
 import pandas as pd
 
 from ..layout import request_cache
-from ..memory import host_memory_needed_bytes, largest_batch, resolve
+from ..memory import host_memory_needed_bytes, largest_batch
 from ..published import published
-from ..specs import host_spec, list_gpus
+from ..specs import host_spec, list_gpus, resolve
 
 __all__ = ["memory_wall_claims", "batch_limits_by_gpu", "kv_bytes_by_context"]
 

@@ -12,7 +12,7 @@ __all__ = ["fig_indexer_selection", "fig_attention_cost", "fig_storage_precision
 
 def fig_indexer_selection(example: dict) -> go.Figure:
     """Indexer scores (query position x token, causal) with the top-K picks marked, from
-    :func:`ess.attention.indexer_selection_example`."""
+    :func:`ess.studies.attention.indexer_selection_example`."""
     scores, idx = example["scores"], example["indices"]
     T, L = scores.shape
     z = np.where(np.isfinite(scores), scores, np.nan)
@@ -29,7 +29,7 @@ def fig_indexer_selection(example: dict) -> go.Figure:
 
 def fig_attention_cost(df) -> go.Figure:
     """Per-step time and cumulative time over a sequence, dense against sparse, from
-    :func:`ess.attention.attention_cost_scan`."""
+    the ``attention_cost`` benchmark (``benchmarks/attention_cost.py``)."""
     fig = make_subplots(rows=1, cols=2, subplot_titles=("one decode step", "all decode steps up to L"))
     series = (("dense_s", "dense MLA over L entries"), ("sparse_total_s", "sparse: indexer + MLA over K"),
               ("sparse_s", "sparse MLA over K only"), ("indexer_s", "indexer over L"))
@@ -50,7 +50,7 @@ def fig_attention_cost(df) -> go.Figure:
 
 
 def fig_storage_precision(df) -> go.Figure:
-    """Bytes per entry and attention output error, FP8 against BF16, from :func:`ess.attention.storage_precision`."""
+    """Bytes per entry and attention output error, FP8 against BF16, from :func:`ess.studies.attention.storage_precision`."""
     fig = make_subplots(rows=1, cols=2, subplot_titles=("bytes per latent entry", "relative RMS output error"))
     labels = [d.upper() for d in df.dtype]
     fig.add_bar(x=labels, y=df.entry_bytes, text=df.entry_bytes, textposition="outside", showlegend=False,

@@ -3,10 +3,9 @@ from __future__ import annotations
 
 import ipywidgets as W
 
-from ..memory import GiB, largest_batch
 from ..layout import request_cache
-from ..memory import resolve
-from ..specs import list_gpus
+from ..memory import GiB, largest_batch
+from ..specs import list_gpus, resolve
 from ..viz._style import TEMPLATE
 
 __all__ = ["memory_budget_view", "memory_budget_widget"]

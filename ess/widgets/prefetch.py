@@ -9,7 +9,7 @@ from ..layout import pool_slots
 from ..predict import LSTMHeatPredictor
 from ..prefetch import PrefetchConfig, simulate_prefetch
 from ..specs import model_spec
-from ..traces import synthetic_trace
+from ..tracegen import synthetic_trace
 
 __all__ = ["prefetch_view", "prefetch_widget", "PREDICTOR_CHOICES"]
 

@@ -6,10 +6,10 @@ import dataclasses
 
 import numpy as np
 
-from ..memory import largest_batch, resolve
+from ..memory import largest_batch
 from ..sim.costs import CostParams
 from ..sim.timeline import simulate
-from ..specs import deployment_spec, gpu_spec, link_figures, list_gpus
+from ..specs import deployment_spec, gpu_spec, link_figures, list_gpus, resolve
 
 __all__ = ["sim_budget_view", "sim_budget_widget"]
 

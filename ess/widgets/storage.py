@@ -4,7 +4,7 @@ from __future__ import annotations
 import ipywidgets as W
 
 from ..specs import list_gpus
-from ..storage import tier_placement
+from ..memory import tier_placement
 from ..viz.storage import fig_tier_bytes
 
 __all__ = ["storage_budget_view", "storage_budget_widget"]

@@ -9,8 +9,8 @@
 # policies; it ends with the disk tier (spill, restore, a corrupted block caught by its checksum).
 #
 # **Prerequisites.** Notebook 01 (bytes per entry, the memory model, the ratio). The trace here is synthetic
-# (`ess.traces.synthetic_trace`): each layer's adjacent-step overlap r follows the paper's locality figure (Fig. 2,
-# read by eye, `data/locality/paper_fig2.yaml`, through `ess.traces.locality_profile`), with attention sinks and a
+# (`ess.tracegen.synthetic_trace`): each layer's adjacent-step overlap r follows the paper's locality figure (Fig. 2,
+# read by eye, `data/locality/paper_fig2.yaml`, through `ess.tracegen.locality_profile`), with attention sinks and a
 # local window. It demonstrates the mechanism; it does not reproduce the paper's per-layer miss counts or warmup
 # curves, which are held back as prediction targets for later notebooks.
 
@@ -38,8 +38,11 @@ from IPython.display import display
 import ess
 from ess import viz
 from ess.metrics import link_model
-from ess.storage import CorruptBlockError, TieredCache, tier_placement
-from ess.traces import adjacent_overlap, locality_profile, synthetic_trace
+from ess.disk import CorruptBlockError
+from ess.memory import tier_placement
+from ess.storage import TieredCache
+from ess.tracegen import locality_profile, synthetic_trace
+from ess.traces import adjacent_overlap
 from ess.viz.storage import fig_layer_misses, fig_policy_misses, fig_step_traffic, fig_tier_bytes
 from ess.widgets.storage import storage_budget_view, storage_budget_widget
 

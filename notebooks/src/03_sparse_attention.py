@@ -31,7 +31,8 @@ from IPython.display import display
 
 import ess
 from ess import attention as A
-from ess import quant, viz
+from ess import bench, quant, viz
+from ess.studies import attention as studies
 from ess.viz.attention import fig_attention_cost, fig_indexer_selection, fig_storage_precision
 
 viz.use_notebook_renderer()
@@ -63,7 +64,7 @@ print(f"softmax scale {sm:.4f} (full model), {A.softmax_scale(tiny):.4f} (tiny: 
 # scores are causal (−∞ above the diagonal), and the red crosses are each row's top-16 picks.
 
 # %%
-example = A.indexer_selection_example(tiny, 96, topk=16, lag=8, backend=backend)
+example = studies.indexer_selection_example(tiny, 96, topk=16, lag=8, backend=backend)
 fig_indexer_selection(example).show()
 idx = example["indices"]
 T = idx.shape[0]
@@ -125,7 +126,7 @@ display(checks)
 # must agree **bit for bit** on the same backend.
 
 # %%
-lossless = A.lossless_check(tiny, ratios=lossless_ratios, policies=lossless_policies, batch=2, steps=4,
+lossless = studies.lossless_check(tiny, ratios=lossless_ratios, policies=lossless_policies, batch=2, steps=4,
                             backend=backend)
 display(lossless)
 print(f"context {lossless.attrs['config']['L']} tokens; pool slots per ratio: "
@@ -146,11 +147,14 @@ assert (lossless.misses > 0).all(), "the check must serve misses through the cac
 # with L while sparse attention stays flat; summed over the L steps of a sequence that is O(L²) against O(L·K),
 # plus the indexer's O(L²) at a much smaller constant. Times depend on this machine and on what else runs on it;
 # the scan uses one thread (`scan_threads`) because on a shared two-core machine a two-thread kernel waits for
-# whichever thread the OS has descheduled, which swamps millisecond timings.
+# whichever thread the OS has descheduled, which swamps millisecond timings. The scan is the `attention_cost`
+# benchmark (`benchmarks/attention_cost.py`), run in its own process so that its thread setting stays there.
 
 # %%
-cost = A.attention_cost_scan(full, scan_context_lens, n_heads=scan_heads, backend=backend, repeats=scan_repeats,
-                             threads=scan_threads)
+scan = bench.run_benchmark("attention_cost", model=full.name, context_lens=scan_context_lens, heads=scan_heads,
+                           backend=backend, repeats=scan_repeats, threads=scan_threads)
+cost = pd.DataFrame(scan["rows"])
+cost.attrs["config"] = scan["config"]
 fig_attention_cost(cost).show()
 display(cost[["context_len", "dense_s", "sparse_s", "indexer_s", "sparse_total_s"]])
 for _, r in cost.iterrows():
@@ -180,7 +184,7 @@ print(f"at L = {int(last.context_len)}: dense {last.dense_s * 1e3:.1f} ms, spars
 # per value) passes into the output almost undiluted: this is a demanding case, not a typical one.
 
 # %%
-prec = A.storage_precision(full, precision_tokens, n_heads=scan_heads, backend="reference")
+prec = studies.storage_precision(full, precision_tokens, n_heads=scan_heads, backend="reference")
 fig_storage_precision(prec).show()
 display(prec.drop(columns="config"))
 fp8, bf16 = prec.set_index("dtype").loc["fp8"], prec.set_index("dtype").loc["bf16"]

@@ -43,7 +43,8 @@ from IPython.display import display
 
 import ess
 from ess import viz
-from ess import attention, cachesim, predict, prefetch, traces
+from ess import cachesim, predict, prefetch, tracegen, traces
+from ess.studies.locality import record_indexer_trace
 from ess.viz import prefetch as pviz
 from ess.widgets.prefetch import prefetch_view, prefetch_widget
 
@@ -56,10 +57,10 @@ if smoke:
 model = ess.model_spec("deepseek-v3.2-exp")
 K = model.index_topk                       # 2,048 ([DS] indexer top-k, data/models)
 LAYERS = model.n_layers                    # 61 ([DS], data/models)
-WARMUP_WINDOWS = traces.PAPER_WARMUP_WINDOWS
-DEFAULT = traces.default_trace_model()     # chosen by the rule below (data/locality/paper_fig2.yaml)
-OTHER = [m for m in traces.TRACE_MODELS if m != DEFAULT][0]
-gen_cfg = traces.generator_defaults()
+WARMUP_WINDOWS = tracegen.PAPER_WARMUP_WINDOWS
+DEFAULT = tracegen.default_trace_model()     # chosen by the rule below (data/locality/paper_fig2.yaml)
+OTHER = [m for m in tracegen.TRACE_MODELS if m != DEFAULT][0]
+gen_cfg = tracegen.generator_defaults()
 model_cfg = {"uniform": {"popularity_sigma": gen_cfg["popularity_sigma"]}, "drift": {"drift_rho": gen_cfg["drift_rho"]}}
 base = {"k": K, "n_layers": LAYERS, "profile": "paper (Fig. 2, read by eye)", "warmup_windows": WARMUP_WINDOWS,
         "seed": seed, "batch": batch, "n_sinks": gen_cfg["n_sinks"], "local_window": gen_cfg["local_window"],
@@ -89,14 +90,14 @@ print(f"default trace model: {DEFAULT}; also shown: {OTHER}")
 # floor -- sinks plus the shifted window, plus chance for drift -- a layer sits at the floor (layer 0).
 
 # %%
-profile = traces.locality_profile("paper", LAYERS)
+profile = tracegen.locality_profile("paper", LAYERS)
 measured, floors, overlap_err = {}, {}, {}
-for tm in traces.TRACE_MODELS:
-    probe = traces.synthetic_trace(context_len, n_layers=LAYERS, k=K, mtp=1, steps=8 if smoke else 16, batch=1,
+for tm in tracegen.TRACE_MODELS:
+    probe = tracegen.synthetic_trace(context_len, n_layers=LAYERS, k=K, mtp=1, steps=8 if smoke else 16, batch=1,
                                    warmup_windows=0, seed=seed + 1, model=tm)
     measured[tm] = traces.adjacent_overlap(probe)
     floors[tm] = ((gen_cfg["n_sinks"] + gen_cfg["local_window"] - 1) / K if tm == "uniform"
-                     else traces.drift_calibration(0.0, context_len, K)["floor"])
+                     else tracegen.drift_calibration(0.0, context_len, K)["floor"])
     overlap_err[tm] = float(np.abs(measured[tm] - np.maximum(profile, floors[tm])).max())
     rec.record(f"overlap_profile_max_abs_error{suffix(tm)}", overlap_err[tm], "",
                config={**cfg_of(tm), "mtp": 1, "context_len": context_len, "seed": seed + 1,
@@ -104,10 +105,10 @@ for tm in traces.TRACE_MODELS:
                note=f"max over layers of |measured - max(profile, floor)|; floor {floors[tm]:.3f}")
 assert overlap_err["uniform"] < 0.01, overlap_err      # exact by construction, up to rounding
 assert overlap_err["drift"] < 0.02, overlap_err        # calibrated by bisection on another seed
-calib = pd.DataFrame([{"overlap r": r, **traces.drift_calibration(float(r), context_len, K)}
+calib = pd.DataFrame([{"overlap r": r, **tracegen.drift_calibration(float(r), context_len, K)}
                       for r in sorted(set(profile))]).round(4)
 display(calib)
-pviz.fig_locality_profile(profile, {f"measured, {m}": measured[m] for m in traces.TRACE_MODELS}).show()
+pviz.fig_locality_profile(profile, {f"measured, {m}": measured[m] for m in tracegen.TRACE_MODELS}).show()
 
 # %% [markdown]
 # ## Choosing the default: the hit rate with a buffer of twice K
@@ -126,7 +127,7 @@ VLLM_LOW, VLLM_HIGH = 0.80, 0.90       # vLLM RFC #48203 via paper-facts.md (2 x
 hit_cfg = {"context_len": context_len, "mtp": 1, "capacity": 2 * K, "steps": hit_steps, "batch": hit_batch,
            "warmup": True, "window": f"steps {hit_steps // 2}..{hit_steps - 1}", "seed": 0}
 hit = {}
-for tm in traces.TRACE_MODELS:
+for tm in tracegen.TRACE_MODELS:
     m2k = cachesim.misses_per_step(context_len, 2 * K / context_len, n_layers=LAYERS, k=K, mtp=1, steps=hit_steps,
                                    batch=hit_batch, seed=0, model=tm)
     hit[tm] = float(1 - m2k[:, hit_steps // 2:].mean() / K)
@@ -148,7 +149,7 @@ print(f"2 x K hit rate: uniform {hit['uniform']:.3f}, drift {hit['drift']:.3f} (
       f"vLLM RFC {VLLM_LOW:.0%}-{VLLM_HIGH:.0%} -> default {chosen}")
 print("drift sensitivity: " + ", ".join(f"rho {r:g}: {h:.3f}" for r, h in sens.items()))
 pviz.fig_hit_rate_against_range({**{f"{m}" + (" (default)" if m == DEFAULT else ""): hit[m]
-                                    for m in traces.TRACE_MODELS},
+                                    for m in tracegen.TRACE_MODELS},
                                  **{f"drift, rho {r:g}": h for r, h in sens.items()}}, VLLM_LOW, VLLM_HIGH,
                                 source="vLLM RFC #48203: 80-90 %",
                                 title="LRU hit rate, pool 2 x K, 32K, MTP 1 (independent check)").show()
@@ -285,7 +286,7 @@ layer_pick = list(range(0, LAYERS, 6))
 pol_rows = []
 pol_cases = [("drift", None), ("uniform", 0.0)] + ([] if smoke else [("uniform", 1.5)])
 for tm, sigma in pol_cases:
-    tr = traces.synthetic_trace(context_len, n_layers=LAYERS, k=K, mtp=mtp, steps=steps, batch=min(batch, 2),
+    tr = tracegen.synthetic_trace(context_len, n_layers=LAYERS, k=K, mtp=mtp, steps=steps, batch=min(batch, 2),
                                 seed=seed, model=tm, **({} if sigma is None else {"popularity_sigma": sigma}))
     sub = traces.Trace(tr.indices[:, layer_pick], tr.context_len, tr.k, tr.mtp, tr.seed, tr.warmup[:, layer_pick])
     label = tm if sigma is None else f"{tm}, popularity sigma {sigma:g}"
@@ -313,14 +314,14 @@ pd.DataFrame(pol_rows).round(1)
 # this one: precision of its top-n guesses (n = the next step's size), beside random guesses and the heat ranking.
 
 # %%
-ptr_train = traces.synthetic_trace(context_len, n_layers=4, k=K, mtp=mtp, steps=24 if smoke else 48, batch=1,
+ptr_train = tracegen.synthetic_trace(context_len, n_layers=4, k=K, mtp=mtp, steps=24 if smoke else 48, batch=1,
                                    seed=seed + 1000)
-ptr_test = traces.synthetic_trace(context_len, n_layers=4, k=K, mtp=mtp, steps=16 if smoke else 32, batch=1,
+ptr_test = tracegen.synthetic_trace(context_len, n_layers=4, k=K, mtp=mtp, steps=16 if smoke else 32, batch=1,
                                   seed=seed)
 lstm = predict.LSTMHeatPredictor(history=8, hidden=16, seed=seed).fit(
     [ptr_train.indices[0, l] for l in range(4)], epochs=3 if smoke else 6, max_samples=10_000 if smoke else 30_000)
 reports = {l: predict.evaluate_predictor(lstm, ptr_test.indices[0, l], start=8) for l in range(4)}
-depth = traces.locality_profile("paper", 4)
+depth = tracegen.locality_profile("paper", 4)
 pred_df = pd.DataFrame([{"layer (of 4, spread over 61)": l, "profile r": depth[l], "LSTM": r.precision,
                          "heat": r.heat_precision, "random": r.random_precision} for l, r in reports.items()])
 cfg5 = {"context_len": context_len, "k": K, "mtp": mtp, "layers": "4 spread over 61", "history": 8, "hidden": 16,
@@ -339,7 +340,7 @@ pred_df.round(3)
 # model). The recorded trace goes through the same simulation.
 
 # %%
-rtr = attention.record_indexer_trace("tiny", context_len=1024, steps=8 if smoke else 32, batch=2, mtp=1,
+rtr = record_indexer_trace("tiny", context_len=1024, steps=8 if smoke else 32, batch=2, mtp=1,
                                   warmup_windows=4, query_correlation=0.9, seed=seed)
 r_overlap = traces.adjacent_overlap(rtr)
 r_rows = {pol: float(cachesim.simulate(rtr, pol, ratio=0.2, warmup=False).mean()) for pol in cachesim.POLICIES}

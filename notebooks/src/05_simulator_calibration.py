@@ -32,7 +32,7 @@ from ess.sim.costs import CostParams, kernel_points
 from ess.memory import largest_batch
 from ess.published import published
 from ess.sim.timeline import simulate
-from ess.tables.sim import step_breakdown
+from ess.sim.scenarios import step_breakdown
 from ess.viz import sim as vsim
 
 viz.use_notebook_renderer()

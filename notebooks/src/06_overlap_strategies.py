@@ -47,7 +47,7 @@ from ess.sim.sweep import sweep
 from ess.published import published
 from ess.specs import link_figures
 from ess.sim.timeline import STRATEGIES, simulate
-from ess.tables import sim as tsim
+from ess.sim import scenarios
 from ess.viz import sim as vsim
 
 viz.use_notebook_renderer()
@@ -57,7 +57,7 @@ if smoke:
     links_GB_per_s = [8, 37, 128]
     cachesim_steps, cachesim_batch = 16, 2
 params = calibrate().params
-misses_fn = tsim.misses_from_cachesim(steps=cachesim_steps, batch=cachesim_batch)
+misses_fn = scenarios.misses_from_cachesim(steps=cachesim_steps, batch=cachesim_batch)
 L, B, T, LINK, D2H = context_len, batch, mtp, h2d_GB_per_s, d2h_GB_per_s
 chart = published("paper_table2")["overlap_overhead_128k"]
 flashtrans = link_figures()["flashtrans"]
@@ -77,7 +77,7 @@ cfg = {"context_len": L, "batch": B, "mtp": T, "h2d_GB_per_s": LINK, "d2h_GB_per
 
 # %%
 prof = misses_fn(L, profile_ratio, T)
-ov = tsim.overlap_vs_misses(params, miss_grid, context_len=L, batch=B, mtp=T, h2d_GB_per_s=LINK, profile=prof)
+ov = scenarios.overlap_vs_misses(params, miss_grid, context_len=L, batch=B, mtp=T, h2d_GB_per_s=LINK, profile=prof)
 piv = ov.pivot(index="misses_per_layer", columns="strategy", values="overhead_pct")
 display(piv.round(2))
 label = f"{L // 1024}K, batch {B}, MTP {T}, {LINK:g} GB/s"
@@ -110,7 +110,7 @@ print(f"DBA beats DA from {cross} misses per layer on this grid")
 
 # %%
 Ls = context_len_short
-ov32 = tsim.overlap_vs_misses(params, miss_grid, context_len=Ls, batch=B, mtp=T, h2d_GB_per_s=LINK,
+ov32 = scenarios.overlap_vs_misses(params, miss_grid, context_len=Ls, batch=B, mtp=T, h2d_GB_per_s=LINK,
                               profile=misses_fn(Ls, profile_ratio_short, T))
 piv32 = ov32.pivot(index="misses_per_layer", columns="strategy", values="overhead_pct")
 display(piv32.round(2))

@@ -30,6 +30,7 @@ from ess import viz
 from ess.published import published
 from ess.sim.calibrate import calibrate
 from ess.specs import link_figures
+from ess.sim import scenarios
 from ess.tables import sim as tsim
 from ess.viz import sim as vsim
 
@@ -39,7 +40,7 @@ if smoke:
     cachesim_steps, cachesim_batch = 16, 2
 cal = calibrate()
 params = cal.params
-misses_fn = tsim.misses_from_cachesim(steps=cachesim_steps, batch=cachesim_batch)
+misses_fn = scenarios.misses_from_cachesim(steps=cachesim_steps, batch=cachesim_batch)
 flashtrans = link_figures()["flashtrans"]             # the simulator's default link ([BLOG] FlashTrans)
 sim_cfg = {"params": "calibrated (notebook 05)", "strategy": "best per layer",
            "h2d_GB_per_s": flashtrans["h2d_GB_per_s"], "d2h_GB_per_s": flashtrans["d2h_GB_per_s"],
@@ -124,7 +125,7 @@ vsim.fig_sim_misses_per_layer({f"ratio {r:.3f}, MTP {T1}": misses_fn(L32, float(
 # %%
 off = t2[(t2.ratio < 1) & (t2.mtp == T1)][["batch", "context_len", "ratio", "mtp", "accept_ratio"]]
 prof = misses_fn(L32, float(off.ratio.min()), T1)
-be = tsim.break_even_misses(params, off, float(row1.throughput), profile=prof)
+be = scenarios.break_even_misses(params, off, float(row1.throughput), profile=prof)
 be["cachesim_misses_per_layer"] = [misses_fn(L32, float(r), T1).mean() for r in be.ratio]
 display(be.round(3))
 for _, r in be.iterrows():
@@ -142,7 +143,7 @@ print(f"{below} of {len(be)} MTP-{T1} offload rows have cache-simulated misses a
 # %%
 claim32 = published("paper_table2")["claim_32k_gain"]
 target = float(row1.throughput) * (1 + claim32["value"] / 100)
-be69 = tsim.break_even_misses(params, off, target, profile=prof)
+be69 = scenarios.break_even_misses(params, off, target, profile=prof)
 display(be69.round(3))
 for _, r in be69.iterrows():
     rec.record(f"misses_for_claim_32k_mtp{T1}_b{int(r.batch)}",

@@ -34,6 +34,7 @@ from ess.published import published
 from ess.sim.calibrate import calibrate
 from ess.sim.timeline import best_batch
 from ess.specs import link_figures
+from ess.sim import scenarios
 from ess.tables import sim as tsim
 from ess.viz import sim as vsim
 from ess.widgets.sim import sim_budget_view, sim_budget_widget
@@ -44,7 +45,7 @@ if smoke:
     cachesim_steps, cachesim_batch = 16, 2
     adaptive_ratios = [1.0, 0.2, 0.1]
 params = calibrate().params
-misses_fn = tsim.misses_from_cachesim(steps=cachesim_steps, batch=cachesim_batch)
+misses_fn = scenarios.misses_from_cachesim(steps=cachesim_steps, batch=cachesim_batch)
 flashtrans = link_figures()["flashtrans"]             # the simulator's default link ([BLOG] FlashTrans)
 sim_cfg = {"params": "calibrated (notebook 05)", "strategy": "best per layer",
            "h2d_GB_per_s": flashtrans["h2d_GB_per_s"], "d2h_GB_per_s": flashtrans["d2h_GB_per_s"],

@@ -1,0 +1,650 @@
+"""Synthetic access traces: two generators of per-(request, layer) top-K streams and their calibration.
+
+Both follow a per-layer adjacent-step overlap profile (default: paper Fig. 2 read by eye,
+``data/locality/paper_fig2.yaml``) with attention sinks, a local window, context growth and MTP as the union of
+several query tokens' sets:
+
+* ``"uniform"`` -- new entries drawn uniformly (or with a log-normal popularity skew);
+* ``"drift"`` -- persistent token scores plus AR(1) noise, the noise level calibrated per layer to the profile
+  (:func:`drift_calibration`).
+
+The default model is chosen by the rule in ``data/locality/README.md`` (:func:`default_trace_model`).
+:func:`synthetic_streams` yields one (request, layer) stream at a time; :func:`synthetic_trace` builds a whole
+:class:`ess.traces.Trace`.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+import yaml
+
+from .traces import Trace, _int
+
+__all__ = ["TRACE_MODELS", "PAPER_WARMUP_WINDOWS", "DRIFT_CUTOFF_SIGMAS", "synthetic_trace", "synthetic_streams",
+           "locality_profile", "generator_defaults", "default_trace_model", "drift_calibration"]
+
+DATA_DIR = Path(__file__).resolve().parent.parent / "data" / "locality"
+PAPER_WARMUP_WINDOWS = 32  # [ARX] LRU-Warmup inserts the top-2K of the last 32 prefill positions (paper-facts.md)
+TRACE_MODELS = ("uniform", "drift")
+_CALIB_QUERIES = 17          # calibration stream: 17 query tokens = 16 adjacent pairs (mtp 1, no warmup)
+_CALIB_SEED = 20251210       # fixed seed of the calibration streams (common random numbers for the bisection)
+DRIFT_CUTOFF_SIGMAS = 6.0     # candidate set: tokens whose base term is within 6 noise widths of the threshold
+_THRESHOLD_MARGIN = 0.25      # ... minus this margin for the threshold's own movement (checked in every run)
+
+
+# ------------------------------------------------------------------------------------------------------ profiles
+@lru_cache(maxsize=None)
+def _read_profile_file(name: str) -> tuple[tuple[float, ...], dict]:
+    path = DATA_DIR / f"{name}.yaml"
+    with open(path, encoding="utf-8") as fh:
+        raw = yaml.safe_load(fh)
+    layers = raw["layers"]
+    values = tuple(float(layers[i]["value"]) for i in range(len(layers)))
+    return values, {k: v["value"] for k, v in raw.get("generator", {}).items()}
+
+
+def generator_defaults() -> dict:
+    """The generator's structural choices (sinks, local window, popularity) from ``data/locality/paper_fig2.yaml``."""
+    return dict(_read_profile_file("paper_fig2")[1])
+
+
+def locality_profile(profile: Any = "paper", n_layers: int = 61) -> np.ndarray:
+    """Adjacent-step overlap per layer, shape (n_layers,), each in [0, 1].
+
+    ``profile`` is ``"paper"`` (paper Fig. 2, read by eye; a model with fewer layers takes the layer at the same
+    relative depth), a number (every layer the same) or a sequence of ``n_layers`` numbers.
+    """
+    n_layers = _int("n_layers", n_layers, lo=1)
+    if isinstance(profile, str):
+        if profile != "paper":
+            raise ValueError(f"profile must be 'paper', a number or a sequence of n_layers numbers, got {profile!r}")
+        paper = np.array(_read_profile_file("paper_fig2")[0])
+        if n_layers == len(paper):
+            out = paper.copy()
+        else:
+            pick = np.rint(np.arange(n_layers) * (len(paper) - 1) / max(n_layers - 1, 1)).astype(int)
+            out = paper[pick]
+    elif isinstance(profile, numbers.Real) and not isinstance(profile, bool):
+        out = np.full(n_layers, float(profile))
+    else:
+        out = np.asarray(profile, dtype=float)
+        if out.shape != (n_layers,):
+            raise ValueError(f"profile must have n_layers = {n_layers} values, got shape {out.shape}")
+    if not np.all((out >= 0) & (out <= 1)):
+        raise ValueError(f"profile overlaps must lie in [0, 1], got {out.min()} .. {out.max()}")
+    return out
+
+
+def default_trace_model() -> str:
+    """The default synthetic trace model, chosen by the rule in ``data/locality/README.md`` (stored with its
+    result in ``data/locality/paper_fig2.yaml``, ``generator.default_model``)."""
+    return str(generator_defaults()["default_model"])
+
+
+def _check_model(model: Any) -> str:
+    if model is None:
+        return default_trace_model()
+    if not isinstance(model, str) or model not in TRACE_MODELS:
+        raise ValueError(f"model must be one of {TRACE_MODELS} (the synthetic trace model), got {model!r}")
+    return model
+
+
+# ----------------------------------------------------------------------------------------------------- kernels
+@lru_cache(maxsize=None)
+def _emit_kernel():
+    """What both generators share: each query token's geometry (``token_geometry``) and the output step: query token ``q``'s selected set ``cur[:k]`` becomes warmup window
+    ``q`` (q < n_warm), or joins the union of decode step ``(q - n_warm) // mtp`` (MTP: the step's query tokens
+    select the union of their sets; ``union_mark`` remembers which step last took a token)."""
+    from numba import njit
+
+    @njit(cache=True, inline="always")
+    def emit(cur, k, q, n_warm, mtp, union_mark, warm_out, step_out):
+        if q < n_warm:
+            for i in range(k):
+                warm_out[q, i] = cur[i]
+            return
+        t = (q - n_warm) // mtp
+        fill = 0
+        if (q - n_warm) % mtp == 0:
+            for i in range(step_out.shape[1]):
+                step_out[t, i] = -1
+        else:
+            while fill < step_out.shape[1] and step_out[t, fill] >= 0:
+                fill += 1
+        for i in range(k):
+            x = cur[i]
+            if union_mark[x] != t + 1:
+                union_mark[x] = t + 1
+                step_out[t, fill] = x
+                fill += 1
+
+    @njit(cache=True, inline="always")
+    def token_geometry(q, n_warm, mtp, context_len, n_sinks, window, k):
+        """Context length seen by query token ``q``, sinks, window, the free range's end ``hi`` (free range
+        ``[ns, hi)``) and how many free entries it selects."""
+        if q < n_warm:                        # prefill position context_len - n_warm + q attends to [0, pos]
+            ctx = context_len - n_warm + q + 1
+        else:                                 # decode step t reads the cache that exists before the step
+            ctx = context_len + ((q - n_warm) // mtp) * mtp
+        ns = min(n_sinks, k)
+        nw = min(window, k - ns)
+        return ctx, ns, nw, ctx - nw, k - ns - nw
+
+    return emit, token_geometry
+
+
+@lru_cache(maxsize=None)
+def _gen_kernel():
+    from numba import njit
+
+    emit, token_geometry = _emit_kernel()
+
+    @njit(cache=True, inline="always")
+    def rand(state):
+        """xorshift64* (Vigna 2016, "An experimental exploration of Marsaglia's xorshift generators"): a uniform
+        float in [0, 1). Fast and reproducible; the stream is seeded per (request, layer)."""
+        x = state[0]
+        x ^= x >> np.uint64(12)
+        x ^= x << np.uint64(25)
+        x ^= x >> np.uint64(27)
+        state[0] = x
+        return float((x * np.uint64(2685821657736338717)) >> np.uint64(11)) * (1.0 / 9007199254740992.0)
+
+    @njit(cache=True, inline="always")
+    def randint(state, n):
+        return min(int(rand(state) * n), n - 1)
+
+    @njit(cache=True)
+    def draw(state, lo, hi, cdf, use_cdf):
+        if use_cdf:
+            u = cdf[lo] + rand(state) * (cdf[hi] - cdf[lo])
+            x = np.searchsorted(cdf, u, side="right") - 1
+            if x < lo:
+                x = lo
+            if x >= hi:
+                x = hi - 1
+            return x
+        return lo + randint(state, hi - lo)
+
+    @njit(cache=True, nogil=True)
+    def gen(seed, context_len, k, mtp, steps, n_warm, r, n_sinks, window, cdf, use_cdf, warm_out, step_out):
+        """One (request, layer) stream. Fills warm_out (n_warm, k) and step_out (steps, mtp*k), -1 padded."""
+        state = np.empty(1, np.uint64)
+        state[0] = np.uint64(seed) * np.uint64(0x9E3779B97F4A7C15) + np.uint64(1)   # never 0
+        n_pos = context_len + steps * mtp
+        prev_mark = np.zeros(n_pos, np.int64)    # == g: in the previous query token's set
+        chosen = np.zeros(n_pos, np.int64)       # == g: chosen for the current token
+        union_mark = np.zeros(n_pos, np.int64)   # == t+1: in the union of decode step t
+        free = np.empty(k, np.int64)             # current token's free entries (not sink, not window)
+        nfree = 0
+        newfree = np.empty(k, np.int64)
+        cur = np.empty(k, np.int64)
+        prev_ctx = -1
+        g = 0
+        n_tokens = n_warm + steps * mtp
+        for q in range(n_tokens):
+            ctx, ns, nw, hi, need = token_geometry(q, n_warm, mtp, context_len, n_sinks, window, k)
+            g += 1
+            # previous set's members inside the free range: previous free entries + window tokens that left it
+            if prev_ctx >= 0:
+                for i in range(nfree):
+                    prev_mark[free[i]] = g
+                for x in range(max(prev_ctx - nw, ns), min(ctx - nw, prev_ctx)):
+                    prev_mark[x] = g
+                shift = ctx - prev_ctx
+                struct_overlap = ns + max(nw - shift, 0)
+                keep = int(np.rint(r * k)) - struct_overlap
+                keep = max(0, min(keep, nfree, need))
+            else:
+                keep = 0
+            # keep a random subset of the previous free entries (partial Fisher-Yates)
+            for i in range(keep):
+                j = i + randint(state, nfree - i)
+                tmp = free[i]
+                free[i] = free[j]
+                free[j] = tmp
+                newfree[i] = free[i]
+                chosen[free[i]] = g
+            n = keep
+            n_excl = 0
+            if prev_ctx >= 0:
+                n_excl = nfree + max(0, min(ctx - nw, prev_ctx) - max(prev_ctx - nw, ns))
+            strict = (hi - ns) - n_excl >= need - keep   # enough room to draw only entries the previous set lacked
+            while n < need:
+                x = draw(state, ns, hi, cdf, use_cdf)
+                if chosen[x] == g:
+                    continue
+                if strict and prev_mark[x] == g:
+                    continue
+                chosen[x] = g
+                newfree[n] = x
+                n += 1
+            nfree = need
+            for i in range(need):
+                free[i] = newfree[i]
+            # the token's set: sinks, free entries, local window
+            c = 0
+            for x in range(ns):
+                cur[c] = x
+                c += 1
+            for i in range(need):
+                cur[c] = free[i]
+                c += 1
+            for x in range(ctx - nw, ctx):
+                cur[c] = x
+                c += 1
+            emit(cur, k, q, n_warm, mtp, union_mark, warm_out, step_out)
+            prev_ctx = ctx
+        return 0
+
+    return gen
+
+
+@lru_cache(maxsize=None)
+def _normal_table() -> np.ndarray:
+    """65,536 equiprobable standard-normal values: the quantiles Phi^-1((i + 1/2) / 65536), i = 0 .. 65535
+    (|value| <= 4.33). A 16-bit random index into it is a discretised N(0, 1) draw."""
+    from statistics import NormalDist
+    inv = NormalDist().inv_cdf
+    return np.array([inv((i + 0.5) / 65536.0) for i in range(65536)])
+
+
+@lru_cache(maxsize=None)
+def _drift_kernel():
+    from numba import njit
+
+    emit, token_geometry = _emit_kernel()
+
+    @njit(cache=True, nogil=True)
+    def gen_drift(seed, base, noise, cand, context_len, k, mtp, steps, n_warm, pi, rho, n_sinks, window,
+                  table, warm_out, step_out):
+        """One (request, layer) stream of the score-drift model; fills warm_out (n_warm, k) and step_out
+        (steps, mtp*k), -1 padded. ``base``/``noise`` (n_pos,) hold each token's base score and its noise at the
+        first query token (standard normal); ``noise`` is updated in place (AR(1), one update per query token).
+        Only the tokens in ``cand`` (sorted positions) are simulated; every other token is never selected.
+        Returns the lowest free-entry threshold met (the score of the weakest selected free entry)."""
+        n_pos = base.shape[0]
+        a = np.sqrt(pi)
+        cn = np.sqrt(1.0 - pi)
+        se = np.sqrt(max(1.0 - rho * rho, 0.0))
+        nc = cand.shape[0]
+        buf_idx = np.empty(nc, np.int64)
+        buf_val = np.empty(nc, np.float64)
+        union_mark = np.zeros(n_pos, np.int64)
+        cur = np.empty(k, np.int64)
+        theta = -np.inf                            # last token's threshold (score of the need-th free entry)
+        delta = np.inf                             # collect scores >= theta - delta, then cut exactly
+        lowest = np.inf
+        n_tokens = n_warm + steps * mtp
+        for q in range(n_tokens):
+            ctx, ns, nw, hi, need = token_geometry(q, n_warm, mtp, context_len, n_sinks, window, k)
+            key = np.uint64(seed) * np.uint64(0xD1B54A32D192ED03) + np.uint64(q + 1) * np.uint64(0x8CB92BA72F3D8DD7)
+            c = 0
+            for x in range(ns):
+                cur[c] = x
+                c += 1
+            j0 = 0
+            while j0 < nc and cand[j0] < ns:
+                j0 += 1
+            j1 = j0
+            while j1 < nc and cand[j1] < hi:
+                j1 += 1
+            if need > 0:
+                lo = theta - delta
+                cnt = 0
+                if q > 0 and rho < 1.0:           # one pass: move the noise, score, keep candidates >= lo
+                    for j in range(j0, j1):
+                        x = cand[j]
+                        # innovation: splitmix64's finaliser (Steele et al. 2014, "Fast splittable
+                        # pseudorandom number generators") of key + x * golden -- counter-based, so a token's draw
+                        # does not depend on which other tokens are simulated -- whose top 16 bits index the
+                        # table of discretised N(0, 1) values (_normal_table)
+                        z = key + np.uint64(x) * np.uint64(0x9E3779B97F4A7C15)
+                        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+                        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+                        z = z ^ (z >> np.uint64(31))
+                        n = rho * noise[x] + se * table[np.int64(z >> np.uint64(48))]
+                        noise[x] = n
+                        s = a * base[x] + cn * n
+                        if s >= lo:
+                            buf_idx[cnt] = x
+                            buf_val[cnt] = s
+                            cnt += 1
+                else:
+                    for j in range(j0, j1):
+                        x = cand[j]
+                        s = a * base[x] + cn * noise[x]
+                        if s >= lo:
+                            buf_idx[cnt] = x
+                            buf_val[cnt] = s
+                            cnt += 1
+                while cnt < need:                 # too few above lo: widen and rescan (no noise update)
+                    if j1 - j0 < need:
+                        return -np.inf            # fewer candidates than free entries: the caller falls back
+                    delta = 2.0 * delta if delta > 0 else 0.05
+                    lo = theta - delta
+                    cnt = 0
+                    for j in range(j0, j1):
+                        x = cand[j]
+                        s = a * base[x] + cn * noise[x]
+                        if s >= lo:
+                            buf_idx[cnt] = x
+                            buf_val[cnt] = s
+                            cnt += 1
+                if cnt > need:
+                    cut = np.partition(buf_val[:cnt], cnt - need)[cnt - need]
+                    n_above = 0
+                    for i in range(cnt):
+                        if buf_val[i] > cut:
+                            n_above += 1
+                    ties = need - n_above             # entries equal to the cut, taken in position order
+                    for i in range(cnt):
+                        v = buf_val[i]
+                        if v > cut or (v == cut and ties > 0):
+                            if v == cut:
+                                ties -= 1
+                            cur[c] = buf_idx[i]
+                            c += 1
+                else:
+                    cut = np.inf
+                    for i in range(cnt):
+                        cur[c] = buf_idx[i]
+                        c += 1
+                        if buf_val[i] < cut:
+                            cut = buf_val[i]
+                # the next token collects about 1.25-3 x need: the threshold moves little between tokens
+                if delta == np.inf or cnt > 3 * need:
+                    delta = 0.02
+                elif cnt < need + need // 4:
+                    delta *= 1.5
+                theta = cut
+                if cut < lowest:
+                    lowest = cut
+            for x in range(ctx - nw, ctx):
+                cur[c] = x
+                c += 1
+            emit(cur, k, q, n_warm, mtp, union_mark, warm_out, step_out)
+        return lowest
+
+    @njit(cache=True)
+    def mean_overlap(rows, n_pos):
+        """Mean |S(t-1) & S(t)| / |S(t)| over adjacent rows of (T, W) int32 (-1 padding)."""
+        mark = np.zeros(n_pos, np.int64)
+        tot = 0.0
+        for t in range(rows.shape[0]):
+            n = 0
+            both = 0
+            for j in range(rows.shape[1]):
+                x = rows[t, j]
+                if x < 0:
+                    continue
+                n += 1
+                if t > 0 and mark[x] == t:
+                    both += 1
+                mark[x] = t + 1
+            if t > 0 and n > 0:
+                tot += both / n
+        return tot / max(rows.shape[0] - 1, 1)
+
+    return gen_drift, mean_overlap
+
+
+# ----------------------------------------------------------------------------------------------------- drift
+def _drift_params(c: float, rho: float) -> tuple[float, float]:
+    """(pi, rho_layer) giving adjacent-token score correlation ``c`` = pi + (1 - pi) * rho_layer; pi = 0 and
+    rho_layer = c when c <= rho (the continuous limit: no persistent part)."""
+    if c <= rho:
+        return 0.0, max(c, 0.0)
+    return (c - rho) / (1.0 - rho), rho
+
+
+def _drift_stream_arrays(seed: int, n_pos: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal(n_pos), rng.standard_normal(n_pos)
+
+
+def _drift_run(seed: int, n_pos: int, context_len: int, k: int, mtp: int, steps: int, n_warm: int, pi: float,
+               rho: float, n_sinks: int, window: int, cutoff: float) -> tuple[np.ndarray, np.ndarray, int]:
+    """Run one drift stream; returns (warm, steps, n_candidates).
+
+    Candidate set (``cutoff`` finite): the first query token's threshold ``theta0`` (the score of its weakest free
+    entry, computed exactly over every token) sets ``cut = theta0 - margin - cutoff * sqrt(1 - pi)``; only tokens
+    with ``sqrt(pi) * b_i >= cut`` are simulated. Another token could be selected only if its noise exceeded
+    ``cutoff`` standard deviations (or the threshold fell by more than the margin, which the kernel reports and
+    which makes this function rerun the full model). The noise is stationary N(0, 1), so the expected number of
+    selections the restriction misses is at most ``n_pos * queries * P(N(0,1) > cutoff)`` (about 1e-9 per token
+    and query at 6 sigma). Every simulated token draws the same numbers as in the full model (counter-based
+    random numbers), so where nothing crosses, the output is identical.
+    """
+    gen = _drift_kernel()[0]
+    table = _normal_table()
+    base, noise0 = _drift_stream_arrays(seed, n_pos)
+    ns = min(n_sinks, k)
+    nw = min(window, k - ns)
+    need = k - ns - nw
+    cand = np.arange(ns, n_pos, dtype=np.int64)
+    if math.isfinite(cutoff) and pi > 0 and need > 0:
+        hi0 = (context_len - n_warm + 1 if n_warm else context_len) - nw
+        s0 = math.sqrt(pi) * base[ns:hi0] + math.sqrt(1 - pi) * noise0[ns:hi0]
+        theta0 = float(np.partition(s0, s0.size - need)[s0.size - need])
+        cut = theta0 - _THRESHOLD_MARGIN - cutoff * math.sqrt(1 - pi)
+        keep = math.sqrt(pi) * base[ns:] >= cut
+        cand = cand[keep]
+        warm = np.empty((n_warm, k), np.int32)
+        out = np.empty((steps, mtp * k), np.int32)
+        lowest = gen(seed, base, noise0.copy(), cand, context_len, k, mtp, steps, n_warm, pi, rho, n_sinks, window,
+                     table, warm, out)
+        if lowest >= theta0 - _THRESHOLD_MARGIN:
+            return warm, out, cand.size
+        cand = np.arange(ns, n_pos, dtype=np.int64)            # the margin was crossed: run the full model
+    warm = np.empty((n_warm, k), np.int32)
+    out = np.empty((steps, mtp * k), np.int32)
+    gen(seed, base, noise0, cand, context_len, k, mtp, steps, n_warm, pi, rho, n_sinks, window, table, warm, out)
+    return warm, out, cand.size
+
+
+@lru_cache(maxsize=4096)
+def _drift_overlap_at(c: float, rho: float, context_len: int, k: int, n_sinks: int, window: int) -> float:
+    overlap = _drift_kernel()[1]
+    n_q = _CALIB_QUERIES
+    n_pos = context_len + n_q
+    pi, rl = _drift_params(c, rho)
+    _, out, _ = _drift_run(_CALIB_SEED, n_pos, context_len, k, 1, n_q, 0, pi, rl, n_sinks, window, math.inf)
+    return float(overlap(out, n_pos))
+
+
+@lru_cache(maxsize=1024)
+def drift_calibration(r: float, context_len: int, k: int = 2048, n_sinks: int | None = None,
+                      local_window: int | None = None, rho: float | None = None) -> dict:
+    """Solve the score-drift model's adjacent-token score correlation ``c`` for a target overlap ``r``.
+
+    Bisection (16 halvings of [0, 1]) on the mean overlap of adjacent query tokens (the metric of Fig. 2, MTP 1) of
+    one calibration stream: context ``context_len``, K ``k``, 17 query tokens, a fixed seed (the same random
+    numbers at every trial, so the overlap is a smooth function of ``c``). Returns ``{"c", "pi", "rho", "overlap",
+    "floor"}``: ``overlap`` reached, ``floor`` the overlap at c = 0 (sinks, the shifted window and chance: a target
+    below it gives c = 0). Cached; the only quantity of the model fitted to anything, and it is fitted to the
+    locality profile only.
+    """
+    d = generator_defaults()
+    context_len = _int("context_len", context_len, lo=1)
+    k = _int("k", k, lo=1)
+    if k > context_len:
+        raise ValueError(f"k (top-K) = {k} is larger than the context ({context_len} tokens); expected k <= context_len")
+    n_sinks = _int("n_sinks", d["n_sinks"] if n_sinks is None else n_sinks, lo=0)
+    local_window = _int("local_window", d["local_window"] if local_window is None else local_window, lo=0)
+    rho = float(d["drift_rho"] if rho is None else rho)
+    if not 0 <= rho < 1:
+        raise ValueError(f"drift_rho must lie in [0, 1), got {rho!r}")
+    if isinstance(r, bool) or not isinstance(r, numbers.Real) or not 0 <= r <= 1:
+        raise ValueError(f"the target overlap r must be a number in [0, 1], got {r!r}")
+    f = lambda c: _drift_overlap_at(c, rho, context_len, k, n_sinks, local_window)  # noqa: E731
+    floor = f(0.0)
+    if r <= floor:
+        c = 0.0
+    elif r >= f(1.0):
+        c = 1.0
+    else:
+        lo, hi = 0.0, 1.0
+        for _ in range(16):
+            mid = 0.5 * (lo + hi)
+            if f(mid) < r:
+                lo = mid
+            else:
+                hi = mid
+        c = lo if abs(f(lo) - r) <= abs(f(hi) - r) else hi
+    pi, rl = _drift_params(c, rho)
+    return {"c": c, "pi": pi, "rho": rl, "overlap": f(c), "floor": floor}
+
+
+# ----------------------------------------------------------------------------------------------------- streams
+def _stream_seed(seed: int, request: int, layer: int) -> int:
+    return int(np.random.SeedSequence([seed, request, layer]).generate_state(1)[0] & 0x7FFFFFFF)
+
+
+def _check_generator_args(context_len, k, mtp, steps, batch, n_layers, warmup_windows, seed):
+    context_len = _int("context_len", context_len, lo=1)
+    k = _int("k", k, lo=1)
+    if k > context_len:
+        raise ValueError(f"k (top-K) = {k} is larger than the context ({context_len} tokens); expected k <= context_len")
+    mtp = _int("mtp", mtp, lo=1)
+    steps = _int("steps", steps, lo=1)
+    batch = _int("batch", batch, lo=1)
+    n_layers = _int("n_layers", n_layers, lo=1)
+    warmup_windows = _int("warmup_windows", warmup_windows, lo=0)
+    if context_len - warmup_windows + 1 < k:
+        raise ValueError(f"the first warmup window (prefill position {context_len - warmup_windows}) sees fewer than "
+                         f"k = {k} tokens; use fewer warmup_windows or a longer context")
+    seed = _int("seed", seed, lo=0)
+    return context_len, k, mtp, steps, batch, n_layers, warmup_windows, seed
+
+
+def synthetic_streams(context_len: int, *, n_layers: int = 61, k: int = 2048, mtp: int = 2, steps: int = 64,
+                      batch: int = 4, warmup_windows: int = PAPER_WARMUP_WINDOWS, profile: Any = "paper",
+                      seed: int = 0, n_sinks: int | None = None, local_window: int | None = None,
+                      popularity_sigma: float | None = None, model: str | None = None,
+                      drift_rho: float | None = None,
+                      drift_cutoff_sigmas: float | None = None) -> Iterator[tuple[int, int, np.ndarray, np.ndarray]]:
+    """Yield ``(request, layer, warm (W, k), steps (steps, mtp*k))`` one stream at a time (no full trace in memory).
+
+    Both models (``model="uniform"`` or ``"drift"``; ``None`` = :func:`default_trace_model`) follow, per request
+    and layer, a chain of query tokens: the W warmup positions, then ``mtp`` tokens per decode step. Each token
+    selects the ``n_sinks`` first tokens, the last ``local_window`` tokens of its context and
+    ``k - n_sinks - local_window`` "free" entries; a decode step's set is the union of its ``mtp`` tokens' sets, and
+    the context grows by ``mtp`` tokens per step.
+
+    ``"uniform"``: the next token keeps a random subset of the previous free entries, as many as make its overlap
+    with the previous token's set equal ``profile[layer] * k`` (when the sinks and the shifted window alone exceed
+    that, it keeps none), and draws the rest from the older context among entries the previous set did not hold
+    (uniformly, or weighted by a per-position log-normal popularity when ``popularity_sigma > 0``).
+
+    ``"drift"`` (score drift): every token of the stream has a persistent base score ``b_i`` and an AR(1) noise
+    ``n_i(q) = rho * n_i(q-1) + sqrt(1 - rho^2) * eps`` that moves once per query token ``q`` (so the ``mtp``
+    tokens of one step see successive, slightly different noise draws, and the next step continues the chain);
+    the free entries are the top ``k - n_sinks - local_window`` of ``sqrt(pi) * b_i + sqrt(1 - pi) * n_i(q)``
+    over the free range. Tokens added by the growing context have their own (fresh) base scores. The adjacent-token
+    score correlation ``c = pi + (1 - pi) * rho`` is solved per layer by :func:`drift_calibration` so that the
+    adjacent-step overlap equals ``profile[layer]`` at this context length and K; ``drift_rho`` (default 0.5 from
+    ``data/locality/paper_fig2.yaml``, a design choice) is the noise's own correlation. ``b_i`` and the first noise
+    values are standard normal, the innovations ``eps`` discretised standard normal (:func:`_normal_table`).
+    Only tokens whose base term lies within ``drift_cutoff_sigmas`` (default 6) noise widths of the first
+    threshold are simulated; ``math.inf`` simulates every token. The restriction is exact unless a token's noise
+    exceeds 6 standard deviations (see :func:`_drift_run` for the bound; the tests compare both). Streams are
+    generated two at a time on two threads; the output does not depend on it.
+    """
+    context_len, k, mtp, steps, batch, n_layers, warmup_windows, seed = _check_generator_args(
+        context_len, k, mtp, steps, batch, n_layers, warmup_windows, seed)
+    model = _check_model(model)
+    r = locality_profile(profile, n_layers)
+    d = generator_defaults()
+    n_sinks = _int("n_sinks", d["n_sinks"] if n_sinks is None else n_sinks, lo=0)
+    local_window = _int("local_window", d["local_window"] if local_window is None else local_window, lo=0)
+    n_pos = context_len + steps * mtp
+    if model == "drift":
+        if popularity_sigma is not None:
+            raise ValueError("popularity_sigma belongs to model='uniform'; the drift model has no popularity skew "
+                             "(its persistent base scores play that part)")
+        rho = float(d["drift_rho"] if drift_rho is None else drift_rho)
+        if not (0 <= rho < 1):
+            raise ValueError(f"drift_rho must lie in [0, 1), got {drift_rho!r}")
+        calib = {float(v): drift_calibration(float(v), context_len, k, n_sinks, local_window, rho)
+                 for v in np.unique(r)}
+        cutoff = DRIFT_CUTOFF_SIGMAS if drift_cutoff_sigmas is None else float(drift_cutoff_sigmas)
+        if not cutoff > 0:
+            raise ValueError(f"drift_cutoff_sigmas must be > 0 (math.inf = simulate every token), got {cutoff!r}")
+        jobs = [(b, layer) for b in range(batch) for layer in range(n_layers)]
+
+        def run(job):
+            b, layer = job
+            cal = calib[float(r[layer])]
+            return _drift_run(_stream_seed(seed, b, layer), n_pos, context_len, k, mtp, steps, warmup_windows,
+                              cal["pi"], cal["rho"], n_sinks, local_window, cutoff)
+
+        from concurrent.futures import ThreadPoolExecutor
+        with ThreadPoolExecutor(max_workers=2) as pool:       # the kernel releases the GIL: two streams at once
+            futures = [pool.submit(run, job) for job in jobs[:2]]
+            for i, (b, layer) in enumerate(jobs):
+                warm, out, _ = futures[i].result()
+                futures[i] = None
+                if i + 2 < len(jobs):
+                    futures.append(pool.submit(run, jobs[i + 2]))
+                yield b, layer, warm, out
+        return
+    if drift_rho is not None or drift_cutoff_sigmas is not None:
+        raise ValueError("drift_rho and drift_cutoff_sigmas belong to model='drift'")
+    sigma = float(d["popularity_sigma"] if popularity_sigma is None else popularity_sigma)
+    if not (sigma >= 0 and np.isfinite(sigma)):
+        raise ValueError(f"popularity_sigma must be a finite number >= 0, got {popularity_sigma!r}")
+    gen = _gen_kernel()
+    for b in range(batch):
+        for layer in range(n_layers):
+            s = _stream_seed(seed, b, layer)
+            if sigma > 0:
+                w = np.exp(sigma * np.random.default_rng(s).standard_normal(n_pos))
+                cdf = np.concatenate([[0.0], np.cumsum(w)])
+            else:
+                cdf = np.zeros(1)
+            warm = np.empty((warmup_windows, k), np.int32)
+            out = np.empty((steps, mtp * k), np.int32)
+            gen(s, context_len, k, mtp, steps, warmup_windows, float(r[layer]), n_sinks, local_window, cdf,
+                sigma > 0, warm, out)
+            yield b, layer, warm, out
+
+
+def synthetic_trace(context_len: int, *, n_layers: int = 61, k: int = 2048, mtp: int = 2, steps: int = 64,
+                    batch: int = 4, warmup_windows: int = PAPER_WARMUP_WINDOWS, profile: Any = "paper",
+                    seed: int = 0, n_sinks: int | None = None, local_window: int | None = None,
+                    popularity_sigma: float | None = None, model: str | None = None,
+                    drift_rho: float | None = None, drift_cutoff_sigmas: float | None = None) -> Trace:
+    """A whole synthetic :class:`Trace` (see :func:`synthetic_streams` for the models). Memory: B*layers*steps*mtp*k*4 B."""
+    context_len, k, mtp, steps, batch, n_layers, warmup_windows, seed = _check_generator_args(
+        context_len, k, mtp, steps, batch, n_layers, warmup_windows, seed)
+    model = _check_model(model)
+    nbytes = batch * n_layers * steps * mtp * k * 4
+    if nbytes > 2e9:
+        raise ValueError(f"this trace would take {nbytes / 1e9:.1f} GB; use synthetic_streams() or "
+                         f"ess.cachesim.misses_per_layer(), which never hold the whole trace")
+    idx = np.empty((batch, n_layers, steps, mtp * k), np.int32)
+    warm = np.empty((batch, n_layers, warmup_windows, k), np.int32) if warmup_windows else None
+    for b, layer, w, s in synthetic_streams(context_len, n_layers=n_layers, k=k, mtp=mtp, steps=steps, batch=batch,
+                                            warmup_windows=warmup_windows, profile=profile, seed=seed,
+                                            n_sinks=n_sinks, local_window=local_window,
+                                            popularity_sigma=popularity_sigma, model=model, drift_rho=drift_rho,
+                                            drift_cutoff_sigmas=drift_cutoff_sigmas):
+        idx[b, layer] = s
+        if warm is not None:
+            warm[b, layer] = w
+    d = generator_defaults()
+    meta = {"generator": "ess.tracegen.synthetic_trace", "model": model,
+            "profile": profile if isinstance(profile, (str, numbers.Real)) else list(map(float, profile)),
+            "n_sinks": d["n_sinks"] if n_sinks is None else n_sinks,
+            "local_window": d["local_window"] if local_window is None else local_window}
+    if model == "uniform":
+        meta["popularity_sigma"] = d["popularity_sigma"] if popularity_sigma is None else popularity_sigma
+    else:
+        meta["drift_rho"] = d["drift_rho"] if drift_rho is None else drift_rho
+    return Trace(idx, context_len, k, mtp, seed, warm, meta)
