@@ -26,12 +26,12 @@ torch runs (``"cpu"`` or ``"cuda"``), both resolved by :func:`ess.kernels.resolv
 from __future__ import annotations
 
 import math
-import numbers
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
 
+from . import validate
 from .kernels import resolve_backend
 from .kernels.attention import get as _kernels
 from .layout import indexer_entry_bytes, latent_layout
@@ -88,44 +88,14 @@ def _float_array(x: Any, name: str, ndim: int, shape_doc: str) -> np.ndarray:
     return np.ascontiguousarray(x, dtype=np.float32)
 
 
-def _byte_array(x: Any, name: str, ndims: tuple[int, ...], shape_doc: str) -> np.ndarray:
-    x = np.asarray(x)
-    if x.dtype != np.uint8:
-        raise TypeError(f"{name} must be uint8 cache entries {shape_doc}, got dtype {x.dtype}")
-    if x.ndim not in ndims:
-        raise ValueError(f"{name} must have shape {shape_doc}, got shape {x.shape}")
-    return np.ascontiguousarray(x)
-
-
-def _positive_int(k: Any, name: str) -> int:
-    if isinstance(k, bool) or not isinstance(k, numbers.Integral):
-        raise TypeError(f"{name} must be a positive integer, got {k!r}")
-    if k <= 0:
-        raise ValueError(f"{name} must be > 0, got {k}")
-    return int(k)
-
-
-def _check_scale(sm_scale: Any) -> float:
-    try:
-        s = float(sm_scale)
-    except (TypeError, ValueError):
-        raise TypeError(f"sm_scale must be a number, got {sm_scale!r}") from None
-    if not math.isfinite(s) or s <= 0:
-        raise ValueError(f"sm_scale must be finite and > 0, got {sm_scale!r}")
-    return s
-
-
 def _lengths(lengths: Any, B: int, L: int) -> np.ndarray:
     if lengths is None:
         return np.full(B, L, dtype=np.int64)
-    arr = np.asarray(lengths)
-    if not np.issubdtype(arr.dtype, np.integer):
-        raise TypeError(f"lengths must be an integer array ({B},) (one per request), got dtype {arr.dtype}")
+    arr = validate.int_array("lengths", np.asarray(lengths), ndim=1, lo=1, below=L + 1,
+                             shape_doc=f"({B},), one visible-token count per request in [1, L={L}]")
     if arr.shape != (B,):
         raise ValueError(f"lengths must be {B} integers (one per request), got shape {arr.shape}")
-    if arr.min(initial=1) < 1 or arr.max(initial=1) > L:
-        raise ValueError(f"lengths must be in [1, L={L}], got min {arr.min()} max {arr.max()}")
-    return np.ascontiguousarray(arr, dtype=np.int64)
+    return arr
 
 
 def _run(backend: str, device: str | None, name: str, *args) -> None:
@@ -177,7 +147,7 @@ def indexer_scores(q, weights, keys, lengths=None, *, backend: str = "auto", dev
     weights = _float_array(weights, "weights", 2, "(B, Hi)")
     if weights.shape != (B, Hi):
         raise ValueError(f"weights must have shape (B, Hi) = {(B, Hi)} to match q, got {weights.shape}")
-    keys = _byte_array(keys, "keys", (3,), "(B, L, D + 4)")
+    keys = validate.entries("keys", keys, (), ndim=3, shape_doc="(B, L, D + 4)")
     if keys.shape[0] != B or keys.shape[2] != D + 4:
         raise ValueError(f"keys must have shape (B={B}, L, D + 4 = {D + 4}) to match q, got {keys.shape}")
     if keys.shape[1] == 0:
@@ -201,7 +171,7 @@ def indexer_scores(q, weights, keys, lengths=None, *, backend: str = "auto", dev
 def topk_indices(scores, k: int) -> np.ndarray:
     """The top-``k`` token indices of each row of ``scores`` (B, L): (B, k) int64, highest score first, ties to the
     lower token index, ``-inf`` (invisible) tokens never chosen, padded with ``-1`` when fewer than ``k`` remain."""
-    k = _positive_int(k, "k")
+    k = validate.positive_int("k", k)
     s = np.asarray(scores)
     if not np.issubdtype(s.dtype, np.floating):
         raise TypeError(f"scores must be a float array (B, L), got dtype {s.dtype}")
@@ -263,12 +233,12 @@ def sparse_mla_decode(q, latents, indices, model: ModelSpec, *, dtype: str = "fp
         raise ValueError(f"q: last axis must be kv_lora_rank + qk_rope_head_dim = {model.latent_dim} for "
                          f"{model.name}, got {Dqk}")
     E = latent_layout(model, dtype).entry_bytes
-    latents = _byte_array(latents, "latents", (2, 3), f"(B, L, {E}) or (N, {E})")
+    latents = validate.entries("latents", latents, (), ndim=(2, 3), shape_doc=f"(B, L, {E}) or (N, {E})")
     if latents.shape[-1] != E:
         raise ValueError(f"latents: entries must be {E} bytes ({dtype} layout of {model.name}), got "
                          f"{latents.shape[-1]}")
     pool, idx = _pool_and_indices(latents, indices, B)
-    scale = softmax_scale(model) if sm_scale is None else _check_scale(sm_scale)
+    scale = softmax_scale(model) if sm_scale is None else validate.real("sm_scale", sm_scale, lo=0.0, lo_open=True)
     out = np.empty((B, H, model.kv_lora_rank), dtype=np.float32)
     lse = np.empty((B, H), dtype=np.float32)
     _run(backend, device, "sparse_mla_decode", q, pool, idx, scale, *fmt, out, lse)
@@ -286,12 +256,12 @@ def dense_mla_decode(q, latents, model: ModelSpec, lengths=None, *, dtype: str =
     fp8, kv, rope, tile = latent_format(model, dtype)
     q = _float_array(q, "q", 3, "(B, H, Dqk)")
     E = latent_layout(model, dtype).entry_bytes
-    latents = _byte_array(latents, "latents", (3,), f"(B, L, {E})")
+    latents = validate.entries("latents", latents, (), ndim=3, shape_doc=f"(B, L, {E})")
     if latents.shape[0] != q.shape[0] or latents.shape[2] != E or q.shape[2] != kv + rope:
         raise ValueError(f"q (B, H, {kv + rope}) and latents (B, L, {E}) do not match: {q.shape}, {latents.shape}")
     B, L = latents.shape[:2]
     lengths = _lengths(lengths, B, L)
-    scale = softmax_scale(model) if sm_scale is None else _check_scale(sm_scale)
+    scale = softmax_scale(model) if sm_scale is None else validate.real("sm_scale", sm_scale, lo=0.0, lo_open=True)
     out = np.empty((B, q.shape[1], kv), np.float32)
     lse = np.empty((B, q.shape[1]), np.float32)
     for b in range(B):
@@ -352,7 +322,7 @@ class DecodeStep:
 
 
 def _ragged(arrays: Sequence, name: str, width: int) -> tuple[np.ndarray, np.ndarray]:
-    rows = [_byte_array(a, f"{name}[{i}]", (2,), f"(L, {width})") for i, a in enumerate(arrays)]
+    rows = [validate.entries(f"{name}[{i}]", a, (), ndim=2, shape_doc=f"(L, {width})") for i, a in enumerate(arrays)]
     for i, a in enumerate(rows):
         if a.shape[1] != width or a.shape[0] == 0:
             raise ValueError(f"{name}[{i}] must have shape (L >= 1, {width}), got {a.shape}")
@@ -397,7 +367,7 @@ def decode_step(cache, layer: int, request_ids: Sequence, q_index, index_weights
     keys, lengths = _ragged(index_keys, "index_keys", indexer_entry_bytes(model))
     if keys.shape[0] != B:
         raise ValueError(f"index_keys must hold one cache per request ({B}), got {keys.shape[0]}")
-    k = model.index_topk if topk is None else _positive_int(topk, "topk")
+    k = model.index_topk if topk is None else validate.positive_int("topk", topk)
     q = _float_array(q, "q", 3, "(B, H, kv_lora_rank + qk_rope_head_dim)")        # checked before the cache moves
     if q.shape[0] != B or q.shape[2] != model.latent_dim:
         raise ValueError(f"q must have shape (B={B}, H, {model.latent_dim}), got {q.shape}")

@@ -30,7 +30,6 @@ oracle in tests and as the baseline in ``benchmarks/cachesim_throughput.py``.
 from __future__ import annotations
 
 import math
-import numbers
 from collections import OrderedDict
 from functools import lru_cache
 from itertools import islice
@@ -42,6 +41,7 @@ from .layout import pool_slots
 from .specs import model_spec
 from .tracegen import PAPER_WARMUP_WINDOWS, _check_model, synthetic_streams
 from .traces import Trace
+from .validate import one_of, positive_int, real
 
 __all__ = ["POLICIES", "simulate", "simulate_sequence", "misses_per_layer", "misses_per_step",
            "sweep_synthetic", "smallest_pool", "reference_misses", "DEFAULT_HEAT_DECAY"]
@@ -58,10 +58,8 @@ def _capacity(ratio: Any, context_len: int, k: int) -> int:
 
 
 def _check_policy(policy: str, decay: float) -> None:
-    if policy not in POLICIES:
-        raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
-    if not (isinstance(decay, numbers.Real) and 0 < decay < 1):
-        raise ValueError(f"decay must lie in (0, 1), got {decay!r}")
+    one_of("policy", policy, POLICIES)
+    real("decay", decay, lo=0.0, hi=1.0, lo_open=True, hi_open=True)
 
 
 # ---------------------------------------------------------------------------------------------------- kernels
@@ -365,9 +363,7 @@ def simulate(trace: Trace, policy: str = "lru", *, capacity: int | None = None, 
         raise ValueError("give exactly one of capacity= or ratio=")
     if ratio is not None:
         capacity = _capacity(ratio, trace.context_len, trace.k)
-    if isinstance(capacity, bool) or not isinstance(capacity, numbers.Integral):
-        raise TypeError(f"capacity must be an integer number of slots, got {capacity!r}")
-    capacity = int(capacity)
+    capacity = positive_int("capacity", capacity)
     if capacity < trace.k:
         raise ValueError(f"capacity ({capacity} slots) is smaller than K = {trace.k}; one step's top-K must fit")
     if warmup and trace.warmup is None:
@@ -409,8 +405,7 @@ def sweep_synthetic(context_len: int, ratios: Sequence[float], *, policies: Iter
     caps = {r: _capacity(r, context_len, k) for r in ratios}
     out = {(r, p, w): np.zeros((n_layers, steps)) for r in ratios for p in policies for w in warmups}
     n_pos = context_len + steps * mtp
-    if isinstance(threads, bool) or not isinstance(threads, numbers.Integral) or threads < 1:
-        raise ValueError(f"threads must be an integer >= 1, got {threads!r}")
+    threads = positive_int("threads", threads)
     if warmup_windows == 0 and any(warmups):
         raise ValueError("warmup=True needs warmup_windows >= 1")
     keys = list(out)
@@ -506,8 +501,7 @@ def smallest_pool(context_len: int, target: float, *, resolution: int | None = N
     Assumes misses do not grow with the pool (checked at both ends of the final bracket). Returns
     ``{"slots", "ratio", "misses", "below_slots", "below_misses"}``.
     """
-    if not (isinstance(target, numbers.Real) and target > 0):
-        raise ValueError(f"target must be a positive number of misses, got {target!r}")
+    target = real("target", target, lo=0.0, lo_open=True)
     model = _check_model(model)
     resolution = max(1, context_len // 64) if resolution is None else int(resolution)
     avg = lambda cap: float(misses_per_layer(context_len, cap / context_len, k=k, mtp=mtp, model=model,  # noqa: E731

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .validate import positive_int
+
 __all__ = ["DiskTier", "CorruptBlockError", "request_stem"]
 
 
@@ -47,8 +49,7 @@ class DiskTier:
     ``<stem>.json`` (manifest: sizes, one CRC-32 per block, CRC of the pool file), written last and atomically."""
 
     def __init__(self, directory, n_layers: int, entry_bytes: int, block_tokens: int = 64):
-        if isinstance(block_tokens, bool) or not isinstance(block_tokens, int) or block_tokens <= 0:
-            raise ValueError(f"block_tokens must be a positive integer, got {block_tokens!r}")
+        block_tokens = positive_int("block_tokens", block_tokens)
         self.dir = Path(directory)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.n_layers, self.entry_bytes, self.block_tokens = int(n_layers), int(entry_bytes), block_tokens

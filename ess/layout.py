@@ -19,14 +19,14 @@ Every size is computed from a :class:`~ess.specs.ModelSpec`, never typed in.
 from __future__ import annotations
 
 import math
-import operator
 from dataclasses import dataclass
 
 from .specs import ModelSpec
+from . import validate
 
 __all__ = [
     "LatentLayout", "latent_layout", "latent_entry_bytes", "indexer_entry_bytes", "token_bytes",
-    "RequestCache", "request_cache", "padded_tokens", "pool_slots", "step_entries", "check_context_len", "check_ratio", "KV_DTYPES",
+    "RequestCache", "request_cache", "padded_tokens", "pool_slots", "step_entries", "check_context_len", "KV_DTYPES",
 ]
 
 KV_DTYPES = ("fp8", "bf16")
@@ -47,8 +47,7 @@ class LatentLayout:
 
 
 def _check_dtype(dtype: str) -> None:
-    if dtype not in KV_DTYPES:
-        raise ValueError(f"dtype must be one of {KV_DTYPES}, got {dtype!r}")
+    validate.one_of("dtype", dtype, KV_DTYPES)
 
 
 def latent_layout(model: ModelSpec, dtype: str = "fp8") -> LatentLayout:
@@ -81,30 +80,12 @@ def token_bytes(model: ModelSpec, dtype: str = "fp8") -> int:
 
 
 def check_context_len(model: ModelSpec, context_len: int, name: str = "context_len") -> int:
-    try:
-        if isinstance(context_len, bool):
-            raise TypeError
-        context_len = operator.index(context_len)          # int and numpy integers; not floats
-    except TypeError:
-        raise TypeError(f"{name} must be an integer number of tokens, got {type(context_len).__name__}") from None
-    if context_len <= 0:
-        raise ValueError(f"{name} must be > 0 tokens, got {context_len}")
+    """``context_len`` as an int: a positive integer number of tokens within the model's maximum context."""
+    context_len = validate.integer(name, context_len, lo=1)
     if context_len > model.max_position_embeddings:
         raise ValueError(f"{name}={context_len} exceeds the maximum context of {model.name} "
                          f"({model.max_position_embeddings} tokens)")
     return context_len
-
-
-def check_ratio(ratio: float, name: str = "ratio") -> float:
-    try:
-        if isinstance(ratio, (bool, str)):
-            raise TypeError
-        ratio = float(ratio)
-    except (TypeError, ValueError):
-        raise TypeError(f"{name} must be a number in (0, 1], got {ratio!r}") from None
-    if not 0.0 < ratio <= 1.0:
-        raise ValueError(f"{name} (sparse-memory ratio) must be in (0, 1], got {ratio}")
-    return ratio
 
 
 def padded_tokens(model: ModelSpec, context_len: int) -> int:
@@ -126,7 +107,7 @@ def pool_slots(model: ModelSpec, ratio: float, context_len: int, *, need: int | 
     simulator, so that their pools agree slot for slot.
 
     ``need`` (e.g. :func:`step_entries`): raise a ``ValueError`` when the pool has fewer slots than that."""
-    ratio = check_ratio(ratio)
+    ratio = validate.ratio("ratio", ratio)
     context_len = check_context_len(model, context_len)
     tokens = padded_tokens(model, context_len)
     slots = int(math.floor(ratio * tokens + 1e-9))     # 1e-9: 0.3 * 960 is 287.99999999999997
@@ -171,7 +152,7 @@ def request_cache(model: ModelSpec, context_len: int, ratio: float = 1.0, dtype:
     1.575
     """
     context_len = check_context_len(model, context_len)
-    ratio = check_ratio(ratio)
+    ratio = validate.ratio("ratio", ratio)
     _check_dtype(dtype)
     tokens = padded_tokens(model, context_len)
     indexer = tokens * indexer_entry_bytes(model) * model.n_layers

@@ -12,12 +12,10 @@ CUDA graphs and workspace. The offload pool must also hold one step's K selected
 """
 from __future__ import annotations
 
-import operator
 from dataclasses import dataclass
 
-import numpy as np
-
-from .layout import (check_context_len, check_ratio, latent_entry_bytes, padded_tokens, pool_slots, request_cache,
+from . import validate
+from .layout import (check_context_len, latent_entry_bytes, padded_tokens, pool_slots, request_cache,
                      step_entries)
 from .specs import DeploymentSpec, GPUSpec, HostSpec, ModelSpec, gpu_spec, model_spec, resolve
 
@@ -127,7 +125,7 @@ def largest_batch(context_len: int, ratio: float = 1.0, *, model: ModelSpec | st
     """
     model, deployment, gpu, host = resolve(model, deployment, gpu, host)
     context_len = check_context_len(model, context_len)
-    ratio = check_ratio(ratio)
+    ratio = validate.ratio("ratio", ratio)
     rc = request_cache(model, context_len, ratio, deployment.kv_dtype)
     budget = kv_budget_bytes(model, deployment, gpu)
     host_budget = host.memory_capacity_GB_per_gpu * 1e9
@@ -154,7 +152,7 @@ def host_memory_needed_bytes(batch: int, context_len: int, *, model: ModelSpec |
                              dtype: str = "fp8") -> int:
     """Host bytes that hold the whole latent cache of ``batch`` requests of ``context_len`` tokens."""
     model = model_spec(model) if isinstance(model, str) else model
-    batch = _positive_int("batch", batch)
+    batch = validate.positive_int("batch", batch)
     context_len = check_context_len(model, context_len)
     return batch * padded_tokens(model, context_len) * latent_entry_bytes(model, dtype) * model.n_layers
 
@@ -165,23 +163,10 @@ def fit_mem_fraction_static(batch_limit: int, context_len: int, *, model: ModelS
     ``context_len`` tokens: the budget is set halfway between ``batch_limit`` and ``batch_limit + 1`` requests,
     rounded to 3 decimals (as SGLang rounds it). A calibration: use it only on calibration data."""
     model, deployment, gpu, _ = resolve(model, deployment, None, None)
-    batch_limit = _positive_int("batch_limit", batch_limit)
+    batch_limit = validate.positive_int("batch_limit", batch_limit)
     rc = request_cache(model, context_len, 1.0, deployment.kv_dtype)
     static = weights_per_gpu_bytes(model, deployment) + (batch_limit + 0.5) * rc.gpu_bytes
     return round(static / (gpu.hbm_capacity_GiB * GiB), 3)
-
-
-def _positive_int(name: str, value) -> int:
-    """``value`` as an int when it is a positive integer (numpy integers too); a ValueError naming ``name``."""
-    try:
-        if isinstance(value, bool):
-            raise TypeError
-        value = operator.index(value)
-    except TypeError:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}") from None
-    if value <= 0:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return value
 
 
 def tier_placement(context_len: int, ratio: float, *, batch: int | None = None, model="deepseek-v3.2-exp",
@@ -200,10 +185,8 @@ def tier_placement(context_len: int, ratio: float, *, batch: int | None = None, 
     lim = largest_batch(context_len, ratio, model=model, deployment=dep, gpu=gpu_, host=host_)
     if batch is None:
         batch = lim.batch
-    if isinstance(batch, bool) or not isinstance(batch, (int, np.integer)) or batch < 0:
-        raise ValueError(f"batch must be a non-negative integer, got {batch!r}")
-    if isinstance(n_spilled, bool) or not isinstance(n_spilled, (int, np.integer)) or n_spilled < 0:
-        raise ValueError(f"n_spilled must be a non-negative integer, got {n_spilled!r}")
+    batch = validate.non_negative_int("batch", batch)
+    n_spilled = validate.non_negative_int("n_spilled", n_spilled)
     rc = request_cache(model, context_len, ratio, dep.kv_dtype)
     entry = latent_entry_bytes(model, dep.kv_dtype)
     offload = ratio < 1.0

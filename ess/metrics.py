@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from .specs import link_figures
+from .validate import integer, one_of, real
 
 __all__ = ["StepMetrics", "MetricsLog", "LinkModel", "link_model"]
 
@@ -48,8 +49,7 @@ class MetricsLog:
     def to_frame(self, start: int = 0):
         """The records from number ``start`` on (default all) as a DataFrame, one row per record."""
         import pandas as pd
-        if isinstance(start, bool) or not isinstance(start, int) or not 0 <= start <= len(self.records):
-            raise ValueError(f"start must be an integer in [0, {len(self.records)}], got {start!r}")
+        start = integer("start", start, lo=0, below=len(self.records) + 1)
         cols = ["kind", "request_id", "layer", "step", "hits", "misses", "bytes_h2d", "bytes_d2h"]
         return pd.DataFrame([asdict(r) for r in self.records[start:]], columns=cols)
 
@@ -91,8 +91,7 @@ class LinkModel:
     source: str = ""
 
     def __post_init__(self):
-        if not self.bandwidth_GB_per_s > 0:
-            raise ValueError(f"LinkModel.bandwidth_GB_per_s must be > 0, got {self.bandwidth_GB_per_s!r}")
+        real("LinkModel.bandwidth_GB_per_s", self.bandwidth_GB_per_s, lo=0.0, lo_open=True)
 
     def transfer_s(self, n_bytes: float) -> float:
         """Seconds to move ``n_bytes`` at full bandwidth."""
@@ -101,8 +100,7 @@ class LinkModel:
     def utilisation(self, n_bytes: float, interval_s: float) -> float:
         """Share of the link's capacity used when ``n_bytes`` cross it within ``interval_s`` (may exceed 1: the
         link cannot keep up)."""
-        if not interval_s > 0:
-            raise ValueError(f"interval_s must be > 0, got {interval_s!r}")
+        interval_s = real("interval_s", interval_s, lo=0.0, lo_open=True)
         return self.transfer_s(n_bytes) / interval_s
 
 
@@ -119,7 +117,6 @@ _LINKS = {
 def link_model(name: str = "flashtrans_h2d") -> LinkModel:
     """A link preset from ``data/hardware/links.yaml``: one of ``flashtrans_h2d``, ``flashtrans_d2h``,
     ``memcpy_per_entry_h2d``, ``memcpy_per_entry_d2h``, ``pcie5_x16``, ``pcie4_x16``."""
-    if name not in _LINKS:
-        raise ValueError(f"link must be one of {sorted(_LINKS)}, got {name!r}")
+    one_of("link", name, sorted(_LINKS))
     group, field = _LINKS[name]
     return LinkModel(name, float(link_figures()[group][field]), f"data/hardware/links.yaml {group}.{field}")

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .validate import fraction, int_array, one_of, positive_int
+
 __all__ = ["POLICIES", "EvictionPolicy", "LRUPolicy", "FIFOPolicy", "ImportancePolicy", "make_policy",
            "simulate_misses", "check_step_indices", "plan_slots", "commit_slots"]
 
@@ -38,9 +40,7 @@ class EvictionPolicy:
     name = "base"
 
     def __init__(self, capacity: int):
-        if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)) or capacity <= 0:
-            raise ValueError(f"capacity must be a positive integer number of slots, got {capacity!r}")
-        self.capacity = int(capacity)
+        self.capacity = positive_int("capacity", capacity)
         self.clock = 0                                       # counts entry touches, for recency order
         self.stamp = np.zeros(self.capacity, np.int64)       # last use (LRU order, also the tie-breaker)
 
@@ -122,15 +122,7 @@ class ImportancePolicy(EvictionPolicy):
 
     def __init__(self, capacity: int, decay: float = 0.5):
         super().__init__(capacity)
-        if isinstance(decay, bool):
-            raise TypeError(f"decay must be a number in [0, 1], got {decay!r}")
-        try:
-            decay = float(decay)
-        except (TypeError, ValueError):
-            raise TypeError(f"decay must be a number in [0, 1], got {decay!r}") from None
-        if not 0.0 <= decay <= 1.0:
-            raise ValueError(f"decay must be in [0, 1], got {decay}")
-        self.decay = decay
+        self.decay = fraction("decay", decay)
         self.score = np.zeros(self.capacity, np.float64)
 
     def _keys(self):
@@ -156,31 +148,18 @@ class ImportancePolicy(EvictionPolicy):
 
 def make_policy(name: str, capacity: int, **options) -> EvictionPolicy:
     """A policy by name: ``"lru"``, ``"fifo"`` or ``"importance"`` (option ``decay``)."""
+    one_of("policy", name, POLICIES)
     if name == "lru":
         return LRUPolicy(capacity, **options)
     if name == "fifo":
         return FIFOPolicy(capacity, **options)
-    if name == "importance":
-        return ImportancePolicy(capacity, **options)
-    raise ValueError(f"policy must be one of {POLICIES}, got {name!r}")
+    return ImportancePolicy(capacity, **options)
 
 
 def check_step_indices(indices, n_tokens: int, capacity: int, name: str = "indices") -> np.ndarray:
     """Validate one step's top-K indices: 1-D integers in ``[-1, n_tokens)``, no repeated valid index, at most
     ``capacity`` valid ones. Returns them as a contiguous int64 array."""
-    if not isinstance(indices, np.ndarray):
-        raise TypeError(f"{name} must be a NumPy int64 array, got {type(indices).__name__}")
-    if indices.ndim != 1:
-        raise ValueError(f"{name} must be 1-D (K,), got shape {indices.shape}")
-    if indices.dtype.kind not in "iu" or indices.dtype == np.bool_:
-        raise TypeError(f"{name} must hold integers (int64), got dtype {indices.dtype}")
-    idx = np.ascontiguousarray(indices, dtype=np.int64)
-    if idx.size:
-        lo, hi = int(idx.min()), int(idx.max())
-        if lo < -1 or hi >= n_tokens:
-            bad = lo if lo < -1 else hi
-            raise ValueError(f"{name} holds {bad}, outside [-1, {n_tokens}) (the request has {n_tokens} tokens; "
-                             f"-1 = padding)")
+    idx = int_array(name, indices, ndim=1, lo=-1, below=n_tokens, shape_doc="(K,), -1 = padding")
     valid = idx[idx >= 0]
     if valid.size > capacity:
         raise ValueError(f"{name} selects {valid.size} entries but the pool has only capacity={capacity} slots "

@@ -4,38 +4,32 @@ The article adds a learned heat-prediction model to ESS's LRU: from the history 
 whether the next step selects it; the prediction orders evictions (keep what will be needed) and picks entries to
 prefetch speculatively (:mod:`ess.prefetch`). Here:
 
-* :class:`History` -- the selection history of one pool (one request, one layer): the last ``H`` steps' sets as bits
+* :class:`History` -- the selection history of one pool (one request, one layer): the last ``history`` steps' sets as bits
   and an exponentially decayed access count ("heat") per position. Features of an entry at step ``t``: for each of
-  the last ``H`` steps, ``(selected, heat after that step)``; shape ``(N, H, 2)``.
+  the last ``history`` steps, ``(selected, heat after that step)``; shape ``(N, history, 2)``.
 * :class:`HeatScorer` -- score = heat (no learning; the ``"heat"`` policy of :mod:`ess.cachesim`).
-* :class:`LSTMHeatPredictor` -- a one-layer LSTM (``hidden`` units) over those ``H`` feature vectors and a linear
+* :class:`LSTMHeatPredictor` -- a one-layer LSTM (``hidden`` units) over those ``history`` feature vectors and a linear
   read-out to the logit of "selected at ``t + 1``"; trained with binary cross-entropy on a trace's own history
-  (every entry seen in the last ``H`` steps, plus as many never-recently-seen entries), seeded and reproducible.
+  (every entry seen in the last ``history`` steps, plus as many never-recently-seen entries), seeded and reproducible.
 
 Scores are only compared with each other: a higher score means "more likely selected next step".
 """
 from __future__ import annotations
 
-import numbers
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
+
+from .validate import fraction, int_array, integer, positive_int
 
 __all__ = ["History", "HeatScorer", "LSTMHeatPredictor", "PredictorReport", "evaluate_predictor", "DEFAULT_DECAY"]
 
 DEFAULT_DECAY = 0.5   # design choice, the same heat decay as ess.cachesim.DEFAULT_HEAT_DECAY
 
 
-def _pos_int(name: str, v: Any, lo: int = 1) -> int:
-    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < lo:
-        raise ValueError(f"{name} must be an integer >= {lo}, got {v!r}")
-    return int(v)
-
-
 def _check_seq(seq: Any) -> np.ndarray:
-    if not isinstance(seq, np.ndarray) or seq.ndim != 2 or not np.issubdtype(seq.dtype, np.integer):
-        raise TypeError("seq must be an integer array (steps, width) of one pool's index sets, -1 padded")
+    seq = int_array("seq", seq, ndim=2, lo=-1, shape_doc="(steps, width) of one pool's index sets, -1 padded")
     if seq.shape[0] < 2 or not (seq >= 0).any():
         raise ValueError(f"seq must hold at least 2 steps with entries, got shape {seq.shape}")
     return seq
@@ -45,12 +39,10 @@ class History:
     """Selection history of one pool over positions ``0 .. n_positions - 1``."""
 
     def __init__(self, n_positions: int, history: int = 8, decay: float = DEFAULT_DECAY):
-        self.n_positions = _pos_int("n_positions", n_positions)
-        self.history = _pos_int("history", history)
-        if not 0 < decay < 1:
-            raise ValueError(f"decay must lie in (0, 1), got {decay!r}")
-        self.decay = float(decay)
-        self.bits = np.zeros((self.history, self.n_positions), np.bool_)      # ring of the last H sets
+        self.n_positions = positive_int("n_positions", n_positions)
+        self.history = positive_int("history", history)
+        self.decay = fraction("decay", decay)
+        self.bits = np.zeros((self.history, self.n_positions), np.bool_)      # ring of the last `history` sets
         self.heats = np.zeros((self.history, self.n_positions), np.float32)   # heat after each of those steps
         self.heat = np.zeros(self.n_positions, np.float32)
         self.t = 0                                                            # steps observed
@@ -68,19 +60,19 @@ class History:
         self.t += 1
 
     def recent(self) -> np.ndarray:
-        """Positions selected in any of the last H steps."""
+        """Positions selected in any of the last ``history`` steps."""
         return np.flatnonzero(self.bits.any(axis=0))
 
     def features(self, candidates: np.ndarray) -> np.ndarray:
-        """(N, H, 2) float32, oldest step first; steps before the first observed one are zeros."""
+        """(N, history, 2) float32, oldest step first; steps before the first observed one are zeros."""
         c = np.asarray(candidates, np.int64)
-        H = self.history
-        out = np.zeros((c.size, H, 2), np.float32)
-        for j in range(H):                       # j = H-1 is the latest step
-            back = H - 1 - j
+        n_hist = self.history
+        out = np.zeros((c.size, n_hist, 2), np.float32)
+        for j in range(n_hist):                  # j = n_hist - 1 is the latest step
+            back = n_hist - 1 - j
             if back >= self.t:
                 continue
-            r = (self.t - 1 - back) % H
+            r = (self.t - 1 - back) % n_hist
             out[:, j, 0] = self.bits[r, c]
             out[:, j, 1] = self.heats[r, c]
         return out
@@ -118,10 +110,10 @@ class LSTMHeatPredictor:
     name = "lstm"
 
     def __init__(self, *, history: int = 8, hidden: int = 16, decay: float = DEFAULT_DECAY, seed: int = 0):
-        self.history = _pos_int("history", history)
-        self.hidden = _pos_int("hidden", hidden)
-        self.decay = float(decay)
-        self.seed = _pos_int("seed", seed, lo=0)
+        self.history = positive_int("history", history)
+        self.hidden = positive_int("hidden", hidden)
+        self.decay = fraction("decay", decay)
+        self.seed = integer("seed", seed, lo=0)
         self.model = None
         self.losses: list[float] = []
 
@@ -135,14 +127,14 @@ class LSTMHeatPredictor:
                 self.lstm = torch.nn.LSTM(2, hidden, batch_first=True)
                 self.out = torch.nn.Linear(hidden, 1)
 
-            def forward(self, x):                     # x (N, H, 2)
+            def forward(self, x):                     # x (N, history, 2)
                 h, _ = self.lstm(x)
                 return self.out(h[:, -1]).squeeze(-1)  # (N,) logits
 
         return Net(self.hidden)
 
     def training_set(self, seqs: Sequence[np.ndarray], *, max_samples: int = 40_000) -> tuple[np.ndarray, np.ndarray]:
-        """Features (N, H, 2) and labels (N,) from pools' step sequences (each (steps, width), -1 padded)."""
+        """Features (N, history, 2) and labels (N,) from pools' step sequences (each (steps, width), -1 padded)."""
         rng = np.random.default_rng(self.seed)
         X, y = [], []
         for seq in seqs:
@@ -181,7 +173,7 @@ class LSTMHeatPredictor:
         import torch
         if not isinstance(seqs, (list, tuple)) or not seqs:
             raise ValueError("seqs must be a non-empty list of (steps, width) index arrays")
-        epochs = _pos_int("epochs", epochs)
+        epochs = positive_int("epochs", epochs)
         X, y = self.training_set(seqs, max_samples=max_samples)
         self.model = self._build()
         opt = torch.optim.Adam(self.model.parameters(), lr=lr)
@@ -245,9 +237,9 @@ def evaluate_predictor(predictor: Any, seq: np.ndarray, *, start: int = 1, seed:
     """
     seq = _check_seq(np.asarray(seq))
     rng = np.random.default_rng(seed)
-    H = history or getattr(predictor, "history", 8)
+    n_hist = history or getattr(predictor, "history", 8)
     n_pos = int(seq.max()) + 1
-    hist = History(n_pos, H, getattr(predictor, "decay", DEFAULT_DECAY))
+    hist = History(n_pos, n_hist, getattr(predictor, "decay", DEFAULT_DECAY))
     heat = HeatScorer()
     prec, rnd, hp = [], [], []
     for t in range(seq.shape[0] - 1):

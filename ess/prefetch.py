@@ -20,8 +20,6 @@ and link use = busy time / elapsed time (elapsed = stall + compute per step).
 """
 from __future__ import annotations
 
-import math
-import numbers
 from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
@@ -29,6 +27,7 @@ import numpy as np
 
 from .predict import History, HeatScorer, LSTMHeatPredictor, DEFAULT_DECAY
 from .traces import Trace
+from .validate import fraction, one_of, positive_int, real
 
 __all__ = ["PrefetchConfig", "PrefetchResult", "simulate_prefetch", "PREDICTORS", "EVICTIONS", "WARMUPS"]
 
@@ -56,28 +55,20 @@ class PrefetchConfig:
     decay: float = DEFAULT_DECAY           # heat decay per step
 
     def __post_init__(self) -> None:
-        if isinstance(self.capacity, bool) or not isinstance(self.capacity, numbers.Integral) or self.capacity < 1:
-            raise ValueError(f"capacity must be a positive integer number of slots, got {self.capacity!r}")
-        for name in ("link_GB_per_s", "step_time_us"):
-            v = getattr(self, name)
-            if not (isinstance(v, numbers.Real) and math.isfinite(v) and v > 0):
-                raise ValueError(f"{name} must be a finite number > 0, got {v!r}")
-        if not (isinstance(self.entry_bytes, numbers.Integral) and self.entry_bytes > 0):
-            raise ValueError(f"entry_bytes must be a positive integer, got {self.entry_bytes!r}")
-        if self.predictor not in PREDICTORS:
-            raise ValueError(f"predictor must be one of {PREDICTORS}, got {self.predictor!r}")
-        if self.eviction not in EVICTIONS:
-            raise ValueError(f"eviction must be one of {EVICTIONS}, got {self.eviction!r}")
-        if self.warmup not in WARMUPS:
-            raise ValueError(f"warmup must be one of {WARMUPS}, got {self.warmup!r}")
+        positive_int("capacity", self.capacity)
+        real("link_GB_per_s", self.link_GB_per_s, lo=0.0, lo_open=True)
+        real("step_time_us", self.step_time_us, lo=0.0, lo_open=True)
+        positive_int("entry_bytes", self.entry_bytes)
+        one_of("predictor", self.predictor, PREDICTORS)
+        one_of("eviction", self.eviction, EVICTIONS)
+        one_of("warmup", self.warmup, WARMUPS)
         if self.eviction == "predictor" and self.predictor == "none":
             raise ValueError("eviction='predictor' needs a predictor ('heat' or 'lstm')")
         if self.speculative and self.predictor == "none":
             raise ValueError("the speculative tier needs a predictor ('heat' or 'lstm'); set speculative=False")
-        if not 0 <= self.spec_fraction <= 1:
-            raise ValueError(f"spec_fraction must lie in [0, 1], got {self.spec_fraction!r}")
-        if not 0 < self.decay < 1:
-            raise ValueError(f"decay must lie in (0, 1), got {self.decay!r}")
+        fraction("spec_fraction", self.spec_fraction)
+        positive_int("history", self.history)
+        fraction("decay", self.decay)
 
     @property
     def budget_entries(self) -> int:

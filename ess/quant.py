@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import validate
 from .layout import indexer_entry_bytes, latent_layout
 from .specs import ModelSpec
 
@@ -192,19 +193,10 @@ def encode_latent(ckv, rope, model: ModelSpec, dtype: str = "fp8", *, pow2_scale
     return out
 
 
-def _check_entries(entries, nbytes: int, name: str) -> np.ndarray:
-    entries = np.asarray(entries)
-    if entries.dtype != np.uint8:
-        raise TypeError(f"{name} must be uint8 bytes, got dtype {entries.dtype}")
-    if entries.ndim < 1 or entries.shape[-1] != nbytes:
-        raise ValueError(f"{name} must have a last axis of {nbytes} bytes, got shape {entries.shape}")
-    return np.ascontiguousarray(entries)
-
-
 def decode_latent(entries, model: ModelSpec, dtype: str = "fp8") -> np.ndarray:
     """float32 (..., kv_lora_rank + qk_rope_head_dim) latents (c_KV then rope) from latent entries."""
     lay = latent_layout(model, dtype)
-    e = _check_entries(entries, lay.entry_bytes, "entries")
+    e = validate.entries("entries", entries, (lay.entry_bytes,))
     rope = bf16_decode(np.ascontiguousarray(e[..., lay.rope_offset:lay.rope_offset + lay.rope_bytes]).view(np.uint16))
     raw = np.ascontiguousarray(e[..., lay.ckv_offset:lay.ckv_offset + lay.ckv_bytes])
     if dtype == "bf16":
@@ -230,6 +222,6 @@ def encode_indexer_keys(keys, model: ModelSpec, *, pow2_scale: bool = False) -> 
 def decode_indexer_keys(entries, model: ModelSpec) -> np.ndarray:
     """float32 (..., index_head_dim) keys from indexer-cache entries."""
     d = model.index_head_dim
-    e = _check_entries(entries, indexer_entry_bytes(model), "entries")
+    e = validate.entries("entries", entries, (indexer_entry_bytes(model),))
     scales = np.ascontiguousarray(e[..., d:d + 4]).view("<f4")
     return fp8_e4m3_decode(e[..., :d]) * scales

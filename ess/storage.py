@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from . import validate
 from .disk import CorruptBlockError, DiskTier, request_stem
 from .kernels import resolve_backend
 from .kernels.transfer import TransferError, copy_rows_unchecked
@@ -72,18 +73,6 @@ class StepResult:
 # ----------------------------------------------------------------------------------------------------------------
 # Host pool
 # ----------------------------------------------------------------------------------------------------------------
-
-def _check_entries(name: str, entries, shape_tail: tuple, lead: str) -> np.ndarray:
-    if not isinstance(entries, np.ndarray):
-        raise TypeError(f"{name} must be a NumPy uint8 array, got {type(entries).__name__}")
-    if entries.dtype != np.uint8:
-        raise TypeError(f"{name} must have dtype uint8 (raw latent-entry bytes), got {entries.dtype}")
-    want = len(shape_tail) + (len(lead.split(",")) if lead else 0)
-    if entries.ndim != want or tuple(entries.shape[-len(shape_tail):]) != shape_tail:
-        desc = f"({lead + ', ' if lead else ''}{', '.join(map(str, shape_tail))})"
-        raise ValueError(f"{name} must have shape {desc}, got {entries.shape}")
-    return entries
-
 
 class HostPool:
     """Every latent entry of every request: per request one ``(n_layers, capacity_tokens, entry_bytes)`` uint8
@@ -162,30 +151,17 @@ class HostPool:
 # Budgets
 # ----------------------------------------------------------------------------------------------------------------
 
-def _positive_int(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an integer, got {type(value).__name__}")
-    if value <= 0:
-        raise ValueError(f"{name} must be > 0, got {value}")
-    return int(value)
-
-
 def capacity_from_budget(model: ModelSpec, budget_bytes: float, n_requests: int, context_len: int,
                          dtype: str = "fp8") -> int:
     """GPU slots per (request, layer) that ``budget_bytes`` of device pool gives ``n_requests`` requests:
     ``floor(budget / (n_requests x n_layers x entry_bytes))``. A ``ValueError`` when that is fewer than one
     step's K = min(index_topk, context) entries."""
-    n_requests = _positive_int("n_requests", n_requests)
+    n_requests = validate.positive_int("n_requests", n_requests)
     context_len = check_context_len(model, context_len)
-    try:
-        budget = float(budget_bytes)
-    except (TypeError, ValueError):
-        raise TypeError(f"budget_bytes must be a number of bytes, got {budget_bytes!r}") from None
-    if not budget > 0:
-        raise ValueError(f"budget_bytes must be > 0, got {budget_bytes!r}")
+    budget = validate.real("budget_bytes", budget_bytes, lo=0.0, lo_open=True)
     per_slot = n_requests * model.n_layers * latent_entry_bytes(model, dtype)
     capacity = int(budget // per_slot)
-    k = min(model.index_topk, context_len)
+    k = step_entries(model, context_len)
     if capacity < k:
         raise ValueError(f"budget_bytes={budget:.0f} gives {capacity} slots per request and layer for "
                          f"{n_requests} requests x {model.n_layers} layers x {per_slot // n_requests // model.n_layers}"
@@ -252,11 +228,9 @@ class TieredCache:
         self.model = model_spec(model) if isinstance(model, str) else model
         if not isinstance(self.model, ModelSpec):
             raise TypeError(f"model must be a ModelSpec or preset name, got {type(model).__name__}")
-        self.capacity = _positive_int("capacity", capacity)
-        if dtype not in KV_DTYPES:
-            raise ValueError(f"dtype must be one of {KV_DTYPES}, got {dtype!r}")
-        if policy not in POLICIES:
-            raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
+        self.capacity = validate.positive_int("capacity", capacity)
+        validate.one_of("dtype", dtype, KV_DTYPES)
+        validate.one_of("policy", policy, POLICIES)
         self.device = str(device)
         if not (self.device == "cpu" or self.device.startswith("cuda")):
             raise ValueError(f"device must be 'cpu' or 'cuda[:n]', got {device!r}")
@@ -268,7 +242,7 @@ class TieredCache:
         self.n_layers = self.model.n_layers
         self.on_cuda = self.device.startswith("cuda")
         self.host = HostPool(self.n_layers, self.entry_bytes, pinned=self.on_cuda)
-        self.max_requests = None if max_requests is None else _positive_int("max_requests", max_requests)
+        self.max_requests = None if max_requests is None else validate.positive_int("max_requests", max_requests)
         self._block_slots = self.n_layers * self.capacity
         self._device = self._alloc_device(self.max_requests or 1)
         self._free_blocks = list(range(self._n_blocks()))
@@ -368,11 +342,7 @@ class TieredCache:
             raise ValueError(f"unknown request_id {request_id!r}") from None
 
     def _check_layer(self, layer) -> int:
-        if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)):
-            raise TypeError(f"layer must be an integer, got {type(layer).__name__}")
-        if not 0 <= layer < self.n_layers:
-            raise ValueError(f"layer must be in [0, {self.n_layers}), got {layer}")
-        return int(layer)
+        return validate.integer("layer", layer, lo=0, below=self.n_layers)
 
     def _new_pools(self, block: int, n_tokens: int) -> list:
         return [_Pool(base=(block * self.n_layers + l) * self.capacity,
@@ -390,7 +360,8 @@ class TieredCache:
             raise TypeError(f"request_id must be hashable, got {type(request_id).__name__}") from None
         if request_id in self._requests or request_id in self._spilled:
             raise ValueError(f"request_id {request_id!r} already exists")
-        _check_entries("latent_entries", latent_entries, (self.entry_bytes,), "n_layers, L")
+        latent_entries = validate.entries("latent_entries", latent_entries, (self.entry_bytes,), ndim=3,
+                                          shape_doc=f"(n_layers={self.n_layers}, L, {self.entry_bytes})")
         if latent_entries.shape[0] != self.n_layers:
             raise ValueError(f"latent_entries must have shape (n_layers={self.n_layers}, L, {self.entry_bytes}), "
                              f"got {latent_entries.shape}")
@@ -405,7 +376,7 @@ class TieredCache:
         """Write back one new token's entries ``(n_layers, entry_bytes)`` to the host pool (only that token's
         bytes move device -> host); returns the new token's index. The new token is not put in the GPU pool."""
         req = self._check_active(request_id)
-        _check_entries("entries", entries, (self.n_layers, self.entry_bytes), "")
+        entries = validate.entries("entries", entries, (self.n_layers, self.entry_bytes), ndim=2)
         tok = self.host.append(request_id, entries)
         for p in req.pools:
             if tok >= p.slot_of.size:
@@ -541,9 +512,7 @@ class TieredCache:
         if not isinstance(trace, Trace):
             raise TypeError(f"trace must be an ess.traces.Trace, got {type(trace).__name__}")
         self._check_active(request_id)
-        if isinstance(batch_index, bool) or not isinstance(batch_index, (int, np.integer)) \
-                or not 0 <= batch_index < trace.batch:
-            raise ValueError(f"batch_index must be an integer in [0, {trace.batch}), got {batch_index!r}")
+        batch_index = validate.integer("batch_index", batch_index, lo=0, below=trace.batch)
         if trace.n_layers != self.n_layers:
             raise ValueError(f"trace has {trace.n_layers} layers, the cache {self.n_layers}: one trace layer drives "
                              f"one cache layer")
@@ -565,7 +534,8 @@ class TieredCache:
                 raise ValueError(f"new_tokens is None but the trace selects token {int(steps.max())}, past the "
                                  f"{n_tok} tokens of the prefill: pass the decoded tokens' entries")
         else:
-            _check_entries("new_tokens", new_tokens, (self.n_layers, self.entry_bytes), "steps * mtp")
+            new_tokens = validate.entries("new_tokens", new_tokens, (self.n_layers, self.entry_bytes), ndim=3,
+                                          shape_doc=f"(steps * mtp, {self.n_layers}, {self.entry_bytes})")
             if new_tokens.shape[0] != n_new:
                 raise ValueError(f"new_tokens must hold steps * mtp = {n_new} tokens, got {new_tokens.shape[0]}")
         if not isinstance(verify, bool) or not isinstance(warmup, bool):

@@ -16,14 +16,15 @@ from __future__ import annotations
 
 import math
 import numbers
-from functools import lru_cache
+from functools import lru_cache, partial
 from pathlib import Path
 from typing import Any, Iterator
 
 import numpy as np
 import yaml
 
-from .traces import Trace, _int
+from .traces import Trace
+from .validate import fraction, integer, real
 
 __all__ = ["TRACE_MODELS", "PAPER_WARMUP_WINDOWS", "DRIFT_CUTOFF_SIGMAS", "synthetic_trace", "synthetic_streams",
            "locality_profile", "generator_defaults", "default_trace_model", "drift_calibration"]
@@ -59,7 +60,7 @@ def locality_profile(profile: Any = "paper", n_layers: int = 61) -> np.ndarray:
     ``profile`` is ``"paper"`` (paper Fig. 2, read by eye; a model with fewer layers takes the layer at the same
     relative depth), a number (every layer the same) or a sequence of ``n_layers`` numbers.
     """
-    n_layers = _int("n_layers", n_layers, lo=1)
+    n_layers = integer("n_layers", n_layers, lo=1)
     if isinstance(profile, str):
         if profile != "paper":
             raise ValueError(f"profile must be 'paper', a number or a sequence of n_layers numbers, got {profile!r}")
@@ -471,18 +472,15 @@ def drift_calibration(r: float, context_len: int, k: int = 2048, n_sinks: int | 
     locality profile only.
     """
     d = generator_defaults()
-    context_len = _int("context_len", context_len, lo=1)
-    k = _int("k", k, lo=1)
+    context_len = integer("context_len", context_len, lo=1)
+    k = integer("k", k, lo=1)
     if k > context_len:
         raise ValueError(f"k (top-K) = {k} is larger than the context ({context_len} tokens); expected k <= context_len")
-    n_sinks = _int("n_sinks", d["n_sinks"] if n_sinks is None else n_sinks, lo=0)
-    local_window = _int("local_window", d["local_window"] if local_window is None else local_window, lo=0)
-    rho = float(d["drift_rho"] if rho is None else rho)
-    if not 0 <= rho < 1:
-        raise ValueError(f"drift_rho must lie in [0, 1), got {rho!r}")
-    if isinstance(r, bool) or not isinstance(r, numbers.Real) or not 0 <= r <= 1:
-        raise ValueError(f"the target overlap r must be a number in [0, 1], got {r!r}")
-    f = lambda c: _drift_overlap_at(c, rho, context_len, k, n_sinks, local_window)  # noqa: E731
+    n_sinks = integer("n_sinks", d["n_sinks"] if n_sinks is None else n_sinks, lo=0)
+    local_window = integer("local_window", d["local_window"] if local_window is None else local_window, lo=0)
+    rho = real("drift_rho", d["drift_rho"] if rho is None else rho, lo=0.0, hi=1.0, hi_open=True)
+    r = fraction("r (the target overlap)", r)
+    f = partial(_drift_overlap_at, rho=rho, context_len=context_len, k=k, n_sinks=n_sinks, window=local_window)
     floor = f(0.0)
     if r <= floor:
         c = 0.0
@@ -507,19 +505,19 @@ def _stream_seed(seed: int, request: int, layer: int) -> int:
 
 
 def _check_generator_args(context_len, k, mtp, steps, batch, n_layers, warmup_windows, seed):
-    context_len = _int("context_len", context_len, lo=1)
-    k = _int("k", k, lo=1)
+    context_len = integer("context_len", context_len, lo=1)
+    k = integer("k", k, lo=1)
     if k > context_len:
         raise ValueError(f"k (top-K) = {k} is larger than the context ({context_len} tokens); expected k <= context_len")
-    mtp = _int("mtp", mtp, lo=1)
-    steps = _int("steps", steps, lo=1)
-    batch = _int("batch", batch, lo=1)
-    n_layers = _int("n_layers", n_layers, lo=1)
-    warmup_windows = _int("warmup_windows", warmup_windows, lo=0)
+    mtp = integer("mtp", mtp, lo=1)
+    steps = integer("steps", steps, lo=1)
+    batch = integer("batch", batch, lo=1)
+    n_layers = integer("n_layers", n_layers, lo=1)
+    warmup_windows = integer("warmup_windows", warmup_windows, lo=0)
     if context_len - warmup_windows + 1 < k:
         raise ValueError(f"the first warmup window (prefill position {context_len - warmup_windows}) sees fewer than "
                          f"k = {k} tokens; use fewer warmup_windows or a longer context")
-    seed = _int("seed", seed, lo=0)
+    seed = integer("seed", seed, lo=0)
     return context_len, k, mtp, steps, batch, n_layers, warmup_windows, seed
 
 
@@ -561,16 +559,14 @@ def synthetic_streams(context_len: int, *, n_layers: int = 61, k: int = 2048, mt
     model = _check_model(model)
     r = locality_profile(profile, n_layers)
     d = generator_defaults()
-    n_sinks = _int("n_sinks", d["n_sinks"] if n_sinks is None else n_sinks, lo=0)
-    local_window = _int("local_window", d["local_window"] if local_window is None else local_window, lo=0)
+    n_sinks = integer("n_sinks", d["n_sinks"] if n_sinks is None else n_sinks, lo=0)
+    local_window = integer("local_window", d["local_window"] if local_window is None else local_window, lo=0)
     n_pos = context_len + steps * mtp
     if model == "drift":
         if popularity_sigma is not None:
             raise ValueError("popularity_sigma belongs to model='uniform'; the drift model has no popularity skew "
                              "(its persistent base scores play that part)")
-        rho = float(d["drift_rho"] if drift_rho is None else drift_rho)
-        if not (0 <= rho < 1):
-            raise ValueError(f"drift_rho must lie in [0, 1), got {drift_rho!r}")
+        rho = real("drift_rho", d["drift_rho"] if drift_rho is None else drift_rho, lo=0.0, hi=1.0, hi_open=True)
         calib = {float(v): drift_calibration(float(v), context_len, k, n_sinks, local_window, rho)
                  for v in np.unique(r)}
         cutoff = DRIFT_CUTOFF_SIGMAS if drift_cutoff_sigmas is None else float(drift_cutoff_sigmas)
@@ -596,9 +592,7 @@ def synthetic_streams(context_len: int, *, n_layers: int = 61, k: int = 2048, mt
         return
     if drift_rho is not None or drift_cutoff_sigmas is not None:
         raise ValueError("drift_rho and drift_cutoff_sigmas belong to model='drift'")
-    sigma = float(d["popularity_sigma"] if popularity_sigma is None else popularity_sigma)
-    if not (sigma >= 0 and np.isfinite(sigma)):
-        raise ValueError(f"popularity_sigma must be a finite number >= 0, got {popularity_sigma!r}")
+    sigma = real("popularity_sigma", d["popularity_sigma"] if popularity_sigma is None else popularity_sigma, lo=0.0)
     gen = _gen_kernel()
     for b in range(batch):
         for layer in range(n_layers):

@@ -18,7 +18,6 @@ implementation step by step. The synthetic generators and their calibration are 
 from __future__ import annotations
 
 import json
-import numbers
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -26,21 +25,14 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from .validate import integer
+
 __all__ = ["Trace", "TraceRecorder", "load_trace", "adjacent_overlap", "validate_trace_arrays"]
 
 _FORMAT = "ess-trace-v1"
 
 
 # ---------------------------------------------------------------------------------------------------------- checks
-def _int(name: str, value: Any, *, lo: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an integer, got {value!r}")
-    value = int(value)
-    if lo is not None and value < lo:
-        raise ValueError(f"{name} must be >= {lo}, got {value}")
-    return value
-
-
 @lru_cache(maxsize=None)
 def _dup_kernel():
     from numba import njit
@@ -63,9 +55,9 @@ def _dup_kernel():
 
 def validate_trace_arrays(indices: Any, warmup: Any, *, context_len: int, k: int, mtp: int) -> None:
     """Raise a clear ValueError/TypeError when ``indices``/``warmup`` are not a valid trace (see module docstring)."""
-    context_len = _int("context_len", context_len, lo=1)
-    k = _int("k", k, lo=1)
-    mtp = _int("mtp", mtp, lo=1)
+    context_len = integer("context_len", context_len, lo=1)
+    k = integer("k", k, lo=1)
+    mtp = integer("mtp", mtp, lo=1)
     if k > context_len:
         raise ValueError(f"k (top-K) = {k} is larger than the context ({context_len} tokens); expected k <= context_len")
     if not isinstance(indices, np.ndarray):
@@ -125,7 +117,7 @@ class Trace:
 
     def __post_init__(self) -> None:
         if self.seed is not None:
-            _int("seed", self.seed, lo=0)
+            integer("seed", self.seed, lo=0)
         if not isinstance(self.meta, Mapping):
             raise TypeError(f"meta must be a mapping, got {type(self.meta).__name__}")
         validate_trace_arrays(self.indices, self.warmup, context_len=self.context_len, k=self.k, mtp=self.mtp)
@@ -166,7 +158,7 @@ class Trace:
 
     def layer(self, layer: int) -> "Trace":
         """The same trace restricted to one layer (keeps the layer dimension)."""
-        layer = _int("layer", layer, lo=0)
+        layer = integer("layer", layer, lo=0)
         if layer >= self.n_layers:
             raise ValueError(f"layer must be < n_layers = {self.n_layers}, got {layer}")
         w = None if self.warmup is None else self.warmup[:, layer:layer + 1]
@@ -239,20 +231,20 @@ class TraceRecorder:
 
     def __init__(self, *, context_len: int, k: int, n_layers: int, batch: int, mtp: int = 1,
                  meta: Mapping | None = None):
-        self.context_len = _int("context_len", context_len, lo=1)
-        self.k = _int("k", k, lo=1)
+        self.context_len = integer("context_len", context_len, lo=1)
+        self.k = integer("k", k, lo=1)
         if self.k > self.context_len:
             raise ValueError(f"k (top-K) = {k} is larger than the context ({context_len} tokens)")
-        self.n_layers = _int("n_layers", n_layers, lo=1)
-        self.batch = _int("batch", batch, lo=1)
-        self.mtp = _int("mtp", mtp, lo=1)
+        self.n_layers = integer("n_layers", n_layers, lo=1)
+        self.batch = integer("batch", batch, lo=1)
+        self.mtp = integer("mtp", mtp, lo=1)
         self.meta = dict(meta or {})
         self._steps: list[np.ndarray] = []                        # each (B, n_layers, mtp*k)
         self._pending: dict[int, np.ndarray] = {}
         self._warm: dict[int, np.ndarray] = {}
 
     def _as_sets(self, name: str, layer: int, indices: Any) -> np.ndarray:
-        layer = _int("layer", layer, lo=0)
+        layer = integer("layer", layer, lo=0)
         if layer >= self.n_layers:
             raise ValueError(f"layer must be < n_layers = {self.n_layers}, got {layer}")
         if hasattr(indices, "detach"):                            # a torch tensor

@@ -48,8 +48,8 @@ def test_context_is_padded_to_pages():
     assert layout.padded_tokens(DS, 65) == 128
 
 
-@pytest.mark.parametrize("L,exc,msg", [(0, ValueError, "context_len must be > 0"),
-                                       (-5, ValueError, "context_len must be > 0"),
+@pytest.mark.parametrize("L,exc,msg", [(0, ValueError, "context_len must be a positive integer, got 0"),
+                                       (-5, ValueError, "context_len must be a positive integer, got -5"),
                                        (163841, ValueError, "exceeds the maximum context"),
                                        (1.5, TypeError, "context_len must be an integer")])
 def test_bad_context(L, exc, msg):
@@ -57,9 +57,10 @@ def test_bad_context(L, exc, msg):
         layout.request_cache(DS, L)
 
 
-@pytest.mark.parametrize("ratio", [0, -0.1, 1.01, float("nan")])
-def test_bad_ratio(ratio):
-    with pytest.raises(ValueError, match=r"ratio.*\(0, 1\]"):
+@pytest.mark.parametrize("ratio,msg", [(0, r"ratio must be in \(0, 1\], got 0"), (-0.1, r"\(0, 1\], got -0.1"),
+                                       (1.01, r"\(0, 1\], got 1.01"), (float("nan"), "ratio must be finite")])
+def test_bad_ratio(ratio, msg):
+    with pytest.raises(ValueError, match=msg):
         layout.request_cache(DS, 1024, ratio=ratio)
 
 

@@ -1,5 +1,3 @@
-import dataclasses
-
 import pytest
 
 from ess import memory
@@ -68,8 +66,11 @@ def test_host_memory_needed():
 
 
 def test_fit_rejects_bad_limits():
-    for bad in (-5, 0, 52.7, True):
-        with pytest.raises(ValueError, match="batch_limit must be a positive integer"):
+    for bad in (-5, 0):
+        with pytest.raises(ValueError, match="batch_limit must be a positive integer, got"):
+            memory.fit_mem_fraction_static(bad, 32768)
+    for bad in (52.7, True, "52"):                   # a wrong type is a TypeError, even a whole float or a bool
+        with pytest.raises(TypeError, match="batch_limit must be an integer, got"):
             memory.fit_mem_fraction_static(bad, 32768)
 
 

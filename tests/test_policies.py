@@ -163,7 +163,7 @@ def test_policy_factory_and_errors():
         LRUPolicy(0)
     with pytest.raises(ValueError, match="decay must be in"):
         ImportancePolicy(2, decay=1.5)
-    with pytest.raises(TypeError, match="decay must be a number in \\[0, 1\\], got 'a'"):
+    with pytest.raises(TypeError, match="decay must be a number, got str 'a'"):
         ImportancePolicy(2, decay="a")
     with pytest.raises(TypeError, match="decay must be a number"):
         ImportancePolicy(2, decay=None)
@@ -180,7 +180,7 @@ def test_policy_factory_and_errors():
     (np.array([1, 2, 3, 4, 5]), ValueError, "capacity=4"),
     (np.array([1.0, 2.0]), TypeError, "integers"),
     (np.array([[1, 2]]), ValueError, "1-D"),
-    ([1, 2], TypeError, "NumPy int64 array"),
+    ([1, 2], TypeError, "NumPy integer array"),
 ])
 def test_check_step_indices(idx, err, match):
     with pytest.raises(err, match=match):

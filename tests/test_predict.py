@@ -54,7 +54,7 @@ def test_bad_input():
         p.score(P.History(5, 2), np.array([1]))
     with pytest.raises(ValueError, match="non-empty list"):
         p.fit([])
-    with pytest.raises(TypeError, match="integer array"):
+    with pytest.raises(TypeError, match="seq must hold integers"):
         p.fit([np.zeros((3, 2))])
     with pytest.raises(ValueError, match="at least 2 steps"):
         p.fit([np.full((5, 2), -1, np.int32)])

@@ -66,7 +66,8 @@ def test_run_trace_returns_only_its_own_records_and_can_skip_warmup():
 @pytest.mark.parametrize("kwargs,err,match", [
     ({"trace": "x"}, TypeError, "trace must be an ess.traces.Trace"),
     ({"request_id": "nobody"}, ValueError, "unknown request_id"),
-    ({"batch_index": 2}, ValueError, r"batch_index must be an integer in \[0, 2\)"),
+    ({"batch_index": 2}, ValueError, r"batch_index must be in \[0, 2\), got 2"),
+    ({"batch_index": 1.0}, TypeError, "batch_index must be an integer, got float"),
     ({"new_tokens": "short"}, ValueError, "new_tokens must hold steps \\* mtp = 6 tokens"),
     ({"new_tokens": None}, ValueError, "new_tokens is None but the trace selects token"),
     ({"capacity": TINY.index_topk - 1}, ValueError, "capacity=63"),

@@ -85,7 +85,7 @@ def test_empty_and_all_padding():
     (np.array([0, -2], np.int64), ValueError, "outside"),
     (np.array([0.0, 1.0]), TypeError, "integers"),
     (np.zeros((2, 2), np.int64), ValueError, "1-D"),
-    ([0, 1], TypeError, "NumPy int64 array"),
+    ([0, 1], TypeError, "NumPy integer array"),
 ])
 def test_gather_rejects_bad_indices(bad, err, match):
     src, _ = _case(4, 656, 1, seed=0)

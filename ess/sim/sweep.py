@@ -15,6 +15,7 @@ from typing import Any, Mapping
 import numpy as np
 import pandas as pd
 
+from ..validate import positive_int
 from .costs import CostParams
 from .timeline import simulate
 
@@ -58,8 +59,7 @@ def sweep(axes: Mapping[str, Any], *, chunk_size: int = 20000, workers: int | No
     ``workers``: local processes (default: the CPU count; 0 runs in this process). ``scheduler``: a Dask
     scheduler address (``"tcp://host:8786"``) or a ``dask.distributed.Client``; then chunks run on that cluster.
     ``misses`` (shape ``(n_layers,)``) apply to every configuration with a ratio < 1."""
-    if chunk_size <= 0:
-        raise ValueError(f"chunk_size must be > 0, got {chunk_size}")
+    chunk_size = positive_int("chunk_size", chunk_size)
     g = grid(axes)
     kw = dict(kwargs, misses=misses, strategy=strategy, params=params)
     if misses is not None and np.ndim(misses) != 1:

@@ -35,6 +35,7 @@ import numpy as np
 from ..layout import latent_entry_bytes, pool_slots, request_cache, step_entries
 from ..memory import kv_budget_bytes
 from ..specs import link_figures, resolve
+from ..validate import number_array
 from .costs import CostParams, gemm_time_s, layer_costs, lm_head_time_s
 
 __all__ = ["STRATEGIES", "StepResult", "simulate", "offload_overhead_s", "batch_limits", "ratio_for_batch",
@@ -194,20 +195,6 @@ class StepResult:
                              "feasible": self.feasible, "reason": self.reason})
 
 
-def _as_array(name, value, *, positive=True, integer=False):
-    try:
-        arr = np.asarray(value, dtype=float)
-    except (TypeError, ValueError):
-        raise TypeError(f"{name} must be a number or an array of numbers, got {value!r}") from None
-    if arr.ndim > 1:
-        raise ValueError(f"{name} must be a scalar or a 1-D array, got shape {arr.shape}")
-    if np.isnan(arr).any() or (positive and (arr <= 0).any()):
-        raise ValueError(f"{name} must be > 0 (no NaN), got {value!r}")
-    if integer and (arr != np.round(arr)).any():
-        raise ValueError(f"{name} must hold whole numbers, got {value!r}")
-    return arr
-
-
 def simulate(batch, context_len, ratio=1.0, *, misses=None, mtp_tokens=None, accept_ratio=None,
              h2d_GB_per_s=None, d2h_GB_per_s=None, strategy="best", params: CostParams | None = None,
              model="deepseek-v3.2-exp", deployment="paper-table1", gpu=None, host=None,
@@ -228,17 +215,17 @@ def simulate(batch, context_len, ratio=1.0, *, misses=None, mtp_tokens=None, acc
     if not isinstance(params, CostParams):
         raise TypeError(f"params must be a CostParams, got {type(params).__name__}")
     h2d_def, d2h_def = _default_link()
-    B = _as_array("batch", batch, integer=True)
-    L = _as_array("context_len", context_len, integer=True)
-    r = _as_array("ratio", ratio)
+    B = number_array("batch", batch, whole=True)
+    L = number_array("context_len", context_len, whole=True)
+    r = number_array("ratio", ratio)
     if (r > 1).any():
         raise ValueError(f"ratio must be in (0, 1], got {ratio!r}")
     if (L > model.max_position_embeddings).any():
         raise ValueError(f"context_len must not exceed {model.max_position_embeddings} tokens, got {context_len!r}")
-    T = _as_array("mtp_tokens", dep.mtp_tokens_per_step if mtp_tokens is None else mtp_tokens, integer=True)
-    acc = _as_array("accept_ratio", dep.mtp_accept_ratio if accept_ratio is None else accept_ratio)
-    link = _as_array("h2d_GB_per_s", h2d_def if h2d_GB_per_s is None else h2d_GB_per_s)
-    d2h = _as_array("d2h_GB_per_s", d2h_def if d2h_GB_per_s is None else d2h_GB_per_s)
+    T = number_array("mtp_tokens", dep.mtp_tokens_per_step if mtp_tokens is None else mtp_tokens, whole=True)
+    acc = number_array("accept_ratio", dep.mtp_accept_ratio if accept_ratio is None else accept_ratio)
+    link = number_array("h2d_GB_per_s", h2d_def if h2d_GB_per_s is None else h2d_GB_per_s, allow_inf=True)
+    d2h = number_array("d2h_GB_per_s", d2h_def if d2h_GB_per_s is None else d2h_GB_per_s, allow_inf=True)
     if misses is not None and np.ndim(misses) == 2:     # configurations may also be counted by the rows of misses
         B = np.broadcast_to(B, np.broadcast_shapes(B.shape, (np.shape(misses)[0],)))
     B, L, r, T, acc, link, d2h = np.broadcast_arrays(B, L, r, T, acc, link, d2h)

@@ -8,13 +8,14 @@ from typing import Sequence
 
 import numpy as np
 
-from ..attention import (_positive_int, decode_step, indexer_scores, resident_attention, softmax_scale,
+from ..attention import (decode_step, indexer_scores, resident_attention, softmax_scale,
                          sparse_mla_decode, topk_indices)
 from ..kernels import resolve_backend
 from ..layout import latent_layout, padded_tokens, pool_slots, step_entries
 from ..quant import encode_indexer_keys, encode_latent
 from ..specs import ModelSpec
 from ..storage import TieredCache
+from ..validate import positive_int
 
 __all__ = ["indexer_selection_example", "storage_precision", "lossless_check"]
 
@@ -24,7 +25,7 @@ def indexer_selection_example(model: ModelSpec, n_tokens: int = 96, *, topk: int
     """What the indexer picks on a small synthetic prefill: every position ``t`` queries with the key of token
     ``t - lag`` plus noise (a "look back" pattern), and token 0 has a large key (an attention sink). Returns
     ``scores`` (T, T) (row t = query at position t, -inf where s > t) and ``indices`` (T, K)."""
-    n_tokens = _positive_int(n_tokens, "n_tokens")
+    n_tokens = positive_int("n_tokens", n_tokens)
     rng = np.random.default_rng(seed)
     D, Hi = model.index_head_dim, model.index_n_heads
     k = rng.standard_normal((n_tokens, D))
@@ -101,7 +102,7 @@ def lossless_check(model: ModelSpec, *, ratios: Sequence[float] = (0.1, 0.3, 1.0
     if n_tokens is None:
         L = max(4 * K, padded_tokens(model, math.ceil(K / min(float(r) for r in ratios))))
     else:
-        L = _positive_int(n_tokens, "n_tokens")
+        L = positive_int("n_tokens", n_tokens)
     capacities = {r: pool_slots(model, r, L, need=step_entries(model, L)) for r in ratios}              # all checked before running
     rows = []
     for ratio in ratios:

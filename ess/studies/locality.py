@@ -10,6 +10,7 @@ from ..quant import encode_indexer_keys
 from ..specs import ModelSpec, model_spec
 from ..tracegen import _check_generator_args
 from ..traces import Trace, TraceRecorder
+from ..validate import real
 
 __all__ = ["record_indexer_trace"]
 
@@ -33,8 +34,7 @@ def record_indexer_trace(model: Any = "tiny", *, context_len: int = 1024, steps:
     k = model.index_topk
     context_len, k, mtp, steps, batch, n_layers, warmup_windows, seed = _check_generator_args(
         context_len, k, mtp, steps, batch, model.n_layers, warmup_windows, seed)
-    if not 0 <= query_correlation < 1:
-        raise ValueError(f"query_correlation must lie in [0, 1), got {query_correlation!r}")
+    query_correlation = real("query_correlation", query_correlation, lo=0.0, hi=1.0, hi_open=True)
     rng = np.random.default_rng(seed)
     Hi, D = model.index_n_heads, model.index_head_dim
     n_pos = context_len + steps * mtp

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...validate import int_array
 from .. import resolve_backend
 
 __all__ = ["copy_rows", "copy_rows_unchecked", "gather_rows", "scatter_rows", "TransferError"]
@@ -57,17 +58,7 @@ def _check_rows(name: str, a) -> tuple[int, int]:
 def _check_index(name: str, idx, n_rows: int) -> np.ndarray:
     if _is_torch(idx):
         idx = idx.detach().cpu().numpy()
-    if not isinstance(idx, np.ndarray):
-        raise TypeError(f"{name} must be a NumPy int64 array, got {type(idx).__name__}")
-    if idx.ndim != 1:
-        raise ValueError(f"{name} must be 1-D, got shape {idx.shape}")
-    if idx.dtype.kind not in "iu":
-        raise TypeError(f"{name} must hold integers (int64), got dtype {idx.dtype}")
-    idx = np.ascontiguousarray(idx, dtype=np.int64)
-    if idx.size and (idx.min() < -1 or idx.max() >= n_rows):
-        bad = idx[(idx < -1) | (idx >= n_rows)][0]
-        raise ValueError(f"{name} holds {bad}, outside [-1, {n_rows}) (-1 = padding)")
-    return idx
+    return int_array(name, idx, ndim=1, lo=-1, below=n_rows, shape_doc="(n,), -1 = padding")
 
 
 def _check_mode(mode) -> str:

@@ -1,0 +1,160 @@
+"""Argument checks, one contract for the whole library: a ``TypeError`` when an argument has the wrong type, a
+``ValueError`` when it has the wrong value, and the message names the argument and says what was expected. Each
+check returns the value in its normal form (a Python ``int`` or ``float``, a contiguous array), so that callers use
+what was checked.
+
+* :func:`integer` (and :func:`positive_int`, :func:`non_negative_int`): ``int`` and NumPy integers; ``bool`` and
+  floats are refused, even when whole;
+* :func:`real` (and :func:`ratio`, :func:`fraction`): finite ``int``/``float``/NumPy numbers in a range;
+* :func:`one_of`: a value from a fixed set;
+* :func:`int_array`: a NumPy integer array of a given rank with values in a range;
+* :func:`number_array`: numbers or arrays of numbers (vectorised arguments), finite, optionally > 0 and whole;
+* :func:`entries`: raw cache entries, ``uint8`` arrays of a given trailing shape.
+
+This module imports nothing from ``ess``: every layer may use it.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+import operator
+from typing import Any, Iterable
+
+import numpy as np
+
+__all__ = ["integer", "positive_int", "non_negative_int", "real", "ratio", "fraction", "one_of", "int_array",
+           "number_array", "entries"]
+
+
+def _what(value: Any) -> str:
+    return f"{type(value).__name__} {value!r}" if not isinstance(value, np.ndarray) else f"array {value.shape}"
+
+
+def integer(name: str, value: Any, *, lo: int | None = None, below: int | None = None) -> int:
+    """``value`` as an ``int``: an ``int`` or NumPy integer (not ``bool``, not a float), ``>= lo`` and ``< below``
+    when given."""
+    try:
+        if isinstance(value, (bool, np.bool_)):
+            raise TypeError
+        value = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an integer, got {_what(value)}") from None
+    if below is not None and not (lo if lo is not None else value) <= value < below:
+        raise ValueError(f"{name} must be in [{lo}, {below}), got {value}" if lo is not None else
+                         f"{name} must be < {below}, got {value}")
+    if lo is not None and value < lo:
+        what = {0: "a non-negative integer", 1: "a positive integer"}.get(lo, f">= {lo}")
+        raise ValueError(f"{name} must be {what}, got {value}")
+    return value
+
+
+def positive_int(name: str, value: Any) -> int:
+    """An integer > 0 (see :func:`integer`)."""
+    return integer(name, value, lo=1)
+
+
+def non_negative_int(name: str, value: Any) -> int:
+    """An integer >= 0 (see :func:`integer`)."""
+    return integer(name, value, lo=0)
+
+
+def real(name: str, value: Any, *, lo: float | None = None, hi: float | None = None, lo_open: bool = False,
+         hi_open: bool = False) -> float:
+    """``value`` as a finite ``float`` in the interval from ``lo`` to ``hi`` (closed unless ``lo_open`` /
+    ``hi_open``; ``None``: unbounded on that side). ``bool`` and strings are refused."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (numbers.Real, np.floating, np.integer)):
+        raise TypeError(f"{name} must be a number, got {_what(value)}")
+    value = float(value)
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be finite, got {value}")
+    low_ok = lo is None or (value > lo if lo_open else value >= lo)
+    high_ok = hi is None or (value < hi if hi_open else value <= hi)
+    if not (low_ok and high_ok):
+        if lo is not None and hi is not None:
+            want = f"in {'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open else ']'}"
+        elif lo is not None:
+            want = f"{'>' if lo_open else '>='} {lo:g}"
+        else:
+            want = f"{'<' if hi_open else '<='} {hi:g}"
+        raise ValueError(f"{name} must be {want}, got {value:g}")
+    return value
+
+
+def ratio(name: str, value: Any) -> float:
+    """A sparse-memory ratio (GPU-resident share of the latent cache): a number in (0, 1]."""
+    return real(name, value, lo=0.0, hi=1.0, lo_open=True)
+
+
+def fraction(name: str, value: Any) -> float:
+    """A share or probability: a number in [0, 1]."""
+    return real(name, value, lo=0.0, hi=1.0)
+
+
+def one_of(name: str, value: Any, choices: Iterable) -> Any:
+    """``value`` when it is one of ``choices`` (compared with ``==``); a ``ValueError`` listing them otherwise."""
+    choices = tuple(choices)
+    try:
+        ok = value in choices
+    except TypeError:                                    # unhashable or uncomparable
+        ok = False
+    if not ok:
+        raise ValueError(f"{name} must be one of {choices}, got {value!r}")
+    return value
+
+
+def int_array(name: str, value: Any, *, ndim: int | None = None, lo: int | None = None,
+              below: int | None = None, shape_doc: str = "") -> np.ndarray:
+    """A NumPy integer array (not ``bool``) of rank ``ndim`` whose values lie in ``[lo, below)``, returned as a
+    contiguous ``int64`` copy or view. ``shape_doc`` (e.g. ``"(K,)"``) is quoted in the messages."""
+    doc = f" {shape_doc}" if shape_doc else ""
+    if not isinstance(value, np.ndarray):
+        raise TypeError(f"{name} must be a NumPy integer array{doc}, got {type(value).__name__}")
+    if value.dtype.kind not in "iu":
+        raise TypeError(f"{name} must hold integers (int64){doc}, got dtype {value.dtype}")
+    if ndim is not None and value.ndim != ndim:
+        raise ValueError(f"{name} must be {ndim}-D{doc}, got shape {value.shape}")
+    arr = np.ascontiguousarray(value, dtype=np.int64)
+    if arr.size:
+        low, high = int(arr.min()), int(arr.max())
+        if (lo is not None and low < lo) or (below is not None and high >= below):
+            bad = low if lo is not None and low < lo else high
+            raise ValueError(f"{name} holds {bad}, outside [{'-inf' if lo is None else lo}, "
+                             f"{'inf' if below is None else below})")
+    return arr
+
+
+def number_array(name: str, value: Any, *, positive: bool = True, whole: bool = False,
+                 allow_inf: bool = False) -> np.ndarray:
+    """A number or a 1-D array of numbers (a vectorised argument) as a float64 array: not NaN, finite unless
+    ``allow_inf`` (e.g. an infinitely fast link), ``> 0`` when ``positive``, whole numbers when ``whole``."""
+    try:
+        if isinstance(value, (str, bytes, bool, np.bool_)):
+            raise TypeError
+        arr = np.asarray(value, dtype=float)
+    except (TypeError, ValueError):
+        raise TypeError(f"{name} must be a number or an array of numbers, got {_what(value)}") from None
+    if arr.ndim > 1:
+        raise ValueError(f"{name} must be a scalar or a 1-D array, got shape {arr.shape}")
+    if np.isnan(arr).any() or (not allow_inf and np.isinf(arr).any()) or (positive and (arr <= 0).any()):
+        raise ValueError(f"{name} must be {'a number' if allow_inf else 'finite'}{' and > 0' if positive else ''}, "
+                         f"got {value!r}")
+    if whole and (arr != np.round(arr)).any():
+        raise ValueError(f"{name} must hold whole numbers, got {value!r}")
+    return arr
+
+
+def entries(name: str, value: Any, tail: tuple[int, ...], *, ndim: int | tuple[int, ...] | None = None,
+            shape_doc: str = "") -> np.ndarray:
+    """Raw cache entries: a ``uint8`` array (NumPy, or anything ``np.asarray`` turns into one) whose trailing
+    dimensions are ``tail`` (e.g. ``(entry_bytes,)``) and whose rank is ``ndim`` (an int or allowed ints; default:
+    any rank >= ``len(tail)``). Returned C-contiguous. ``shape_doc`` (e.g. ``"(n_layers, L, 656)"``) is quoted in
+    the messages."""
+    doc = shape_doc or "(..., " + ", ".join(map(str, tail)) + ")"
+    arr = value if isinstance(value, np.ndarray) else np.asarray(value)
+    if arr.dtype != np.uint8:
+        raise TypeError(f"{name} must be uint8 cache entries {doc}, got dtype {arr.dtype}")
+    ranks = (ndim,) if isinstance(ndim, int) else ndim
+    rank_ok = arr.ndim >= len(tail) if ranks is None else arr.ndim in ranks
+    if not rank_ok or (tail and tuple(arr.shape[arr.ndim - len(tail):]) != tuple(tail)):
+        raise ValueError(f"{name} must have shape {doc}, got {arr.shape}")
+    return np.ascontiguousarray(arr)
