@@ -26,7 +26,7 @@ from .results import Recorder, load_records  # noqa: F401
 from .specs import (deployment_spec, gpu_spec, host_spec, list_deployments, list_gpus, list_hosts,  # noqa: F401
                     list_models, model_spec)
 from .disk import CorruptBlockError  # noqa: F401
-from .storage import StepResult, TieredCache  # noqa: F401
+from .storage import PoolStep, StepPlan, TieredCache  # noqa: F401
 from .tracegen import synthetic_trace  # noqa: F401
 from .traces import Trace, load_trace  # noqa: F401
 

@@ -344,9 +344,9 @@ def decode_step(cache, layer: int, request_ids: Sequence, q_index, index_weights
     index_keys: one (L_b, D + 4) uint8 indexer cache per request; q_index (B, Hi, D), index_weights (B, Hi), q
     (B, H, Dqk) as in :func:`indexer_scores` and :func:`sparse_mla_decode`. ``topk`` defaults to the model's.
 
-    The cache contract: ``check_step(request_id, layer, indices, scores=...)`` raises on bad input and changes
+    The cache contract: ``plan(request_id, layer, indices, scores=...)`` raises on bad input and changes
     nothing, ``step(...)`` with the same arguments, ``device_rows(slots)``. Every request id, the layer and every
-    request's top-K set (against that request's token count and the pool capacity) are checked with ``check_step``
+    request's top-K set (against that request's token count and the pool capacity) are checked with ``plan``
     before the first ``step``, so bad input leaves every pool as it was. A transfer that fails part-way through the
     batch (``TransferError``) leaves the earlier requests' steps done.
     """
@@ -360,9 +360,9 @@ def decode_step(cache, layer: int, request_ids: Sequence, q_index, index_weights
         raise TypeError("request_ids must be hashable request ids") from None
     if not distinct:
         raise ValueError(f"request_ids must be distinct (one top-K set per request), got {request_ids!r}")
-    for attr in ("check_step", "step", "device_rows"):
+    for attr in ("plan", "step", "device_rows"):
         if not callable(getattr(cache, attr, None)):
-            raise TypeError(f"cache must provide check_step(), step() and device_rows() (an ess.storage.TieredCache);"
+            raise TypeError(f"cache must provide plan(), step() and device_rows() (an ess.storage.TieredCache);"
                             f" {type(cache).__name__} has no {attr}()")
     keys, lengths = _ragged(index_keys, "index_keys", indexer_entry_bytes(model))
     if keys.shape[0] != B:
@@ -376,14 +376,14 @@ def decode_step(cache, layer: int, request_ids: Sequence, q_index, index_weights
     sel = np.take_along_axis(scores, np.maximum(indices, 0), axis=1).astype(np.float64)
     sel = np.where(indices >= 0, sel, 0.0)                                           # (B, K) scores of the picks
     for b, rid in enumerate(request_ids):                                            # all checks before any step
-        cache.check_step(rid, layer, indices[b], scores=sel[b])
+        cache.plan(rid, layer, indices[b], scores=sel[b])
     dtype = getattr(cache, "dtype", "fp8")
     E = latent_layout(model, dtype).entry_bytes
     pool = np.zeros((B * k, E), dtype=np.uint8)
     local = np.full((B, k), -1, dtype=np.int64)
     steps = []
     for b, rid in enumerate(request_ids):
-        res = cache.step(rid, layer, indices[b], scores=sel[b])                      # scores feed "importance"
+        res = cache.step(rid, layer, indices[b], scores=sel[b])                      # scores feed "heat"
         slots = np.asarray(res.slots, dtype=np.int64)
         valid = indices[b] >= 0
         if slots.shape != (k,) or np.any(slots[valid] < 0):

@@ -1,4 +1,4 @@
-"""Trace-driven simulation of the GPU latent pool: misses per (request, layer, step) for a replacement policy.
+"""Trace-driven simulation of the GPU latent pool, fast: misses per (request, layer, step) for a replacement policy.
 
 Each (request, layer) has its own pool of ``capacity`` slots (from a ratio: :func:`ess.layout.pool_slots`,
 ``floor(ratio x page-padded context)``, the rule the memory model and the storage use). For one step
@@ -8,46 +8,32 @@ with valid indices ``S`` (array order; -1 padding ignored):
 * victims for the misses are chosen among resident entries **not in S** by the policy;
 * afterwards every entry of S is resident.
 
-Policies (``policy=``):
-
-``"lru"``     least recently used first; after a step the entries of S are the most recent, ordered by their position
-              in the indices array (later = more recent). This is the paper's policy and must agree miss for miss with
-              ``ess.storage``.
-``"fifo"``    first loaded, first evicted; a hit does not refresh an entry.
-``"heat"``    smallest exponentially decayed access count first: heat(x) = sum over past steps s that read x of
-              ``decay ** (t - s)``.
-``"belady"``  the entry whose next use lies farthest in the future first (Belady 1966, "A study of replacement
-              algorithms for a virtual-storage computer", IBM Syst. J. 5(2)); offline, the bound no online policy beats
-              when all start from the same (empty) pool.
+The policies (``policy=``, one of :data:`ess.policies.POLICIES`: ``"lru"``, ``"fifo"``, ``"heat"``, ``"belady"``)
+are defined by their readable references in :mod:`ess.policies`; the Numba kernels here are their fast path and
+are tested against :func:`ess.policies.simulate_misses` miss for miss. Heat counts one per access (traces carry no
+indexer scores) with decay ``decay`` (:data:`ess.policies.DEFAULT_HEAT_DECAY`).
 
 Warmup (``warmup=True``) processes each of the trace's W warmup windows (the top-K of the last W prefill positions,
 in order) like a step, without counting its loads as misses (LRU-Warmup of the paper; any policy may use it).
 A pool smaller than one step's set is an error.
-
-The kernels are Numba; :func:`reference_misses` is a plain-Python LRU/FIFO over the same semantics, used as the
-oracle in tests and as the baseline in ``benchmarks/cachesim_throughput.py``.
 """
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
 from functools import lru_cache
-from itertools import islice
 from typing import Any, Iterable, Sequence
 
 import numpy as np
 
 from .layout import pool_slots
+from .policies import DEFAULT_HEAT_DECAY, POLICIES
 from .specs import model_spec
 from .tracegen import PAPER_WARMUP_WINDOWS, _check_model, synthetic_streams
 from .traces import Trace
-from .validate import one_of, positive_int, real
+from .validate import fraction, one_of, positive_int, real
 
-__all__ = ["POLICIES", "simulate", "simulate_sequence", "misses_per_layer", "misses_per_step",
-           "sweep_synthetic", "smallest_pool", "reference_misses", "DEFAULT_HEAT_DECAY"]
-
-POLICIES = ("lru", "fifo", "heat", "belady")
-DEFAULT_HEAT_DECAY = 0.5  # design choice: a step's access weighs half the one after it (heat halves every step)
+__all__ = ["simulate", "simulate_sequence", "misses_per_layer", "misses_per_step", "sweep_synthetic",
+           "smallest_pool"]
 
 
 # ----------------------------------------------------------------------------------------------------- validation
@@ -59,7 +45,7 @@ def _capacity(ratio: Any, context_len: int, k: int) -> int:
 
 def _check_policy(policy: str, decay: float) -> None:
     one_of("policy", policy, POLICIES)
-    real("decay", decay, lo=0.0, hi=1.0, lo_open=True, hi_open=True)
+    fraction("decay", decay)
 
 
 # ---------------------------------------------------------------------------------------------------- kernels
@@ -82,6 +68,21 @@ def _kernels():
         prv[x] = a
         nxt[x] = H
         prv[H] = x
+
+    @njit(cache=True, inline="always")
+    def _mark_step(seq, t, mark, res):
+        """Mark step t's valid entries (mark[x] = t + 1); return (entries, of which resident)."""
+        size = 0
+        hits = 0
+        for j in range(seq.shape[1]):
+            x = seq[t, j]
+            if x < 0:
+                continue
+            size += 1
+            mark[x] = t + 1
+            if res[x]:
+                hits += 1
+        return size, hits
 
     @njit(cache=True, nogil=True)
     def lru(seq, n_free, capacity, n_pos, out):
@@ -139,16 +140,7 @@ def _kernels():
         n_res = 0
         T, W = seq.shape
         for t in range(T):
-            size = 0
-            hits = 0
-            for j in range(W):
-                x = seq[t, j]
-                if x < 0:
-                    continue
-                size += 1
-                mark[x] = t + 1
-                if res[x]:
-                    hits += 1
+            size, hits = _mark_step(seq, t, mark, res)
             if size > capacity:
                 return t
             misses = size - hits
@@ -267,26 +259,67 @@ def _kernels():
         return -1
 
     @njit(cache=True, nogil=True)
-    def heat_keys(seq, n_pos, decay):
-        """log of the decayed access count, scaled by decay**-t so keys at different steps compare."""
-        g = -math.log(decay)
-        la = np.full(n_pos, -np.inf)
-        keys = np.empty(seq.shape, np.float64)
-        for t in range(seq.shape[0]):
-            for j in range(seq.shape[1]):
+    def heat(seq, n_free, capacity, n_pos, decay, out):
+        """ess.policies.HeatPolicy with weight 1 per access: after each step every resident entry's heat is
+        multiplied by ``decay``, then each entry of S adds 1 (in S order, stamped as most recent); victims are the
+        residents not in S with the lowest heat, ties by least recent use; an evicted entry's heat is forgotten.
+        The same float operations in the same order as the reference, so the two agree miss for miss."""
+        heat = np.zeros(n_pos, np.float64)
+        stamp = np.zeros(n_pos, np.int64)
+        res = np.zeros(n_pos, np.bool_)
+        mark = np.zeros(n_pos, np.int64)              # == t + 1: selected by step t
+        members = np.empty(capacity, np.int64)        # resident positions (unordered)
+        where = np.full(n_pos, -1, np.int64)          # index of a resident in members
+        cand = np.empty(capacity, np.int64)
+        n_res = 0
+        clock = 0
+        T, W = seq.shape
+        for t in range(T):
+            size, hits = _mark_step(seq, t, mark, res)
+            if size > capacity:
+                return t
+            misses = size - hits
+            evict = n_res + misses - capacity
+            if evict > 0:
+                nc = 0
+                for i in range(n_res):
+                    v = members[i]
+                    if mark[v] != t + 1:
+                        cand[nc] = v
+                        nc += 1
+                c = cand[:nc][np.argsort(stamp[cand[:nc]], kind="mergesort")]     # LRU order first ...
+                c = c[np.argsort(heat[c], kind="mergesort")]                        # ... then heat, stable
+                for i in range(evict):
+                    v = c[i]
+                    res[v] = False
+                    heat[v] = 0.0
+                    stamp[v] = 0
+                    k = where[v]
+                    last = members[n_res - 1]
+                    members[k] = last
+                    where[last] = k
+                    where[v] = -1
+                    n_res -= 1
+            for j in range(W):
+                x = seq[t, j]
+                if x < 0 or res[x]:
+                    continue
+                res[x] = True
+                members[n_res] = x
+                where[x] = n_res
+                n_res += 1
+            for i in range(n_res):
+                heat[members[i]] *= decay
+            for j in range(W):
                 x = seq[t, j]
                 if x < 0:
-                    keys[t, j] = 0.0
                     continue
-                v = t * g
-                a = la[x]
-                if a == -np.inf:
-                    la[x] = v
-                else:
-                    m = max(a, v)
-                    la[x] = m + math.log(math.exp(a - m) + math.exp(v - m))
-                keys[t, j] = la[x]
-        return keys
+                heat[x] += 1.0
+                clock += 1
+                stamp[x] = clock
+            if t >= n_free:
+                out[t - n_free] = misses
+        return -1
 
     @njit(cache=True, nogil=True)
     def belady_keys(seq, n_pos):
@@ -304,7 +337,7 @@ def _kernels():
                     nxt_use[x] = t
         return keys
 
-    return {"lru": lru, "fifo": fifo, "keyed": keyed, "heat_keys": heat_keys, "belady_keys": belady_keys}
+    return {"lru": lru, "fifo": fifo, "heat": heat, "keyed": keyed, "belady_keys": belady_keys}
 
 
 def _pad_rows(rows: np.ndarray, width: int) -> np.ndarray:
@@ -338,9 +371,10 @@ def _run_seq(seq: np.ndarray, n_free: int, capacity: int, policy: str, n_pos: in
     out = np.zeros(seq.shape[0] - n_free, np.int64)
     if policy in ("lru", "fifo"):
         bad = kern[policy](seq, n_free, capacity, n_pos, out)
+    elif policy == "heat":
+        bad = kern["heat"](seq, n_free, capacity, n_pos, float(decay), out)
     else:
-        keys = kern["heat_keys"](seq, n_pos, float(decay)) if policy == "heat" else kern["belady_keys"](seq, n_pos)
-        bad = kern["keyed"](seq, keys, n_free, capacity, n_pos, out)
+        bad = kern["keyed"](seq, kern["belady_keys"](seq, n_pos), n_free, capacity, n_pos, out)
     if bad >= 0:
         size = int((seq[bad] >= 0).sum())
         what = f"warmup window {bad}" if bad < n_free else f"step {bad - n_free}"
@@ -459,36 +493,6 @@ def misses_per_layer(context_len: int, ratio: float, *, n_layers: int = 61, k: i
     return misses_per_step(context_len, ratio, n_layers=n_layers, k=k, mtp=mtp, steps=steps, batch=batch,
                            warmup=warmup, policy=policy, seed=seed, profile=profile, model=model,
                            **kwargs).mean(axis=1)
-
-
-# ------------------------------------------------------------------------------------------- plain-Python oracle
-def reference_misses(steps: np.ndarray, capacity: int, *, policy: str = "lru", warm: np.ndarray | None = None) -> list:
-    """Readable plain-Python LRU/FIFO with the module's semantics (an OrderedDict per pool); misses per step."""
-    if policy not in ("lru", "fifo"):
-        raise ValueError(f"reference_misses supports 'lru' and 'fifo', got {policy!r}")
-    pool: OrderedDict = OrderedDict()                 # first = least recent (LRU) / first loaded (FIFO)
-    rows = ([(r, False) for r in warm] if warm is not None else []) + [(r, True) for r in steps]
-    out = []
-    for row, counted in rows:
-        S = [int(x) for x in row if x >= 0]
-        if len(S) > capacity:
-            raise ValueError(f"the pool ({capacity} slots) is smaller than a step's {len(S)} entries")
-        in_s = set(S)
-        missing = [x for x in S if x not in pool]
-        excess = len(pool) + len(missing) - capacity
-        if excess > 0:
-            victims = list(islice((v for v in pool if v not in in_s), excess))
-            for v in victims:
-                del pool[v]
-        for x in S:
-            if policy == "lru":
-                pool.pop(x, None)
-                pool[x] = True
-            elif x not in pool:
-                pool[x] = True
-        if counted:
-            out.append(len(missing))
-    return out
 
 
 def smallest_pool(context_len: int, target: float, *, resolution: int | None = None, k: int = 2048, mtp: int = 2,

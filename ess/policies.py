@@ -1,41 +1,59 @@
-"""Eviction policies of the GPU pool: LRU (the paper's), FIFO and importance; LRU-Warmup seeding.
+"""Eviction policies of the GPU pool: one readable reference per policy -- LRU, FIFO, heat and Belady -- and the slot
+bookkeeping of one pool (:class:`SlotPool`), shared by the storage (:class:`ess.storage.TieredCache`), the plain
+miss count (:func:`simulate_misses`) and the prefetch simulator (:mod:`ess.prefetch`). The Numba kernels of
+:mod:`ess.cachesim` are the fast path of :func:`simulate_misses`, tested against it miss for miss.
 
 A pool of ``capacity`` slots belongs to one (request, layer). One decode step selects a set S of tokens (the valid
 top-K indices, in array order); hits are S ∩ pool, misses S \\ pool. The misses go to free slots first, then to
 victims chosen by the policy among the resident entries **not in S** (an entry selected this step is never
-evicted by the same step). The policy sees slots only; :class:`ess.storage.TieredCache` keeps the token map.
+evicted by the same step). A policy sees slots only; the pool keeps the token map.
 
-Ranking (lowest evicted first, ties broken by the lower slot number):
+Ranking (lowest evicted first; ties by LRU order, which is unique among resident entries):
 
 * ``"lru"``: last use. After a step the entries of S are the most recent, ordered by their position in the indices
   array (a later position is more recent), hits and misses alike. This is the paper's policy ([ARX] "managed by
-  LRU per layer"); the exact order inside one step is ours (the paper does not say), and
-  :func:`simulate_misses` and ``ess.cachesim`` use the same rule.
+  LRU per layer"); the order inside one step is ours (the paper does not say).
 * ``"fifo"``: insertion time; a hit does not refresh it.
-* ``"importance"``: a decayed indexer score. Each step every resident entry's score is multiplied by ``decay``
-  (default 0.5, a design choice), then each entry of S adds its score for this step (the indexer score passed as
-  ``scores``, aligned with the indices; 1.0 each when no scores are given, which makes it a decayed access count).
-  The lowest score is evicted first, ties by LRU order.
+* ``"heat"``: a decayed access weight since the entry was loaded. After each step every resident entry's heat is
+  multiplied by ``decay`` (in [0, 1]; :data:`DEFAULT_HEAT_DECAY`), then each entry of S adds its weight for this
+  step: the indexer score of the selected token when the caller passes ``weights`` (aligned with S), else 1 (a
+  decayed access count). An evicted entry's heat is forgotten. ``decay = 0`` keeps the last step's weight only,
+  ``decay = 1`` sums all weights since the load.
+* ``"belady"``: the entry whose next use lies farthest in the future goes first (Belady 1966, "A study of
+  replacement algorithms for a virtual-storage computer", IBM Syst. J. 5(2)); entries never used again first.
+  It needs the future, so it runs offline only, over a whole sequence (:func:`simulate_misses`,
+  :mod:`ess.cachesim`); with no warmup it is the bound no online policy beats. The storage runs the online
+  policies, :data:`ONLINE_POLICIES`.
 
 **LRU-Warmup** ([ARX]): before decoding, the top-K sets of the last W prefill positions are fed to the pool in order,
-each like one step, so that the first decode steps find the hot entries resident (:meth:`TieredCache.warmup`).
+each like one step (weight 1), so that the first decode steps find the hot entries resident.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 
 from .validate import fraction, int_array, one_of, positive_int
 
-__all__ = ["POLICIES", "EvictionPolicy", "LRUPolicy", "FIFOPolicy", "ImportancePolicy", "make_policy",
-           "simulate_misses", "check_step_indices", "plan_slots", "commit_slots"]
+__all__ = ["POLICIES", "ONLINE_POLICIES", "DEFAULT_HEAT_DECAY", "EvictionPolicy", "LRUPolicy", "FIFOPolicy",
+           "HeatPolicy", "BeladyPolicy", "make_policy", "SlotPlan", "SlotPool", "check_step_indices",
+           "simulate_misses", "next_uses"]
 
-POLICIES = ("lru", "fifo", "importance")
+POLICIES = ("lru", "fifo", "heat", "belady")
+ONLINE_POLICIES = ("lru", "fifo", "heat")         # Belady needs the future: simulations over a whole sequence only
+DEFAULT_HEAT_DECAY = 0.5   # design choice: a step's access weighs half the one after it (heat halves every step)
 
+
+# ----------------------------------------------------------------------------------------------------------------
+# The policies (state per slot)
+# ----------------------------------------------------------------------------------------------------------------
 
 class EvictionPolicy:
-    """Per-pool eviction state over ``capacity`` slots. Subclasses define :meth:`_keys` and :meth:`update`.
-
-    :meth:`choose_victims` never changes the state; :meth:`update` is called once the step's transfers succeeded."""
+    """Per-pool eviction state over ``capacity`` slots. Subclasses define :meth:`_keys` and may extend
+    :meth:`update`. :meth:`choose_victims` never changes the state; :meth:`update` records a step once its
+    transfers succeeded."""
 
     name = "base"
 
@@ -44,7 +62,6 @@ class EvictionPolicy:
         self.clock = 0                                       # counts entry touches, for recency order
         self.stamp = np.zeros(self.capacity, np.int64)       # last use (LRU order, also the tie-breaker)
 
-    # -- ranking ---------------------------------------------------------------------------------------------
     def _keys(self) -> tuple[np.ndarray, ...]:
         """Sort keys per slot, most significant last (``np.lexsort`` order); lowest is evicted first."""
         raise NotImplementedError
@@ -59,14 +76,21 @@ class EvictionPolicy:
         order = np.lexsort((candidates,) + keys)
         return candidates[order[:n]].astype(np.int64)
 
-    # -- state changes ---------------------------------------------------------------------------------------
-    def _touch(self, slots: np.ndarray) -> None:
+    def touch(self, slots: np.ndarray) -> None:
+        """Make ``slots`` the most recent, in array order (a later position is more recent)."""
         self.stamp[slots] = self.clock + 1 + np.arange(slots.size)
         self.clock += int(slots.size)
 
-    def update(self, slots: np.ndarray, inserted: np.ndarray, scores: np.ndarray | None) -> None:
-        """After a step: ``slots`` of S in indices order, ``inserted`` marks the ones loaded by this step."""
-        self._touch(slots)
+    def touch_cold(self, slots: np.ndarray) -> None:
+        """Make ``slots`` the least recent, below every other entry, the first of them the warmest (a background
+        load that should go first)."""
+        low = min(int(self.stamp.min(initial=0)), 0)
+        self.stamp[slots] = low - 1 - np.arange(slots.size)
+
+    def update(self, slots: np.ndarray, inserted: np.ndarray, weights: np.ndarray | None) -> None:
+        """After a step: ``slots`` of S in indices order, ``inserted`` marks the ones loaded by this step,
+        ``weights`` (aligned with ``slots``) what the policy weighs them by (``None``: 1 each)."""
+        self.touch(slots)
 
     def clear(self, slots: np.ndarray) -> None:
         """Forget the entries of ``slots`` (evicted or freed)."""
@@ -96,13 +120,13 @@ class FIFOPolicy(EvictionPolicy):
         self.n_inserted = 0
 
     def _keys(self):
-        return (self.inserted_at,)
+        return (self.stamp, self.inserted_at)          # insertion decides; LRU order breaks (impossible) ties
 
-    def update(self, slots, inserted, scores):
+    def update(self, slots, inserted, weights):
         new = slots[inserted]
         self.inserted_at[new] = self.n_inserted + 1 + np.arange(new.size)
         self.n_inserted += int(new.size)
-        self._touch(slots)
+        self.touch(slots)
 
     def clear(self, slots):
         super().clear(slots)
@@ -117,48 +141,195 @@ class FIFOPolicy(EvictionPolicy):
         self.n_inserted = int(state["n_inserted"])
 
 
-class ImportancePolicy(EvictionPolicy):
-    name = "importance"
+class HeatPolicy(EvictionPolicy):
+    name = "heat"
 
-    def __init__(self, capacity: int, decay: float = 0.5):
+    def __init__(self, capacity: int, decay: float = DEFAULT_HEAT_DECAY):
         super().__init__(capacity)
         self.decay = fraction("decay", decay)
-        self.score = np.zeros(self.capacity, np.float64)
+        self.heat = np.zeros(self.capacity, np.float64)
 
     def _keys(self):
-        return (self.stamp, self.score)            # score decides, LRU order breaks ties
+        return (self.stamp, self.heat)                 # heat decides, LRU order breaks ties
 
-    def update(self, slots, inserted, scores):
-        self.score *= self.decay
-        add = np.ones(slots.size) if scores is None else np.asarray(scores, np.float64)
-        self.score[slots] += add
-        self._touch(slots)
+    def update(self, slots, inserted, weights):
+        self.heat *= self.decay
+        self.heat[slots] += np.ones(slots.size) if weights is None else np.asarray(weights, np.float64)
+        self.touch(slots)
 
     def clear(self, slots):
         super().clear(slots)
-        self.score[slots] = 0.0
+        self.heat[slots] = 0.0
 
     def state(self):
-        return {**super().state(), "score": self.score.copy()}
+        return {**super().state(), "heat": self.heat.copy()}
 
     def set_state(self, state):
         super().set_state(state)
-        self.score[:] = state["score"]
+        self.heat[:] = state["heat"]
+
+
+class BeladyPolicy(EvictionPolicy):
+    """Offline: :meth:`update` takes, as ``weights``, the step at which each selected entry is used next (a step
+    past the end for "never"); the farthest goes first."""
+
+    name = "belady"
+
+    def __init__(self, capacity: int):
+        super().__init__(capacity)
+        self.next_use = np.zeros(self.capacity, np.int64)
+
+    def _keys(self):
+        return (self.stamp, -self.next_use)
+
+    def update(self, slots, inserted, weights):
+        if weights is None:
+            raise ValueError("the belady policy needs each selected entry's next use (weights)")
+        self.next_use[slots] = np.asarray(weights, np.int64)
+        self.touch(slots)
+
+    def clear(self, slots):
+        super().clear(slots)
+        self.next_use[slots] = 0
+
+    def state(self):
+        return {**super().state(), "next_use": self.next_use.copy()}
+
+    def set_state(self, state):
+        super().set_state(state)
+        self.next_use[:] = state["next_use"]
+
+
+_CLASSES = {"lru": LRUPolicy, "fifo": FIFOPolicy, "heat": HeatPolicy, "belady": BeladyPolicy}
 
 
 def make_policy(name: str, capacity: int, **options) -> EvictionPolicy:
-    """A policy by name: ``"lru"``, ``"fifo"`` or ``"importance"`` (option ``decay``)."""
+    """A policy by name: one of :data:`POLICIES` (``"heat"`` takes the option ``decay``)."""
     one_of("policy", name, POLICIES)
-    if name == "lru":
-        return LRUPolicy(capacity, **options)
-    if name == "fifo":
-        return FIFOPolicy(capacity, **options)
-    return ImportancePolicy(capacity, **options)
+    return _CLASSES[name](capacity, **options)
 
+
+# ----------------------------------------------------------------------------------------------------------------
+# One pool's slots
+# ----------------------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class SlotPlan:
+    """Where one step's selected tokens will be, computed without changing anything (:meth:`SlotPool.plan`).
+
+    ``tokens`` (K',) the valid selected tokens in array order; ``slots`` (K',) the local slot of each after the step
+    (hits: where they are; misses: a free slot or a victim's); ``miss`` (K',) bool; ``victims`` the slots whose
+    entries the misses replace (a subset of ``slots[miss]``); ``version`` the pool version it was made against."""
+
+    tokens: np.ndarray
+    slots: np.ndarray
+    miss: np.ndarray
+    victims: np.ndarray
+    version: int
+
+    @property
+    def n_misses(self) -> int:
+        return int(self.miss.sum())
+
+
+class SlotPool:
+    """The token <-> slot map of one pool and its eviction policy. A step is :meth:`plan` (no change), the caller's
+    copy of the missed rows into ``plan.slots[plan.miss]``, then :meth:`commit`; a copy that fails calls
+    :meth:`drop` with the victims' slots, whose old entries are no longer whole."""
+
+    def __init__(self, capacity: int, policy: str = "lru", n_tokens: int = 1, **policy_options):
+        self.policy = make_policy(policy, capacity, **policy_options)
+        self.capacity = self.policy.capacity
+        self.token_of = np.full(self.capacity, -1, np.int64)     # token in each slot, -1 = free
+        self.slot_of = np.full(max(int(n_tokens), 1), -1, np.int64)   # slot of each token, -1 = not resident
+        self.version = 0                                          # bumped by every change
+
+    def grow(self, n_tokens: int) -> None:
+        """Make room in the token map for tokens ``0 .. n_tokens - 1`` (at least doubling)."""
+        if n_tokens > self.slot_of.size:
+            extra = max(n_tokens, 2 * self.slot_of.size) - self.slot_of.size
+            self.slot_of = np.concatenate([self.slot_of, np.full(extra, -1, np.int64)])
+
+    def plan(self, tokens: np.ndarray, rank=None) -> SlotPlan:
+        """The plan for selecting ``tokens`` (valid, distinct, at most ``capacity``; int64, in array order).
+        ``rank`` (optional) replaces the policy's choice of victims: a function of the candidate tokens returning
+        one key each, lowest evicted first, ties by token."""
+        slots = np.full(tokens.size, -1, np.int64)                  # (K',) -1 = miss
+        known = tokens < self.slot_of.size                          # a token past the map was never resident
+        slots[known] = self.slot_of[tokens[known]]
+        miss = slots < 0
+        n_miss = int(miss.sum())
+        free = np.flatnonzero(self.token_of < 0)[:n_miss]
+        in_s = np.zeros(self.capacity, bool)
+        in_s[slots[~miss]] = True
+        candidates = np.flatnonzero((self.token_of >= 0) & ~in_s)
+        n_victims = n_miss - free.size
+        if rank is None or n_victims <= 0:
+            victims = self.policy.choose_victims(candidates, max(n_victims, 0))
+        else:
+            candidates = candidates[np.argsort(self.token_of[candidates], kind="stable")]
+            key = np.asarray(rank(self.token_of[candidates]))
+            victims = candidates[np.argsort(key, kind="stable")[:n_victims]].astype(np.int64)
+            if victims.size < n_victims:
+                raise ValueError(f"{n_victims} victims needed but only {candidates.size} evictable slots")
+        slots = slots.copy()
+        slots[miss] = np.concatenate([free, victims])
+        return SlotPlan(tokens, slots, miss, victims, self.version)
+
+    def _check_current(self, plan: SlotPlan) -> None:
+        if plan.version != self.version:
+            raise ValueError(f"the plan was made against version {plan.version} of this pool, which is now at "
+                             f"{self.version}: plan again")
+
+    def commit(self, plan: SlotPlan, weights: np.ndarray | None = None) -> np.ndarray:
+        """Apply ``plan`` once the missed rows are in place: the victims' tokens leave, the missed tokens take their
+        slots and the policy sees the step (``weights`` aligned with ``plan.tokens``). Returns the evicted tokens."""
+        self._check_current(plan)
+        self.grow(int(plan.tokens.max(initial=-1)) + 1)
+        evicted = self.token_of[plan.victims].copy()
+        self.slot_of[evicted] = -1
+        self.policy.clear(plan.victims)
+        new_slots, new_tokens = plan.slots[plan.miss], plan.tokens[plan.miss]
+        self.token_of[new_slots] = new_tokens
+        self.slot_of[new_tokens] = new_slots
+        self.policy.update(plan.slots, plan.miss, weights)
+        self.version += 1
+        return evicted
+
+    def drop(self, slots: np.ndarray) -> None:
+        """Forget the entries in ``slots`` (their rows may be half overwritten); free slots stay free."""
+        held = slots[self.token_of[slots] >= 0]
+        self.slot_of[self.token_of[held]] = -1
+        self.token_of[held] = -1
+        self.policy.clear(held)
+        self.version += 1
+
+    def resident(self) -> np.ndarray:
+        """Resident tokens in eviction order (first to go first)."""
+        slots = np.flatnonzero(self.token_of >= 0)
+        return self.token_of[self.policy.choose_victims(slots, slots.size)]
+
+    def state(self) -> dict:
+        """A copy of the map and the policy state (for snapshots and the disk tier)."""
+        return {"token_of": self.token_of.copy(), "slot_of": self.slot_of.copy(), "policy": self.policy.state()}
+
+    def set_token_map(self, token_of: np.ndarray) -> None:
+        """Replace the map by ``token_of`` (capacity,) (a restored pool); the policy state is set separately."""
+        self.token_of[:] = token_of
+        self.slot_of[:] = -1
+        held = np.flatnonzero(self.token_of >= 0)
+        self.grow(int(self.token_of.max(initial=-1)) + 1)
+        self.slot_of[self.token_of[held]] = held
+        self.version += 1
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Checking one step's indices, and the plain miss count
+# ----------------------------------------------------------------------------------------------------------------
 
 def check_step_indices(indices, n_tokens: int, capacity: int, name: str = "indices") -> np.ndarray:
-    """Validate one step's top-K indices: 1-D integers in ``[-1, n_tokens)``, no repeated valid index, at most
-    ``capacity`` valid ones. Returns them as a contiguous int64 array."""
+    """Validate one step's top-K indices: a 1-D NumPy integer array in ``[-1, n_tokens)``, no repeated valid index,
+    at most ``capacity`` valid ones. Returns them as a contiguous int64 array."""
     idx = int_array(name, indices, ndim=1, lo=-1, below=n_tokens, shape_doc="(K,), -1 = padding")
     valid = idx[idx >= 0]
     if valid.size > capacity:
@@ -170,58 +341,44 @@ def check_step_indices(indices, n_tokens: int, capacity: int, name: str = "indic
     return idx
 
 
-def plan_slots(local: np.ndarray, token_of: np.ndarray, policy: EvictionPolicy) -> tuple:
-    """Where one step's misses go, without changing anything. ``local`` (K',) is the pool slot of each valid index
-    (-1 = miss), ``token_of`` (capacity,) the token in each slot (-1 = free). Returns ``(miss, new_slots, victims)``:
-    the miss mask, the slot of each miss (free slots first, then the policy's victims among the resident entries not
-    selected this step) and the victims."""
-    miss = local < 0
-    n_miss = int(miss.sum())
-    free = np.flatnonzero(token_of < 0)[:n_miss]
-    in_s = np.zeros(token_of.size, bool)
-    in_s[local[~miss]] = True
-    candidates = np.flatnonzero((token_of >= 0) & ~in_s)
-    victims = policy.choose_victims(candidates, n_miss - free.size)
-    return miss, np.concatenate([free, victims]).astype(np.int64), victims
+def next_uses(rows: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """For each row ``t`` of a sequence of index sets, the next row at which each valid entry is selected again
+    (``len(rows)`` when never): Belady's key."""
+    never = len(rows)
+    nxt: dict[int, int] = {}
+    out: list[np.ndarray] = [np.empty(0, np.int64)] * never
+    for t in range(never - 1, -1, -1):
+        valid = [int(x) for x in rows[t] if x >= 0]
+        out[t] = np.array([nxt.get(x, never) for x in valid], np.int64)
+        for x in valid:
+            nxt[x] = t
+    return out
 
 
-def commit_slots(token_of: np.ndarray, slot_of: np.ndarray, policy: EvictionPolicy, local: np.ndarray,
-                 miss: np.ndarray, new_slots: np.ndarray, victims: np.ndarray, tokens: np.ndarray,
-                 scores: np.ndarray | None) -> np.ndarray:
-    """Apply a :func:`plan_slots` plan once the misses' rows are in place: the victims' tokens leave, the missed
-    ``tokens`` take ``new_slots``, ``local`` is filled in and the policy sees the step. ``slot_of`` maps token ->
-    slot (-1 = not resident). Returns the evicted tokens."""
-    evicted = token_of[victims].copy()
-    slot_of[evicted] = -1
-    policy.clear(victims)
-    token_of[new_slots] = tokens
-    slot_of[tokens] = new_slots
-    local[miss] = new_slots
-    policy.update(local, miss, scores)
-    return evicted
-
-
-def simulate_misses(trace, capacity: int, *, policy: str = "lru", warmup=(), scores=None) -> np.ndarray:
-    """Misses per step of one pool over ``trace`` (a sequence of index arrays, -1 padding), without bytes.
-
-    The same slot bookkeeping as :class:`ess.storage.TieredCache` (:func:`plan_slots` and :func:`commit_slots`,
-    shared with it); ``warmup`` windows are applied first and not counted."""
-    pol = make_policy(policy, capacity)
-    slot_of = np.full(1, -1, np.int64)
-    token_of = np.full(capacity, -1, np.int64)
+def simulate_misses(steps: Sequence[np.ndarray], capacity: int, *, policy: str = "lru",
+                    warmup: Sequence[np.ndarray] = (), weights: Sequence[np.ndarray] | None = None,
+                    decay: float = DEFAULT_HEAT_DECAY) -> np.ndarray:
+    """Misses per step of one pool over ``steps`` (a sequence of index arrays, ``-1`` padding), without bytes: the
+    readable reference of every policy. The slot bookkeeping is :class:`SlotPool`, the storage's; the ``warmup``
+    windows are applied first, each like a step, and not counted. ``weights`` (one array per step, aligned with its
+    indices, padding included, as :meth:`ess.storage.TieredCache.step` takes them) feed the heat policy (default 1
+    each; windows always 1); ``decay`` is the heat decay."""
+    rows = [np.asarray(r) for r in list(warmup) + list(steps)]
+    n_warm = len(list(warmup))
+    options = {"decay": decay} if policy == "heat" else {}
+    pool = SlotPool(capacity, policy, **options)
+    future = next_uses(rows) if policy == "belady" else None
     misses = []
-    for t, idx in enumerate(list(warmup) + list(trace)):
-        n_tok = max(int(np.max(idx)) + 1, 1) if len(idx) else 1
-        idx = check_step_indices(np.asarray(idx), n_tok, capacity)
-        if n_tok > slot_of.size:
-            slot_of = np.concatenate([slot_of, np.full(max(n_tok, 2 * slot_of.size) - slot_of.size, -1, np.int64)])
-        valid = idx[idx >= 0]
-        local = slot_of[valid]
-        miss, new_slots, victims = plan_slots(local, token_of, pol)
-        sc = None
-        if scores is not None and t >= len(warmup):
-            sc = np.asarray(scores[t - len(warmup)], np.float64)[idx >= 0]
-        commit_slots(token_of, slot_of, pol, local, miss, new_slots, victims, valid[miss], sc)
-        if t >= len(warmup):
-            misses.append(int(miss.sum()))
+    for t, row in enumerate(rows):
+        idx = check_step_indices(row, max(int(row.max(initial=-1)) + 1, 1), capacity)
+        tokens = idx[idx >= 0]
+        plan = pool.plan(tokens)
+        w = None
+        if future is not None:
+            w = future[t]
+        elif weights is not None and t >= n_warm:
+            w = np.asarray(weights[t - n_warm], np.float64)[idx >= 0]
+        pool.commit(plan, w)
+        if t >= n_warm:
+            misses.append(plan.n_misses)
     return np.asarray(misses, np.int64)

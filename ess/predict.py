@@ -7,7 +7,9 @@ prefetch speculatively (:mod:`ess.prefetch`). Here:
 * :class:`History` -- the selection history of one pool (one request, one layer): the last ``history`` steps' sets as bits
   and an exponentially decayed access count ("heat") per position. Features of an entry at step ``t``: for each of
   the last ``history`` steps, ``(selected, heat after that step)``; shape ``(N, history, 2)``.
-* :class:`HeatScorer` -- score = heat (no learning; the ``"heat"`` policy of :mod:`ess.cachesim`).
+* :class:`HeatScorer` -- score = heat (no learning): the decayed selection count of :mod:`ess.policies`' heat, with
+  the same decay (:data:`ess.policies.DEFAULT_HEAT_DECAY`), counted over the whole observed history of a position
+  (the eviction policy counts from the entry's load only, all a pool knows).
 * :class:`LSTMHeatPredictor` -- a one-layer LSTM (``hidden`` units) over those ``history`` feature vectors and a linear
   read-out to the logit of "selected at ``t + 1``"; trained with binary cross-entropy on a trace's own history
   (every entry seen in the last ``history`` steps, plus as many never-recently-seen entries), seeded and reproducible.
@@ -21,11 +23,11 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from .policies import DEFAULT_HEAT_DECAY
 from .validate import fraction, int_array, integer, positive_int
 
-__all__ = ["History", "HeatScorer", "LSTMHeatPredictor", "PredictorReport", "evaluate_predictor", "DEFAULT_DECAY"]
+__all__ = ["History", "HeatScorer", "LSTMHeatPredictor", "PredictorReport", "evaluate_predictor"]
 
-DEFAULT_DECAY = 0.5   # design choice, the same heat decay as ess.cachesim.DEFAULT_HEAT_DECAY
 
 
 def _check_seq(seq: Any) -> np.ndarray:
@@ -38,7 +40,7 @@ def _check_seq(seq: Any) -> np.ndarray:
 class History:
     """Selection history of one pool over positions ``0 .. n_positions - 1``."""
 
-    def __init__(self, n_positions: int, history: int = 8, decay: float = DEFAULT_DECAY):
+    def __init__(self, n_positions: int, history: int = 8, decay: float = DEFAULT_HEAT_DECAY):
         self.n_positions = positive_int("n_positions", n_positions)
         self.history = positive_int("history", history)
         self.decay = fraction("decay", decay)
@@ -109,7 +111,7 @@ class LSTMHeatPredictor:
 
     name = "lstm"
 
-    def __init__(self, *, history: int = 8, hidden: int = 16, decay: float = DEFAULT_DECAY, seed: int = 0):
+    def __init__(self, *, history: int = 8, hidden: int = 16, decay: float = DEFAULT_HEAT_DECAY, seed: int = 0):
         self.history = positive_int("history", history)
         self.hidden = positive_int("hidden", hidden)
         self.decay = fraction("decay", decay)
@@ -239,7 +241,7 @@ def evaluate_predictor(predictor: Any, seq: np.ndarray, *, start: int = 1, seed:
     rng = np.random.default_rng(seed)
     n_hist = history or getattr(predictor, "history", 8)
     n_pos = int(seq.max()) + 1
-    hist = History(n_pos, n_hist, getattr(predictor, "decay", DEFAULT_DECAY))
+    hist = History(n_pos, n_hist, getattr(predictor, "decay", DEFAULT_HEAT_DECAY))
     heat = HeatScorer()
     prec, rnd, hp = [], [], []
     for t in range(seq.shape[0] - 1):

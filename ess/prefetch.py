@@ -25,7 +25,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .predict import History, HeatScorer, LSTMHeatPredictor, DEFAULT_DECAY
+from .policies import DEFAULT_HEAT_DECAY, SlotPool
+from .predict import History, HeatScorer, LSTMHeatPredictor
 from .traces import Trace
 from .validate import fraction, one_of, positive_int, real
 
@@ -52,7 +53,7 @@ class PrefetchConfig:
     warmup: str = "before"                 # "none" | "before" (free, before decoding, as the paper) | "delayed"
     spec_fraction: float = 1.0             # share of the per-step link budget the speculative tier may take
     history: int = 8                       # steps of history the predictor sees
-    decay: float = DEFAULT_DECAY           # heat decay per step
+    decay: float = DEFAULT_HEAT_DECAY      # heat decay per step
 
     def __post_init__(self) -> None:
         positive_int("capacity", self.capacity)
@@ -115,15 +116,15 @@ class PrefetchResult:
 
 
 def _pool(steps: np.ndarray, warm: np.ndarray | None, n_pos: int, cfg: PrefetchConfig, scorer) -> dict:
+    """One pool (request, layer) over its steps: the slot map and LRU order are :class:`ess.policies.SlotPool`'s
+    (``eviction="predictor"`` ranks the victims by the predictor's score instead, ties by token)."""
     C = cfg.capacity
     E = cfg.entry_bytes
     bw = cfg.link_GB_per_s * 1e9
     step_s = cfg.step_time_us * 1e-6
-    resident = np.zeros(n_pos, bool)
-    stamp = np.full(n_pos, -np.inf)          # LRU recency (higher = more recent)
-    pending = np.zeros(n_pos, np.int8)       # 1: prefetched (spec/delayed) and not used since
+    pool = SlotPool(C, "lru", n_pos)
+    pending = np.zeros(n_pos, np.int8)       # 1: prefetched (speculative/delayed) and not used since
     hist = History(n_pos, cfg.history, cfg.decay)
-    n_res = 0
     queue: list[int] = []
     out = dict(accesses=0, hits=0, stall_s=0.0, elapsed_s=0.0, link_busy_s=0.0, bytes_immediate=0,
                bytes_speculative=0, bytes_delayed=0, bytes_prefetched_unused=0)
@@ -134,36 +135,24 @@ def _pool(steps: np.ndarray, warm: np.ndarray | None, n_pos: int, cfg: PrefetchC
     def scores(cand):
         return scorer.score(hist, cand) if scorer is not None else np.zeros(cand.size)
 
-    def evict(n, protect):
-        nonlocal n_res
-        if n <= 0:
-            return
-        res = np.flatnonzero(resident)
-        if protect is not None:
-            res = res[~protect[res]]
-        if res.size < n:
-            raise ValueError(f"the pool ({C} slots) cannot hold one step's entries")
-        key = stamp[res] if cfg.eviction == "lru" else scores(res)
-        v = res[np.argsort(key, kind="stable")[:n]]
-        out["bytes_prefetched_unused"] += int(pending[v].sum()) * E
-        pending[v] = 0
-        resident[v] = False
-        n_res -= n
+    def forget(tokens):
+        out["bytes_prefetched_unused"] += int(pending[tokens].sum()) * E
+        pending[tokens] = 0
 
-    # warmup windows: before decoding (free, like a step each), or queued for the delayed tier
+    def load(tokens):
+        """Plan, evict (LRU or predictor) and commit ``tokens``; returns the plan."""
+        plan = pool.plan(tokens, rank=scores if cfg.eviction == "predictor" else None)
+        forget(pool.token_of[plan.victims])
+        pool.commit(plan)
+        return plan
+
+    # warmup windows: before decoding (free, like a step each), or queued for the delayed class
     if warm is not None and cfg.warmup != "none":
-        for i, row in enumerate(warm):
-            s = row[row >= 0]
+        for row in warm:
             if cfg.warmup == "before":
-                new = s[~resident[s]]
-                mark = np.zeros(n_pos, bool)
-                mark[s] = True
-                evict(n_res + new.size - C, mark)
-                resident[new] = True
-                n_res += new.size
-                stamp[s] = -(warm.shape[0] - i) + np.arange(s.size) / max(s.size, 1) - 1
+                load(row[row >= 0].astype(np.int64))
             else:
-                queue.extend(int(x) for x in s)
+                queue.extend(int(x) for x in row[row >= 0])
             hist.observe(row)
         if cfg.warmup == "delayed":                                   # each entry once, latest window last
             seen, q = set(), []
@@ -174,41 +163,35 @@ def _pool(steps: np.ndarray, warm: np.ndarray | None, n_pos: int, cfg: PrefetchC
             queue = q[::-1]
     for t in range(T):
         row = steps[t]
-        s = row[row >= 0]
+        s = row[row >= 0].astype(np.int64)
         if s.size > C:
             raise ValueError(f"step {t} selects {s.size} entries but the pool has {C} slots")
-        hit = resident[s]
         out["accesses"] += s.size
-        out["hits"] += int(hit.sum())
         pending[s] = 0
-        miss = s[~hit]
-        mark = np.zeros(n_pos, bool)
-        mark[s] = True
-        evict(n_res + miss.size - C, mark)
-        resident[miss] = True
-        n_res += miss.size
-        stamp[s] = t + np.arange(s.size) / s.size
-        t_imm = miss.size * E / bw
-        out["bytes_immediate"] += miss.size * E
-        miss_t[t] = miss.size
+        plan = load(s)
+        n_miss = plan.n_misses
+        out["hits"] += s.size - n_miss
+        t_imm = n_miss * E / bw
+        out["bytes_immediate"] += n_miss * E
+        miss_t[t] = n_miss
         stall_t[t] = t_imm
         hist.observe(row)
         budget = cfg.budget_entries
         busy = t_imm
-        # speculative tier: predicted next-step entries, in the compute time of this step
+        # speculative class: predicted next-step entries, in the compute time of this step
         if cfg.speculative and budget > 0 and t + 1 < T:
             n_spec = int(budget * cfg.spec_fraction)
             cand = hist.recent()
-            cand = cand[~resident[cand]]
+            cand = cand[pool.slot_of[cand] < 0]
             if cand.size and n_spec > 0:
                 sc = scores(cand)
                 order = np.argsort(-sc, kind="stable")[:n_spec]
                 cand, sc = cand[order], sc[order]
-                free = C - n_res
+                free = int((pool.token_of < 0).sum())
                 take = list(cand[:free])
                 rest, rest_sc = cand[free:], sc[free:]
                 if rest.size:
-                    res = np.flatnonzero(resident)
+                    res = np.sort(pool.token_of[pool.token_of >= 0])
                     rsc = scores(res)
                     o = np.argsort(rsc, kind="stable")
                     res, rsc = res[o], rsc[o]
@@ -217,34 +200,33 @@ def _pool(steps: np.ndarray, warm: np.ndarray | None, n_pos: int, cfg: PrefetchC
                         n_swap += 1
                     if n_swap:
                         v = res[:n_swap]
-                        out["bytes_prefetched_unused"] += int(pending[v].sum()) * E
-                        pending[v] = 0
-                        resident[v] = False
-                        n_res -= n_swap
+                        forget(v)
+                        pool.drop(pool.slot_of[v])
                         take += list(rest[:n_swap])
                 take = np.asarray(take, np.int64)
                 if take.size:
-                    resident[take] = True
+                    load(take)                                        # into free slots: nothing is evicted
                     pending[take] = 1
-                    stamp[take] = t + 0.5 * np.arange(take.size) / take.size - 0.5   # older than this step's set
-                    n_res += take.size
+                    kept = s[pool.slot_of[s] >= 0]
+                    pool.policy.touch(pool.slot_of[kept])            # the step's set stays more recent
                     out["bytes_speculative"] += take.size * E
                     busy += take.size * E / bw
                     budget -= take.size
-        # delayed tier: background queue, free slots only
+        # delayed class: background queue, free slots only, entering at the cold end of the LRU order
         if cfg.delayed and queue and budget > 0:
-            sent = 0
-            while queue and sent < budget and n_res < C:
+            sent = []
+            n_free = int((pool.token_of < 0).sum())
+            while queue and len(sent) < budget and len(sent) < n_free:
                 x = queue.pop()                       # latest window first: the most useful entries
-                if resident[x]:
-                    continue
-                resident[x] = True
-                pending[x] = 1
-                stamp[x] = -1.0 - sent * 1e-9
-                n_res += 1
-                sent += 1
-            out["bytes_delayed"] += sent * E
-            busy += sent * E / bw
+                if pool.slot_of[x] < 0:
+                    sent.append(x)
+            if sent:
+                sent = np.asarray(sent, np.int64)
+                load(sent)
+                pool.policy.touch_cold(pool.slot_of[sent])
+                pending[sent] = 1
+            out["bytes_delayed"] += len(sent) * E
+            busy += len(sent) * E / bw
         out["stall_s"] += t_imm
         out["elapsed_s"] += t_imm + step_s
         out["link_busy_s"] += busy

@@ -9,15 +9,20 @@ ESS keeps the whole latent cache in (pinned) host memory and a bounded hot subse
   array for ``device="cpu"``, a CUDA tensor otherwise). Slot numbers are global: request block ``b`` holds layer
   ``l``'s pool in slots ``[(b * n_layers + l) * capacity, ... + capacity)``.
 * the disk tier (:class:`ess.disk.DiskTier`, optional): spill, restore and crash recovery of whole requests.
-* :class:`TieredCache` the three together behind the per-step calls (:meth:`TieredCache.step`).
+* :class:`TieredCache` the three together.
 
-One step of one (request, layer) with the valid top-K indices S (array order, ``-1`` padding ignored): hits are
-S ∩ pool; misses S \\ pool go to free slots first, then to victims chosen by the eviction policy among resident
-entries **not** in S (:mod:`ess.policies`); the miss rows are copied host -> device by a transfer kernel
-(:mod:`ess.kernels.transfer`); only after the copy succeeds does the token map change. Bad input (indices out of
-range or repeated, more valid indices than ``capacity``, wrong dtype or shape) raises before anything changes. A
-copy that fails part-way frees the slots it was writing (their old entries are dropped, never left half-written)
-and raises :class:`~ess.kernels.transfer.TransferError`.
+One step of one (request, layer) with the valid top-K indices S (array order, ``-1`` padding ignored) is three
+calls, so that a caller can overlap them with attention (:mod:`ess.decode`):
+
+1. :meth:`TieredCache.plan` -- hits are S ∩ pool; misses S \\ pool get free slots first, then the slots of victims
+   chosen by the eviction policy among resident entries **not** in S (:mod:`ess.policies`). Nothing changes; bad
+   input (indices out of range or repeated, more valid indices than ``capacity``, wrong dtype or shape) raises here.
+2. :meth:`TieredCache.copy` -- the missed rows are copied host -> device into their slots by a transfer kernel
+   (:mod:`ess.kernels.transfer`). A copy that fails part-way frees the slots it was writing (their old entries are
+   dropped, never left half-written) and raises :class:`~ess.kernels.transfer.TransferError`.
+3. :meth:`TieredCache.commit` -- only now does the token map change; the policy sees the step, the metrics log it.
+
+:meth:`TieredCache.step` runs the three in order.
 """
 from __future__ import annotations
 
@@ -31,24 +36,57 @@ from .kernels import resolve_backend
 from .kernels.transfer import TransferError, copy_rows_unchecked
 from .layout import KV_DTYPES, check_context_len, latent_entry_bytes, pool_slots, step_entries
 from .metrics import MetricsLog, StepMetrics
-from .policies import POLICIES, check_step_indices, commit_slots, make_policy, plan_slots
+from .policies import ONLINE_POLICIES, SlotPlan, SlotPool, check_step_indices, make_policy
 from .specs import ModelSpec, model_spec
 
-__all__ = ["StepResult", "HostPool", "TieredCache", "TransferError", "capacity_from_budget"]
+__all__ = ["StepPlan", "PoolStep", "HostPool", "TieredCache", "TransferError", "capacity_from_budget"]
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # Results
 # ----------------------------------------------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class StepResult:
-    """What one :meth:`TieredCache.step` did for one (request, layer).
+class _Counts:
+    """``n_hits`` and ``n_misses`` of a step that has ``hit_pos`` and ``miss_pos``."""
 
-    ``slots`` (K,) int64 global device slot of each index (-1 where the index is -1); ``hit`` (K,) bool;
-    ``hit_pos`` / ``miss_pos`` positions into ``indices`` of the hits and of the misses (loaded this step), so
-    that attention can run over the hits while the misses are in flight; ``evicted`` the tokens pushed out;
-    ``bytes_h2d`` the bytes copied host -> device."""
+    @property
+    def n_hits(self) -> int:
+        return int(self.hit_pos.size)
+
+    @property
+    def n_misses(self) -> int:
+        return int(self.miss_pos.size)
+
+
+@dataclass(frozen=True)
+class StepPlan(_Counts):
+    """What one step of one (request, layer) will do, computed by :meth:`TieredCache.plan` without changing
+    anything: the hits resolved to their device slots, the victims chosen by the policy and the misses' slots
+    reserved.
+
+    ``indices`` (K,) int64 as given (-1 = padding); ``slots`` (K,) the global device slot of each index after the
+    step (-1 where the index is -1); ``hit`` (K,) bool; ``hit_pos`` / ``miss_pos`` positions into ``indices`` of the
+    hits and of the misses, so that attention can run over the hits while the misses are copied; ``scores`` the
+    weights the heat policy adds (aligned with the valid indices; ``None``: 1 each); ``pool`` the plan of the
+    pool's slot map (:class:`ess.policies.SlotPlan`)."""
+
+    request_id: object
+    layer: int
+    indices: np.ndarray
+    slots: np.ndarray
+    hit: np.ndarray
+    hit_pos: np.ndarray
+    miss_pos: np.ndarray
+    scores: np.ndarray | None
+    pool: SlotPlan
+
+
+@dataclass(frozen=True)
+class PoolStep(_Counts):
+    """What one step did to one (request, layer) pool (:meth:`TieredCache.commit`, :meth:`TieredCache.step`).
+
+    ``step`` the pool's decode-step count after it; ``slots``, ``hit``, ``hit_pos``, ``miss_pos`` as in
+    :class:`StepPlan`; ``evicted`` the tokens pushed out; ``bytes_h2d`` the bytes copied host -> device."""
 
     request_id: object
     layer: int
@@ -60,14 +98,6 @@ class StepResult:
     miss_pos: np.ndarray
     evicted: np.ndarray
     bytes_h2d: int
-
-    @property
-    def n_hits(self) -> int:
-        return int(self.hit_pos.size)
-
-    @property
-    def n_misses(self) -> int:
-        return int(self.miss_pos.size)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -175,17 +205,15 @@ def capacity_from_budget(model: ModelSpec, budget_bytes: float, n_requests: int,
 
 @dataclass
 class _Pool:
-    """Bookkeeping of one (request, layer) pool."""
+    """One (request, layer) pool: its first global slot, its slot map with the eviction policy, and its decode-step
+    count."""
 
-    base: int                        # first global slot
-    token_of: np.ndarray             # (capacity,) token in each local slot, -1 = free
-    slot_of: np.ndarray              # (tokens,) local slot of each token, -1 = not resident
-    policy: object
+    base: int
+    slots: SlotPool
     steps: int = 0
 
     def copy_state(self) -> dict:
-        return {"token_of": self.token_of.copy(), "slot_of": self.slot_of.copy(), "policy": self.policy.state(),
-                "steps": self.steps}
+        return {**self.slots.state(), "steps": self.steps}
 
 
 @dataclass
@@ -204,14 +232,15 @@ class TieredCache:
     capacity : int
         GPU slots per (request, layer). See :meth:`from_budget` and :meth:`from_ratio` for the other ways to size it.
     dtype : ``"fp8"`` (656-byte entries) or ``"bf16"`` (1,152 B)
-    policy : ``"lru"`` (default, the paper's), ``"fifo"`` or ``"importance"`` (:mod:`ess.policies`)
+    policy : ``"lru"`` (default, the paper's), ``"fifo"`` or ``"heat"`` (:data:`ess.policies.ONLINE_POLICIES`;
+        Belady needs the future and runs in the simulations only)
     backend : transfer backend, ``"auto" | "reference" | "numba" | "torch"``
     device : ``"cpu"`` (device pool is a NumPy array, for CPU runs and tests) or ``"cuda[:n]"`` (a CUDA tensor; the
         host pool is pinned and misses are read zero-copy)
     disk_dir : folder of the disk tier (``None``: no disk tier)
     max_requests : when given, the device pool is allocated once for that many requests (a fixed budget) and
         :meth:`add_request` refuses more; otherwise it grows by whole requests.
-    policy_options : passed to the policy (``decay`` for importance)
+    policy_options : passed to the policy (``decay`` for heat)
     block_tokens : tokens per disk block (default: the model's cache page, 64)
 
     >>> import numpy as np
@@ -230,7 +259,7 @@ class TieredCache:
             raise TypeError(f"model must be a ModelSpec or preset name, got {type(model).__name__}")
         self.capacity = validate.positive_int("capacity", capacity)
         validate.one_of("dtype", dtype, KV_DTYPES)
-        validate.one_of("policy", policy, POLICIES)
+        validate.one_of("policy", policy, ONLINE_POLICIES)
         self.device = str(device)
         if not (self.device == "cpu" or self.device.startswith("cuda")):
             raise ValueError(f"device must be 'cpu' or 'cuda[:n]', got {device!r}")
@@ -317,7 +346,7 @@ class TieredCache:
     @property
     def device_resident_bytes(self) -> int:
         """Bytes of entries resident in the device pool now."""
-        n = sum(int((p.token_of >= 0).sum()) for r in self._requests.values() for p in r.pools)
+        n = sum(int((p.slots.token_of >= 0).sum()) for r in self._requests.values() for p in r.pools)
         return n * self.entry_bytes
 
     @property
@@ -345,10 +374,8 @@ class TieredCache:
         return validate.integer("layer", layer, lo=0, below=self.n_layers)
 
     def _new_pools(self, block: int, n_tokens: int) -> list:
-        return [_Pool(base=(block * self.n_layers + l) * self.capacity,
-                      token_of=np.full(self.capacity, -1, np.int64),
-                      slot_of=np.full(max(n_tokens, 1), -1, np.int64),
-                      policy=make_policy(self.policy_name, self.capacity, **self.policy_options))
+        return [_Pool((block * self.n_layers + l) * self.capacity,
+                      SlotPool(self.capacity, self.policy_name, n_tokens, **self.policy_options))
                 for l in range(self.n_layers)]
 
     def add_request(self, request_id, latent_entries: np.ndarray) -> None:
@@ -379,8 +406,7 @@ class TieredCache:
         entries = validate.entries("entries", entries, (self.n_layers, self.entry_bytes), ndim=2)
         tok = self.host.append(request_id, entries)
         for p in req.pools:
-            if tok >= p.slot_of.size:
-                p.slot_of = np.concatenate([p.slot_of, np.full(p.slot_of.size, -1, np.int64)])
+            p.slots.grow(tok + 1)
         step = max(p.steps for p in req.pools)
         self.metrics.add(StepMetrics("append", request_id, -1, step, 0, 0, 0, self.n_layers * self.entry_bytes))
         return tok
@@ -397,38 +423,16 @@ class TieredCache:
         del self._requests[request_id]
         self._disk_clean_tokens.pop(request_id, None)
 
-    # -- the step --------------------------------------------------------------------------------------------
+    # -- the step: plan, copy, commit ----------------------------------------------------------------------------
     def _copy_rows(self, src, src_idx, dst, dst_idx) -> None:
         """The one place where bytes move (tests replace it to inject a failure). The indices were built by the
-        step itself (in range, distinct slots), so the kernel is called without re-validation."""
+        plan itself (in range, distinct slots), so the kernel is called without re-validation."""
         copy_rows_unchecked(src, np.ascontiguousarray(src_idx, np.int64), dst,
                             np.ascontiguousarray(dst_idx, np.int64), backend=self.backend)
 
     def _h2d(self, request_id, layer: int, tokens: np.ndarray, slots: np.ndarray) -> None:
         src = self.host.layer_rows(request_id, layer, as_torch=self.on_cuda)
         self._copy_rows(src, tokens, self._device, slots)
-
-    def _load(self, request_id, layer: int, pool: _Pool, idx: np.ndarray, scores) -> tuple:
-        """Make every valid index of ``idx`` resident; returns ``(valid_pos, local_slots, miss, evicted)``."""
-        valid_pos = np.flatnonzero(idx >= 0)
-        valid = idx[valid_pos]
-        local = pool.slot_of[valid]                                        # (K',) -1 = miss
-        miss, new_local, victims = plan_slots(local, pool.token_of, pool.policy)
-        tokens = valid[miss]
-        n_miss = tokens.size
-        try:
-            if n_miss:
-                self._h2d(request_id, layer, tokens, pool.base + new_local)
-        except Exception as exc:
-            # the victims' rows may be half overwritten: drop those entries (the free slots stay free)
-            pool.slot_of[pool.token_of[victims]] = -1
-            pool.token_of[victims] = -1
-            pool.policy.clear(victims)
-            raise TransferError(f"request {request_id!r} layer {layer}: host->device copy of {n_miss} rows failed "
-                                f"({exc}); the {victims.size} slots being overwritten were freed") from exc
-        evicted = commit_slots(pool.token_of, pool.slot_of, pool.policy, local, miss, new_local, victims, tokens,
-                               None if scores is None else scores[valid_pos])
-        return valid_pos, local, miss, evicted
 
     def _check_scores(self, scores, idx):
         if scores is None:
@@ -441,41 +445,83 @@ class TieredCache:
             raise ValueError("scores must be finite where indices are valid")
         return scores.astype(np.float64)
 
-    def _checked_step_args(self, request_id, layer, indices, scores) -> tuple:
-        req = self._check_active(request_id)
+    def _plan(self, request_id, layer: int, idx: np.ndarray, scores) -> StepPlan:
+        pool = self._requests[request_id].pools[layer]
+        valid_pos = np.flatnonzero(idx >= 0)
+        sp = pool.slots.plan(idx[valid_pos])
+        slots = np.full(idx.shape, -1, np.int64)
+        slots[valid_pos] = pool.base + sp.slots
+        hit = np.zeros(idx.shape, bool)
+        hit[valid_pos[~sp.miss]] = True
+        return StepPlan(request_id, layer, idx, slots, hit, valid_pos[~sp.miss], valid_pos[sp.miss],
+                        None if scores is None else scores[valid_pos], sp)
+
+    def plan(self, request_id, layer: int, indices: np.ndarray, *, scores: np.ndarray | None = None) -> StepPlan:
+        """The plan for making the top-K entries ``indices`` (K,) int64 (-1 = padding) of one (request, layer)
+        resident: hits resolved to their slots, victims chosen by the policy, the misses' slots reserved. Changes
+        nothing; raises ``ValueError``/``TypeError`` on bad input (so a caller can plan a whole batch before the
+        first row moves). ``scores`` (K,) float, the indexer scores of the selected tokens, are the heat policy's
+        weights."""
+        self._check_active(request_id)
         layer = self._check_layer(layer)
         idx = check_step_indices(indices, self.host.n_tokens(request_id), self.capacity)
-        return req, layer, idx, self._check_scores(scores, idx)
+        return self._plan(request_id, layer, idx, self._check_scores(scores, idx))
 
-    def check_step(self, request_id, layer: int, indices: np.ndarray, *, scores: np.ndarray | None = None) -> None:
-        """Raise the ``ValueError``/``TypeError`` that :meth:`step` would raise for these arguments, changing
-        nothing: lets a caller check a whole batch before the first step moves anything."""
-        self._checked_step_args(request_id, layer, indices, scores)
+    def _current_pool(self, plan: StepPlan) -> _Pool:
+        if not isinstance(plan, StepPlan):
+            raise TypeError(f"plan must be a StepPlan from TieredCache.plan, got {type(plan).__name__}")
+        req = self._check_active(plan.request_id)
+        pool = req.pools[plan.layer]
+        if plan.pool.version != pool.slots.version:
+            raise ValueError(f"the plan for request {plan.request_id!r} layer {plan.layer} is stale (its pool "
+                             f"changed since it was made): plan again")
+        return pool
 
-    def step(self, request_id, layer: int, indices: np.ndarray, *, scores: np.ndarray | None = None) -> StepResult:
-        """Make the top-K entries ``indices`` (K,) int64 (-1 = padding) of one (request, layer) resident.
+    def copy(self, plan: StepPlan) -> None:
+        """Copy the plan's misses host -> device into their reserved slots. A copy that fails part-way frees the
+        victims' slots it was writing (their old entries are dropped, never left half-written) and raises
+        :class:`~ess.kernels.transfer.TransferError`; the plan is then stale."""
+        pool = self._current_pool(plan)
+        sp = plan.pool
+        if not sp.n_misses:
+            return
+        try:
+            self._h2d(plan.request_id, plan.layer, sp.tokens[sp.miss], pool.base + sp.slots[sp.miss])
+        except Exception as exc:
+            pool.slots.drop(sp.victims)
+            raise TransferError(f"request {plan.request_id!r} layer {plan.layer}: host->device copy of "
+                                f"{sp.n_misses} rows failed ({exc}); the {sp.victims.size} slots being overwritten "
+                                f"were freed") from exc
 
-        Returns a :class:`StepResult`; on bad input raises ``ValueError``/``TypeError`` with every pool unchanged.
-        ``scores`` (K,) float, the indexer scores of the selected tokens, feed the importance policy."""
-        req, layer, idx, scores = self._checked_step_args(request_id, layer, indices, scores)
-        pool = req.pools[layer]
-        valid_pos, local, miss, evicted = self._load(request_id, layer, pool, idx, scores)
-        slots = np.full(idx.shape, -1, np.int64)
-        slots[valid_pos] = pool.base + local
-        hit = np.zeros(idx.shape, bool)
-        hit[valid_pos[~miss]] = True
-        n_miss = int(miss.sum())
-        pool.steps += 1
-        res = StepResult(request_id, layer, pool.steps, idx, slots, hit, valid_pos[~miss], valid_pos[miss],
-                         evicted, n_miss * self.entry_bytes)
-        self.metrics.add(StepMetrics("step", request_id, layer, pool.steps, res.n_hits, n_miss, res.bytes_h2d, 0))
+    def _commit(self, plan: StepPlan, kind: str) -> PoolStep:
+        pool = self._current_pool(plan)
+        evicted = pool.slots.commit(plan.pool, plan.scores)
+        n_miss = plan.n_misses
+        if kind == "step":
+            pool.steps += 1
+        res = PoolStep(plan.request_id, plan.layer, pool.steps, plan.indices, plan.slots, plan.hit, plan.hit_pos,
+                       plan.miss_pos, evicted, n_miss * self.entry_bytes)
+        self.metrics.add(StepMetrics(kind, plan.request_id, plan.layer, pool.steps, res.n_hits, n_miss,
+                                     res.bytes_h2d, 0))
         return res
+
+    def commit(self, plan: StepPlan) -> PoolStep:
+        """Apply a plan whose misses were copied (:meth:`copy`): the token map and the policy change, the decode
+        step is counted and logged. Returns the :class:`PoolStep`."""
+        return self._commit(plan, "step")
+
+    def step(self, request_id, layer: int, indices: np.ndarray, *, scores: np.ndarray | None = None) -> PoolStep:
+        """:meth:`plan`, :meth:`copy` and :meth:`commit` in one call. On bad input raises ``ValueError``/
+        ``TypeError`` with every pool unchanged; a failed copy frees the slots it was writing."""
+        plan = self.plan(request_id, layer, indices, scores=scores)
+        self.copy(plan)
+        return self.commit(plan)
 
     def warmup(self, request_id, layer: int, windows) -> int:
         """LRU-Warmup: feed the top-K sets of the last W prefill positions, in order, to the pool of one layer (each
         like a step; the loads are logged as ``"warmup"``, not as decode misses). All windows are validated
         before any is applied. Returns the number of entries loaded."""
-        req = self._check_active(request_id)
+        self._check_active(request_id)
         layer = self._check_layer(layer)
         if isinstance(windows, np.ndarray) and windows.ndim == 2:
             windows = list(windows)
@@ -483,14 +529,11 @@ class TieredCache:
             raise TypeError(f"windows must be a list of index arrays, got {type(windows).__name__}")
         n_tok = self.host.n_tokens(request_id)
         checked = [check_step_indices(w, n_tok, self.capacity, name=f"windows[{i}]") for i, w in enumerate(windows)]
-        pool = req.pools[layer]
         loaded = 0
         for w in checked:
-            _, _, miss, _ = self._load(request_id, layer, pool, w, None)
-            n = int(miss.sum())
-            loaded += n
-            self.metrics.add(StepMetrics("warmup", request_id, layer, pool.steps, int(miss.size) - n, n,
-                                         n * self.entry_bytes, 0))
+            plan = self._plan(request_id, layer, w, None)
+            self.copy(plan)
+            loaded += self._commit(plan, "warmup").n_misses
         return loaded
 
     def run_trace(self, trace, request_id, *, batch_index: int = 0, warmup: bool = True, new_tokens=None,
@@ -561,7 +604,7 @@ class TieredCache:
     # -- reading ---------------------------------------------------------------------------------------------
     def device_rows(self, slots: np.ndarray) -> np.ndarray:
         """The uint8 rows ``(n, entry_bytes)`` in device ``slots`` (global slot numbers, as in
-        :attr:`StepResult.slots`), copied to a NumPy array; rows for slot ``-1`` are zero."""
+        :attr:`PoolStep.slots`), copied to a NumPy array; rows for slot ``-1`` are zero."""
         if not isinstance(slots, np.ndarray) or slots.ndim != 1 or slots.dtype.kind not in "iu":
             raise TypeError("slots must be a 1-D NumPy integer array")
         n = int(self._device.shape[0])
@@ -581,23 +624,15 @@ class TieredCache:
         out[ok] = self._device[slots[ok]]
         return out
 
-    def host_rows(self, request_id, layer: int, tokens: np.ndarray) -> np.ndarray:
-        """Copies of the host entries of ``tokens`` in one layer ``(n, entry_bytes)``."""
-        self._check_active(request_id)
-        layer = self._check_layer(layer)
-        return self.host.entries(request_id)[layer][np.asarray(tokens, np.int64)].copy()
-
     def resident(self, request_id, layer: int) -> np.ndarray:
         """Tokens resident in the pool of one (request, layer), in eviction order (first to go first)."""
-        pool = self._check_active(request_id).pools[self._check_layer(layer)]
-        slots = np.flatnonzero(pool.token_of >= 0)
-        return pool.token_of[pool.policy.choose_victims(slots, slots.size)]
+        return self._check_active(request_id).pools[self._check_layer(layer)].slots.resident()
 
     def slot_map(self, request_id, layer: int) -> dict:
         """``{token: global slot}`` of one (request, layer) pool."""
         pool = self._check_active(request_id).pools[self._check_layer(layer)]
-        s = np.flatnonzero(pool.token_of >= 0)
-        return {int(pool.token_of[i]): int(pool.base + i) for i in s}
+        token_of = pool.slots.token_of
+        return {int(token_of[i]): int(pool.base + i) for i in np.flatnonzero(token_of >= 0)}
 
     def snapshot(self) -> dict:
         """A deep copy of all bookkeeping and bytes (for tests that check a failed call changed nothing)."""
@@ -614,8 +649,8 @@ class TieredCache:
         return self.disk
 
     def _pool_state(self, req: _Request) -> dict:
-        states = [p.policy.state() for p in req.pools]
-        out = {"token_of": np.stack([p.token_of for p in req.pools]),
+        states = [p.slots.policy.state() for p in req.pools]
+        out = {"token_of": np.stack([p.slots.token_of for p in req.pools]),
                "steps": np.array([p.steps for p in req.pools], np.int64)}
         for key in states[0]:
             out[f"policy_{key}"] = np.stack([np.asarray(s[key]) for s in states])
@@ -680,20 +715,17 @@ class TieredCache:
         self._disk_clean_tokens[request_id] = entries.shape[1]
         moved = 0
         for l, p in enumerate(pools):
-            p.token_of[:] = token_of[l]
-            slots = np.flatnonzero(p.token_of >= 0)
-            p.slot_of[p.token_of[slots]] = slots
+            p.slots.set_token_map(token_of[l])
+            slots = np.flatnonzero(p.slots.token_of >= 0)
             if pool_ok:
                 p.steps = int(pool_state["steps"][l])
-                p.policy.set_state({k[len("policy_"):]: v[l] for k, v in pool_state.items()
-                                    if k.startswith("policy_")})
+                p.slots.policy.set_state({k[len("policy_"):]: v[l] for k, v in pool_state.items()
+                                          if k.startswith("policy_")})
             if slots.size:
                 try:
-                    self._h2d(request_id, l, p.token_of[slots], p.base + slots)
+                    self._h2d(request_id, l, p.slots.token_of[slots], p.base + slots)
                 except Exception as exc:        # this layer's slots may be half written: empty its pool
-                    p.slot_of[:] = -1
-                    p.token_of[:] = -1
-                    p.policy.clear(np.arange(self.capacity))
+                    p.slots.drop(np.arange(self.capacity))
                     raise TransferError(f"request {request_id!r}: refilling layer {l}'s device pool failed ({exc}); "
                                         f"the host entries are restored, that layer's pool is empty") from exc
                 moved += slots.size

@@ -268,7 +268,7 @@ def test_decode_step_checks_every_request_before_any_step(bad_at, kind):
 def test_decode_step_needs_the_cache_contract():
     rng = np.random.default_rng(13)
     lat, keys, qi, w, q = _decode_inputs(rng, TINY, 1, [50])
-    with pytest.raises(TypeError, match="cache must provide check_step"):
+    with pytest.raises(TypeError, match="cache must provide plan"):
         A.decode_step(SimpleNamespace(step=None), 0, ["r"], qi, w, keys, q, TINY)
 
 
@@ -289,7 +289,7 @@ class _ScatterCache:
     def add_request(self, rid, entries):
         self.host[rid] = entries
 
-    def check_step(self, rid, layer, indices, **_):
+    def plan(self, rid, layer, indices, **_):
         if rid not in self.host:
             raise ValueError(f"unknown request_id {rid!r}")
         if not 0 <= layer < self.host[rid].shape[0] or indices.max() >= self.host[rid].shape[1]:
@@ -350,7 +350,7 @@ def test_decode_step_through_a_scattering_cache_is_bitwise_lossless(backend):
 
 
 @settings(max_examples=12, deadline=None)
-@given(ratio=st.floats(0.05, 1.0), policy=st.sampled_from(["lru", "fifo", "importance"]), B=st.integers(1, 3),
+@given(ratio=st.floats(0.05, 1.0), policy=st.sampled_from(["lru", "fifo", "heat"]), B=st.integers(1, 3),
        backend=st.sampled_from(BACKENDS), seed=st.integers(0, 2 ** 16))
 def test_decode_step_through_tiered_cache_is_bitwise_lossless(ratio, policy, B, backend, seed):
     from ess.storage import TieredCache

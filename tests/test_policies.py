@@ -1,11 +1,11 @@
-"""Eviction policies: LRU/FIFO/importance semantics against independent plain-Python oracles."""
+"""Eviction policies: LRU/FIFO/heat/Belady semantics against independent plain-Python oracles and worked examples."""
 from collections import OrderedDict
 
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from ess.policies import (FIFOPolicy, ImportancePolicy, LRUPolicy, check_step_indices, make_policy,
+from ess.policies import (HeatPolicy, LRUPolicy, SlotPool, check_step_indices, make_policy, next_uses,
                           simulate_misses)
 from ess.storage import TieredCache
 
@@ -106,8 +106,8 @@ def test_fifo_agrees_with_oracle(seed, cap_extra, k):
     assert c.resident(1, 0).tolist() == order
 
 
-def test_importance_evicts_lowest_decayed_score():
-    c = TieredCache("tiny", capacity=3, policy="importance", policy_options={"decay": 0.5})
+def test_heat_evicts_lowest_decayed_score():
+    c = TieredCache("tiny", capacity=3, policy="heat", policy_options={"decay": 0.5})
     c.add_request(0, np.zeros((4, 10, c.entry_bytes), np.uint8))
     c.step(0, 0, np.array([1, 2, 3], np.int64), scores=np.array([5.0, 1.0, 3.0]))
     # scores now 5, 1, 3; next step selects 4 -> the victim is token 2 (lowest score), not token 1 (LRU)
@@ -118,8 +118,8 @@ def test_importance_evicts_lowest_decayed_score():
     assert c.step(0, 0, np.array([6], np.int64), scores=np.array([9.0])).evicted.tolist() == [3]
 
 
-def test_importance_without_scores_counts_accesses():
-    pol = ImportancePolicy(3, decay=1.0)
+def test_heat_without_scores_counts_accesses():
+    pol = HeatPolicy(3, decay=1.0)
     pol.update(np.array([0, 1, 2]), np.array([True] * 3), None)
     pol.update(np.array([0, 2]), np.array([False, False]), None)
     assert pol.choose_victims(np.array([0, 1, 2]), 1).tolist() == [1]
@@ -137,20 +137,20 @@ def _feed(pol, steps, scores=None):
 
 def test_policy_factory_builds_policies_that_behave_as_named():
     # slots 0, 1, 2 inserted in that order, then 0 is used again: LRU evicts 1 (least recent), FIFO evicts 0
-    # (first in; a hit does not refresh it), importance with decay 0 keeps only the last step's score: 1 and 2 tie
+    # (first in; a hit does not refresh it), heat with decay 0 keeps only the last step's score: 1 and 2 tie
     # at 0 and LRU order picks 1
     steps = [[0], [1], [2], [0]]
     every = np.array([0, 1, 2])
     assert _feed(make_policy("lru", 3), steps).choose_victims(every, 3).tolist() == [1, 2, 0]
     assert _feed(make_policy("fifo", 3), steps).choose_victims(every, 3).tolist() == [0, 1, 2]
-    imp = _feed(make_policy("importance", 3, decay=0.0), steps, scores=[[5.0], [1.0], [3.0], [0.5]])
+    imp = _feed(make_policy("heat", 3, decay=0.0), steps, scores=[[5.0], [1.0], [3.0], [0.5]])
     assert imp.choose_victims(every, 3).tolist() == [1, 2, 0]
     # with decay 1 the scores add up: 0 has 5.5, 1 has 3, 2 has 1 -> 2 goes first although 1 is less recent
-    imp = _feed(make_policy("importance", 3, decay=1.0), steps, scores=[[5.0], [3.0], [1.0], [0.5]])
+    imp = _feed(make_policy("heat", 3, decay=1.0), steps, scores=[[5.0], [3.0], [1.0], [0.5]])
     assert imp.choose_victims(every, 3).tolist() == [2, 1, 0]
-    imp = _feed(make_policy("importance", 3, decay=0.5), [[0], [1], [2]], scores=[[8.0], [3.0], [1.0]])
-    assert imp.score.tolist() == [2.0, 1.5, 1.0]                       # 8/4, 3/2, 1
-    assert make_policy("importance", 3, decay=0.25).decay == 0.25
+    imp = _feed(make_policy("heat", 3, decay=0.5), [[0], [1], [2]], scores=[[8.0], [3.0], [1.0]])
+    assert imp.heat.tolist() == [2.0, 1.5, 1.0]                       # 8/4, 3/2, 1
+    assert make_policy("heat", 3, decay=0.25).decay == 0.25
     # the factory passes its options through and rejects unknown ones
     with pytest.raises(TypeError):
         make_policy("lru", 3, decay=0.5)
@@ -162,13 +162,13 @@ def test_policy_factory_and_errors():
     with pytest.raises(ValueError, match="capacity must be a positive integer"):
         LRUPolicy(0)
     with pytest.raises(ValueError, match="decay must be in"):
-        ImportancePolicy(2, decay=1.5)
+        HeatPolicy(2, decay=1.5)
     with pytest.raises(TypeError, match="decay must be a number, got str 'a'"):
-        ImportancePolicy(2, decay="a")
+        HeatPolicy(2, decay="a")
     with pytest.raises(TypeError, match="decay must be a number"):
-        ImportancePolicy(2, decay=None)
+        HeatPolicy(2, decay=None)
     with pytest.raises(TypeError, match="decay must be a number"):
-        TieredCache("tiny", capacity=80, policy="importance", policy_options={"decay": "a"})
+        TieredCache("tiny", capacity=80, policy="heat", policy_options={"decay": "a"})
     with pytest.raises(ValueError, match="2 victims needed but only 1"):
         LRUPolicy(3).choose_victims(np.array([0]), 2)
 
@@ -190,3 +190,107 @@ def test_check_step_indices(idx, err, match):
 def test_padding_does_not_count_against_capacity():
     out = check_step_indices(np.array([-1, -1, 3, -1, 2, -1], np.int32), 10, 2)
     assert out.dtype == np.int64 and out.tolist() == [-1, -1, 3, -1, 2, -1]
+
+
+def heat_oracle(trace, capacity, decay, warmup=()):
+    """The heat rule written independently with dicts: heat(x) = sum over the steps since x was loaded of
+    decay ** (steps since that access), evict the lowest, ties by least recent use."""
+    heat, last, misses, clock = {}, {}, [], 0
+    for t, idx in enumerate(list(warmup) + list(trace)):
+        s = [int(v) for v in idx if v >= 0]
+        m = [v for v in s if v not in heat]
+        need = len(heat) + len(m) - capacity
+        if need > 0:
+            order = sorted((v for v in heat if v not in s), key=lambda v: (heat[v], last[v]))
+            for v in order[:need]:
+                del heat[v], last[v]
+        for v in heat:
+            heat[v] *= decay
+        for v in s:
+            heat[v] = heat.get(v, 0.0) + 1.0
+            clock += 1
+            last[v] = clock
+        if t >= len(warmup):
+            misses.append(len(m))
+    return misses
+
+
+def belady_oracle(trace, capacity):
+    """Belady by brute force over the future (no warmup): evict the resident entries used farthest ahead."""
+    pool, misses = set(), []
+    for t, idx in enumerate(trace):
+        s = [int(v) for v in idx if v >= 0]
+        m = [v for v in s if v not in pool]
+
+        def next_use(v):
+            return next((u for u in range(t + 1, len(trace)) if v in set(trace[u].tolist())), len(trace))
+        need = len(pool) + len(m) - capacity
+        if need > 0:
+            for v in sorted(pool - set(s), key=next_use, reverse=True)[:need]:
+                pool.discard(v)
+        pool |= set(s)
+        misses.append(len(m))
+    return misses
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10_000), cap_extra=st.integers(0, 10), k=st.integers(1, 8), warm=st.integers(0, 3),
+       decay=st.sampled_from([0.0, 0.3, 0.5, 1.0]))
+def test_heat_agrees_with_oracle(seed, cap_extra, k, warm, decay):
+    rng = np.random.default_rng(seed)
+    trace, windows = random_trace(rng, 25, k, 14), random_trace(rng, 25, k, warm)
+    want = heat_oracle(trace, k + cap_extra, decay, windows)
+    assert simulate_misses(trace, k + cap_extra, policy="heat", warmup=windows, decay=decay).tolist() == want
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 10_000), cap_extra=st.integers(0, 8), k=st.integers(1, 6))
+def test_belady_agrees_with_a_brute_force_oracle_and_bounds_the_online_policies(seed, cap_extra, k):
+    rng = np.random.default_rng(seed)
+    trace = random_trace(rng, 20, k, 12)
+    cap = k + cap_extra
+    best = simulate_misses(trace, cap, policy="belady")
+    assert best.tolist() == belady_oracle(trace, cap)
+    for policy in ("lru", "fifo", "heat"):
+        assert best.sum() <= simulate_misses(trace, cap, policy=policy).sum(), policy
+
+
+def test_belady_worked_example():
+    # capacity 2: [1, 2] loads both; [3] evicts the one used later (2 comes back at step 3, 1 at step 2 -> evict 2);
+    # [1] hits; [2] misses, evicting 3 (never used again) -> misses 2, 1, 0, 1
+    trace = [np.array([1, 2]), np.array([3]), np.array([1]), np.array([2])]
+    assert next_uses(trace)[0].tolist() == [2, 3] and next_uses(trace)[1].tolist() == [4]
+    assert simulate_misses(trace, 2, policy="belady").tolist() == [2, 1, 0, 1]
+    assert simulate_misses(trace, 2, policy="lru").tolist() == [2, 1, 1, 1]      # LRU evicts 1 first
+
+
+def test_slot_pool_plan_changes_nothing_and_stale_plans_are_refused():
+    pool = SlotPool(2, "lru", 8)
+    pool.commit(pool.plan(np.array([1, 2])))
+    before = pool.state()
+    plan = pool.plan(np.array([3, 1]))                 # 3 misses; the victim is 2 (1 is selected again)
+    assert plan.slots[plan.miss].tolist() == plan.victims.tolist() and pool.token_of[plan.victims].tolist() == [2]
+    np.testing.assert_array_equal(before["token_of"], pool.state()["token_of"])
+    assert pool.commit(plan).tolist() == [2] and pool.resident().tolist() == [3, 1]
+    with pytest.raises(ValueError, match="plan again"):
+        pool.commit(plan)
+    stale = pool.plan(np.array([4]))
+    pool.drop(stale.victims)                           # a failed copy frees the victim's slot
+    with pytest.raises(ValueError, match="plan again"):
+        pool.commit(stale)
+    assert pool.resident().tolist() == [1]
+
+
+def test_storage_runs_the_online_policies_only():
+    with pytest.raises(ValueError, match=r"policy must be one of \('lru', 'fifo', 'heat'\)"):
+        TieredCache("tiny", capacity=4, policy="belady")
+
+
+def test_touch_and_touch_cold_set_the_lru_order():
+    pol = LRUPolicy(5)
+    pol.touch(np.array([0, 1]))                        # 0 < 1
+    pol.touch_cold(np.array([2, 3]))                   # cold end, the first given warmest: 3 < 2 < 0 < 1
+    pol.touch(np.array([4]))
+    assert pol.choose_victims(np.arange(5), 5).tolist() == [3, 2, 0, 1, 4]
+    pol.touch_cold(np.array([1]))                      # a later cold load goes below the earlier ones
+    assert pol.choose_victims(np.arange(5), 5).tolist() == [1, 3, 2, 0, 4]

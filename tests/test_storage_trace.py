@@ -1,4 +1,4 @@
-"""TieredCache.run_trace (a whole ess.traces.Trace through the real cache), check_step, DiskTier.block_path and the
+"""TieredCache.run_trace (a whole ess.traces.Trace through the real cache), plan, DiskTier.block_path and the
 storage module's public names."""
 import numpy as np
 import pytest
@@ -120,21 +120,22 @@ def test_run_trace_verify_catches_a_wrong_copy(monkeypatch):
         cache.run_trace(trace, "q", warmup=False, new_tokens=new, verify=True)
 
 
-def test_check_step_raises_what_step_raises_and_changes_nothing():
+def test_plan_raises_what_step_raises_and_changes_nothing():
     _, cache, _, _ = _setup()
     before = cache.snapshot()
-    cache.check_step("q", 0, np.array([1, 2, -1], np.int64))
+    plan = cache.plan("q", 0, np.array([1, 2, -1], np.int64))
+    assert plan.n_misses == 2 and plan.miss_pos.tolist() == [0, 1] and plan.slots[2] == -1
     for args, err, match in [(("nobody", 0, np.array([1])), ValueError, "unknown request_id"),
                              (("q", 9, np.array([1])), ValueError, r"layer must be in \[0, 4\)"),
                              (("q", 0, np.array([300])), ValueError, r"holds 300, outside \[-1, 300\)"),
                              (("q", 0, np.array([1, 1])), ValueError, "repeats token 1"),
                              (("q", 0, np.array([1.0])), TypeError, "integers")]:
         with pytest.raises(err, match=match):
-            cache.check_step(*args)
+            cache.plan(*args)
         with pytest.raises(err, match=match):
             cache.step(*args)
     with pytest.raises(ValueError, match="scores must have the shape"):
-        cache.check_step("q", 0, np.array([1, 2]), scores=np.array([1.0]))
+        cache.plan("q", 0, np.array([1, 2]), scores=np.array([1.0]))
     after = cache.snapshot()
     np.testing.assert_array_equal(before["device"], after["device"])
     assert before["n_metrics"] == after["n_metrics"]

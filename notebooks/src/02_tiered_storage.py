@@ -195,13 +195,13 @@ assert per_entry.transfer_s(mean_bytes) > 40 * ft.transfer_s(mean_bytes)
 
 # %% [markdown]
 # ## Eviction policies on the same trace
-# LRU (the paper's), FIFO and importance (decayed access count, since this trace carries no indexer scores), same
+# LRU (the paper's), FIFO and heat (decayed access count, since this trace carries no indexer scores), same
 # capacity, with LRU-Warmup. How far the policies part depends on how much long-range reuse the trace has beyond
 # adjacent steps; the totals below are for this synthetic trace only.
 
 # %%
 rows = []
-for policy in ("lru", "fifo", "importance"):
+for policy in ("lru", "fifo", "heat"):
     cache = TieredCache.from_ratio(sim_model, trace_ratio, trace_context, policy=policy, backend="numba")
     cache.add_request("req0", prefill)
     df = cache.run_trace(trace, "req0", warmup=True, new_tokens=new_tokens)

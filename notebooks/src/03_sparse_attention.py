@@ -22,7 +22,7 @@ scan_repeats = 5
 scan_threads = 1
 precision_tokens = 8192
 lossless_ratios = [0.1, 0.3, 1.0]
-lossless_policies = ["lru", "fifo", "importance"]
+lossless_policies = ["lru", "fifo", "heat"]
 
 # %%
 import numpy as np

@@ -43,7 +43,7 @@ from IPython.display import display
 
 import ess
 from ess import viz
-from ess import cachesim, predict, prefetch, tracegen, traces
+from ess import cachesim, policies, predict, prefetch, tracegen, traces
 from ess.studies.locality import record_indexer_trace
 from ess.viz import prefetch as pviz
 from ess.widgets.prefetch import prefetch_view, prefetch_widget
@@ -275,7 +275,8 @@ for tm in (DEFAULT, OTHER):
 # Same trace for every policy: 32K, ratio 0.2, MTP 2, every 6th layer. Belady evicts the entry used farthest in
 # the future; it needs the future, so it is a bound, not a policy. Without warmup every policy starts from the
 # same empty pool and none can beat it (a test checks this on random traces). The heat policy evicts the entry
-# with the smallest decayed access count (decay 0.5 per step, a design choice).
+# with the smallest decayed access count since it was loaded (decay 0.5 per step, a design choice; ties go to the
+# least recently used).
 #
 # The trace model matters: with uniformly drawn new entries nothing but recency can be learnt; with persistent
 # scores (drift) or a popularity skew (`popularity_sigma` of the uniform model, a design choice, not calibrated)
@@ -292,7 +293,7 @@ for tm, sigma in pol_cases:
     label = tm if sigma is None else f"{tm}, popularity sigma {sigma:g}"
     tag = tm if sigma is None else f"{tm}_sigma{sigma:g}"
     row = {"trace model": label}
-    for pol in cachesim.POLICIES:
+    for pol in policies.POLICIES:
         for warm in (False, True):
             name = f"{pol}{' + warmup' if warm else ''}"
             row[name] = float(cachesim.simulate(sub, pol, ratio=0.2, warmup=warm).mean())
@@ -300,7 +301,7 @@ for tm, sigma in pol_cases:
                        "misses/request/layer/step",
                        config={**cfg_of(tm), "context_len": context_len, "ratio": 0.2, "mtp": mtp, "steps": steps,
                                "batch": min(batch, 2), "layers": layer_pick, "popularity_sigma": sigma,
-                               "policy": pol, "warmup": warm, "heat_decay": cachesim.DEFAULT_HEAT_DECAY})
+                               "policy": pol, "warmup": warm, "heat_decay": policies.DEFAULT_HEAT_DECAY})
     assert all(row["belady"] <= row[p] for p in ("lru", "fifo", "heat")), row
     pol_rows.append(row)
     pviz.fig_policies({k: v for k, v in row.items() if k != "trace model"}, bound="belady",
@@ -343,7 +344,7 @@ pred_df.round(3)
 rtr = record_indexer_trace("tiny", context_len=1024, steps=8 if smoke else 32, batch=2, mtp=1,
                                   warmup_windows=4, query_correlation=0.9, seed=seed)
 r_overlap = traces.adjacent_overlap(rtr)
-r_rows = {pol: float(cachesim.simulate(rtr, pol, ratio=0.2, warmup=False).mean()) for pol in cachesim.POLICIES}
+r_rows = {pol: float(cachesim.simulate(rtr, pol, ratio=0.2, warmup=False).mean()) for pol in policies.POLICIES}
 r_rows["lru + warmup"] = float(cachesim.simulate(rtr, "lru", ratio=0.2, warmup=True).mean())
 cfg_r = {"model": "tiny", "k": rtr.k, "context_len": 1024, "steps": rtr.steps, "batch": 2, "mtp": 1,
          "query_correlation": 0.9, "ratio": 0.2, "seed": seed}
