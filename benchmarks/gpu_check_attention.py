@@ -35,6 +35,7 @@ def main() -> int:
         return 0
     from ess import attention as A
     from ess import quant
+    from ess.decode import decode_layer
     from ess.kernels.attention import torch_ops
     from ess.specs import model_spec
 
@@ -86,7 +87,7 @@ def main() -> int:
         for layer in (0, 1, 0, 3):
             qa = rng.standard_normal((2, tiny.n_heads, tiny.latent_dim)).astype(np.float32)
             qx, wx = rng.standard_normal((2, 4, 32)), rng.random((2, 4))
-            st = A.decode_step(cache, layer, ["r0", "r1"], qx, wx, ik, qa, tiny, backend="torch", device="cuda")
+            st = decode_layer(cache, layer, ["r0", "r1"], qx, wx, ik, qa, tiny, backend="torch", device="cuda")
             base = A.resident_attention(qa, [e[layer] for e in lat], st.indices, tiny, backend="torch",
                                         device="cuda")
             equal &= bool(np.array_equal(st.out, base.out) and np.array_equal(st.lse, base.lse))

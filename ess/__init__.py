@@ -12,11 +12,12 @@ Public namespace, re-exported from topic modules (layers from the ground up, see
   generators and their calibration), :mod:`ess.cachesim`;
 * behaviour: :mod:`ess.attention` (indexer, top-k, sparse MLA, split/merge), :mod:`ess.predict`,
   :mod:`ess.prefetch`, :mod:`ess.sim` (costs, timeline, calibration, sweeps, scenarios);
-* wholes: :mod:`ess.studies` (the notebooks' experiments), :mod:`ess.tables`, :mod:`ess.viz`, :mod:`ess.widgets`,
+* wholes: :mod:`ess.decode` (one decode step through the tiered cache, stage by stage), :mod:`ess.studies` (the
+  notebooks' experiments), :mod:`ess.tables`, :mod:`ess.viz`, :mod:`ess.widgets`,
   :mod:`ess.bench`; faces: :mod:`ess.reproduce`, the ``ess`` command.
 """
-from .attention import (decode_step, indexer_scores, merge_attention, sparse_mla_decode,  # noqa: F401
-                        split_attention, topk_indices)
+from .attention import (indexer_scores, merge_attention, sparse_mla_decode, split_attention,  # noqa: F401
+                        topk_indices)
 from .cachesim import misses_per_layer, misses_per_step  # noqa: F401
 from .layout import (indexer_entry_bytes, latent_entry_bytes, latent_layout, pool_slots,  # noqa: F401
                      request_cache, token_bytes)
@@ -25,6 +26,7 @@ from .memory import (fit_mem_fraction_static, host_memory_needed_bytes, kv_budge
 from .results import Recorder, load_records  # noqa: F401
 from .specs import (deployment_spec, gpu_spec, host_spec, list_deployments, list_gpus, list_hosts,  # noqa: F401
                     list_models, model_spec)
+from .decode import decode_layer, write_back  # noqa: F401
 from .disk import CorruptBlockError  # noqa: F401
 from .storage import PoolStep, StepPlan, TieredCache  # noqa: F401
 from .tracegen import synthetic_trace  # noqa: F401

@@ -1,5 +1,6 @@
-"""DeepSeek Sparse Attention at decode time: the lightning indexer, top-K selection, sparse MLA attention in MQA mode,
-split attention merged by log-sum-exp, and one decode step that reads its latents through the tiered cache.
+"""DeepSeek Sparse Attention at decode time, the operations: the lightning indexer, top-K selection, sparse MLA
+attention in MQA mode, and split attention merged by log-sum-exp. A whole decode step through the tiered cache is
+:mod:`ess.decode`.
 
 The maths [DS ``inference/model.py``; paper-facts.md "DeepSeek-V3.2-Exp geometry"]:
 
@@ -34,14 +35,14 @@ import numpy as np
 from . import validate
 from .kernels import resolve_backend
 from .kernels.attention import get as _kernels
-from .layout import indexer_entry_bytes, latent_layout
+from .layout import latent_layout
 from .quant import FP8_BLOCK, dequantize_fp8_tiles, hadamard_rotate, quantize_fp8_tiles
 from .specs import ModelSpec
 
 __all__ = [
     "softmax_scale", "prepare_index_queries", "indexer_scores", "topk_indices", "sparse_mla_decode",
-    "dense_mla_decode", "merge_attention", "split_attention", "AttentionOutput", "DecodeStep", "decode_step",
-    "resident_attention", "latent_format",
+    "dense_mla_decode", "merge_attention", "split_attention", "AttentionOutput", "resident_attention", "stack_ragged",
+    "latent_format",
 ]
 
 
@@ -75,19 +76,6 @@ def latent_format(model: ModelSpec, dtype: str = "fp8") -> tuple[bool, int, int,
 # validation helpers
 # ----------------------------------------------------------------------------------------------------------------
 
-def _float_array(x: Any, name: str, ndim: int, shape_doc: str) -> np.ndarray:
-    if hasattr(x, "detach"):
-        x = x.detach().cpu().numpy()
-    x = np.asarray(x)
-    if not (np.issubdtype(x.dtype, np.floating) or np.issubdtype(x.dtype, np.integer)) or x.dtype == bool:
-        raise TypeError(f"{name} must be a float array {shape_doc}, got dtype {x.dtype}")
-    if x.ndim != ndim:
-        raise ValueError(f"{name} must have shape {shape_doc}, got shape {x.shape}")
-    if not np.all(np.isfinite(x)):
-        raise ValueError(f"{name} must hold finite values only (found NaN or inf)")
-    return np.ascontiguousarray(x, dtype=np.float32)
-
-
 def _lengths(lengths: Any, B: int, L: int) -> np.ndarray:
     if lengths is None:
         return np.full(B, L, dtype=np.int64)
@@ -116,7 +104,7 @@ def prepare_index_queries(q, *, rotate: bool = True, fp8: bool = True) -> np.nda
     to FP8 e4m3 with one scale per :data:`ess.quant.FP8_BLOCK`-value block (per query head;
 :func:`ess.quant.quantize_fp8_tiles`). Rotate the keys too (before
     :func:`ess.quant.encode_indexer_keys`) so that dot products are preserved."""
-    q = _float_array(q, "q", np.ndim(q), "(..., D)")
+    q = validate.float_array("q", q, np.ndim(q), "(..., D)")
     if rotate:
         q = hadamard_rotate(q)
     if fp8:
@@ -142,9 +130,9 @@ def indexer_scores(q, weights, keys, lengths=None, *, backend: str = "auto", dev
     is an all-zero key): the backends apply it before (reference) or after (numba, torch) the ReLU, which agree
     only for non-negative scales, so a negative or non-finite scale is a ``ValueError`` naming ``keys``.
     """
-    q = _float_array(q, "q", 3, "(B, Hi, D)")
+    q = validate.float_array("q", q, 3, "(B, Hi, D)")
     B, Hi, D = q.shape
-    weights = _float_array(weights, "weights", 2, "(B, Hi)")
+    weights = validate.float_array("weights", weights, 2, "(B, Hi)")
     if weights.shape != (B, Hi):
         raise ValueError(f"weights must have shape (B, Hi) = {(B, Hi)} to match q, got {weights.shape}")
     keys = validate.entries("keys", keys, (), ndim=3, shape_doc="(B, L, D + 4)")
@@ -227,7 +215,7 @@ def sparse_mla_decode(q, latents, indices, model: ModelSpec, *, dtype: str = "fp
     ``latents``), -1 = padding; sm_scale: default :func:`softmax_scale`.
     """
     fmt = latent_format(model, dtype)
-    q = _float_array(q, "q", 3, "(B, H, kv_lora_rank + qk_rope_head_dim)")
+    q = validate.float_array("q", q, 3, "(B, H, kv_lora_rank + qk_rope_head_dim)")
     B, H, Dqk = q.shape
     if Dqk != model.latent_dim:
         raise ValueError(f"q: last axis must be kv_lora_rank + qk_rope_head_dim = {model.latent_dim} for "
@@ -254,7 +242,7 @@ def dense_mla_decode(q, latents, model: ModelSpec, lengths=None, *, dtype: str =
     for "sparse with K >= L equals dense"). latents: (B, L, E) uint8; lengths: (B,) visible tokens (default L)."""
     from .kernels.attention.reference import decode_latent_rows
     fp8, kv, rope, tile = latent_format(model, dtype)
-    q = _float_array(q, "q", 3, "(B, H, Dqk)")
+    q = validate.float_array("q", q, 3, "(B, H, Dqk)")
     E = latent_layout(model, dtype).entry_bytes
     latents = validate.entries("latents", latents, (), ndim=3, shape_doc=f"(B, L, {E})")
     if latents.shape[0] != q.shape[0] or latents.shape[2] != E or q.shape[2] != kv + rope:
@@ -307,21 +295,11 @@ def split_attention(q, latents, indices0, indices1, model: ModelSpec, **kw) -> A
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# one decode step through the tiered cache
+# per-request caches of different lengths
 # ----------------------------------------------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class DecodeStep:
-    """Result of :func:`decode_step`: attention ``out``/``lse``, the top-K ``indices`` (B, K) and the storage
-    ``steps`` (one ``StepResult`` per request)."""
-
-    out: np.ndarray
-    lse: np.ndarray
-    indices: np.ndarray
-    steps: tuple
-
-
-def _ragged(arrays: Sequence, name: str, width: int) -> tuple[np.ndarray, np.ndarray]:
+def stack_ragged(arrays: Sequence, name: str, width: int) -> tuple[np.ndarray, np.ndarray]:
+    """One (L_b, width) uint8 cache per request -> ``(caches (B, max L_b, width) zero-padded, lengths (B,))``."""
     rows = [validate.entries(f"{name}[{i}]", a, (), ndim=2, shape_doc=f"(L, {width})") for i, a in enumerate(arrays)]
     for i, a in enumerate(rows):
         if a.shape[1] != width or a.shape[0] == 0:
@@ -333,75 +311,11 @@ def _ragged(arrays: Sequence, name: str, width: int) -> tuple[np.ndarray, np.nda
     return out, np.array([a.shape[0] for a in rows], dtype=np.int64)
 
 
-def decode_step(cache, layer: int, request_ids: Sequence, q_index, index_weights, index_keys: Sequence, q,
-                model: ModelSpec, *, topk: int | None = None, sm_scale: float | None = None,
-                backend: str = "auto", device: str | None = None) -> DecodeStep:
-    """One layer of one decode step for a batch, reading the latents through ``cache`` (an
-    :class:`ess.storage.TieredCache`): indexer over the device-resident indexer caches -> top-K -> ``cache.step``
-    (hits resolved, misses brought in; the selected tokens' indexer scores are passed along for score-aware policies)
-    -> sparse MLA over the rows of the resident slots, gathered in top-K order.
-
-    index_keys: one (L_b, D + 4) uint8 indexer cache per request; q_index (B, Hi, D), index_weights (B, Hi), q
-    (B, H, Dqk) as in :func:`indexer_scores` and :func:`sparse_mla_decode`. ``topk`` defaults to the model's.
-
-    The cache contract: ``plan(request_id, layer, indices, scores=...)`` raises on bad input and changes
-    nothing, ``step(...)`` with the same arguments, ``device_rows(slots)``. Every request id, the layer and every
-    request's top-K set (against that request's token count and the pool capacity) are checked with ``plan``
-    before the first ``step``, so bad input leaves every pool as it was. A transfer that fails part-way through the
-    batch (``TransferError``) leaves the earlier requests' steps done.
-    """
-    request_ids = list(request_ids)
-    B = len(request_ids)
-    if B == 0:
-        raise ValueError("request_ids must name at least one request")
-    try:
-        distinct = len(set(request_ids)) == B
-    except TypeError:
-        raise TypeError("request_ids must be hashable request ids") from None
-    if not distinct:
-        raise ValueError(f"request_ids must be distinct (one top-K set per request), got {request_ids!r}")
-    for attr in ("plan", "step", "device_rows"):
-        if not callable(getattr(cache, attr, None)):
-            raise TypeError(f"cache must provide plan(), step() and device_rows() (an ess.storage.TieredCache);"
-                            f" {type(cache).__name__} has no {attr}()")
-    keys, lengths = _ragged(index_keys, "index_keys", indexer_entry_bytes(model))
-    if keys.shape[0] != B:
-        raise ValueError(f"index_keys must hold one cache per request ({B}), got {keys.shape[0]}")
-    k = model.index_topk if topk is None else validate.positive_int("topk", topk)
-    q = _float_array(q, "q", 3, "(B, H, kv_lora_rank + qk_rope_head_dim)")        # checked before the cache moves
-    if q.shape[0] != B or q.shape[2] != model.latent_dim:
-        raise ValueError(f"q must have shape (B={B}, H, {model.latent_dim}), got {q.shape}")
-    scores = indexer_scores(q_index, index_weights, keys, lengths, backend=backend, device=device)
-    indices = topk_indices(scores, k)                                                # (B, K)
-    sel = np.take_along_axis(scores, np.maximum(indices, 0), axis=1).astype(np.float64)
-    sel = np.where(indices >= 0, sel, 0.0)                                           # (B, K) scores of the picks
-    for b, rid in enumerate(request_ids):                                            # all checks before any step
-        cache.plan(rid, layer, indices[b], scores=sel[b])
-    dtype = getattr(cache, "dtype", "fp8")
-    E = latent_layout(model, dtype).entry_bytes
-    pool = np.zeros((B * k, E), dtype=np.uint8)
-    local = np.full((B, k), -1, dtype=np.int64)
-    steps = []
-    for b, rid in enumerate(request_ids):
-        res = cache.step(rid, layer, indices[b], scores=sel[b])                      # scores feed "heat"
-        slots = np.asarray(res.slots, dtype=np.int64)
-        valid = indices[b] >= 0
-        if slots.shape != (k,) or np.any(slots[valid] < 0):
-            raise RuntimeError(f"cache.step returned slots {slots.shape} with unresolved entries for request {rid!r}")
-        rows = np.asarray(cache.device_rows(slots[valid]), dtype=np.uint8)           # (n_valid, E)
-        pos = np.flatnonzero(valid)
-        pool[b * k + pos] = rows
-        local[b, pos] = b * k + pos
-        steps.append(res)
-    att = sparse_mla_decode(q, pool, local, model, dtype=dtype, sm_scale=sm_scale, backend=backend, device=device)
-    return DecodeStep(att.out, att.lse, indices, tuple(steps))
-
-
 def resident_attention(q, latents: Sequence, indices, model: ModelSpec, *, dtype: str = "fp8",
                        sm_scale: float | None = None, backend: str = "auto",
                        device: str | None = None) -> AttentionOutput:
     """Attention over all-resident latent caches (one (L_b, E) uint8 array per request) for the same ``indices``:
-    the no-offload baseline that :func:`decode_step` must equal bit for bit."""
+    the no-offload baseline that :func:`ess.decode.decode_layer` must equal bit for bit."""
     E = latent_layout(model, dtype).entry_bytes
-    lat, _ = _ragged(latents, "latents", E)
+    lat, _ = stack_ragged(latents, "latents", E)
     return sparse_mla_decode(q, lat, indices, model, dtype=dtype, sm_scale=sm_scale, backend=backend, device=device)

@@ -505,7 +505,7 @@ def smallest_pool(context_len: int, target: float, *, resolution: int | None = N
     Assumes misses do not grow with the pool (checked at both ends of the final bracket). Returns
     ``{"slots", "ratio", "misses", "below_slots", "below_misses"}``.
     """
-    target = real("target", target, lo=0.0, lo_open=True)
+    real("target", target, lo=0.0, lo_open=True)
     model = _check_model(model)
     resolution = max(1, context_len // 64) if resolution is None else int(resolution)
     avg = lambda cap: float(misses_per_layer(context_len, cap / context_len, k=k, mtp=mtp, model=model,  # noqa: E731

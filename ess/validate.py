@@ -9,6 +9,7 @@ what was checked.
 * :func:`one_of`: a value from a fixed set;
 * :func:`int_array`: a NumPy integer array of a given rank with values in a range;
 * :func:`number_array`: numbers or arrays of numbers (vectorised arguments), finite, optionally > 0 and whole;
+* :func:`float_array`: a finite float array of a given rank (NumPy, or a torch tensor), as contiguous float32;
 * :func:`entries`: raw cache entries, ``uint8`` arrays of a given trailing shape.
 
 This module imports nothing from ``ess``: every layer may use it.
@@ -23,7 +24,7 @@ from typing import Any, Iterable
 import numpy as np
 
 __all__ = ["integer", "positive_int", "non_negative_int", "real", "ratio", "fraction", "one_of", "int_array",
-           "number_array", "entries"]
+           "number_array", "float_array", "entries"]
 
 
 def _what(value: Any) -> str:
@@ -141,6 +142,21 @@ def number_array(name: str, value: Any, *, positive: bool = True, whole: bool = 
     if whole and (arr != np.round(arr)).any():
         raise ValueError(f"{name} must hold whole numbers, got {value!r}")
     return arr
+
+
+def float_array(name: str, value: Any, ndim: int, shape_doc: str) -> np.ndarray:
+    """A finite array of numbers (float or integer dtype, not bool; a torch tensor is brought to the host) of rank
+    ``ndim``, returned as contiguous float32. ``shape_doc`` (e.g. ``"(B, H, D)"``) is quoted in the messages."""
+    if hasattr(value, "detach"):
+        value = value.detach().cpu().numpy()
+    arr = np.asarray(value)
+    if arr.dtype == bool or not (np.issubdtype(arr.dtype, np.floating) or np.issubdtype(arr.dtype, np.integer)):
+        raise TypeError(f"{name} must be a float array {shape_doc}, got dtype {arr.dtype}")
+    if arr.ndim != ndim:
+        raise ValueError(f"{name} must have shape {shape_doc}, got shape {arr.shape}")
+    if not np.all(np.isfinite(arr)):
+        raise ValueError(f"{name} must hold finite values only (found NaN or inf)")
+    return np.ascontiguousarray(arr, dtype=np.float32)
 
 
 def entries(name: str, value: Any, tail: tuple[int, ...], *, ndim: int | tuple[int, ...] | None = None,

@@ -8,8 +8,9 @@ from typing import Sequence
 
 import numpy as np
 
-from ..attention import (decode_step, indexer_scores, resident_attention, softmax_scale,
+from ..attention import (indexer_scores, resident_attention, softmax_scale,
                          sparse_mla_decode, topk_indices)
+from ..decode import decode_layer
 from ..kernels import resolve_backend
 from ..layout import latent_layout, padded_tokens, pool_slots, step_entries
 from ..quant import encode_indexer_keys, encode_latent
@@ -124,7 +125,7 @@ def lossless_check(model: ModelSpec, *, ratios: Sequence[float] = (0.1, 0.3, 1.0
                 qi = topics[step % 2] + 0.2 * rng.standard_normal(topics.shape[1:])
                 for layer in range(model.n_layers):
                     q = rng.standard_normal((batch, model.n_heads, model.latent_dim)).astype(np.float32)
-                    res = decode_step(cache, layer, ids, qi, w, keys, q, model, backend=backend)
+                    res = decode_layer(cache, layer, ids, qi, w, keys, q, model, backend=backend)
                     base = resident_attention(q, [e[layer] for e in lat], res.indices, model, backend=backend)
                     equal &= bool(np.array_equal(res.out, base.out) and np.array_equal(res.lse, base.lse))
                     misses += sum(int(r.miss_pos.size) for r in res.steps)

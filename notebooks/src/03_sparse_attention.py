@@ -120,9 +120,9 @@ display(checks)
 # For each sparse-memory ratio and eviction policy, four decode steps over every layer of `tiny` (batch 2, K = 64;
 # the context is the shortest whole number of 64-token pages, at least 4 K, at which the smallest ratio's pool of
 # `floor(ratio × tokens)` slots holds one step's K entries; the indexer queries alternate between two "topics", so
-# entries come back) run through `ess.storage.TieredCache`: indexer → top-K → the cache's step call (hits
-# resolved, misses copied in) → attention over the rows of the resident slots. The baseline attends over the
-# all-resident cache with the same indices. ESS moves storage and does not change the maths [BLOG], so the two
+# entries come back) run through `ess.storage.TieredCache` with `ess.decode.decode_layer`: indexer → top-K → plan
+# (hits resolved, victims chosen, misses' slots reserved) → copy (misses host → device) → attention over the device
+# slots → commit. The baseline attends over the all-resident cache with the same indices. ESS moves storage and does not change the maths [BLOG], so the two
 # must agree **bit for bit** on the same backend.
 
 # %%
