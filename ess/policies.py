@@ -356,15 +356,15 @@ def next_uses(rows: Sequence[np.ndarray]) -> list[np.ndarray]:
 
 
 def simulate_misses(steps: Sequence[np.ndarray], capacity: int, *, policy: str = "lru",
-                    warmup: Sequence[np.ndarray] = (), weights: Sequence[np.ndarray] | None = None,
+                    windows: Sequence[np.ndarray] = (), weights: Sequence[np.ndarray] | None = None,
                     decay: float = DEFAULT_HEAT_DECAY) -> np.ndarray:
     """Misses per step of one pool over ``steps`` (a sequence of index arrays, ``-1`` padding), without bytes: the
-    readable reference of every policy. The slot bookkeeping is :class:`SlotPool`, the storage's; the ``warmup``
-    windows are applied first, each like a step, and not counted. ``weights`` (one array per step, aligned with its
+    readable reference of every policy. The slot bookkeeping is :class:`SlotPool`, the storage's; the warmup
+    ``windows`` are applied first, each like a step, and not counted. ``weights`` (one array per step, aligned with its
     indices, padding included, as :meth:`ess.storage.TieredCache.step` takes them) feed the heat policy (default 1
     each; windows always 1); ``decay`` is the heat decay."""
-    rows = [np.asarray(r) for r in list(warmup) + list(steps)]
-    n_warm = len(list(warmup))
+    rows = [np.asarray(r) for r in list(windows) + list(steps)]
+    n_warm = len(list(windows))
     options = {"decay": decay} if policy == "heat" else {}
     pool = SlotPool(capacity, policy, **options)
     future = next_uses(rows) if policy == "belady" else None

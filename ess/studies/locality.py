@@ -60,11 +60,11 @@ def record_indexer_trace(model: Any = "tiny", *, context_len: int = 1024, steps:
     if warmup_windows:
         for layer in range(n_layers):
             wins = [select(layer, context_len - warmup_windows + i + 1) for i in range(warmup_windows)]
-            rec.observe_warmup(layer, np.stack(wins, axis=1))                    # (B, W, k)
+            rec.observe_windows(layer, np.stack(wins, axis=1))                    # (B, W, k)
     for t in range(steps):
         length = context_len + t * mtp
         for layer in range(n_layers):
             rec.observe(layer, np.stack([select(layer, length) for _ in range(mtp)], axis=1))
         rec.end_step()
     tr = rec.to_trace()
-    return Trace(tr.indices, tr.context_len, tr.k, tr.mtp, seed, tr.warmup, tr.meta)
+    return Trace(tr.indices, tr.context_len, tr.k, tr.mtp, seed, tr.windows, tr.meta)

@@ -29,7 +29,7 @@ def sim_budget_view(gpu: str = "H200", ratio: float = 0.2, context_len: int = 32
     from plotly.subplots import make_subplots
 
     model, dep, gpu_, host = resolve("deepseek-v3.2-exp", deployment, gpu, None)
-    mtp = dep.mtp_tokens_per_step if mtp is None else mtp
+    mtp = dep.mtp if mtp is None else mtp
     accept_ratio = dep.mtp_accept_ratio if accept_ratio is None else accept_ratio
     h2d_GB_per_s = link_figures()["flashtrans"]["h2d_GB_per_s"] if h2d_GB_per_s is None else h2d_GB_per_s
     if hbm_GiB is not None:
@@ -45,7 +45,7 @@ def sim_budget_view(gpu: str = "H200", ratio: float = 0.2, context_len: int = 32
         from ..sim.calibrate import calibrated_params
         params = calibrated_params()
     B = np.arange(1, lim.batch + 1)
-    r = simulate(B, context_len, ratio, misses=mis, mtp_tokens=mtp, accept_ratio=accept_ratio,
+    r = simulate(B, context_len, ratio, misses=mis, mtp=mtp, accept_ratio=accept_ratio,
                  h2d_GB_per_s=h2d_GB_per_s, params=params, model=model, deployment=dep, gpu=gpu_)
     fig = make_subplots(specs=[[{"secondary_y": True}]])
     fig.add_scatter(x=B, y=r.throughput, name="throughput (tokens/s per node)")
@@ -72,7 +72,7 @@ def sim_budget_widget(params: CostParams | None = None, misses=None, deployment:
     hbm_w = W.FloatSlider(value=gpu_spec(dep.gpu).hbm_capacity_GiB, min=40, max=288, step=1, description="HBM GiB")
     ratio_w = W.FloatSlider(value=0.2, min=0.05, max=1.0, step=0.05, description="ratio")
     ctx_w = W.SelectionSlider(options=[(f"{c // 1024}K", c) for c in CONTEXTS], value=32768, description="context")
-    mtp_w = W.IntSlider(value=dep.mtp_tokens_per_step, min=1, max=4, description="MTP")
+    mtp_w = W.IntSlider(value=dep.mtp, min=1, max=4, description="MTP")
     acc_w = W.FloatSlider(value=dep.mtp_accept_ratio, min=1.0, max=4.0, step=0.1, description="accept")
     link_w = W.FloatLogSlider(value=link_figures()["flashtrans"]["h2d_GB_per_s"], base=10, min=0, max=2.5,
                               description="H2D GB/s")

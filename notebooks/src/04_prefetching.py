@@ -8,10 +8,10 @@
 # whole batch and all 61 layers, and predicts the paper's held-back miss figures: misses per layer at 32K for ratios 0.2 … 0.9, the miss curve of the first 256 decode
 # steps with and without LRU-Warmup, misses against context length, and the smallest pool that keeps misses
 # under 200. It then compares the replacement policies with Belady's offline bound, trains the article's LSTM
-# "heat predictor", and runs three prefetch tiers over one host-to-device link.
+# "heat predictor", and runs three prefetch classes over one host-to-device link.
 #
 # **Prerequisites.** Notebook 01 (ratio, byte layouts). The trace model is in `ess.traces`, the simulation in
-# `ess.cachesim`, the predictor in `ess.predict`, the tiers in `ess.prefetch`. Every miss count here is a
+# `ess.cachesim`, the predictor in `ess.predict`, the prefetch classes in `ess.prefetch`. Every miss count here is a
 # **prediction** of `ess` from a synthetic trace model, not a measurement on DeepSeek-V3.2-Exp.
 
 # %% [parameters]
@@ -94,7 +94,7 @@ profile = tracegen.locality_profile("paper", LAYERS)
 measured, floors, overlap_err = {}, {}, {}
 for tm in tracegen.TRACE_MODELS:
     probe = tracegen.synthetic_trace(context_len, n_layers=LAYERS, k=K, mtp=1, steps=8 if smoke else 16, batch=1,
-                                   warmup_windows=0, seed=seed + 1, model=tm)
+                                   warmup_windows=0, seed=seed + 1, trace_model=tm)
     measured[tm] = traces.adjacent_overlap(probe)
     floors[tm] = ((gen_cfg["n_sinks"] + gen_cfg["local_window"] - 1) / K if tm == "uniform"
                      else tracegen.drift_calibration(0.0, context_len, K)["floor"])
@@ -129,7 +129,7 @@ hit_cfg = {"context_len": context_len, "mtp": 1, "capacity": 2 * K, "steps": hit
 hit = {}
 for tm in tracegen.TRACE_MODELS:
     m2k = cachesim.misses_per_step(context_len, 2 * K / context_len, n_layers=LAYERS, k=K, mtp=1, steps=hit_steps,
-                                   batch=hit_batch, seed=0, model=tm)
+                                   batch=hit_batch, seed=0, trace_model=tm)
     hit[tm] = float(1 - m2k[:, hit_steps // 2:].mean() / K)
     rec.record(f"hit_rate_buffer_2k_{tm}", hit[tm], "", config={**cfg_of(tm), **hit_cfg},
                source="compare: vLLM RFC #48203 via paper-facts.md, 80-90 % (independent, different workload)")
@@ -141,7 +141,7 @@ assert chosen == DEFAULT, (chosen, DEFAULT, hit)   # the data file's default mus
 sens = {}
 for rho in drift_rho_sensitivity:
     m2k = cachesim.misses_per_step(context_len, 2 * K / context_len, n_layers=LAYERS, k=K, mtp=1, steps=hit_steps,
-                                   batch=hit_batch, seed=0, model="drift", drift_rho=rho)
+                                   batch=hit_batch, seed=0, trace_model="drift", drift_rho=rho)
     sens[rho] = float(1 - m2k[:, hit_steps // 2:].mean() / K)
     rec.record(f"hit_rate_buffer_2k_drift_rho{rho:g}", sens[rho], "", config={**cfg_of("drift"), **hit_cfg,
                "drift_rho": rho}, note="sensitivity to the design choice rho; not used by the selection rule")
@@ -164,7 +164,7 @@ pviz.fig_hit_rate_against_range({**{f"{m}" + (" (default)" if m == DEFAULT else 
 per_ratio, means = {}, {}
 for tm in (DEFAULT, OTHER):
     sweep = cachesim.sweep_synthetic(context_len, ratios, n_layers=LAYERS, k=K, mtp=mtp, steps=steps, batch=batch,
-                                     seed=seed, model=tm)
+                                     seed=seed, trace_model=tm)
     per_ratio[tm] = {r: sweep[(r, "lru", True)].mean(axis=1) for r in ratios}
     cfg1 = {**cfg_of(tm), "context_len": context_len, "mtp": mtp, "steps": steps, "warmup": True}
     for r in ratios:
@@ -194,7 +194,7 @@ pd.DataFrame({"ratio": ratios, "pool slots": [ess.layout.pool_slots(model, r, co
 curve_sets = {}
 for tm in (DEFAULT, OTHER):
     curves = cachesim.sweep_synthetic(context_len, [curve_ratio], warmups=(True, False), n_layers=LAYERS, k=K,
-                                      mtp=1, steps=curve_steps, batch=batch, seed=seed, model=tm)
+                                      mtp=1, steps=curve_steps, batch=batch, seed=seed, trace_model=tm)
     with_w = curves[(curve_ratio, "lru", True)].mean(axis=0)
     without_w = curves[(curve_ratio, "lru", False)].mean(axis=0)
     cfg2 = {**cfg_of(tm), "context_len": context_len, "mtp": 1, "ratio": curve_ratio, "steps": curve_steps}
@@ -230,7 +230,7 @@ pviz.fig_warmup_curve(curve_sets, title=f"Misses per step, 32K, MTP 1, ratio {cu
 by_ctx = {}
 for tm in (DEFAULT, OTHER):
     by_ctx[tm] = [float(cachesim.misses_per_layer(L, context_ratio, n_layers=LAYERS, k=K, mtp=mtp, steps=steps,
-                                                     batch=batch, seed=seed, model=tm).mean())
+                                                     batch=batch, seed=seed, trace_model=tm).mean())
                      for L in context_lens]
     cfg3 = {**cfg_of(tm), "ratio": context_ratio, "mtp": mtp, "steps": steps, "warmup": True}
     for L, m in zip(context_lens, by_ctx[tm]):
@@ -253,7 +253,7 @@ for tm in (DEFAULT, OTHER):
             "warmup": True, "target": miss_target, "resolution_slots": res_slots}
     try:
         best[tm] = cachesim.smallest_pool(context_len, miss_target, resolution=res_slots, n_layers=LAYERS, k=K,
-                                             mtp=mtp, steps=pool_steps, batch=pool_batch, seed=seed, model=tm)
+                                             mtp=mtp, steps=pool_steps, batch=pool_batch, seed=seed, trace_model=tm)
     except ValueError as exc:            # even the whole context misses too much: first loads dominate few steps
         assert smoke, exc                # over the full 256 steps both models must reach the target
         rec.record(f"smallest_pool_under_200_slots{suffix(tm)}", None, "slots/request/layer", config=cfg4,
@@ -288,15 +288,15 @@ pol_rows = []
 pol_cases = [("drift", None), ("uniform", 0.0)] + ([] if smoke else [("uniform", 1.5)])
 for tm, sigma in pol_cases:
     tr = tracegen.synthetic_trace(context_len, n_layers=LAYERS, k=K, mtp=mtp, steps=steps, batch=min(batch, 2),
-                                seed=seed, model=tm, **({} if sigma is None else {"popularity_sigma": sigma}))
-    sub = traces.Trace(tr.indices[:, layer_pick], tr.context_len, tr.k, tr.mtp, tr.seed, tr.warmup[:, layer_pick])
+                                seed=seed, trace_model=tm, **({} if sigma is None else {"popularity_sigma": sigma}))
+    sub = traces.Trace(tr.indices[:, layer_pick], tr.context_len, tr.k, tr.mtp, tr.seed, tr.windows[:, layer_pick])
     label = tm if sigma is None else f"{tm}, popularity sigma {sigma:g}"
     tag = tm if sigma is None else f"{tm}_sigma{sigma:g}"
     row = {"trace model": label}
     for pol in policies.POLICIES:
         for warm in (False, True):
             name = f"{pol}{' + warmup' if warm else ''}"
-            row[name] = float(cachesim.simulate(sub, pol, ratio=0.2, warmup=warm).mean())
+            row[name] = float(cachesim.trace_misses(sub, pol, ratio=0.2, warmup=warm).mean())
             rec.record(f"policy_{pol}_{'warm' if warm else 'cold'}_{tag}", row[name],
                        "misses/request/layer/step",
                        config={**cfg_of(tm), "context_len": context_len, "ratio": 0.2, "mtp": mtp, "steps": steps,
@@ -344,8 +344,8 @@ pred_df.round(3)
 rtr = record_indexer_trace("tiny", context_len=1024, steps=8 if smoke else 32, batch=2, mtp=1,
                                   warmup_windows=4, query_correlation=0.9, seed=seed)
 r_overlap = traces.adjacent_overlap(rtr)
-r_rows = {pol: float(cachesim.simulate(rtr, pol, ratio=0.2, warmup=False).mean()) for pol in policies.POLICIES}
-r_rows["lru + warmup"] = float(cachesim.simulate(rtr, "lru", ratio=0.2, warmup=True).mean())
+r_rows = {pol: float(cachesim.trace_misses(rtr, pol, ratio=0.2, warmup=False).mean()) for pol in policies.POLICIES}
+r_rows["lru + warmup"] = float(cachesim.trace_misses(rtr, "lru", ratio=0.2, warmup=True).mean())
 cfg_r = {"model": "tiny", "k": rtr.k, "context_len": 1024, "steps": rtr.steps, "batch": 2, "mtp": 1,
          "query_correlation": 0.9, "ratio": 0.2, "seed": seed}
 rec.record("recorded_overlap_per_layer", r_overlap, "", config=cfg_r)
@@ -355,7 +355,7 @@ assert r_overlap.mean() > 3 * rtr.k / 1024, r_overlap          # more overlap th
 pd.DataFrame({"misses per step": r_rows}).round(2)
 
 # %% [markdown]
-# ## Three tiers on one link
+# ## Three prefetch classes on one link
 # Immediate (the step's misses; the step waits), speculative (predicted next-step entries, in the link time while
 # the step computes) and delayed (background: here the warmup windows). Link 37 GB/s (FlashTrans H2D, [BLOG]);
 # per-step link time per (request, layer) 23.1 µs = 73.3 ms step / 61 layers / batch 52 (derived from the
@@ -363,32 +363,32 @@ pd.DataFrame({"misses per step": r_rows}).round(2)
 
 # %%
 cap = ess.layout.pool_slots(model, 0.2, context_len, need=K)
-tier_cfgs = {
-    "demand only (LRU + warmup)": dict(speculative=False, delayed=False, predictor="none", warmup="before"),
-    "+ speculative (heat)": dict(speculative=True, delayed=False, predictor="heat", warmup="before"),
-    "+ speculative (LSTM)": dict(speculative=True, delayed=False, predictor="lstm", warmup="before"),
-    "warmup in the delayed tier": dict(speculative=False, delayed=True, predictor="none", warmup="delayed"),
+class_cfgs = {
+    "demand only (LRU + warmup)": dict(speculative=False, delayed=False, predictor="none", warmup_mode="before"),
+    "+ speculative (heat)": dict(speculative=True, delayed=False, predictor="heat", warmup_mode="before"),
+    "+ speculative (LSTM)": dict(speculative=True, delayed=False, predictor="lstm", warmup_mode="before"),
+    "warmup in the delayed class": dict(speculative=False, delayed=True, predictor="none", warmup_mode="delayed"),
     "LSTM eviction + speculative": dict(speculative=True, delayed=False, predictor="lstm", eviction="predictor",
-                                        warmup="before"),
+                                        warmup_mode="before"),
 }
 summaries = {}
-for name, kw in tier_cfgs.items():
+for name, kw in class_cfgs.items():
     pc = prefetch.PrefetchConfig(cap, **kw)
     r = prefetch.simulate_prefetch(ptr_test, pc, predictor=lstm if kw["predictor"] == "lstm" else None)
     summaries[name] = r.summary()
-    rec.record(f"tiers_{name}", {k: summaries[name][k] for k in ("hit_rate", "stall_s", "bytes_moved",
+    rec.record(f"classes_{name}", {k: summaries[name][k] for k in ("hit_rate", "stall_s", "bytes_moved",
                                                                   "bytes_prefetched_unused", "link_use")}, "",
                config={"context_len": context_len, "k": K, "mtp": mtp, "ratio": 0.2, "capacity": cap,
                        "layers": "4 spread over 61", "steps": ptr_test.steps, **{k: v for k, v in
                        asdict(pc).items() if k != "capacity"}})
 demand = summaries["demand only (LRU + warmup)"]
 assert demand["bytes_speculative"] == demand["bytes_delayed"] == 0
-pviz.fig_prefetch_tiers(summaries).show()
+pviz.fig_prefetch_classes(summaries).show()
 pd.DataFrame(summaries).T[["hit_rate", "stall_s", "bytes_moved", "bytes_speculative", "bytes_delayed",
                            "bytes_prefetched_unused", "link_use"]].round(4)
 
 # %% [markdown]
-# ## Try it: tiers, predictor, pool and link
+# ## Try it: prefetch classes, predictor, pool and link
 # Needs a running kernel; the default view is drawn below.
 
 # %%

@@ -46,7 +46,7 @@ sim_cfg = {"params": "calibrated (notebook 05)", "strategy": "best per layer",
            "h2d_GB_per_s": flashtrans["h2d_GB_per_s"], "d2h_GB_per_s": flashtrans["d2h_GB_per_s"],
            "misses": misses_fn.config, "deployment": "paper-table1"}
 mtp4 = published("paper_table2")["t2_32k_mtp4"]
-print(f"MTP {mtp4['mtp_tokens']} rows are swept over accept ratios {mtp4['accept_ratios']}: "
+print(f"MTP {mtp4['mtp']} rows are swept over accept ratios {mtp4['accept_ratios']}: "
       f"{mtp4['accept_ratio_source']}")
 print(f"calibrated: compute x{params.compute_scale:.3f}, comm x{params.comm_scale:.3f}, "
       f"fixed {params.fixed_ms:.1f} ms; "
@@ -79,8 +79,8 @@ pred = t2[t2.status == "predicted"]
 assert (pred.stall_ms >= -1e-9).all()
 assert (t2.status.isin(["predicted", "infeasible", "calibration (fitted)"])).all()
 assert (t2[t2.status == "infeasible"].reason.str.len() > 0).all()
-assert sorted(t2[t2.mtp == mtp4["mtp_tokens"]].accept_ratio.unique()) == sorted(mtp4["accept_ratios"])
-assert t2[t2.mtp == mtp4["mtp_tokens"]].published.isna().all()
+assert sorted(t2[t2.mtp == mtp4["mtp"]].accept_ratio.unique()) == sorted(mtp4["accept_ratios"])
+assert t2[t2.mtp == mtp4["mtp"]].published.isna().all()
 
 # %% [markdown]
 # ## Every prediction, recorded with its configuration
@@ -180,10 +180,10 @@ assert art.ours_tok_s.iloc[0] == row1.throughput
 assert set(art.mtp4_accept_ratio.dropna()) == set(mtp4["accept_ratios"])
 
 # %%
-m4 = {acc: t2[(t2.mtp == mtp4["mtp_tokens"]) & (t2.accept_ratio == acc) & (t2.batch == row1.batch)].gain_pct.iloc[0]
+m4 = {acc: t2[(t2.mtp == mtp4["mtp"]) & (t2.accept_ratio == acc) & (t2.batch == row1.batch)].gain_pct.iloc[0]
       for acc in mtp4["accept_ratios"]}
 offrows = t2[(t2.ratio < 1) & (t2.status == "predicted")]
-print(f"MTP {T1} -> {mtp4['mtp_tokens']} at batch {row1.batch}, for each accept ratio of the sweep: "
+print(f"MTP {T1} -> {mtp4['mtp']} at batch {row1.batch}, for each accept ratio of the sweep: "
       + ", ".join(f"accept {a}: {g:+.1f} %" for a, g in m4.items())
       + f" (the report's MTP-alone gain: +{src['blog_mtp_alone']['value']} %, at the paper's held-back accept ratio)")
 print(f"offload rows with simulated misses: gain {offrows.gain_pct.min():+.1f} % to {offrows.gain_pct.max():+.1f} %; "
