@@ -3,7 +3,7 @@ reference of ess.policies (simulate_misses).
 
 A lookup is one valid index of one step checked against the pool (and the pool updated). Both simulators run on
 the same synthetic trace (32K context, K = 2,048, MTP 2, paper locality profile) in the same run; their miss counts
-must agree. Target (issue 5): >= 20 million lookups/s for LRU. Optional ``--sweep``: the issue's full sweep (61
+must agree. The project's target: >= 20 million lookups/s for LRU. Optional ``--sweep``: the full sweep (61
 layers x 8 ratios at 32K, batch 16, 256 steps) timed once.
 
     .venv/bin/python benchmarks/cachesim_throughput.py [--quick] [--sweep]
@@ -91,7 +91,7 @@ def main() -> None:
             dt = time.perf_counter() - t0
             out[f"sweep_61_layers_8_ratios_batch16_256_steps_threads{threads}_s"] = dt
             print(f"  full sweep (61 layers x 8 ratios, 32K, batch 16, 256 steps, LRU + warmup, {threads} thread(s)): "
-                  f"{dt:.1f} s (issue target < 60 s: ratio {dt / 60:.2f})")
+                  f"{dt:.1f} s (the project's target < 60 s: ratio {dt / 60:.2f})")
     path = write_report("cachesim_throughput", out)
     print(f"wrote {path.relative_to(ROOT)}")
 

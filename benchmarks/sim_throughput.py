@@ -4,8 +4,8 @@ against a plain-Python loop calling it one configuration at a time, both measure
     .venv/bin/python benchmarks/sim_throughput.py [--n 100000] [--repeats 5]
 
 Prints the distribution (min, median, mean, std) of configurations per second for each, their ratio, and the
-machine and library versions; writes build/benchmarks/sim_throughput.json. No wall time is asserted. The target
-(issue 6) is >= 100,000 configurations per second, so a widget redraw of a few hundred batches stays far under 100 ms.
+machine and library versions; writes build/benchmarks/sim_throughput.json. No wall time is asserted. The project's
+target is >= 100,000 configurations per second, so a widget redraw of a few hundred batches stays far under 100 ms.
 """
 from __future__ import annotations
 

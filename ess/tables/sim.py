@@ -1,10 +1,10 @@
-"""Published-against-ours tables of the simulator (notebooks 07-08): paper Table 2 predicted, the article's 32K table rebuilt row by row,
-the 128K claim, the article's deployment benefits (section 3.3) and its section 1.2 claims.
+"""Published-against-ours tables of the simulator (notebooks 07-08): paper Table 2 predicted, the article's 32K
+table rebuilt row by row, the 128K claim, the article's deployment benefits (section 3.3) and its section 1.2 claims.
 
-The predictions come from :mod:`ess.sim.scenarios`; published values from ``data/published/`` with their source; held-back values are never filled in (``published``
-is ``None``). Every row carries its configuration. The MTP 4 accept ratios (2.8 and 3.4) are not published values:
-they are the configurations the project's issue 6 asks to predict for, so the MTP 4 rows are a sweep over them and
-carry ``accept_ratio_source`` saying so.
+The predictions come from :mod:`ess.sim.scenarios`; published values from ``data/published/`` with their source;
+held-back values are never filled in (``published`` is ``None``). Every row carries its configuration. The MTP 4
+accept ratios (2.8 and 3.4) are not published results: they are the settings of the paper's Table 2 MTP 4 rows
+(its configuration column), configurations to predict for, so the MTP 4 rows are a sweep over them and carry ``accept_ratio_source`` saying so.
 """
 from __future__ import annotations
 
@@ -78,9 +78,9 @@ def article_table_32k(t2: pd.DataFrame, *, mtp4_accepts=None) -> pd.DataFrame:
     paper's given numbers (Table 2 row 1, [BLOG] percentages) and ours, with the difference explained.
 
     The paper's MTP 4 accept ratio is held back, so the MTP=4, ESS and offload-contribution rows are given once per
-    accept ratio of ``mtp4_accepts`` (default: the configurations of ``paper_table2.yaml``, 2.8 and 3.4, from the
-    project's issue 6), in column ``mtp4_accept_ratio`` with ``accept_ratio_status`` saying it is a configuration,
-    not a published value."""
+    accept ratio of ``mtp4_accepts`` (default: the configurations of ``paper_table2.yaml``, 2.8 and 3.4, the
+    settings of the paper's Table 2 MTP 4 rows, its configuration column), in column ``mtp4_accept_ratio`` with
+    ``accept_ratio_status`` saying it is a configuration, not a published value."""
     pub = published("paper_table2")
     art = {k: pub[k] for k in ("article_baseline", "article_mtp4", "article_ess", "article_offload_contribution")}
     m4 = pub["t2_32k_mtp4"]
