@@ -70,8 +70,8 @@ def _kernels():
         prv[H] = x
 
     @njit(cache=True, inline="always")
-    def _mark_step(seq, t, mark, res):
-        """Mark step t's valid entries (mark[x] = t + 1); return (entries, of which resident)."""
+    def _mark_step(seq, t, mark, res, n_res, capacity):
+        """Mark step t's valid entries (mark[x] = t + 1); return (entries, misses, entries to evict)."""
         size = 0
         hits = 0
         for j in range(seq.shape[1]):
@@ -82,7 +82,7 @@ def _kernels():
             mark[x] = t + 1
             if res[x]:
                 hits += 1
-        return size, hits
+        return size, size - hits, n_res + size - hits - capacity
 
     @njit(cache=True, nogil=True)
     def lru(seq, n_free, capacity, n_pos, out):
@@ -140,11 +140,9 @@ def _kernels():
         n_res = 0
         T, W = seq.shape
         for t in range(T):
-            size, hits = _mark_step(seq, t, mark, res)
+            size, misses, evict = _mark_step(seq, t, mark, res, n_res, capacity)
             if size > capacity:
                 return t
-            misses = size - hits
-            evict = n_res + misses - capacity
             v = nxt[H]
             while evict > 0:
                 w = nxt[v]
@@ -275,11 +273,9 @@ def _kernels():
         clock = 0
         T, W = seq.shape
         for t in range(T):
-            size, hits = _mark_step(seq, t, mark, res)
+            size, misses, evict = _mark_step(seq, t, mark, res, n_res, capacity)
             if size > capacity:
                 return t
-            misses = size - hits
-            evict = n_res + misses - capacity
             if evict > 0:
                 nc = 0
                 for i in range(n_res):

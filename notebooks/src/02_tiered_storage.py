@@ -26,6 +26,7 @@ trace_steps = 48
 trace_layers = [0, 3, 18, 30, 50]
 warmup_windows = 32
 seed = 0
+smoke_sizes = {"trace_context": 8192, "trace_ratio": 0.5, "trace_steps": 12, "warmup_windows": 8}
 
 # %%
 import dataclasses
@@ -49,7 +50,7 @@ from ess.widgets.storage import storage_budget_view, storage_budget_widget
 viz.use_notebook_renderer()
 rec = ess.Recorder("02_tiered_storage", results_path)
 if smoke:
-    trace_context, trace_ratio, trace_steps, warmup_windows = 8192, 0.5, 12, 8
+    globals().update(smoke_sizes)              # the CI sizes of the parameters cell
 model = ess.model_spec("deepseek-v3.2-exp")
 entry = ess.latent_entry_bytes(model)
 K = model.index_topk

@@ -19,6 +19,8 @@ smoke = False
 results_path = ""
 curve_batches = [1, 2, 4, 8, 12, 16, 24, 32, 40, 52, 64, 80, 96, 112, 128, 144, 160, 192, 224, 256, 288, 320]
 breakdown_batches = [2, 13, 52, 160, 320]
+variant_fit = {}
+smoke_sizes = {"curve_batches": [2, 16, 52, 128, 320], "variant_fit": {"grid": 12, "refine": 1}}
 
 # %%
 import numpy as np
@@ -38,13 +40,13 @@ from ess.viz import sim as vsim
 viz.use_notebook_renderer()
 rec = ess.Recorder("05_simulator_calibration", results_path)
 if smoke:
-    curve_batches = [2, 16, 52, 128, 320]
+    globals().update(smoke_sizes)              # the CI sizes of the parameters cell
 points = calibration_points()
 by_name = {q.name: q for q in points}
 dep = ess.deployment_spec("paper-table1")
 limits = published("paper")                          # the paper's no-offload memory limits (calibration data)
 row = published("paper_table2")["t2_32k_mtp2_b52_r1"]
-mtp4 = published("paper_table2")["t2_32k_mtp4"]       # held back; its accept ratios are configurations (issue 6)
+mtp4 = published("paper_table2")["t2_32k_mtp4"]       # held back; its accept ratios are configurations
 print(f"{len(points)} calibration points; deployment {dep.name}: {dep.nodes} nodes x {dep.gpus_per_node} "
       f"{dep.gpu}, EP {dep.ep}, MTP {dep.mtp} (accept {dep.mtp_accept_ratio})")
 
@@ -151,12 +153,13 @@ assert abs(pred_row / row["value"] - 1) < 0.08
 # ## How much the fitting choices move the predictions
 # The same fit under other defensible choices (Fig. 1 alone; Table 2's row weighted like 1 or 20 chart points), and
 # no-offload predictions under each: the 128K row at its memory limit, and MTP 4 at batch 52 against row 1 for each
-# accept ratio the project predicts for (2.8 and 3.4, from the project's issue 6: configurations, not published
-# values; the paper's MTP 4 accept ratio is held back). The spread is a floor on the simulator's error for what is
+# accept ratio the project predicts for (2.8 and 3.4, the settings of the paper's Table 2 MTP 4 rows, its
+# configuration column: configurations, not published values; the paper's MTP 4 accept ratio is held back). The
+# spread is a floor on the simulator's error for what is
 # held back.
 
 # %%
-variants = calibration_variants(**({"grid": 12, "refine": 1} if smoke else {}))
+variants = calibration_variants(**variant_fit)
 lim128 = limits["batch_limit_128k"]
 B128, L128 = lim128["value"], lim128["context_len"]
 accs = mtp4["accept_ratios"]

@@ -34,6 +34,8 @@ profile_ratio = 0.1
 context_len_short = 32768
 profile_ratio_short = 0.2
 offload_ratios = [0.2, 0.1]
+smoke_sizes = {"miss_grid": [0, 100, 400, 1600, 4096], "links_GB_per_s": [8, 37, 128], "cachesim_steps": 16,
+               "cachesim_batch": 2}
 
 # %%
 import numpy as np
@@ -53,9 +55,7 @@ from ess.viz import sim as vsim
 viz.use_notebook_renderer()
 rec = ess.Recorder("06_overlap_strategies", results_path)
 if smoke:
-    miss_grid = [0, 100, 400, 1600, 4096]
-    links_GB_per_s = [8, 37, 128]
-    cachesim_steps, cachesim_batch = 16, 2
+    globals().update(smoke_sizes)              # the CI sizes of the parameters cell
 params = calibrate().params
 misses_fn = scenarios.misses_from_cachesim(steps=cachesim_steps, batch=cachesim_batch)
 L, B, LINK, D2H = context_len, batch, h2d_GB_per_s, d2h_GB_per_s

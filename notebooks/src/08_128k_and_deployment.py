@@ -21,9 +21,9 @@ adaptive_contexts = [32768, 131072]
 otps_floor = 20.0
 compare_context_len = 32768
 compare_ratio = 0.2
+smoke_sizes = {"cachesim_steps": 16, "cachesim_batch": 2, "adaptive_ratios": [1.0, 0.2, 0.1]}
 
 # %%
-import numpy as np
 import pandas as pd
 from IPython.display import display
 
@@ -42,8 +42,7 @@ from ess.widgets.sim import sim_budget_view, sim_budget_widget
 viz.use_notebook_renderer()
 rec = ess.Recorder("08_128k_and_deployment", results_path)
 if smoke:
-    cachesim_steps, cachesim_batch = 16, 2
-    adaptive_ratios = [1.0, 0.2, 0.1]
+    globals().update(smoke_sizes)              # the CI sizes of the parameters cell
 params = calibrate().params
 misses_fn = scenarios.misses_from_cachesim(steps=cachesim_steps, batch=cachesim_batch)
 flashtrans = link_figures()["flashtrans"]             # the simulator's default link ([BLOG] FlashTrans)
