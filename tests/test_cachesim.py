@@ -95,9 +95,12 @@ def test_bad_input_is_refused():
         C.trace_misses(tr, ratio="0.5")
     with pytest.raises(ValueError, match="smaller than K"):
         C.trace_misses(tr, capacity=tr.k - 1)
-    with pytest.raises(ValueError, match="fewer than the 2048 entries"):
-        C.misses_per_layer(32768, 0.05, n_layers=1, k=2048, steps=1, batch=1)
-    with pytest.raises(ValueError, match="pool"):          # holds K but not one MTP step's union
+    with pytest.raises(ValueError, match="fewer than the 2048 entries"):             # one query token: K
+        C.misses_per_layer(32768, 0.05, n_layers=1, k=2048, mtp=1, steps=1, batch=1)
+    # layer 0 of the paper profile (overlap 0): two query tokens select 2 x 2048 entries, 1,638 slots cannot hold them
+    with pytest.raises(ValueError, match="fewer than the 4096 entries"):
+        C.misses_per_layer(32768, 0.05, n_layers=1, k=2048, mtp=2, steps=1, batch=1)
+    with pytest.raises(ValueError, match="GPU slots"):    # holds K but not one MTP step's union
         C.misses_per_layer(4096, 0.6, n_layers=1, k=2048, mtp=2, steps=2, batch=1)
     with pytest.raises(ValueError, match="policy"):
         C.trace_misses(tr, "random", capacity=10)

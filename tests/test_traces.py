@@ -161,7 +161,7 @@ def test_drift_model_reproduces_the_paper_profile_per_layer():
     L = 32768
     tr = G.synthetic_trace(L, n_layers=61, k=2048, mtp=1, steps=12, batch=1, warmup_windows=0, seed=3,
                            trace_model="drift")
-    assert tr.meta["trace_model"] == "drift" and tr.meta["drift_rho"] == 0.5
+    assert tr.meta["trace_model"] == "drift" and tr.meta["drift_rho"] == G.fitted_drift_rho(tr.meta["reading"])
     prof = G.locality_profile("paper", 61)
     floor = G.drift_calibration(0.0, L, 2048)["floor"]       # sinks + shifted window + chance at c = 0
     want = np.maximum(prof, floor)
