@@ -52,6 +52,18 @@ def _layer_capacities(ratio: Any, context_len: int, k: int, mtp: int, overlap: n
     return layer_pool_slots(model, ratio, context_len, step_entries(model, context_len, mtp, overlap=overlap, k=k))
 
 
+# A (request, layer) pool is sized from the layer's mean adjacent overlap (step_entries); a step whose query tokens
+# overlap less than the mean selects a few more entries. Up to this share more than its slots, the pool takes them
+# (it must hold the step); beyond it the ratio is too small and the simulation says so. A design choice.
+STEP_SLACK = 0.05
+
+
+def _holding_the_step(capacity: int, width: int) -> int:
+    """The slots of a pool whose largest step selects ``width`` entries: ``width`` when it exceeds ``capacity`` by
+    at most :data:`STEP_SLACK`, else ``capacity`` (then the kernel refuses the step)."""
+    return width if capacity < width <= capacity * (1 + STEP_SLACK) else capacity
+
+
 def _check_policy(policy: str, decay: float) -> None:
     one_of("policy", policy, POLICIES)
     fraction("decay", decay)
@@ -433,7 +445,9 @@ def sweep_synthetic(context_len: int, ratios: Sequence[float], *, policies: Iter
     other ``generator`` keywords go to :func:`ess.tracegen.synthetic_streams` (e.g. ``reading``, ``drift_rho``).
     Each ratio's slots are shared over the layers so that every layer's pool holds its step's union of the ``mtp``
     query tokens' sets, as the layer's overlap in ``profile`` bounds it (:func:`ess.layout.layer_pool_slots`); with
-    ``mtp`` 1, or whenever the even share suffices, every layer gets :func:`ess.layout.pool_slots`. Returns
+    ``mtp`` 1, or whenever the even share suffices, every layer gets :func:`ess.layout.pool_slots`. A step whose
+    tokens overlap less than the layer's mean may select up to :data:`STEP_SLACK` more entries than that; the pool
+    takes them. Returns
     ``{(ratio, policy, warmup): misses}`` with ``misses`` of shape (n_layers, steps), the mean over the
     ``batch`` requests of misses per decode step. ``threads > 1`` simulates the configurations of one stream in
     parallel (the kernels release the GIL); the result does not depend on it.
@@ -469,7 +483,7 @@ def sweep_synthetic(context_len: int, ratios: Sequence[float], *, policies: Iter
             warm_seq = np.concatenate([_pad_rows(warm, width), cold_seq]) if warm.size else cold_seq
             n_w = warm.shape[0]
             run = lambda key: _run_seq(warm_seq if key[2] else cold_seq, n_w if key[2] else 0,  # noqa: E731
-                                       int(caps[key[0]][layer]), key[1], n_pos, decay)
+                                       _holding_the_step(int(caps[key[0]][layer]), width), key[1], n_pos, decay)
             try:
                 results = list(pool.map(run, keys)) if pool is not None else [run(key) for key in keys]
             except ValueError as exc:

@@ -51,27 +51,15 @@ def main(argv=None) -> None:
         hit_eval[reading] = {_r(k): _r(v) for k, v in sorted(evaluated.items())}
     real = loc.real_traces()
     real_shape = {name: {k: _r(v) for k, v in loc.trace_shape(tr).items()} for name, tr in real.items()}
-    evidence, scores = {}, {}
-    for cand in loc.candidates({rd: rho[rd]["central"]["rho"] for rd in READINGS}):
-        kw = cand.kwargs()
-        if cand.trace_model == "drift":
-            h = hit_eval[cand.reading][_r(cand.drift_rho)]
-        else:
-            h = loc.buffer_hit_rate(SETTING["context_len"], **kw)
-        gvr = loc.gvr_overlaps(SETTING["context_len"], **kw)
-        shapes = {name: loc.model_shape(tr, **kw) for name, tr in real.items()}
-        shape = {s: sum(v[s] for v in shapes.values()) / len(shapes) for s in ("hit_2k", "union4", "return8")} \
-            if shapes else None
-        real_mean = {s: sum(v[s] for v in real_shape.values()) / len(real_shape) for s in ("hit_2k", "union4",
-                                                                                         "return8")} \
-            if real_shape else None
-        d = loc.evidence_distances(h, gvr, shape, real_mean)
-        scores[(cand.trace_model, cand.reading)] = d["score"]
-        evidence[cand.name] = {"drift_rho": cand.drift_rho, "hit_2k": _r(h), "gvr_deep": _r(gvr["deep"]),
-                               "gvr_shallow": _r(gvr["shallow"]),
-                               "shape": {n: {k: _r(v) for k, v in s.items()} for n, s in shapes.items()} or None,
-                               **{k: _r(v) for k, v in d.items()}}
-        print(f"{cand.name}: {evidence[cand.name]}", flush=True)
+    cands = loc.candidates({rd: rho[rd]["central"]["rho"] for rd in READINGS})
+    known = {c.name: hit_eval[c.reading][_r(c.drift_rho)] for c in cands if c.trace_model == "drift"}
+    table, _ = loc.measure_evidence(cands, context_len=SETTING["context_len"], hit_rates=known, real=real)
+    scores = {(r.trace_model, r.reading): r.score for r in table.itertuples()}
+    evidence = {name: {k: (None if v is None or (isinstance(v, float) and v != v) else
+                           (_r(v) if isinstance(v, float) else v)) for k, v in row.items()}
+                for name, row in table.drop(columns=["trace_model", "reading"]).to_dict("index").items()}
+    for name, ev in evidence.items():
+        print(f"{name}: {ev}", flush=True)
     tm, rd = loc.choose_locality(scores)
     doc = {
         "setting": {"value": SETTING, "source": "data/locality/README.md, setting S (the statistic h2K)"},
@@ -88,9 +76,10 @@ def main(argv=None) -> None:
                                   "data/traces/ held no mtp-1 trace when this file was written: E4 left out of "
                                   "every score"},
         "evidence": {"value": evidence,
-                     "source": "each candidate against the evidence of data/locality/README.md: hit_2k (E2), "
-                               "gvr_deep / gvr_shallow (E3, ess.studies.locality.gvr_overlaps), shape (E4, "
-                               "ess.studies.locality.model_shape), the distances and the score"},
+                     "source": "each candidate against the evidence of data/locality/README.md "
+                               "(ess.studies.locality.measure_evidence): hit_2k (E2), gvr_deep / gvr_shallow (E3), "
+                               "e1_max_error (E1), model_* / real_* shape statistics (E4), the distances and the "
+                               "score"},
         "default": {"value": {"trace_model": tm, "reading": rd},
                     "source": "the rule of data/locality/README.md (smallest d_E2 + d_E3 + d_E4; a tie within 0.005 "
                               "keeps drift / fraction): scores " +

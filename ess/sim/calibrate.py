@@ -211,9 +211,10 @@ def compute_scale_from_cost(target_ms: float, *, lo: float = 0.05, hi: float = 5
 @dataclass(frozen=True)
 class CalibrationSet:
     """The calibrations of ``data/calibration/README.md`` ("The operation split"): ``fits`` by name (compute
-    scale pinned at each of ``compute_scales`` x the four fitting choices), ``kept`` the equally good ones (RMS at
-    most the lowest plus :data:`EQUALLY_GOOD_RMS_PP`), ``central`` the name of the central one; ``free`` the fits
-    with a free compute scale (shown, in no band when their compute scale lies outside the evidence's range)."""
+    scale pinned at each of ``compute_scales`` x the four fitting choices), ``free`` the four fits with a free
+    compute scale, ``kept`` the names of the equally good ones (RMS at most the lowest of the pinned fits plus
+    :data:`EQUALLY_GOOD_RMS_PP`; a free fit also needs its compute scale inside the evidence's range),
+    ``central`` the name of the central one."""
 
     fits: dict
     kept: tuple
@@ -228,7 +229,8 @@ class CalibrationSet:
 
     def kept_params(self) -> dict:
         """``{name: CostParams}`` of the equally good calibrations, the central first."""
-        return {n: self.fits[n].params for n in (self.central,) + tuple(k for k in self.kept if k != self.central)}
+        every = {**self.fits, **self.free}
+        return {n: every[n].params for n in (self.central,) + tuple(k for k in self.kept if k != self.central)}
 
     def to_frame(self) -> pd.DataFrame:
         rows = []
@@ -240,7 +242,7 @@ class CalibrationSet:
                              "comm_scale": q.comm_scale, "fixed_ms": q.fixed_ms, "rms_rel_error": c.rms_rel_error,
                              "max_abs_rel_error": c.max_abs_rel_error,
                              "compute_scale_in_C3_range": lo - 1e-9 <= q.compute_scale <= hi + 1e-9,
-                             "kept": group == "pinned" and name in self.kept, "central": name == self.central})
+                             "kept": name in self.kept, "central": name == self.central})
         return pd.DataFrame(rows).set_index("fit")
 
 
@@ -263,11 +265,13 @@ def calibration_set(**kw) -> CalibrationSet:
         for name, c in calibration_variants(compute_scale=sc, **kw).items():
             fits[f"compute {at} ({sc:.3f}), {name}"] = c
     central = f"compute central ({scales['central']:.3f}), default (Table 2 weight 5)"
-    best = min(c.rms_rel_error for c in fits.values())
-    kept = tuple(n for n, c in fits.items() if c.rms_rel_error <= best + EQUALLY_GOOD_RMS_PP / 100)
+    limit = min(c.rms_rel_error for c in fits.values()) + EQUALLY_GOOD_RMS_PP / 100
+    free = {f"free compute ({c.params.compute_scale:.3f}), {name}": c for name, c in calibration_variants(**kw).items()}
+    in_range = lambda c: scales["low"] - 1e-9 <= c.params.compute_scale <= scales["high"] + 1e-9     # noqa: E731
+    kept = tuple(n for n, c in fits.items() if c.rms_rel_error <= limit)
+    kept += tuple(n for n, c in free.items() if c.rms_rel_error <= limit and in_range(c))
     if central not in kept:
         kept = (central,) + kept
-    free = calibration_variants(**kw)
     out = CalibrationSet(fits, kept, central, scales, ev, free)
     _CACHE[key] = out
     return out

@@ -21,7 +21,10 @@ from ..validate import real
 
 __all__ = ["record_indexer_trace", "VLLM_BUFFER_2K_HIT_RATE", "GVR_DEEP_OVERLAP", "GVR_SHALLOW_OVERLAP",
            "GVR_SHALLOW_LAYERS", "FIT_HIT_RATE", "range_distance", "buffer_hit_rate", "fit_drift_rho", "gvr_overlaps",
-           "trace_shape", "model_shape", "real_traces", "evidence_distances", "choose_locality", "candidates"]
+           "trace_shape", "model_shape", "real_traces", "evidence_distances", "choose_locality", "candidates",
+           "measure_evidence", "SHAPE_STATS"]
+
+SHAPE_STATS = ("hit_2k", "union4", "return8")
 
 
 def record_indexer_trace(model: Any = "tiny", *, context_len: int = 1024, steps: int = 16, batch: int = 2,
@@ -213,7 +216,7 @@ def evidence_distances(hit_2k: float, gvr: Mapping[str, float], shape: Mapping[s
     d3 = range_distance(gvr["deep"], GVR_DEEP_OVERLAP) + range_distance(gvr["shallow"], GVR_SHALLOW_OVERLAP)
     d4 = None
     if shape is not None and real_shape is not None:
-        d4 = float(np.mean([abs(shape[s] - real_shape[s]) for s in ("hit_2k", "union4", "return8")]))
+        d4 = float(np.mean([abs(shape[s] - real_shape[s]) for s in SHAPE_STATS]))
     return {"d_E2": d2, "d_E3": d3, "d_E4": d4, "score": d2 + d3 + (d4 or 0.0)}
 
 
@@ -224,3 +227,42 @@ def choose_locality(scores: Mapping[tuple[str, str], float], *, tie: float = 0.0
     among the tied candidates."""
     best = min(scores, key=scores.get)
     return keep if keep in scores and scores[keep] <= scores[best] + tie else best
+
+
+def measure_evidence(models: Iterable[LocalityModel], *, context_len: int = 32768, probe_steps: int = 16,
+                     probe_seed: int = 1, hit_rates: Mapping[str, float] | None = None,
+                     real: Mapping[str, Trace] | None = None, **hit_kw: Any):
+    """Each model against every piece of evidence of ``data/locality/README.md``: one row per model (by
+    ``name``) with ``hit_2k`` (E2; taken from ``hit_rates[name]`` when given, else :func:`buffer_hit_rate` with
+    ``hit_kw``), ``gvr_deep`` / ``gvr_shallow`` (E3, :func:`gvr_overlaps` with ``probe_steps`` and ``probe_seed``),
+    ``e1_max_error`` (E1: the largest ``|measured - target|`` over the layers on the same probe, the target raised to
+    the model's floor where it lies below it), the mean shape statistics of the model at each real trace's
+    geometry (E4, :func:`model_shape`; ``real`` = :func:`real_traces` by default) and the real traces' own, the
+    distances and the score (:func:`evidence_distances`). Returns a DataFrame and the probes' per-layer overlaps."""
+    import pandas as pd
+    from ..tracegen import drift_calibration, generator_defaults, locality_profile
+    real = real_traces() if real is None else dict(real)
+    real_mean = ({s: float(np.mean([trace_shape(tr)[s] for tr in real.values()])) for s in SHAPE_STATS}
+                 if real else None)
+    rows, per_layer = [], {}
+    k, n_layers = geometry()[1], geometry()[0]
+    d = generator_defaults()
+    for m in models:
+        kw = m.kwargs()
+        h = hit_rates[m.name] if hit_rates and m.name in hit_rates else buffer_hit_rate(context_len, **kw, **hit_kw)
+        gvr = gvr_overlaps(context_len, steps=probe_steps, seed=probe_seed, **kw)
+        target = locality_profile("paper", n_layers, m.reading)
+        floor = ((d["n_sinks"] + d["local_window"] - 1) / k if m.trace_model == "uniform" else
+                 drift_calibration(0.0, context_len, k, rho=m.drift_rho)["floor"])
+        e1 = float(np.abs(gvr["per_layer"] - np.maximum(target, floor)).max())
+        shape = None
+        if real:
+            shapes = [model_shape(tr, **kw) for tr in real.values()]
+            shape = {s: float(np.mean([x[s] for x in shapes])) for s in SHAPE_STATS}
+        dist = evidence_distances(h, gvr, shape, real_mean)
+        per_layer[m.name] = gvr["per_layer"]
+        rows.append({"name": m.name, "trace_model": m.trace_model, "reading": m.reading, "drift_rho": m.drift_rho,
+                     "hit_2k": h, "gvr_deep": gvr["deep"], "gvr_shallow": gvr["shallow"], "e1_max_error": e1,
+                     "floor": floor, **{f"model_{s}": (shape or {}).get(s) for s in SHAPE_STATS},
+                     **{f"real_{s}": (real_mean or {}).get(s) for s in SHAPE_STATS}, **dist})
+    return pd.DataFrame(rows).set_index("name"), per_layer
