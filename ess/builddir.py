@@ -60,8 +60,7 @@ class BuildDir:
     def claim(cls, path: str | os.PathLike | None = None, *, create: bool = True) -> "BuildDir":
         """Check ``path`` (default ``<repository>/build``) as a build folder and mark it; with ``create=False``
         it must already exist (``ess book`` reads a build, it does not start one)."""
-        default = path is None
-        path = Path(ROOT / "build" if default else path).expanduser()
+        path = Path(ROOT / "build" if path is None else path).expanduser()
         try:
             path = path.resolve()
         except OSError as exc:
@@ -86,7 +85,7 @@ class BuildDir:
         marker = path / MARKER
         if not marker.exists():
             entries = sorted(p.name for p in path.iterdir())
-            legacy = default and entries and set(entries) <= set(CREATED)
+            legacy = path == ROOT / "build" and set(entries) <= set(CREATED)
             if entries and not legacy:
                 shown = ", ".join(entries[:4]) + (", ..." if len(entries) > 4 else "")
                 raise BuildDirError(f"build folder {path} holds files ess did not create ({shown}) and no "

@@ -178,3 +178,21 @@ def test_cell_timeout_takes_positive_seconds_only(value, tmp_path, capsys):
     assert exit_.value.code == 2
     assert "--cell-timeout" in capsys.readouterr().err
     assert not (tmp_path / "b").exists()
+
+
+def test_the_repositorys_own_build_folder_from_before_the_marker_is_adopted(tmp_path, monkeypatch):
+    import ess.builddir as B
+
+    repo = tmp_path / "repo"
+    (repo / "build" / "results").mkdir(parents=True)
+    (repo / "build" / "notebooks").mkdir()
+    monkeypatch.setattr(B, "ROOT", repo)
+    assert (B.BuildDir.claim(None).path / MARKER).exists()
+    other = tmp_path / "other"
+    (other / "results").mkdir(parents=True)                   # the same shape elsewhere is not ess's
+    with pytest.raises(BuildDirError, match="did not create"):
+        B.BuildDir.claim(other)
+    (repo / "build" / MARKER).unlink()
+    (repo / "build" / "thesis.tex").write_text("mine")
+    with pytest.raises(BuildDirError, match="did not create .*thesis.tex"):
+        B.BuildDir.claim(repo / "build")
