@@ -25,7 +25,7 @@ from ess import tables, viz
 from ess.widgets import memory_budget_view, memory_budget_widget
 
 viz.use_notebook_renderer()
-rec = ess.Recorder("01_memory_wall", results_path)
+rec = ess.Recorder("01_memory_wall", results_path, smoke=smoke)
 if smoke:
     globals().update(smoke_sizes)              # the CI sizes of the parameters cell
 model = ess.model_spec("deepseek-v3.2-exp")
@@ -105,8 +105,8 @@ feasible = limits_df[limits_df.limited_by != "infeasible"]
 for (gpu, L), part in feasible.groupby(["gpu", "context_len"]):
     b = part.sort_values("ratio", ascending=False).batch.tolist()
     assert b == sorted(b), (gpu, L, b)
-viz.fig_batch_vs_context(limits_df, "H200", {"paper limit (32K)": (32768, 52),
-                                             "paper limit (128K)": (131072, 13)}).show()
+rec.figure("memory_wall", viz.fig_batch_vs_context(limits_df, "H200", {"paper limit (32K)": (32768, 52),
+                                                                     "paper limit (128K)": (131072, 13)})).show()
 
 # %% [markdown]
 # ## The article's claims

@@ -38,7 +38,7 @@ from ess.studies import attention as studies
 from ess.viz.attention import fig_attention_cost, fig_indexer_selection, fig_storage_precision
 
 viz.use_notebook_renderer()
-rec = ess.Recorder("03_sparse_attention", results_path)
+rec = ess.Recorder("03_sparse_attention", results_path, smoke=smoke)
 if smoke:
     globals().update(smoke_sizes)              # the CI sizes of the parameters cell
 full = ess.model_spec("deepseek-v3.2-exp")

@@ -45,7 +45,7 @@ from ess.sim.scenarios import step_breakdown
 from ess.viz import sim as vsim
 
 viz.use_notebook_renderer()
-rec = ess.Recorder("05_simulator_calibration", results_path)
+rec = ess.Recorder("05_simulator_calibration", results_path, smoke=smoke)
 if smoke:
     globals().update(smoke_sizes)              # the CI sizes of the parameters cell
 points = calibration_points()

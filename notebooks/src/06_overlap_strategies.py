@@ -58,7 +58,7 @@ from ess.tracegen import locality_alternatives
 from ess.viz import sim as vsim
 
 viz.use_notebook_renderer()
-rec = ess.Recorder("06_overlap_strategies", results_path)
+rec = ess.Recorder("06_overlap_strategies", results_path, smoke=smoke)
 if smoke:
     globals().update(smoke_sizes)              # the CI sizes of the parameters cell
 cs = calibration_set(**variant_fit)            # the equally good calibrations of notebook 05, the central first

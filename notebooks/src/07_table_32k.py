@@ -42,7 +42,7 @@ from ess.tracegen import locality_alternatives
 from ess.viz import sim as vsim
 
 viz.use_notebook_renderer()
-rec = ess.Recorder("07_table_32k", results_path)
+rec = ess.Recorder("07_table_32k", results_path, smoke=smoke)
 if smoke:
     globals().update(smoke_sizes)              # the CI sizes of the parameters cell
 cs = calibration_set(**variant_fit)            # the equally good calibrations of notebook 05, the central first
@@ -125,7 +125,7 @@ for _, r in t2.iterrows():
                low=r.throughput_no_miss_low, high=r.throughput_no_miss_high)
 
 # %%
-vsim.fig_table2(t2, L32).show()
+rec.figure("table_32k", vsim.fig_table2(t2, L32)).show()
 
 # %% [markdown]
 # ## Per-layer misses behind the offload rows

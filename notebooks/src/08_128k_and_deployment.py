@@ -46,7 +46,7 @@ from ess.viz import sim as vsim
 from ess.widgets.sim import sim_budget_view, sim_budget_widget
 
 viz.use_notebook_renderer()
-rec = ess.Recorder("08_128k_and_deployment", results_path)
+rec = ess.Recorder("08_128k_and_deployment", results_path, smoke=smoke)
 if smoke:
     globals().update(smoke_sizes)              # the CI sizes of the parameters cell
 cs = calibration_set(**variant_fit)            # the equally good calibrations of notebook 05, the central first
