@@ -23,8 +23,14 @@ D2H ``d = b mtp 656 B / d2h``), relative to the no-offload sequence ``Indexer ->
 * ``best``: per layer, the cheapest of the three (the offline per-layer choice); or a sequence of names, one per
   layer.
 
-Everything is vectorised over configurations with numpy (arrays broadcast; misses have shape ``(n_layers,)`` or
-``(N, n_layers)``).
+Everything is vectorised over configurations (arrays broadcast; misses have shape ``(n_layers,)`` or
+``(N, n_layers)``): the cost model runs once per distinct (batch, context, MTP), the per-layer part -- the three
+strategies' overheads, the per-layer choice, the two lanes -- is one Numba loop over configurations and layers,
+tested against :func:`offload_overhead_s` and the lanes written with NumPy.
+
+With MTP a step selects the union of its query tokens' sets: the misses count it once, and the memory check wants
+the pools to hold it on average over the layers (:func:`ess.layout.step_entries` with the default locality model's
+overlaps; the layers share the ratio's slots, :func:`ess.layout.layer_pool_slots`).
 """
 from __future__ import annotations
 

@@ -163,6 +163,12 @@ for name, r in evidence.iterrows():
                        note=f"E4: the model at the real traces' geometry; real traces {r[f'real_{st}']:.4f}")
     rec.record(f"evidence_{tag}_score", r.score, "", config=cfg,
                note=f"d_E2 {r.d_E2:.4f} + d_E3 {r.d_E3:.4f} + d_E4 {r.d_E4 if r.d_E4 is not None else 'n/a'}")
+cen = evidence.loc[f"{CENTRAL.trace_model}/{CENTRAL.reading}"]                # the central model under plain names
+for stat in ("hit_2k", "gvr_deep", "gvr_shallow", "e1_max_error", "score"):
+    rec.record(f"locality_central_{stat}", cen[stat], "", config={**ev_cfg, **CENTRAL.config()},
+               note=f"the central locality model's {stat} (see the evidence_* records for every candidate)")
+rec.record("locality_central_drift_rho", CENTRAL.drift_rho, "", config=CENTRAL.config(),
+           note="calibrated on vLLM's 2xK hit rate (E2); None for the uniform model")
 scores = {(r.trace_model, r.reading): r.score for n, r in evidence.iterrows() if n in {c.name for c in cands}}
 chosen = loc.choose_locality(scores)
 rec.record("locality_model_chosen", "/".join(chosen), "", config={"rule": "data/locality/README.md", **ev_cfg,
