@@ -1,0 +1,66 @@
+"""Dense causal grouped-query attention over a per-sequence K/V store (torch, CPU or CUDA).
+
+This is the attention a dense model runs; a decode engine that keeps K/V elsewhere (tiered, sparse) replaces it
+and keeps everything else of :class:`ess.llm.llama.LlamaModel`. Masking rule, per sequence ``b``: query ``t`` at
+position ``q_positions[b, t]`` sees key ``j`` iff ``j <= q_positions[b, t]`` and ``j < kv_lengths[b]``.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+__all__ = ["dense_attention", "IMPLS"]
+
+IMPLS = ("matmul", "sdpa")
+_SCORE_BYTES = 128 * 2 ** 20          # query rows are processed in chunks whose score matrix stays below this
+
+
+def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_positions: torch.Tensor,
+                    kv_lengths: torch.Tensor, impl: str = "matmul") -> torch.Tensor:
+    """Causal GQA attention of new queries over stored keys and values.
+
+    Parameters
+    ----------
+    q : (B, H, T, hd) float
+        Queries after RoPE.
+    k, v : (B, Hkv, S, hd) float
+        Stored keys (after RoPE) and values, token ``j`` of sequence ``b`` at ``[b, :, j]``; ``H % Hkv == 0``,
+        query head ``h`` reads KV head ``h // (H / Hkv)``.
+    q_positions : (B, T) int64
+        Position of each query token (its index in its sequence).
+    kv_lengths : (B,) int64
+        Valid stored tokens per sequence (entries at ``j >= kv_lengths[b]`` are ignored).
+    impl : {"matmul", "sdpa"}
+        ``"matmul"``: explicit scores, softmax and weighted sum, in query chunks of bounded memory (the
+        reference-like path); ``"sdpa"``: ``torch.nn.functional.scaled_dot_product_attention`` with the same
+        boolean mask (the baseline the benchmark compares with).
+
+    Returns
+    -------
+    (B, H, T, hd), the dtype of ``q``
+    """
+    if impl not in IMPLS:
+        raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
+    B, H, T, hd = q.shape
+    Hkv, S = k.shape[1], k.shape[2]
+    if H % Hkv:
+        raise ValueError(f"query heads ({H}) must be a multiple of KV heads ({Hkv})")
+    keys = torch.arange(S, device=q.device)
+    mask = (keys[None, None, :] <= q_positions[:, :, None]) & (keys[None, None, :] < kv_lengths[:, None, None])
+    if impl == "sdpa":                                                          # mask (B, 1, T, S)
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None],
+                                                                enable_gqa=True)
+    G = H // Hkv
+    qg = q.reshape(B, Hkv, G, T, hd)
+    out = torch.empty_like(qg)
+    scale = 1.0 / math.sqrt(hd)
+    chunk = max(1, _SCORE_BYTES // max(1, B * H * S * q.element_size()))
+    kt = k.transpose(-1, -2).unsqueeze(2)                                       # (B, Hkv, 1, hd, S)
+    vg = v.unsqueeze(2)                                                         # (B, Hkv, 1, S, hd)
+    for t0 in range(0, T, chunk):
+        t1 = min(T, t0 + chunk)
+        scores = torch.matmul(qg[:, :, :, t0:t1], kt) * scale                   # (B, Hkv, G, t, S)
+        scores.masked_fill_(~mask[:, None, None, t0:t1], float("-inf"))
+        out[:, :, :, t0:t1] = torch.matmul(torch.softmax(scores, dim=-1), vg)
+    return out.reshape(B, H, T, hd)
