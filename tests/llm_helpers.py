@@ -10,7 +10,8 @@ import torch
 from ess.llm import LlamaConfig, LlamaWeights
 from ess.llm.weights import permute_rope_rows
 
-# rms_eps as GGUF stores it (float32); odd sizes on purpose: 6 query heads share 2 KV heads (groups of 3), head_dim 6, d_model 30, FFN 37
+# odd sizes on purpose: 6 query heads share 2 KV heads (groups of 3), head_dim 6 (so H * hd = 36 != d_model 30),
+# FFN 37; rms_eps as GGUF stores it (float32)
 TINY = LlamaConfig(n_layers=2, d_model=30, d_ffn=37, n_heads=6, n_kv_heads=2, head_dim=6, rope_base=1000.0,
                    rms_eps=float(np.float32(1e-5)), context_length=64, vocab_size=0x100 + 3)
 

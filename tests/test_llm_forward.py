@@ -126,22 +126,66 @@ def test_layer_by_layer_with_own_attention_equals_extend():
     torch.testing.assert_close(got, want[0], rtol=1e-12, atol=1e-12)
 
 
-def test_dense_attention_sdpa_and_matmul_agree_on_odd_shapes():
+def test_next_token_logprobs_equal_log_softmax_of_the_reference():
+    """Chunked scoring (chunk 4 over 18 targets: chunks of 4, 4, 4, 4, 2) equals the reference's logits at each
+    position, log-softmaxed and read at the next token."""
+    w, m = _model(TINY)
+    ids = np.random.default_rng(9).integers(0, TINY.vocab_size, 19)
+    logits = reference.forward(w, TINY, ids)[:-1]                                   # (18, V)
+    logp = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)) \
+        - logits.max(-1, keepdims=True)
+    want = logp[np.arange(18), ids[1:]]
+    np.testing.assert_allclose(m.next_token_logprobs(ids, chunk=4).numpy(), want, rtol=1e-10, atol=1e-10)
+    with pytest.raises(ValueError, match="at least 2 tokens"):
+        m.next_token_logprobs([5])
+
+
+def _naive_attention(q, k, v, pos, lengths):
+    """The masking rule spelled out per sequence, head and query (float64 loops)."""
+    B, H, T, hd = q.shape
+    G = H // k.shape[1]
+    out = torch.zeros_like(q)
+    for b in range(B):
+        for h in range(H):
+            for t in range(T):
+                n = min(int(pos[b, t]) + 1, int(lengths[b]))              # keys 0 .. n-1 are visible
+                w = torch.softmax(k[b, h // G, :n] @ q[b, h, t] / np.sqrt(hd), 0)
+                out[b, h, t] = w @ v[b, h // G, :n]
+    return out
+
+
+@pytest.mark.parametrize("case", ["decode-full", "prefill-causal", "ragged", "chunk-after-cache"])
+@pytest.mark.parametrize("impl", ["matmul", "sdpa"])
+def test_dense_attention_against_naive_loops(case, impl, monkeypatch):
+    """Odd shapes (B 3, H 6, Hkv 2, hd 7) in the four situations the model creates: a decode step with every
+    sequence full (no mask needed), a plain prefill (causal, no mask), ragged lengths (explicit mask) and new
+    tokens appended after cached ones; the matmul path also with a tiny chunk budget (rows in chunks of 2)."""
+    import ess.llm.attention as att
     g = torch.Generator().manual_seed(0)
-    B, H, Hkv, T, S, hd = 3, 6, 2, 5, 13, 7
+    B, H, Hkv, hd, S = 3, 6, 2, 7, 13
+    T, lengths = {"decode-full": (1, [13, 13, 13]), "prefill-causal": (13, [13, 13, 13]),
+                  "ragged": (1, [13, 9, 5]), "chunk-after-cache": (5, [13, 13, 13])}[case]
+    lengths = torch.tensor(lengths)
+    pos = lengths[:, None] - T + torch.arange(T)[None]
     q = torch.randn(B, H, T, hd, generator=g, dtype=torch.float64)
     k, v = (torch.randn(B, Hkv, S, hd, generator=g, dtype=torch.float64) for _ in range(2))
+    want = _naive_attention(q, k, v, pos, lengths)
+    torch.testing.assert_close(dense_attention(q, k, v, pos, lengths, impl), want, rtol=1e-10, atol=1e-10)
+    if impl == "matmul":
+        monkeypatch.setattr(att, "_SCORE_BYTES", 2 * B * H * S * 8)
+        torch.testing.assert_close(att.dense_attention(q, k, v, pos, lengths), want, rtol=1e-10, atol=1e-10)
+
+
+def test_dense_attention_ignores_entries_past_each_length():
+    g = torch.Generator().manual_seed(2)
+    q = torch.randn(3, 6, 1, 7, generator=g)
+    k, v = torch.randn(3, 2, 13, 7, generator=g), torch.randn(3, 2, 13, 7, generator=g)
     lengths = torch.tensor([13, 9, 5])
-    pos = lengths[:, None] - T + torch.arange(T)[None]
-    a = dense_attention(q, k, v, pos, lengths, "matmul")
-    b = dense_attention(q, k, v, pos, lengths, "sdpa")
-    torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
-    # k/v beyond each sequence's length do not matter
-    k2 = k.clone()
-    k2[1, :, 9:] = 1e6
-    torch.testing.assert_close(dense_attention(q, k2, v, pos, lengths), a, rtol=0, atol=0)
+    a = dense_attention(q, k, v, lengths[:, None] - 1, lengths)
+    k[1, :, 9:], v[2, :, 5:] = 1e6, -1e6                 # stale values in unused slots (finite: the store is zeroed)
+    torch.testing.assert_close(dense_attention(q, k, v, lengths[:, None] - 1, lengths), a, rtol=0, atol=0)
     with pytest.raises(ValueError, match="impl"):
-        dense_attention(q, k, v, pos, lengths, "flash")
+        dense_attention(q, k, v, lengths[:, None] - 1, lengths, "flash")
 
 
 def test_chunked_attention_equals_unchunked(monkeypatch):

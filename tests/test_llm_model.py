@@ -5,7 +5,7 @@ import time
 import pytest
 import torch
 
-from ess.llm import generate, load_model
+from ess.llm import generate, load_model, reference_text, reference_text_ids
 from llm_helpers import torch_threads
 
 
@@ -23,7 +23,8 @@ def lm():
 def test_kv_cache_decode_equals_full_forward(lm):
     """Prefill 12 tokens, decode 8 one at a time: each step's logits equal the full forward pass at that position
     (float32; the two paths sum in different orders, so equality is to 1e-4 on logits of size ~30)."""
-    ids = lm.tokenizer.encode("The quick brown fox jumps over the lazy dog because it wanted to see what lies beyond the old stone wall.")
+    ids = lm.tokenizer.encode("The quick brown fox jumps over the lazy dog because it wanted to see what lies "
+                              "beyond the old stone wall.")
     assert len(ids) >= 20
     ids = ids[:20]
     full = lm.model.forward(ids)[0]                                        # (20, V)
@@ -43,6 +44,25 @@ def test_ragged_batch_equals_each_alone(lm):
     for b, p in enumerate(prompts):
         alone, c = lm.model.prefill(p)
         torch.testing.assert_close(step[b], lm.model.decode([11 + b], c)[0], rtol=0, atol=1e-4)
+
+
+def test_reference_text_slices(lm):
+    """Python's language reference topics are long enough for the full 8K context several times over, and slices
+    are consecutive pieces of one token stream."""
+    assert len(reference_text()) > 400_000
+    a = reference_text_ids(lm.tokenizer, 100)
+    b = reference_text_ids(lm.tokenizer, 50, skip_tokens=50)
+    assert b == a[50:] and len(reference_text_ids(lm.tokenizer, 3 * 8192)) == 3 * 8192
+    with pytest.raises(ValueError, match="fewer than"):
+        reference_text_ids(lm.tokenizer, 10 ** 7)
+
+
+def test_perplexity_of_real_text_is_low(lm):
+    """A trained model predicts English prose far better than chance: over 256 tokens of the reference text its
+    perplexity is below 100, where a uniform guess over 49,152 tokens has perplexity 49,152 (and random weights
+    give thousands)."""
+    logp = lm.model.next_token_logprobs(reference_text_ids(lm.tokenizer, 256, skip_tokens=1000))
+    assert logp.shape == (255,) and float(torch.exp(-logp.mean())) < 100
 
 
 def test_generate_returns_text_and_ids(lm):
@@ -72,3 +92,16 @@ def test_too_long_prompt_is_refused_before_any_work(lm):
 def test_generate_bad_input(lm, kw, err, msg):
     with pytest.raises(err, match=msg):
         generate(lm.model, lm.tokenizer, **kw)
+
+
+@pytest.mark.cuda
+def test_cuda_matches_cpu(lm):
+    """The same model on CUDA (float32): logits of a prompt and of one decode step within 1e-3 of the CPU's
+    (different kernels sum in different orders; TF32 is off by default for matmuls in torch)."""
+    gpu = load_model(device="cuda")
+    ids = lm.tokenizer.encode("The capital of France is")
+    want, cache = lm.model.prefill(ids)
+    got, gcache = gpu.model.prefill(ids)
+    torch.testing.assert_close(got.cpu(), want, rtol=0, atol=1e-3)
+    torch.testing.assert_close(gpu.model.decode([7042], gcache).cpu(), lm.model.decode([7042], cache),
+                               rtol=0, atol=1e-3)

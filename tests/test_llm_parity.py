@@ -14,6 +14,8 @@ import torch
 from ess.llm import generate, load_model, model_path
 from llm_helpers import torch_threads
 
+os.environ["HF_HUB_OFFLINE"] = "1"          # transformers reads the local GGUF file only; never the hub
+
 pytestmark = pytest.mark.slow
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 ATOL = 5e-4
@@ -32,7 +34,6 @@ def ours():
 
 @pytest.fixture(scope="module")
 def hf():
-    os.environ["HF_HUB_OFFLINE"] = "1"
     from transformers import AutoModelForCausalLM
     path = model_path()
     model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)

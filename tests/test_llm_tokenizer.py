@@ -7,6 +7,8 @@ import pytest
 from ess.llm import Tokenizer, model_path, read_gguf
 from llm_helpers import tiny_vocab
 
+os.environ["HF_HUB_OFFLINE"] = "1"          # transformers reads the local GGUF file only; never the hub
+
 TEXTS = [
     "Hello, world!",
     "The capital of France is Paris.",
@@ -35,7 +37,6 @@ def tok(meta):
 
 @pytest.fixture(scope="module")
 def hf_tok():
-    os.environ["HF_HUB_OFFLINE"] = "1"
     from transformers import AutoTokenizer
     path = model_path()
     return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)

@@ -12,7 +12,8 @@ Modules, one concern each:
   layer (:meth:`~LlamaModel.embed`, :meth:`~LlamaModel.attention_inputs`, :meth:`~LlamaModel.attention_output`,
   :meth:`~LlamaModel.logits`), with dense :meth:`~LlamaModel.prefill` / :meth:`~LlamaModel.decode`;
 * :mod:`~ess.llm.attention`, :mod:`~ess.llm.kv_cache`: dense causal GQA attention and the dense K/V cache;
-* :mod:`~ess.llm.generate`: greedy generation; :mod:`~ess.llm.loader`: :func:`load_model`.
+* :mod:`~ess.llm.generate`: greedy generation; :mod:`~ess.llm.loader`: :func:`load_model`;
+* :mod:`~ess.llm.text`: real English text shipped with Python (long prompts, held-out text).
 
 Heavy imports (``gguf``, ``tokenizers``, ``jinja2``) happen when a file is read or a tokenizer built.
 """
@@ -23,5 +24,6 @@ from .gguf_file import GGUFContents, ModelFileError, model_path, read_gguf, veri
 from .kv_cache import KVCache  # noqa: F401
 from .llama import LlamaModel  # noqa: F401
 from .loader import LoadedModel, load_model  # noqa: F401
+from .text import reference_text, reference_text_ids  # noqa: F401
 from .tokenizer import Tokenizer  # noqa: F401
 from .weights import LayerWeights, LlamaWeights  # noqa: F401

@@ -46,21 +46,35 @@ def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_positio
     Hkv, S = k.shape[1], k.shape[2]
     if H % Hkv:
         raise ValueError(f"query heads ({H}) must be a multiple of KV heads ({Hkv})")
-    keys = torch.arange(S, device=q.device)
-    mask = (keys[None, None, :] <= q_positions[:, :, None]) & (keys[None, None, :] < kv_lengths[:, None, None])
-    if impl == "sdpa":                                                          # mask (B, 1, T, S)
-        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None],
-                                                                enable_gqa=True)
+    # two common cases need no mask: every sequence holds all S entries and either one query at the last
+    # position sees them all (a decode step), or T = S queries at positions 0..T-1 (a prefill) are plainly causal
+    full = bool((kv_lengths == S).all())
+    last_only = full and T == 1 and bool((q_positions[:, 0] == S - 1).all())
+    causal = full and T == S and bool((q_positions == torch.arange(T, device=q.device)).all())
+    mask = None
+    if not (last_only or causal):
+        keys = torch.arange(S, device=q.device)
+        mask = (keys[None, None, :] <= q_positions[:, :, None]) & (keys[None, None, :] < kv_lengths[:, None, None])
+    if impl == "sdpa":
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+        if mask is None:
+            return sdpa(q, k, v, is_causal=causal, enable_gqa=True)
+        return sdpa(q, k, v, attn_mask=mask[:, None], enable_gqa=True)       # mask (B, 1, T, S)
     G = H // Hkv
-    qg = q.reshape(B, Hkv, G, T, hd)
+    qg = q.reshape(B, Hkv, G, T, hd)                                        # query head h -> KV head h // G
     out = torch.empty_like(qg)
     scale = 1.0 / math.sqrt(hd)
     chunk = max(1, _SCORE_BYTES // max(1, B * H * S * q.element_size()))
-    kt = k.transpose(-1, -2).unsqueeze(2)                                       # (B, Hkv, 1, hd, S)
-    vg = v.unsqueeze(2)                                                         # (B, Hkv, 1, S, hd)
     for t0 in range(0, T, chunk):
         t1 = min(T, t0 + chunk)
-        scores = torch.matmul(qg[:, :, :, t0:t1], kt) * scale                   # (B, Hkv, G, t, S)
-        scores.masked_fill_(~mask[:, None, None, t0:t1], float("-inf"))
-        out[:, :, :, t0:t1] = torch.matmul(torch.softmax(scores, dim=-1), vg)
+        n = t1 - t0
+        s_hi = min(S, int(q_positions[:, t0:t1].max()) + 1)                 # keys past every query: skipped
+        rows = qg[:, :, :, t0:t1].reshape(B, Hkv, G * n, hd)                 # a group's queries stacked
+        scores = torch.matmul(rows, k[:, :, :s_hi].transpose(-1, -2)) * scale   # (B, Hkv, G n, s_hi)
+        if mask is not None:
+            scores.view(B, Hkv, G, n, s_hi).masked_fill_(~mask[:, None, None, t0:t1, :s_hi], float("-inf"))
+        elif causal:
+            future = torch.arange(s_hi, device=q.device)[None] > torch.arange(t0, t1, device=q.device)[:, None]
+            scores.view(B, Hkv, G, n, s_hi).masked_fill_(future, float("-inf"))
+        out[:, :, :, t0:t1] = torch.matmul(torch.softmax(scores, dim=-1), v[:, :, :s_hi]).view(B, Hkv, G, n, hd)
     return out.reshape(B, H, T, hd)

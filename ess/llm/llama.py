@@ -215,6 +215,32 @@ class LlamaModel:
             raise ValueError(f"tokens must hold one id per sequence ({cache.batch}), got shape {tuple(ids.shape)}")
         return self.extend(ids.T, cache)
 
+    def next_token_logprobs(self, token_ids, chunk: int = 512) -> torch.Tensor:
+        """Log-probability the model gives each next token of one sequence (for perplexity on held text).
+
+        Parameters
+        ----------
+        token_ids : (T,) ints, T >= 2
+        chunk : int
+            Positions whose logits are formed at once (memory ``chunk * V`` floats, not ``T * V``).
+
+        Returns
+        -------
+        (T - 1,) tensor: entry ``t`` is ``log p(token_ids[t + 1] | token_ids[: t + 1])``; perplexity is
+        ``exp(-mean)``.
+        """
+        ids, n = as_token_batch(token_ids, self.config.vocab_size, self.config.context_length)
+        if ids.shape[0] != 1 or int(n[0]) < 2:
+            raise ValueError(f"token_ids must be one sequence of at least 2 tokens, got shape {tuple(ids.shape)}")
+        with torch.no_grad():
+            h, _ = self._hidden(ids, self.new_cache(1, ids.shape[1]))
+            target = ids[0, 1:].to(self.device)
+            out = []
+            for t0 in range(0, target.shape[0], chunk):
+                logp = torch.log_softmax(self.logits(h[0, t0: t0 + chunk][: target.shape[0] - t0]), dim=-1)
+                out.append(logp.gather(-1, target[t0: t0 + chunk, None])[:, 0])
+            return torch.cat(out)
+
     def forward(self, token_ids) -> torch.Tensor:
         """Logits at every position (no cache kept): (T,) or (B, T) ints -> (B, T, V). Meant for short inputs:
         the result holds ``B * T * V`` values."""
