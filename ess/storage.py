@@ -3,7 +3,8 @@
 ESS keeps the whole latent cache in (pinned) host memory and a bounded hot subset on the GPU ([ARX]). Here:
 
 * :class:`HostPool` every latent entry of every request and layer, ``(n_layers, tokens, entry_bytes)`` uint8 per
-  request (656-byte FP8 or 1,152-byte BF16 layout, :mod:`ess.layout`), grown one token per decode step
+  request (656-byte FP8 or 1,152-byte BF16 layout, :mod:`ess.layout`; or any :class:`~ess.layout.EntryFormat`, such
+  as the real model's 1,536-byte K/V entries of :mod:`ess.engine`), grown one token per decode step
   (write-back of the new token only); pinned when the device is CUDA.
 * the device pool: ``capacity`` slots per (request, layer), one uint8 array ``(slots, entry_bytes)`` (a NumPy
   array for ``device="cpu"``, a CUDA tensor otherwise). Slot numbers are global: request block ``b`` holds layer
@@ -34,7 +35,8 @@ from . import validate
 from .disk import CorruptBlockError, DiskTier, request_stem
 from .kernels import resolve_backend
 from .kernels.transfer import TransferError, copy_rows_unchecked
-from .layout import KV_DTYPES, check_context_len, latent_entry_bytes, pool_slots, step_entries
+from .layout import (KV_DTYPES, EntryFormat, check_context_len, entry_format, latent_entry_bytes, pool_slots,
+                     step_entries)
 from .metrics import MetricsLog, StepMetrics
 from .policies import ONLINE_POLICIES, SlotPlan, SlotPool, check_step_indices, make_policy
 from .specs import ModelSpec, model_spec
@@ -223,15 +225,19 @@ class _Request:
 
 
 class TieredCache:
-    """Latent cache in three tiers for one model: host pool (all entries), GPU pool (``capacity`` slots per request
-    and layer), optional disk tier (``disk_dir``).
+    """Cache entries in three tiers for one entry format (DeepSeek's latent entries, or any
+    :class:`~ess.layout.EntryFormat`): host pool (all entries), GPU pool (``capacity`` slots per request and layer),
+    optional disk tier (``disk_dir``).
 
     Parameters
     ----------
-    model : ModelSpec or preset name
+    model : ModelSpec, preset name, or :class:`ess.layout.EntryFormat`
+        What one entry is: a DeepSeek-style model's latent entry in ``dtype``, or any entry format (layers, bytes
+        per entry, page), e.g. a real model's K/V entries (:func:`ess.engine.kv.kv_entry_format`).
     capacity : int
         GPU slots per (request, layer). See :meth:`from_budget` and :meth:`from_ratio` for the other ways to size it.
-    dtype : ``"fp8"`` (656-byte entries) or ``"bf16"`` (1,152 B)
+    dtype : ``"fp8"`` (656-byte entries) or ``"bf16"`` (1,152 B); for a ModelSpec only (an EntryFormat carries its
+        own)
     policy : ``"lru"`` (default, the paper's), ``"fifo"`` or ``"heat"`` (:data:`ess.policies.ONLINE_POLICIES`;
         Belady needs the future and runs in the simulations only)
     backend : transfer backend, ``"auto" | "reference" | "numba" | "torch"``
@@ -241,7 +247,7 @@ class TieredCache:
     max_requests : when given, the device pool is allocated once for that many requests (a fixed budget) and
         :meth:`add_request` refuses more; otherwise it grows by whole requests.
     policy_options : passed to the policy (``decay`` for heat)
-    block_tokens : tokens per disk block (default: the model's cache page, 64)
+    block_tokens : tokens per disk block (default: the format's page, 64 for DeepSeek-V3.2-Exp)
 
     >>> import numpy as np
     >>> c = TieredCache("tiny", capacity=4)                  # 4 layers, 164-byte FP8 entries
@@ -254,11 +260,18 @@ class TieredCache:
     def __init__(self, model, *, capacity: int, dtype: str = "fp8", policy: str = "lru", backend: str = "auto",
                  device: str = "cpu", disk_dir=None, max_requests: int | None = None,
                  policy_options: dict | None = None, block_tokens: int | None = None):
-        self.model = model_spec(model) if isinstance(model, str) else model
-        if not isinstance(self.model, ModelSpec):
-            raise TypeError(f"model must be a ModelSpec or preset name, got {type(model).__name__}")
+        model = model_spec(model) if isinstance(model, str) else model
+        if not isinstance(model, (ModelSpec, EntryFormat)):
+            raise TypeError(f"model must be a ModelSpec, a preset name or an EntryFormat, got {type(model).__name__}")
         self.capacity = validate.positive_int("capacity", capacity)
-        validate.one_of("dtype", dtype, KV_DTYPES)
+        if isinstance(model, EntryFormat):
+            if dtype != "fp8":
+                raise ValueError(f"dtype is part of the EntryFormat {model.name!r}; do not pass dtype={dtype!r}")
+            dtype = model.dtype
+        else:
+            validate.one_of("dtype", dtype, KV_DTYPES)
+        self.model = model if isinstance(model, ModelSpec) else None
+        self.format = entry_format(model, dtype)
         validate.one_of("policy", policy, ONLINE_POLICIES)
         self.device = str(device)
         if not (self.device == "cpu" or self.device.startswith("cuda")):
@@ -267,8 +280,8 @@ class TieredCache:
         self.dtype, self.policy_name = dtype, policy
         self.policy_options = dict(policy_options or {})
         make_policy(policy, 1, **self.policy_options)           # check the options now
-        self.entry_bytes = latent_entry_bytes(self.model, dtype)
-        self.n_layers = self.model.n_layers
+        self.entry_bytes = self.format.entry_bytes
+        self.n_layers = self.format.n_layers
         self.on_cuda = self.device.startswith("cuda")
         self.host = HostPool(self.n_layers, self.entry_bytes, pinned=self.on_cuda)
         self.max_requests = None if max_requests is None else validate.positive_int("max_requests", max_requests)
@@ -280,7 +293,7 @@ class TieredCache:
         self.metrics = MetricsLog()
         self.disk = None
         if disk_dir is not None:
-            bt = self.model.cache_page_tokens if block_tokens is None else block_tokens
+            bt = self.format.page_tokens if block_tokens is None else block_tokens
             self.disk = DiskTier(disk_dir, self.n_layers, self.entry_bytes, bt)
         self._disk_clean_tokens: dict = {}            # request -> tokens already on disk and unchanged since
 
