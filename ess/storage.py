@@ -41,7 +41,7 @@ from .metrics import MetricsLog, StepMetrics
 from .policies import ONLINE_POLICIES, SlotPlan, SlotPool, check_step_indices, make_policy
 from .specs import ModelSpec, model_spec
 
-__all__ = ["StepPlan", "PoolStep", "HostPool", "TieredCache", "TransferError", "capacity_from_budget"]
+__all__ = ["StepPlan", "PoolStep", "HostPool", "TieredCache", "ResidentCache", "TransferError", "capacity_from_budget"]
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -137,9 +137,10 @@ class HostPool:
     def n_tokens(self, request_id) -> int:
         return self._n_tokens[request_id]
 
-    def add(self, request_id, entries: np.ndarray) -> None:
+    def add(self, request_id, entries: np.ndarray, capacity: int | None = None) -> None:
+        """Hold a request's entries ``(n_layers, n, entry_bytes)`` with room for ``capacity`` tokens (default n)."""
         n = entries.shape[1]
-        arr, t = self._alloc(max(n, 1))
+        arr, t = self._alloc(max(n, 1, capacity or 0))
         arr[:, :n] = entries
         self._arrays[request_id], self._tensors[request_id], self._n_tokens[request_id] = arr, t, n
 
@@ -391,9 +392,10 @@ class TieredCache:
                       SlotPool(self.capacity, self.policy_name, n_tokens, **self.policy_options))
                 for l in range(self.n_layers)]
 
-    def add_request(self, request_id, latent_entries: np.ndarray) -> None:
+    def add_request(self, request_id, latent_entries: np.ndarray, *, reserve_tokens: int | None = None) -> None:
         """Register a request with its prefill entries ``(n_layers, L, entry_bytes)`` uint8 (host pool only; the
-        device pool starts empty: use :meth:`warmup` to seed it)."""
+        device pool starts empty: use :meth:`warmup` to seed it). ``reserve_tokens``: host room for that many
+        tokens in all, so that decoding appends without growing the host array."""
         try:
             hash(request_id)
         except TypeError:
@@ -407,8 +409,10 @@ class TieredCache:
                              f"got {latent_entries.shape}")
         if self.disk is not None:
             request_stem(request_id)
+        if reserve_tokens is not None:
+            validate.integer("reserve_tokens", reserve_tokens, lo=latent_entries.shape[1])
         block = self._take_block()
-        self.host.add(request_id, latent_entries)
+        self.host.add(request_id, latent_entries, reserve_tokens)
         self._requests[request_id] = _Request(block, self._new_pools(block, latent_entries.shape[1]))
         self._disk_clean_tokens[request_id] = 0
 
@@ -746,3 +750,116 @@ class TieredCache:
                                              int(slots.size) * self.entry_bytes, 0))
         return {"tokens": int(entries.shape[1]), "resident": moved, "bytes_h2d": moved * self.entry_bytes,
                 "pool_state_restored": pool_ok}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Offload off: every entry resident
+# ----------------------------------------------------------------------------------------------------------------
+
+class ResidentCache:
+    """Every entry of every request held in the device pool -- offload off, the baseline a tiered run must equal.
+    It speaks the tiered cache's step protocol (:meth:`plan`, :meth:`copy`, :meth:`commit`, :meth:`append_token`),
+    so that the same decode step (:mod:`ess.decode`) runs over it: every selected entry is a hit, nothing is copied.
+
+    The pool is allocated once for ``max_requests`` requests of up to ``max_tokens`` tokens each: request block
+    ``b`` holds layer ``l``'s entries in slots ``[(b * n_layers + l) * max_tokens, ... + max_tokens)``, token ``t``
+    at offset ``t``. ``device`` ``"cpu"`` (a NumPy array) or ``"cuda[:n]"`` (a CUDA tensor)."""
+
+    def __init__(self, model, *, max_requests: int, max_tokens: int, device: str = "cpu"):
+        self.format = entry_format(model_spec(model) if isinstance(model, str) else model)
+        self.n_layers, self.entry_bytes = self.format.n_layers, self.format.entry_bytes
+        self.dtype = self.format.dtype
+        self.max_requests = validate.positive_int("max_requests", max_requests)
+        self.max_tokens = check_context_len(self.format, max_tokens, "max_tokens")
+        self.device = str(device)
+        self.on_cuda = self.device.startswith("cuda")
+        shape = (self.max_requests * self.n_layers * self.max_tokens, self.entry_bytes)
+        if self.on_cuda:
+            import torch
+            self._device = torch.zeros(shape, dtype=torch.uint8, device=self.device)
+        else:
+            self._device = np.zeros(shape, np.uint8)
+        self._requests: dict = {}                      # request_id -> [block, n_tokens, steps]
+        self.metrics = MetricsLog()
+
+    @property
+    def device_pool(self):
+        """The pool ``(slots, entry_bytes)`` uint8 (NumPy or CUDA tensor)."""
+        return self._device
+
+    def _req(self, request_id) -> list:
+        try:
+            return self._requests[request_id]
+        except (KeyError, TypeError):
+            raise ValueError(f"unknown request_id {request_id!r}") from None
+
+    def _base(self, block: int, layer: int) -> int:
+        return (block * self.n_layers + layer) * self.max_tokens
+
+    def requests(self) -> list:
+        return list(self._requests)
+
+    def n_tokens(self, request_id) -> int:
+        return self._req(request_id)[1]
+
+    def add_request(self, request_id, entries) -> None:
+        """Register a request with its prefill entries ``(n_layers, L, entry_bytes)`` uint8 (NumPy or torch)."""
+        if request_id in self._requests:
+            raise ValueError(f"request_id {request_id!r} already exists")
+        if len(self._requests) == self.max_requests:
+            raise ValueError(f"the pool is sized for max_requests={self.max_requests} requests and all are in use")
+        shape = tuple(entries.shape)
+        if len(shape) != 3 or shape[0] != self.n_layers or shape[2] != self.entry_bytes:
+            raise ValueError(f"entries must have shape (n_layers={self.n_layers}, L, {self.entry_bytes}), got {shape}")
+        if not 1 <= shape[1] <= self.max_tokens:
+            raise ValueError(f"entries hold {shape[1]} tokens; the pool holds 1 .. max_tokens={self.max_tokens}")
+        block = min(set(range(self.max_requests)) - {r[0] for r in self._requests.values()})
+        for layer in range(self.n_layers):
+            b = self._base(block, layer)
+            self._device[b:b + shape[1]] = self._as_pool(entries[layer])
+        self._requests[request_id] = [block, shape[1], np.zeros(self.n_layers, np.int64)]
+
+    def _as_pool(self, rows):
+        if self.on_cuda:
+            import torch
+            return torch.as_tensor(np.asarray(rows) if not hasattr(rows, "device") else rows).to(self._device.device)
+        return rows.cpu().numpy() if hasattr(rows, "cpu") else rows
+
+    def append_token(self, request_id, entries) -> int:
+        """The new token's entries ``(n_layers, entry_bytes)`` written into the pool; returns its index."""
+        req = self._req(request_id)
+        if tuple(entries.shape) != (self.n_layers, self.entry_bytes):
+            raise ValueError(f"entries must have shape ({self.n_layers}, {self.entry_bytes}), got {tuple(entries.shape)}")
+        tok = req[1]
+        if tok >= self.max_tokens:
+            raise ValueError(f"request {request_id!r} is full: max_tokens={self.max_tokens}")
+        rows = self._as_pool(entries)
+        for layer in range(self.n_layers):
+            self._device[self._base(req[0], layer) + tok] = rows[layer]
+        req[1] = tok + 1
+        self.metrics.add(StepMetrics("append", request_id, -1, int(req[2].max()), 0, 0, 0,
+                                     self.n_layers * self.entry_bytes))
+        return tok
+
+    def plan(self, request_id, layer: int, indices: np.ndarray, *, scores: np.ndarray | None = None) -> StepPlan:
+        """Every valid index a hit at its own slot (checked as the tiered cache checks them)."""
+        block, n_tok, _ = self._req(request_id)
+        layer = validate.integer("layer", layer, lo=0, below=self.n_layers)
+        idx = check_step_indices(indices, n_tok, self.max_tokens)
+        valid = np.flatnonzero(idx >= 0)
+        slots = np.where(idx >= 0, self._base(block, layer) + idx, -1)
+        tokens = idx[valid]
+        sp = SlotPlan(tokens, slots[valid], np.zeros(tokens.size, bool), np.empty(0, np.int64), 0)
+        return StepPlan(request_id, layer, idx, slots, idx >= 0, valid, np.empty(0, np.int64), None, sp)
+
+    def copy(self, plan: StepPlan) -> None:
+        """Nothing to copy: every entry is resident."""
+
+    def commit(self, plan: StepPlan) -> PoolStep:
+        req = self._req(plan.request_id)
+        req[2][plan.layer] += 1
+        step = int(req[2][plan.layer])
+        res = PoolStep(plan.request_id, plan.layer, step, plan.indices, plan.slots, plan.hit, plan.hit_pos,
+                       plan.miss_pos, np.empty(0, np.int64), 0)
+        self.metrics.add(StepMetrics("step", plan.request_id, plan.layer, step, res.n_hits, 0, 0, 0))
+        return res

@@ -138,8 +138,10 @@ class LlamaModel:
         """An empty :class:`KVCache` in this model's dtype and device."""
         return KVCache(self.config, batch, min(capacity, self.config.context_length), self.dtype, self.device)
 
-    def _hidden(self, token_ids, cache: KVCache, name: str = "token_ids"):
-        """Run new tokens through every layer with dense attention, appending them to ``cache``.
+    def _hidden(self, token_ids, cache: KVCache, name: str = "token_ids", observe=None):
+        """Run new tokens through every layer with dense attention, appending them to ``cache``; ``observe(layer,
+        q, k, v)``, when given, sees each layer's queries, keys and values of the new tokens (shapes as returned by
+        :meth:`attention_inputs`; padding of a ragged batch included).
 
         Returns the final hidden states (B, T, D) and the true number of new tokens per sequence (B,).
         """
@@ -164,6 +166,8 @@ class LlamaModel:
         with torch.no_grad():
             for layer in range(self.config.n_layers):
                 q, k, v = self.attention_inputs(layer, h, positions)
+                if observe is not None:
+                    observe(layer, q, k, v)
                 cache.write(layer, k, v, positions, None if bool(valid.all()) else valid)
                 S = int(lengths.max())
                 attn = dense_attention(q, cache.k[layer][:, :, :S], cache.v[layer][:, :, :S], positions,
@@ -172,7 +176,7 @@ class LlamaModel:
         cache.lengths = lengths
         return h, n_new
 
-    def extend(self, token_ids, cache: KVCache) -> torch.Tensor:
+    def extend(self, token_ids, cache: KVCache, observe=None) -> torch.Tensor:
         """Append new tokens to each sequence in ``cache`` and return the logits after each sequence's last one.
 
         Parameters
@@ -180,17 +184,19 @@ class LlamaModel:
         token_ids : (B, T) ints, or a list of B sequences of different lengths (at least one token each)
         cache : KVCache
             Updated in place (K/V written, ``lengths`` advanced); left unchanged when the input is rejected.
+        observe : callable, optional
+            ``observe(layer, q, k, v)`` for every layer (see :meth:`_hidden`).
 
         Returns
         -------
         (B, V) logits
         """
         with torch.no_grad():
-            h, n_new = self._hidden(token_ids, cache)
+            h, n_new = self._hidden(token_ids, cache, observe=observe)
             last = h[torch.arange(h.shape[0], device=self.device), n_new - 1]              # (B, D)
             return self.logits(last)
 
-    def prefill(self, token_ids, capacity: int | None = None):
+    def prefill(self, token_ids, capacity: int | None = None, observe=None):
         """Process prompts from scratch.
 
         Parameters
@@ -198,6 +204,8 @@ class LlamaModel:
         token_ids : one sequence, a (B, T) batch, or a list of sequences of different lengths
         capacity : int, optional
             Tokens per sequence to reserve in the cache (default: the longest prompt; it grows on demand).
+        observe : callable, optional
+            ``observe(layer, q, k, v)`` for every layer (see :meth:`_hidden`).
 
         Returns
         -------
@@ -206,7 +214,7 @@ class LlamaModel:
         """
         ids, n = as_token_batch(token_ids, self.config.vocab_size, self.config.context_length)
         cache = self.new_cache(ids.shape[0], capacity or ids.shape[1])
-        return self.extend([ids[b, : n[b]] for b in range(ids.shape[0])], cache), cache
+        return self.extend([ids[b, : n[b]] for b in range(ids.shape[0])], cache, observe=observe), cache
 
     def decode(self, tokens, cache: KVCache) -> torch.Tensor:
         """One decode step: one new token per sequence, ``tokens`` (B,) ints -> logits (B, V)."""
