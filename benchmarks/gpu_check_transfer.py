@@ -13,7 +13,7 @@ bandwidth part after ``--budget-s`` seconds, default 180, so the whole script st
    validation, as the storage step calls them): the host->device and device->host
    peak (one contiguous copy of 256 MiB between pinned host and device memory), then 2,048 scattered 656-byte
    rows, and 64 x 2,048 rows (a batch of requests in one call), with each mode. Prints the ratio of zero-copy to
-   the peak (issue 3 target: >= 50 %) and to per-row, beside the paper's 37 vs 0.79 GB/s ([BLOG],
+   the peak (the project's target: >= 50 %) and to per-row, beside the paper's 37 vs 0.79 GB/s ([BLOG],
    data/hardware/links.yaml).
 
 Writes ``gpu_check_transfer.json`` to ``$OUT`` when that is set, else to ``build/benchmarks/``.
@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from ess.bench import write_report  # noqa: E402
 
-N_ROWS, K, W = 32 * 1024, 2048, 656      # pool rows (issue 3); K = index_topk [DS]; FP8 entry [FMLA]
+N_ROWS, K, W = 32 * 1024, 2048, 656      # pool rows: one 32K-token context; K = index_topk [DS]; FP8 entry [FMLA]
 MODES = ("zero_copy", "staged", "per_row")
 
 

@@ -15,7 +15,7 @@ window change each repetition). The cold flush runs on the thread pool of the ke
 torch, Numba's otherwise), so that its workers are awake when the timed call starts, as in a decode loop that calls the kernel back to back; after a
 single-threaded flush the sleeping OpenMP workers took ~10 ms to wake on the 2-core CI VM (measured while
 writing this benchmark), which would measure the scheduler, not the copy. Indices are ``random`` (a random permutation prefix) or ``sorted`` (the same set in
-ascending order). Target (issue 3): numba >= 75 % of contiguous for sorted and random indices.
+ascending order). The project's target: numba >= 75 % of contiguous for sorted and random indices.
 
 Timing: ``time.perf_counter_ns`` around one call, after 5 untimed warm-up calls (Numba compiled before timing);
 each kernel runs in blocks of calls, the blocks repeated 4 times in a random order (the CI machine is shared);
@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from ess.bench import distribution, write_report  # noqa: E402
 
-N_ROWS = 32 * 1024      # host pool rows (issue 3)
+N_ROWS = 32 * 1024      # host pool rows: one 32K-token context
 K = 2048                # rows gathered per call: DeepSeek-V3.2-Exp index_topk ([DS] config, data/models)
 W = 656                 # bytes per row: FP8 latent entry ([FMLA], ess.layout)
 FLUSH_BYTES = 64 * 2 ** 20   # twice the 32 MiB L3 of the CI machine

@@ -28,11 +28,11 @@ import numpy as np
 from .layout import pool_slots
 from .policies import DEFAULT_HEAT_DECAY, POLICIES
 from .specs import model_spec
-from .tracegen import PAPER_WARMUP_WINDOWS, _check_model, synthetic_streams
+from .tracegen import PAPER_WARMUP_WINDOWS, check_trace_model, geometry, synthetic_streams
 from .traces import Trace
 from .validate import fraction, one_of, positive_int, real
 
-__all__ = ["simulate", "simulate_sequence", "misses_per_layer", "misses_per_step", "sweep_synthetic",
+__all__ = ["trace_misses", "sequence_misses", "misses_per_layer", "misses_per_step", "sweep_synthetic",
            "smallest_pool"]
 
 
@@ -70,8 +70,8 @@ def _kernels():
         prv[H] = x
 
     @njit(cache=True, inline="always")
-    def _mark_step(seq, t, mark, res):
-        """Mark step t's valid entries (mark[x] = t + 1); return (entries, of which resident)."""
+    def _mark_step(seq, t, mark, res, n_res, capacity):
+        """Mark step t's valid entries (mark[x] = t + 1); return (entries, misses, entries to evict)."""
         size = 0
         hits = 0
         for j in range(seq.shape[1]):
@@ -82,7 +82,7 @@ def _kernels():
             mark[x] = t + 1
             if res[x]:
                 hits += 1
-        return size, hits
+        return size, size - hits, n_res + size - hits - capacity
 
     @njit(cache=True, nogil=True)
     def lru(seq, n_free, capacity, n_pos, out):
@@ -140,11 +140,9 @@ def _kernels():
         n_res = 0
         T, W = seq.shape
         for t in range(T):
-            size, hits = _mark_step(seq, t, mark, res)
+            size, misses, evict = _mark_step(seq, t, mark, res, n_res, capacity)
             if size > capacity:
                 return t
-            misses = size - hits
-            evict = n_res + misses - capacity
             v = nxt[H]
             while evict > 0:
                 w = nxt[v]
@@ -275,11 +273,9 @@ def _kernels():
         clock = 0
         T, W = seq.shape
         for t in range(T):
-            size, hits = _mark_step(seq, t, mark, res)
+            size, misses, evict = _mark_step(seq, t, mark, res, n_res, capacity)
             if size > capacity:
                 return t
-            misses = size - hits
-            evict = n_res + misses - capacity
             if evict > 0:
                 nc = 0
                 for i in range(n_res):
@@ -348,17 +344,18 @@ def _pad_rows(rows: np.ndarray, width: int) -> np.ndarray:
     return out
 
 
-def simulate_sequence(steps: np.ndarray, capacity: int, *, policy: str = "lru", warm: np.ndarray | None = None,
+def sequence_misses(steps: np.ndarray, capacity: int, *, policy: str = "lru", windows: np.ndarray | None = None,
                       n_positions: int | None = None, decay: float = DEFAULT_HEAT_DECAY) -> np.ndarray:
-    """Misses per step (steps.shape[0],) for one pool: ``steps`` (T, W) int32, ``warm`` (W_windows, K) or None."""
+    """Misses per step (steps.shape[0],) for one pool: ``steps`` (T, width) int32, ``windows`` (W, K) (the warmup
+    windows, applied first and not counted) or None."""
     _check_policy(policy, decay)
     steps = np.ascontiguousarray(steps, dtype=np.int32)
     if steps.ndim != 2 or steps.shape[0] == 0:
         raise ValueError(f"steps must be a non-empty (T, width) array, got shape {steps.shape}")
-    if warm is not None and warm.shape[0]:
-        width = max(steps.shape[1], warm.shape[1])
-        seq = np.concatenate([_pad_rows(np.asarray(warm, np.int32), width), _pad_rows(steps, width)])
-        n_free = warm.shape[0]
+    if windows is not None and windows.shape[0]:
+        width = max(steps.shape[1], windows.shape[1])
+        seq = np.concatenate([_pad_rows(np.asarray(windows, np.int32), width), _pad_rows(steps, width)])
+        n_free = windows.shape[0]
     else:
         seq, n_free = steps, 0
     n_pos = int(seq.max()) + 1 if n_positions is None else int(n_positions)
@@ -383,7 +380,7 @@ def _run_seq(seq: np.ndarray, n_free: int, capacity: int, policy: str, n_pos: in
     return out
 
 
-def simulate(trace: Trace, policy: str = "lru", *, capacity: int | None = None, ratio: float | None = None,
+def trace_misses(trace: Trace, policy: str = "lru", *, capacity: int | None = None, ratio: float | None = None,
              warmup: bool = True, decay: float = DEFAULT_HEAT_DECAY) -> np.ndarray:
     """Misses per (request, layer, step) of ``trace``: int64 array (B, n_layers, steps).
 
@@ -400,15 +397,15 @@ def simulate(trace: Trace, policy: str = "lru", *, capacity: int | None = None, 
     capacity = positive_int("capacity", capacity)
     if capacity < trace.k:
         raise ValueError(f"capacity ({capacity} slots) is smaller than K = {trace.k}; one step's top-K must fit")
-    if warmup and trace.warmup is None:
+    if warmup and trace.windows is None:
         raise ValueError("warmup=True but the trace has no warmup windows; pass warmup=False")
     out = np.zeros((trace.batch, trace.n_layers, trace.steps), np.int64)
     for b in range(trace.batch):
         for layer in range(trace.n_layers):
-            warm = trace.warmup[b, layer] if warmup else None
+            windows = trace.windows[b, layer] if warmup else None
             try:
-                out[b, layer] = simulate_sequence(trace.indices[b, layer], capacity, policy=policy, warm=warm,
-                                                  n_positions=trace.n_positions, decay=decay)
+                out[b, layer] = sequence_misses(trace.indices[b, layer], capacity, policy=policy, windows=windows,
+                                                n_positions=trace.n_positions, decay=decay)
             except ValueError as exc:
                 raise ValueError(f"request {b}, layer {layer}: {exc}") from None
     return out
@@ -416,19 +413,21 @@ def simulate(trace: Trace, policy: str = "lru", *, capacity: int | None = None, 
 
 # -------------------------------------------------------------------------------------- synthetic sweeps (contract)
 def sweep_synthetic(context_len: int, ratios: Sequence[float], *, policies: Iterable[str] = ("lru",),
-                    warmups: Iterable[bool] = (True,), n_layers: int = 61, k: int = 2048, mtp: int = 2,
+                    warmups: Iterable[bool] = (True,), n_layers: int | None = None, k: int | None = None, mtp: int = 2,
                     steps: int = 64, batch: int = 4, seed: int = 0, profile: Any = "paper",
                     warmup_windows: int = PAPER_WARMUP_WINDOWS, decay: float = DEFAULT_HEAT_DECAY,
-                    threads: int = 1, model: str | None = None, **generator: Any) -> dict:
+                    threads: int = 1, trace_model: str | None = None, **generator: Any) -> dict:
     """Generate each synthetic (request, layer) stream once and simulate every (ratio, policy, warmup) on it.
 
-    ``model`` is the trace model (``"uniform"`` or ``"drift"``, ``None`` = :func:`ess.tracegen.default_trace_model`);
+    ``trace_model`` is ``"uniform"`` or ``"drift"`` (``None`` = :func:`ess.tracegen.default_trace_model`); ``n_layers``
+    and ``k`` default to DeepSeek-V3.2-Exp's (:func:`ess.tracegen.geometry`);
     other ``generator`` keywords go to :func:`ess.tracegen.synthetic_streams`. Returns
     ``{(ratio, policy, warmup): misses}`` with ``misses`` of shape (n_layers, steps), the mean over the
     ``batch`` requests of misses per decode step. ``threads > 1`` simulates the configurations of one stream in
     parallel (the kernels release the GIL); the result does not depend on it.
     """
-    model = _check_model(model)
+    trace_model = check_trace_model(trace_model)
+    n_layers, k = geometry(n_layers, k)
     ratios = list(ratios)
     policies = list(policies)
     warmups = [bool(w) for w in warmups]
@@ -450,7 +449,7 @@ def sweep_synthetic(context_len: int, ratios: Sequence[float], *, policies: Iter
     try:
         for b, layer, warm, st in synthetic_streams(context_len, n_layers=n_layers, k=k, mtp=mtp, steps=steps,
                                                     batch=batch, warmup_windows=warmup_windows, profile=profile,
-                                                    seed=seed, model=model, **generator):
+                                                    seed=seed, trace_model=trace_model, **generator):
             width = max(int((st >= 0).sum(axis=1).max()), int((warm >= 0).sum(axis=1).max()) if warm.size else 1)
             cold_seq = np.ascontiguousarray(st[:, :width])                      # drop the all-padding columns
             warm_seq = np.concatenate([_pad_rows(warm, width), cold_seq]) if warm.size else cold_seq
@@ -471,44 +470,45 @@ def sweep_synthetic(context_len: int, ratios: Sequence[float], *, policies: Iter
     return out
 
 
-def misses_per_step(context_len: int, ratio: float, *, n_layers: int = 61, k: int = 2048, mtp: int = 2,
-                    steps: int = 64, batch: int = 4, warmup: bool = True, policy: str = "lru", seed: int = 0,
-                    profile: Any = "paper", model: str | None = None, **kwargs: Any) -> np.ndarray:
+def misses_per_step(context_len: int, ratio: float, *, n_layers: int | None = None, k: int | None = None,
+                    mtp: int = 2, steps: int = 64, batch: int = 4, warmup: bool = True, policy: str = "lru", seed: int = 0,
+                    profile: Any = "paper", trace_model: str | None = None, **kwargs: Any) -> np.ndarray:
     """Mean misses per request in each layer and decode step: (n_layers, steps). See :func:`misses_per_layer`."""
     res = sweep_synthetic(context_len, [ratio], policies=[policy], warmups=[warmup], n_layers=n_layers, k=k, mtp=mtp,
-                          steps=steps, batch=batch, seed=seed, profile=profile, model=model, **kwargs)
+                          steps=steps, batch=batch, seed=seed, profile=profile, trace_model=trace_model, **kwargs)
     return res[(ratio, policy, bool(warmup))]
 
 
-def misses_per_layer(context_len: int, ratio: float, *, n_layers: int = 61, k: int = 2048, mtp: int = 2,
-                     steps: int = 64, batch: int = 4, warmup: bool = True, policy: str = "lru", seed: int = 0,
-                     profile: Any = "paper", model: str | None = None, **kwargs: Any) -> np.ndarray:
+def misses_per_layer(context_len: int, ratio: float, *, n_layers: int | None = None, k: int | None = None,
+                     mtp: int = 2, steps: int = 64, batch: int = 4, warmup: bool = True, policy: str = "lru", seed: int = 0,
+                     profile: Any = "paper", trace_model: str | None = None, **kwargs: Any) -> np.ndarray:
     """Mean misses per request per decode step in each layer: (n_layers,) float64.
 
-    From the synthetic trace generator (:func:`ess.tracegen.synthetic_streams`, trace ``model`` -- ``"uniform"`` or
+    From the synthetic trace generator (:func:`ess.tracegen.synthetic_streams`, ``trace_model`` -- ``"uniform"`` or
     ``"drift"``, ``None`` = :func:`ess.tracegen.default_trace_model` --, locality ``profile``, ``mtp`` query tokens
     per step, 32 warmup windows) and the cache simulation with :func:`ess.layout.pool_slots` slots per
     (request, layer). Raises ValueError when the pool cannot hold one step's union of top-K sets.
     """
     return misses_per_step(context_len, ratio, n_layers=n_layers, k=k, mtp=mtp, steps=steps, batch=batch,
-                           warmup=warmup, policy=policy, seed=seed, profile=profile, model=model,
+                           warmup=warmup, policy=policy, seed=seed, profile=profile, trace_model=trace_model,
                            **kwargs).mean(axis=1)
 
 
-def smallest_pool(context_len: int, target: float, *, resolution: int | None = None, k: int = 2048, mtp: int = 2,
-                  model: str | None = None, **kwargs: Any) -> dict:
+def smallest_pool(context_len: int, target: float, *, resolution: int | None = None, k: int | None = None,
+                  mtp: int = 2, trace_model: str | None = None, **kwargs: Any) -> dict:
     """The smallest pool (slots per request and layer) whose average misses (over layers, requests and steps, from
     :func:`misses_per_layer` with ``kwargs``) stay below ``target``, by bisection between the largest possible
-    step union (``mtp * k``) and the whole context, to ``resolution`` slots (default context / 64); ``model`` is the
-    trace model (see :func:`misses_per_layer`).
+    step union (``mtp * k``) and the whole context, to ``resolution`` slots (default context / 64); ``trace_model`` as
+    in :func:`misses_per_layer`, ``k`` the model's by default.
 
     Assumes misses do not grow with the pool (checked at both ends of the final bracket). Returns
     ``{"slots", "ratio", "misses", "below_slots", "below_misses"}``.
     """
     real("target", target, lo=0.0, lo_open=True)
-    model = _check_model(model)
+    trace_model = check_trace_model(trace_model)
+    k = geometry(k=k)[1]
     resolution = max(1, context_len // 64) if resolution is None else int(resolution)
-    avg = lambda cap: float(misses_per_layer(context_len, cap / context_len, k=k, mtp=mtp, model=model,  # noqa: E731
+    avg = lambda cap: float(misses_per_layer(context_len, cap / context_len, k=k, mtp=mtp, trace_model=trace_model,  # noqa: E731
                                              **kwargs).mean())
     lo, hi = min(mtp * k, context_len), context_len
     at_hi = avg(hi)

@@ -28,7 +28,7 @@ and once per step, after the last layer, **write back** -- the staged new tokens
   D2H issued -> attend B1 (overlapping it) -> wait -> commit -> finish.
 
 :mod:`ess.sim.timeline` prices the same orders (:func:`ess.sim.timeline.overlap_overhead_s`), and
-:mod:`ess.engine.validate` checks the prices against these schedules run for real.
+:mod:`ess.engine.timing` checks the prices against these schedules run for real.
 
 What a model does at each stage is its **wiring**, an object with ``select(rows)``, ``attend(plans, rows,
 part)``, ``merge(rows)``, ``finish()`` and ``new_entries()`` (see :func:`run_layer`). Two wirings exist:

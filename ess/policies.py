@@ -52,10 +52,13 @@ DEFAULT_HEAT_DECAY = 0.5   # design choice: a step's access weighs half the one 
 
 class EvictionPolicy:
     """Per-pool eviction state over ``capacity`` slots. Subclasses define :meth:`_keys` and may extend
-    :meth:`update`. :meth:`choose_victims` never changes the state; :meth:`update` records a step once its
-    transfers succeeded."""
+    :meth:`update`; their per-slot arrays (``_slot_arrays``) and counters (``_counters``) are cleared, saved and
+    restored here. :meth:`choose_victims` never changes the state; :meth:`update` records a step once its transfers
+    succeeded."""
 
     name = "base"
+    _slot_arrays: tuple[str, ...] = ("stamp",)        # per-slot state, zero for a free slot
+    _counters: tuple[str, ...] = ("clock",)           # scalar state
 
     def __init__(self, capacity: int):
         self.capacity = positive_int("capacity", capacity)
@@ -94,14 +97,18 @@ class EvictionPolicy:
 
     def clear(self, slots: np.ndarray) -> None:
         """Forget the entries of ``slots`` (evicted or freed)."""
-        self.stamp[slots] = 0
+        for name in self._slot_arrays:
+            getattr(self, name)[slots] = 0
 
     def state(self) -> dict:
-        return {"clock": self.clock, "stamp": self.stamp.copy()}
+        return {**{n: getattr(self, n) for n in self._counters}, **{n: getattr(self, n).copy() for n in
+                                                                     self._slot_arrays}}
 
     def set_state(self, state: dict) -> None:
-        self.clock = int(state["clock"])
-        self.stamp[:] = state["stamp"]
+        for name in self._counters:
+            setattr(self, name, type(getattr(self, name))(state[name]))
+        for name in self._slot_arrays:
+            getattr(self, name)[:] = state[name]
 
 
 class LRUPolicy(EvictionPolicy):
@@ -113,6 +120,8 @@ class LRUPolicy(EvictionPolicy):
 
 class FIFOPolicy(EvictionPolicy):
     name = "fifo"
+    _slot_arrays = ("stamp", "inserted_at")
+    _counters = ("clock", "n_inserted")
 
     def __init__(self, capacity: int):
         super().__init__(capacity)
@@ -128,21 +137,10 @@ class FIFOPolicy(EvictionPolicy):
         self.n_inserted += int(new.size)
         self.touch(slots)
 
-    def clear(self, slots):
-        super().clear(slots)
-        self.inserted_at[slots] = 0
-
-    def state(self):
-        return {**super().state(), "inserted_at": self.inserted_at.copy(), "n_inserted": self.n_inserted}
-
-    def set_state(self, state):
-        super().set_state(state)
-        self.inserted_at[:] = state["inserted_at"]
-        self.n_inserted = int(state["n_inserted"])
-
 
 class HeatPolicy(EvictionPolicy):
     name = "heat"
+    _slot_arrays = ("stamp", "heat")
 
     def __init__(self, capacity: int, decay: float = DEFAULT_HEAT_DECAY):
         super().__init__(capacity)
@@ -157,23 +155,13 @@ class HeatPolicy(EvictionPolicy):
         self.heat[slots] += np.ones(slots.size) if weights is None else np.asarray(weights, np.float64)
         self.touch(slots)
 
-    def clear(self, slots):
-        super().clear(slots)
-        self.heat[slots] = 0.0
-
-    def state(self):
-        return {**super().state(), "heat": self.heat.copy()}
-
-    def set_state(self, state):
-        super().set_state(state)
-        self.heat[:] = state["heat"]
-
 
 class BeladyPolicy(EvictionPolicy):
     """Offline: :meth:`update` takes, as ``weights``, the step at which each selected entry is used next (a step
     past the end for "never"); the farthest goes first."""
 
     name = "belady"
+    _slot_arrays = ("stamp", "next_use")
 
     def __init__(self, capacity: int):
         super().__init__(capacity)
@@ -187,17 +175,6 @@ class BeladyPolicy(EvictionPolicy):
             raise ValueError("the belady policy needs each selected entry's next use (weights)")
         self.next_use[slots] = np.asarray(weights, np.int64)
         self.touch(slots)
-
-    def clear(self, slots):
-        super().clear(slots)
-        self.next_use[slots] = 0
-
-    def state(self):
-        return {**super().state(), "next_use": self.next_use.copy()}
-
-    def set_state(self, state):
-        super().set_state(state)
-        self.next_use[:] = state["next_use"]
 
 
 _CLASSES = {"lru": LRUPolicy, "fifo": FIFOPolicy, "heat": HeatPolicy, "belady": BeladyPolicy}
@@ -356,15 +333,15 @@ def next_uses(rows: Sequence[np.ndarray]) -> list[np.ndarray]:
 
 
 def simulate_misses(steps: Sequence[np.ndarray], capacity: int, *, policy: str = "lru",
-                    warmup: Sequence[np.ndarray] = (), weights: Sequence[np.ndarray] | None = None,
+                    windows: Sequence[np.ndarray] = (), weights: Sequence[np.ndarray] | None = None,
                     decay: float = DEFAULT_HEAT_DECAY) -> np.ndarray:
     """Misses per step of one pool over ``steps`` (a sequence of index arrays, ``-1`` padding), without bytes: the
-    readable reference of every policy. The slot bookkeeping is :class:`SlotPool`, the storage's; the ``warmup``
-    windows are applied first, each like a step, and not counted. ``weights`` (one array per step, aligned with its
+    readable reference of every policy. The slot bookkeeping is :class:`SlotPool`, the storage's; the warmup
+    ``windows`` are applied first, each like a step, and not counted. ``weights`` (one array per step, aligned with its
     indices, padding included, as :meth:`ess.storage.TieredCache.step` takes them) feed the heat policy (default 1
     each; windows always 1); ``decay`` is the heat decay."""
-    rows = [np.asarray(r) for r in list(warmup) + list(steps)]
-    n_warm = len(list(warmup))
+    rows = [np.asarray(r) for r in list(windows) + list(steps)]
+    n_warm = len(list(windows))
     options = {"decay": decay} if policy == "heat" else {}
     pool = SlotPool(capacity, policy, **options)
     future = next_uses(rows) if policy == "belady" else None

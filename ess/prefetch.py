@@ -1,4 +1,5 @@
-"""Three prefetch tiers sharing one host->device link, simulated step by step over a trace.
+"""Three prefetch classes sharing one host->device link, simulated step by step over a trace (a class is a kind of
+transfer with its priority; "tier" in ``ess`` means where bytes live: GPU, host, disk).
 
 Time line of one step of one pool (one request, one layer)::
 
@@ -11,11 +12,15 @@ Time line of one step of one pool (one request, one layer)::
 * **speculative** -- entries the predictor expects the next step to select, not resident; sent in the link time
   left while the step computes (at most ``spec_fraction`` of it). One is loaded only when the pool has a free slot
   or the predictor scores it above the resident entry it would replace.
-* **delayed** -- background work (here: the LRU-Warmup windows when ``warmup="delayed"``), lowest priority, uses
-  the remaining link time and only free slots (it never evicts).
+* **delayed** -- background work (here: the LRU-Warmup windows when ``warmup_mode="delayed"``), lowest priority,
+  uses the remaining link time and only free slots (it never evicts).
 
-Per step the link can move ``link_GB_per_s * step_time`` bytes for the two background tiers (the per-step budget).
-Reported: stall time, hit rate, bytes moved per tier, bytes prefetched but never used before eviction or the end,
+The pool is :class:`ess.policies.SlotPool` under LRU (``eviction="predictor"`` ranks the victims by the predictor's
+score instead): a step's set is the most recent; speculative loads rank just below it (newer than every earlier
+step); delayed loads enter at the cold end of the LRU order, the first sent the warmest.
+
+Per step the link can move ``link_GB_per_s * step_time`` bytes for the two background classes (the per-step budget).
+Reported: stall time, hit rate, bytes moved per class, bytes prefetched but never used before eviction or the end,
 and link use = busy time / elapsed time (elapsed = stall + compute per step).
 """
 from __future__ import annotations
@@ -30,17 +35,17 @@ from .predict import History, HeatScorer, LSTMHeatPredictor
 from .traces import Trace
 from .validate import fraction, one_of, positive_int, real
 
-__all__ = ["PrefetchConfig", "PrefetchResult", "simulate_prefetch", "PREDICTORS", "EVICTIONS", "WARMUPS"]
+__all__ = ["PrefetchConfig", "PrefetchResult", "simulate_prefetch", "PREDICTORS", "EVICTIONS", "WARMUP_MODES"]
 
 PREDICTORS = ("none", "heat", "lstm")
 EVICTIONS = ("lru", "predictor")
-WARMUPS = ("none", "before", "delayed")
+WARMUP_MODES = ("none", "before", "delayed")
 
 
 @dataclass(frozen=True)
 class PrefetchConfig:
     """One pool's prefetch setting. ``step_time_us``: compute time of one step of one (request, layer) -- the link
-    time the background tiers may use per step (a per-request share when requests share the link)."""
+    time the background classes may use per step (a per-request share when requests share the link)."""
 
     capacity: int                          # slots per (request, layer)
     link_GB_per_s: float = 37.0            # [BLOG] FlashTrans H2D (data/hardware/links.yaml)
@@ -50,8 +55,8 @@ class PrefetchConfig:
     delayed: bool = True
     predictor: str = "heat"                # "none" | "heat" | "lstm" (an LSTMHeatPredictor must then be given)
     eviction: str = "lru"                  # "lru" | "predictor" (lowest predicted score first)
-    warmup: str = "before"                 # "none" | "before" (free, before decoding, as the paper) | "delayed"
-    spec_fraction: float = 1.0             # share of the per-step link budget the speculative tier may take
+    warmup_mode: str = "before"            # "none" | "before" (free, before decoding, as the paper) | "delayed"
+    spec_fraction: float = 1.0             # share of the per-step link budget the speculative class may take
     history: int = 8                       # steps of history the predictor sees
     decay: float = DEFAULT_HEAT_DECAY      # heat decay per step
 
@@ -62,18 +67,18 @@ class PrefetchConfig:
         positive_int("entry_bytes", self.entry_bytes)
         one_of("predictor", self.predictor, PREDICTORS)
         one_of("eviction", self.eviction, EVICTIONS)
-        one_of("warmup", self.warmup, WARMUPS)
+        one_of("warmup_mode", self.warmup_mode, WARMUP_MODES)
         if self.eviction == "predictor" and self.predictor == "none":
             raise ValueError("eviction='predictor' needs a predictor ('heat' or 'lstm')")
         if self.speculative and self.predictor == "none":
-            raise ValueError("the speculative tier needs a predictor ('heat' or 'lstm'); set speculative=False")
+            raise ValueError("the speculative class needs a predictor ('heat' or 'lstm'); set speculative=False")
         fraction("spec_fraction", self.spec_fraction)
         positive_int("history", self.history)
         fraction("decay", self.decay)
 
     @property
     def budget_entries(self) -> int:
-        """Entries the link moves in one step's compute time (the background tiers' per-step budget)."""
+        """Entries the link moves in one step's compute time (the background classes' per-step budget)."""
         return int(self.link_GB_per_s * 1e3 * self.step_time_us // self.entry_bytes)
 
 
@@ -115,7 +120,7 @@ class PrefetchResult:
         return d
 
 
-def _pool(steps: np.ndarray, warm: np.ndarray | None, n_pos: int, cfg: PrefetchConfig, scorer) -> dict:
+def _pool(steps: np.ndarray, windows: np.ndarray | None, n_pos: int, cfg: PrefetchConfig, scorer) -> dict:
     """One pool (request, layer) over its steps: the slot map and LRU order are :class:`ess.policies.SlotPool`'s
     (``eviction="predictor"`` ranks the victims by the predictor's score instead, ties by token)."""
     C = cfg.capacity
@@ -147,14 +152,14 @@ def _pool(steps: np.ndarray, warm: np.ndarray | None, n_pos: int, cfg: PrefetchC
         return plan
 
     # warmup windows: before decoding (free, like a step each), or queued for the delayed class
-    if warm is not None and cfg.warmup != "none":
-        for row in warm:
-            if cfg.warmup == "before":
+    if windows is not None and cfg.warmup_mode != "none":
+        for row in windows:
+            if cfg.warmup_mode == "before":
                 load(row[row >= 0].astype(np.int64))
             else:
                 queue.extend(int(x) for x in row[row >= 0])
             hist.observe(row)
-        if cfg.warmup == "delayed":                                   # each entry once, latest window last
+        if cfg.warmup_mode == "delayed":                                   # each entry once, latest window last
             seen, q = set(), []
             for x in reversed(queue):
                 if x not in seen:
@@ -238,15 +243,15 @@ def _pool(steps: np.ndarray, warm: np.ndarray | None, n_pos: int, cfg: PrefetchC
 
 def simulate_prefetch(trace: Trace, config: PrefetchConfig, *, predictor: LSTMHeatPredictor | None = None,
                       requests: Sequence[int] | None = None, layers: Sequence[int] | None = None) -> PrefetchResult:
-    """Run the tiers over the chosen pools of ``trace`` (all by default) and sum their figures."""
+    """Run the classes over the chosen pools of ``trace`` (all by default) and sum their figures."""
     if not isinstance(trace, Trace):
         raise TypeError(f"trace must be an ess.traces.Trace, got {type(trace).__name__}")
     if not isinstance(config, PrefetchConfig):
         raise TypeError(f"config must be a PrefetchConfig, got {type(config).__name__}")
     if config.capacity < trace.k:
         raise ValueError(f"capacity ({config.capacity} slots) is smaller than K = {trace.k}")
-    if config.warmup != "none" and trace.warmup is None:
-        raise ValueError(f"warmup={config.warmup!r} but the trace has no warmup windows")
+    if config.warmup_mode != "none" and trace.windows is None:
+        raise ValueError(f"warmup_mode={config.warmup_mode!r} but the trace has no warmup windows")
     if config.predictor == "lstm":
         if not isinstance(predictor, LSTMHeatPredictor) or predictor.model is None:
             raise ValueError("predictor='lstm' needs a trained LSTMHeatPredictor (predictor=...)")
@@ -265,8 +270,8 @@ def simulate_prefetch(trace: Trace, config: PrefetchConfig, *, predictor: LSTMHe
     n = 0
     for b in requests:
         for layer in layers:
-            warm = trace.warmup[b, layer] if trace.warmup is not None else None
-            r = _pool(trace.indices[b, layer], warm, trace.n_positions, config, scorer)
+            windows = trace.windows[b, layer] if trace.windows is not None else None
+            r = _pool(trace.indices[b, layer], windows, trace.n_positions, config, scorer)
             misses += r.pop("misses")
             stalls += r.pop("stalls")
             for k, v in r.items():

@@ -5,9 +5,10 @@ are frozen, carry units in their field names, validate themselves in ``__post_in
 Loading is done by the ``*_spec`` functions, which keep the per-value sources on the returned object
 (``spec.sources["hidden_size"]``).
 
-Glossary used across ``ess``: B batch (requests per GPU), L context length (tokens), K top-k (selected tokens per
-step), H attention heads, layer, ratio (sparse-memory ratio: GPU-resident latent entries / all latent entries),
-slot (one GPU-pool entry), tier (GPU, CPU host memory, disk).
+Glossary used across ``ess`` (the book's design page has the full table): B batch (requests per GPU), L context
+length (tokens), K top-k (selected tokens per step), H attention heads, mtp (query tokens per request and step),
+layer, ratio (sparse-memory ratio: GPU-resident latent entries / all latent entries), slot (one GPU-pool entry),
+tier (GPU, CPU host memory, disk).
 """
 from __future__ import annotations
 
@@ -145,7 +146,7 @@ class DeploymentSpec:
     """How the model is laid on the machines for decoding.
 
     ``attention_dp``: attention is data-parallel (each GPU serves its own requests, TP=1 for attention) while the
-    MoE experts are split over ``ep`` GPUs. ``mtp_tokens_per_step`` query tokens are verified per decode step and
+    MoE experts are split over ``ep`` GPUs. ``mtp`` query tokens are verified per decode step and
     ``mtp_accept_ratio`` of them are accepted on average. ``mem_fraction_static`` is the share of HBM the serving
     engine reserves for weights plus KV cache (the rest holds activations, CUDA graphs and workspace).
     """
@@ -158,21 +159,21 @@ class DeploymentSpec:
     tp: int
     ep: int
     attention_dp: bool
-    mtp_tokens_per_step: int
+    mtp: int
     mtp_accept_ratio: float
     mem_fraction_static: float
     kv_dtype: str
     sources: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        _require_positive(self, ("nodes", "gpus_per_node", "tp", "ep", "mtp_tokens_per_step", "mtp_accept_ratio"))
+        _require_positive(self, ("nodes", "gpus_per_node", "tp", "ep", "mtp", "mtp_accept_ratio"))
         if not 0 < self.mem_fraction_static <= 1:
             raise ValueError(f"DeploymentSpec.mem_fraction_static must be in (0, 1], got {self.mem_fraction_static!r}")
         if self.ep > self.n_gpus:
             raise ValueError(f"DeploymentSpec.ep={self.ep} exceeds the {self.n_gpus} GPUs of the deployment")
-        if self.mtp_accept_ratio > self.mtp_tokens_per_step:
+        if self.mtp_accept_ratio > self.mtp:
             raise ValueError(f"DeploymentSpec.mtp_accept_ratio={self.mtp_accept_ratio} cannot exceed "
-                             f"mtp_tokens_per_step={self.mtp_tokens_per_step}")
+                             f"mtp={self.mtp}")
         if self.kv_dtype not in ("fp8", "bf16"):
             raise ValueError(f"DeploymentSpec.kv_dtype must be 'fp8' or 'bf16', got {self.kv_dtype!r}")
 

@@ -581,7 +581,7 @@ class TieredCache:
             raise ValueError(f"trace starts at context_len={trace.context_len} tokens but request {request_id!r} "
                              f"holds {n_tok}")
         steps = trace.indices[batch_index]                                 # (n_layers, steps, width)
-        windows = trace.warmup[batch_index] if trace.warmup is not None else None
+        windows = trace.windows[batch_index] if trace.windows is not None else None
         if warmup and windows is None:
             raise ValueError("warmup=True but the trace has no warmup windows (pass warmup=False)")
         sizes = [int((steps >= 0).sum(axis=-1).max())] + ([windows.shape[-1]] if warmup else [])

@@ -23,11 +23,13 @@ from typing import Any, Iterator
 import numpy as np
 import yaml
 
+from .specs import model_spec
 from .traces import Trace
 from .validate import fraction, integer, real
 
 __all__ = ["TRACE_MODELS", "PAPER_WARMUP_WINDOWS", "DRIFT_CUTOFF_SIGMAS", "synthetic_trace", "synthetic_streams",
-           "locality_profile", "generator_defaults", "default_trace_model", "drift_calibration"]
+           "locality_profile", "generator_defaults", "default_trace_model", "check_trace_model", "geometry",
+           "drift_calibration"]
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data" / "locality"
 PAPER_WARMUP_WINDOWS = 32  # [ARX] LRU-Warmup inserts the top-2K of the last 32 prefill positions (paper-facts.md)
@@ -54,13 +56,14 @@ def generator_defaults() -> dict:
     return dict(_read_profile_file("paper_fig2")[1])
 
 
-def locality_profile(profile: Any = "paper", n_layers: int = 61) -> np.ndarray:
+def locality_profile(profile: Any = "paper", n_layers: int | None = None) -> np.ndarray:
     """Adjacent-step overlap per layer, shape (n_layers,), each in [0, 1].
 
     ``profile`` is ``"paper"`` (paper Fig. 2, read by eye; a model with fewer layers takes the layer at the same
-    relative depth), a number (every layer the same) or a sequence of ``n_layers`` numbers.
+    relative depth), a number (every layer the same) or a sequence of ``n_layers`` numbers. ``n_layers`` defaults
+    to the model's (:func:`geometry`).
     """
-    n_layers = integer("n_layers", n_layers, lo=1)
+    n_layers = integer("n_layers", geometry(n_layers)[0], lo=1)
     if isinstance(profile, str):
         if profile != "paper":
             raise ValueError(f"profile must be 'paper', a number or a sequence of n_layers numbers, got {profile!r}")
@@ -87,12 +90,19 @@ def default_trace_model() -> str:
     return str(generator_defaults()["default_model"])
 
 
-def _check_model(model: Any) -> str:
-    if model is None:
+def check_trace_model(trace_model: Any) -> str:
+    """``trace_model`` when it is one of :data:`TRACE_MODELS`; ``None`` gives :func:`default_trace_model`."""
+    if trace_model is None:
         return default_trace_model()
-    if not isinstance(model, str) or model not in TRACE_MODELS:
-        raise ValueError(f"model must be one of {TRACE_MODELS} (the synthetic trace model), got {model!r}")
-    return model
+    if not isinstance(trace_model, str) or trace_model not in TRACE_MODELS:
+        raise ValueError(f"trace_model must be one of {TRACE_MODELS} (the synthetic trace model), got {trace_model!r}")
+    return trace_model
+
+
+def geometry(n_layers: int | None = None, k: int | None = None) -> tuple[int, int]:
+    """``(n_layers, k)``, each ``None`` meaning DeepSeek-V3.2-Exp's (61 layers, top-k 2,048; ``data/models``)."""
+    spec = model_spec()
+    return (spec.n_layers if n_layers is None else n_layers), (spec.index_topk if k is None else k)
 
 
 # ----------------------------------------------------------------------------------------------------- kernels
@@ -460,7 +470,7 @@ def _drift_overlap_at(c: float, rho: float, context_len: int, k: int, n_sinks: i
 
 
 @lru_cache(maxsize=1024)
-def drift_calibration(r: float, context_len: int, k: int = 2048, n_sinks: int | None = None,
+def drift_calibration(r: float, context_len: int, k: int | None = None, n_sinks: int | None = None,
                       local_window: int | None = None, rho: float | None = None) -> dict:
     """Solve the score-drift model's adjacent-token score correlation ``c`` for a target overlap ``r``.
 
@@ -473,7 +483,7 @@ def drift_calibration(r: float, context_len: int, k: int = 2048, n_sinks: int | 
     """
     d = generator_defaults()
     context_len = integer("context_len", context_len, lo=1)
-    k = integer("k", k, lo=1)
+    k = integer("k", geometry(k=k)[1], lo=1)
     if k > context_len:
         raise ValueError(f"k (top-K) = {k} is larger than the context ({context_len} tokens); expected k <= context_len")
     n_sinks = integer("n_sinks", d["n_sinks"] if n_sinks is None else n_sinks, lo=0)
@@ -505,6 +515,7 @@ def _stream_seed(seed: int, request: int, layer: int) -> int:
 
 
 def _check_generator_args(context_len, k, mtp, steps, batch, n_layers, warmup_windows, seed):
+    n_layers, k = geometry(n_layers, k)
     context_len = integer("context_len", context_len, lo=1)
     k = integer("k", k, lo=1)
     if k > context_len:
@@ -521,15 +532,17 @@ def _check_generator_args(context_len, k, mtp, steps, batch, n_layers, warmup_wi
     return context_len, k, mtp, steps, batch, n_layers, warmup_windows, seed
 
 
-def synthetic_streams(context_len: int, *, n_layers: int = 61, k: int = 2048, mtp: int = 2, steps: int = 64,
+def synthetic_streams(context_len: int, *, n_layers: int | None = None, k: int | None = None, mtp: int = 2,
+                      steps: int = 64,
                       batch: int = 4, warmup_windows: int = PAPER_WARMUP_WINDOWS, profile: Any = "paper",
                       seed: int = 0, n_sinks: int | None = None, local_window: int | None = None,
-                      popularity_sigma: float | None = None, model: str | None = None,
+                      popularity_sigma: float | None = None, trace_model: str | None = None,
                       drift_rho: float | None = None,
                       drift_cutoff_sigmas: float | None = None) -> Iterator[tuple[int, int, np.ndarray, np.ndarray]]:
-    """Yield ``(request, layer, warm (W, k), steps (steps, mtp*k))`` one stream at a time (no full trace in memory).
+    """Yield ``(request, layer, windows (W, k), steps (steps, mtp*k))`` one stream at a time (no full trace in
+    memory); ``windows`` are the warmup windows.
 
-    Both models (``model="uniform"`` or ``"drift"``; ``None`` = :func:`default_trace_model`) follow, per request
+    Both models (``trace_model="uniform"`` or ``"drift"``; ``None`` = :func:`default_trace_model`) follow, per request
     and layer, a chain of query tokens: the W warmup positions, then ``mtp`` tokens per decode step. Each token
     selects the ``n_sinks`` first tokens, the last ``local_window`` tokens of its context and
     ``k - n_sinks - local_window`` "free" entries; a decode step's set is the union of its ``mtp`` tokens' sets, and
@@ -556,15 +569,15 @@ def synthetic_streams(context_len: int, *, n_layers: int = 61, k: int = 2048, mt
     """
     context_len, k, mtp, steps, batch, n_layers, warmup_windows, seed = _check_generator_args(
         context_len, k, mtp, steps, batch, n_layers, warmup_windows, seed)
-    model = _check_model(model)
+    trace_model = check_trace_model(trace_model)
     r = locality_profile(profile, n_layers)
     d = generator_defaults()
     n_sinks = integer("n_sinks", d["n_sinks"] if n_sinks is None else n_sinks, lo=0)
     local_window = integer("local_window", d["local_window"] if local_window is None else local_window, lo=0)
     n_pos = context_len + steps * mtp
-    if model == "drift":
+    if trace_model == "drift":
         if popularity_sigma is not None:
-            raise ValueError("popularity_sigma belongs to model='uniform'; the drift model has no popularity skew "
+            raise ValueError("popularity_sigma belongs to trace_model='uniform'; the drift model has no popularity skew "
                              "(its persistent base scores play that part)")
         rho = real("drift_rho", d["drift_rho"] if drift_rho is None else drift_rho, lo=0.0, hi=1.0, hi_open=True)
         calib = {float(v): drift_calibration(float(v), context_len, k, n_sinks, local_window, rho)
@@ -591,7 +604,7 @@ def synthetic_streams(context_len: int, *, n_layers: int = 61, k: int = 2048, mt
                 yield b, layer, warm, out
         return
     if drift_rho is not None or drift_cutoff_sigmas is not None:
-        raise ValueError("drift_rho and drift_cutoff_sigmas belong to model='drift'")
+        raise ValueError("drift_rho and drift_cutoff_sigmas belong to trace_model='drift'")
     sigma = real("popularity_sigma", d["popularity_sigma"] if popularity_sigma is None else popularity_sigma, lo=0.0)
     gen = _gen_kernel()
     for b in range(batch):
@@ -609,15 +622,16 @@ def synthetic_streams(context_len: int, *, n_layers: int = 61, k: int = 2048, mt
             yield b, layer, warm, out
 
 
-def synthetic_trace(context_len: int, *, n_layers: int = 61, k: int = 2048, mtp: int = 2, steps: int = 64,
+def synthetic_trace(context_len: int, *, n_layers: int | None = None, k: int | None = None, mtp: int = 2,
+                    steps: int = 64,
                     batch: int = 4, warmup_windows: int = PAPER_WARMUP_WINDOWS, profile: Any = "paper",
                     seed: int = 0, n_sinks: int | None = None, local_window: int | None = None,
-                    popularity_sigma: float | None = None, model: str | None = None,
+                    popularity_sigma: float | None = None, trace_model: str | None = None,
                     drift_rho: float | None = None, drift_cutoff_sigmas: float | None = None) -> Trace:
     """A whole synthetic :class:`Trace` (see :func:`synthetic_streams` for the models). Memory: B*layers*steps*mtp*k*4 B."""
     context_len, k, mtp, steps, batch, n_layers, warmup_windows, seed = _check_generator_args(
         context_len, k, mtp, steps, batch, n_layers, warmup_windows, seed)
-    model = _check_model(model)
+    trace_model = check_trace_model(trace_model)
     nbytes = batch * n_layers * steps * mtp * k * 4
     if nbytes > 2e9:
         raise ValueError(f"this trace would take {nbytes / 1e9:.1f} GB; use synthetic_streams() or "
@@ -627,17 +641,17 @@ def synthetic_trace(context_len: int, *, n_layers: int = 61, k: int = 2048, mtp:
     for b, layer, w, s in synthetic_streams(context_len, n_layers=n_layers, k=k, mtp=mtp, steps=steps, batch=batch,
                                             warmup_windows=warmup_windows, profile=profile, seed=seed,
                                             n_sinks=n_sinks, local_window=local_window,
-                                            popularity_sigma=popularity_sigma, model=model, drift_rho=drift_rho,
+                                            popularity_sigma=popularity_sigma, trace_model=trace_model, drift_rho=drift_rho,
                                             drift_cutoff_sigmas=drift_cutoff_sigmas):
         idx[b, layer] = s
         if warm is not None:
             warm[b, layer] = w
     d = generator_defaults()
-    meta = {"generator": "ess.tracegen.synthetic_trace", "model": model,
+    meta = {"generator": "ess.tracegen.synthetic_trace", "trace_model": trace_model,
             "profile": profile if isinstance(profile, (str, numbers.Real)) else list(map(float, profile)),
             "n_sinks": d["n_sinks"] if n_sinks is None else n_sinks,
             "local_window": d["local_window"] if local_window is None else local_window}
-    if model == "uniform":
+    if trace_model == "uniform":
         meta["popularity_sigma"] = d["popularity_sigma"] if popularity_sigma is None else popularity_sigma
     else:
         meta["drift_rho"] = d["drift_rho"] if drift_rho is None else drift_rho

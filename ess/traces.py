@@ -7,7 +7,8 @@ the top-K sets of the last prefill positions that LRU-Warmup inserts before deco
 Layout (glossary: B batch, K top-k, L context length)::
 
     indices  (B, n_layers, steps, width)  int32, width <= mtp * K, -1 = padding (ignored wherever it stands)
-    warmup   (B, n_layers, W, K)          int32 or None, the top-K of prefill positions L-W ... L-1, in order
+    windows  (B, n_layers, W, K)          int32 or None, the top-K of prefill positions L-W ... L-1, in order
+                                          (the LRU-Warmup windows)
 
 Context grows by ``mtp`` tokens per step: step ``t`` may read positions ``0 .. context_len + t * mtp - 1``.
 
@@ -29,7 +30,7 @@ from .validate import integer
 
 __all__ = ["Trace", "TraceRecorder", "load_trace", "adjacent_overlap", "validate_trace_arrays"]
 
-_FORMAT = "ess-trace-v1"
+_FORMAT = "ess-trace-v2"   # v2: the warmup windows are stored as "windows"
 
 
 # ---------------------------------------------------------------------------------------------------------- checks
@@ -53,8 +54,8 @@ def _dup_kernel():
     return first_duplicate_row
 
 
-def validate_trace_arrays(indices: Any, warmup: Any, *, context_len: int, k: int, mtp: int) -> None:
-    """Raise a clear ValueError/TypeError when ``indices``/``warmup`` are not a valid trace (see module docstring)."""
+def validate_trace_arrays(indices: Any, windows: Any, *, context_len: int, k: int, mtp: int) -> None:
+    """Raise a clear ValueError/TypeError when ``indices``/``windows`` are not a valid trace (see module docstring)."""
     context_len = integer("context_len", context_len, lo=1)
     k = integer("k", k, lo=1)
     mtp = integer("mtp", mtp, lo=1)
@@ -89,15 +90,15 @@ def validate_trace_arrays(indices: Any, warmup: Any, *, context_len: int, k: int
     if r >= 0:
         b, l, t = np.unravel_index(r, (B, n_layers, steps))
         raise ValueError(f"indices[{b}, {l}, {t}] repeats a position; each step's set must hold distinct entries")
-    if warmup is None:
+    if windows is None:
         return
-    if not isinstance(warmup, np.ndarray) or warmup.ndim != 4 or not np.issubdtype(warmup.dtype, np.integer):
-        raise TypeError("warmup must be None or an integer array of shape (B, n_layers, W, k)")
-    if warmup.shape[:2] != (B, n_layers) or warmup.shape[3] > k or warmup.shape[2] < 1:
-        raise ValueError(f"warmup must have shape (B={B}, n_layers={n_layers}, W>=1, <=k={k}), got {warmup.shape}")
-    if int(warmup.min()) < -1 or int(warmup.max()) >= context_len:
+    if not isinstance(windows, np.ndarray) or windows.ndim != 4 or not np.issubdtype(windows.dtype, np.integer):
+        raise TypeError("windows must be None or an integer array of shape (B, n_layers, W, k)")
+    if windows.shape[:2] != (B, n_layers) or windows.shape[3] > k or windows.shape[2] < 1:
+        raise ValueError(f"windows must have shape (B={B}, n_layers={n_layers}, W>=1, <=k={k}), got {windows.shape}")
+    if int(windows.min()) < -1 or int(windows.max()) >= context_len:
         raise ValueError(f"warmup windows must read prefill positions 0 .. {context_len - 1} (or -1 for padding)")
-    r = _dup_kernel()(np.ascontiguousarray(warmup.reshape(-1, warmup.shape[3]), dtype=np.int32), context_len)
+    r = _dup_kernel()(np.ascontiguousarray(windows.reshape(-1, windows.shape[3]), dtype=np.int32), context_len)
     if r >= 0:
         raise ValueError(f"warmup window row {r} repeats a position; each window must hold distinct entries")
 
@@ -112,7 +113,7 @@ class Trace:
     k: int                               # top-K per query token
     mtp: int = 1                         # query tokens per decode step (their sets are united)
     seed: int | None = None              # generator seed, None for recorded traces
-    warmup: np.ndarray | None = None     # (B, n_layers, W, k) int32, top-K of the last W prefill positions
+    windows: np.ndarray | None = None    # (B, n_layers, W, k) int32, top-K of the last W prefill positions
     meta: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -120,16 +121,16 @@ class Trace:
             integer("seed", self.seed, lo=0)
         if not isinstance(self.meta, Mapping):
             raise TypeError(f"meta must be a mapping, got {type(self.meta).__name__}")
-        validate_trace_arrays(self.indices, self.warmup, context_len=self.context_len, k=self.k, mtp=self.mtp)
+        validate_trace_arrays(self.indices, self.windows, context_len=self.context_len, k=self.k, mtp=self.mtp)
         object.__setattr__(self, "indices", np.ascontiguousarray(self.indices, dtype=np.int32))
-        if self.warmup is not None:
-            object.__setattr__(self, "warmup", np.ascontiguousarray(self.warmup, dtype=np.int32))
+        if self.windows is not None:
+            object.__setattr__(self, "windows", np.ascontiguousarray(self.windows, dtype=np.int32))
 
     batch = property(lambda self: self.indices.shape[0])
     n_layers = property(lambda self: self.indices.shape[1])
     steps = property(lambda self: self.indices.shape[2])
     width = property(lambda self: self.indices.shape[3])
-    n_warmup = property(lambda self: 0 if self.warmup is None else self.warmup.shape[2])
+    n_windows = property(lambda self: 0 if self.windows is None else self.windows.shape[2])
 
     @property
     def n_positions(self) -> int:
@@ -142,28 +143,19 @@ class Trace:
 
     def metadata(self) -> dict:
         return {"format": _FORMAT, "context_len": self.context_len, "k": self.k, "mtp": self.mtp, "seed": self.seed,
-                "batch": self.batch, "n_layers": self.n_layers, "steps": self.steps, "n_warmup": self.n_warmup,
+                "batch": self.batch, "n_layers": self.n_layers, "steps": self.steps, "n_windows": self.n_windows,
                 "meta": dict(self.meta)}
 
     def save(self, path: str | Path) -> Path:
-        """Write a compressed ``.npz`` (indices, warmup, JSON metadata)."""
+        """Write a compressed ``.npz`` (indices, windows, JSON metadata)."""
         path = Path(path)
         if path.suffix != ".npz":
             raise ValueError(f"path must end in .npz, got {path.name!r}")
         path.parent.mkdir(parents=True, exist_ok=True)
-        warm = self.warmup if self.warmup is not None else np.zeros((0, 0, 0, 0), np.int32)
-        np.savez_compressed(path, indices=self.indices, warmup=warm,
+        windows = self.windows if self.windows is not None else np.zeros((0, 0, 0, 0), np.int32)
+        np.savez_compressed(path, indices=self.indices, windows=windows,
                             metadata=np.array(json.dumps(self.metadata())))
         return path
-
-    def layer(self, layer: int) -> "Trace":
-        """The same trace restricted to one layer (keeps the layer dimension)."""
-        layer = integer("layer", layer, lo=0)
-        if layer >= self.n_layers:
-            raise ValueError(f"layer must be < n_layers = {self.n_layers}, got {layer}")
-        w = None if self.warmup is None else self.warmup[:, layer:layer + 1]
-        return Trace(self.indices[:, layer:layer + 1], self.context_len, self.k, self.mtp, self.seed, w,
-                     {**self.meta, "layer": layer})
 
 
 def load_trace(path: str | Path) -> Trace:
@@ -176,10 +168,10 @@ def load_trace(path: str | Path) -> Trace:
             arrays = {name: z[name] for name in z.files}
     except (OSError, EOFError, ValueError) as exc:
         raise ValueError(f"{path.name}: cannot read the trace ({exc})") from exc
-    missing = {"indices", "warmup", "metadata"} - set(arrays)
+    missing = {"indices", "windows", "metadata"} - set(arrays)
     if missing:
         raise ValueError(f"{path.name}: not an ess trace, missing arrays {sorted(missing)}")
-    indices, warm = arrays["indices"], arrays["warmup"]
+    indices, windows = arrays["indices"], arrays["windows"]
     try:
         meta = json.loads(str(arrays["metadata"]))
     except json.JSONDecodeError as exc:
@@ -190,7 +182,7 @@ def load_trace(path: str | Path) -> Trace:
         if key not in meta:
             raise ValueError(f"{path.name}: metadata lacks {key!r}")
     return Trace(indices, meta["context_len"], meta["k"], meta["mtp"], meta.get("seed"),
-                 warm if warm.size else None, meta.get("meta", {}))
+                 windows if windows.size else None, meta.get("meta", {}))
 
 
 def adjacent_overlap(trace: Trace) -> np.ndarray:
@@ -220,7 +212,7 @@ class TraceRecorder:
     A sparse-attention implementation (or a hook around it) calls, for every layer of every decode step,
     ``observe(layer, indices)`` with ``indices`` of shape ``(B, K)`` or ``(B, q, K)`` (``q`` query tokens of the
     step, -1 padded as the indexer's top-k returns them), then ``end_step()`` once the step's layers are done.
-    ``observe_warmup(layer, indices)`` with ``(B, W, K)`` stores the top-K of the last W prefill positions.
+    ``observe_windows(layer, indices)`` with ``(B, W, K)`` stores the top-K of the last W prefill positions.
     Nothing is half-recorded: a step with a layer missing raises in ``end_step`` and is dropped.
 
     >>> rec = TraceRecorder(context_len=8, k=2, n_layers=1, batch=1)
@@ -241,7 +233,7 @@ class TraceRecorder:
         self.meta = dict(meta or {})
         self._steps: list[np.ndarray] = []                        # each (B, n_layers, mtp*k)
         self._pending: dict[int, np.ndarray] = {}
-        self._warm: dict[int, np.ndarray] = {}
+        self._windows: dict[int, np.ndarray] = {}
 
     def _as_sets(self, name: str, layer: int, indices: Any) -> np.ndarray:
         layer = integer("layer", layer, lo=0)
@@ -275,12 +267,12 @@ class TraceRecorder:
             out[b, :u.size] = u
         self._pending[int(layer)] = out
 
-    def observe_warmup(self, layer: int, indices: Any) -> None:
+    def observe_windows(self, layer: int, indices: Any) -> None:
         """The top-K of the last W prefill positions of ``layer``: (B, W, K), in position order."""
-        a = self._as_sets("observe_warmup", layer, indices)
+        a = self._as_sets("observe_windows", layer, indices)
         w = np.full((self.batch, a.shape[1], self.k), -1, np.int32)
         w[:, :, :a.shape[2]] = a
-        self._warm[int(layer)] = w
+        self._windows[int(layer)] = w
 
     def end_step(self) -> None:
         missing = sorted(set(range(self.n_layers)) - set(self._pending))
@@ -299,10 +291,10 @@ class TraceRecorder:
             raise ValueError("the recorder holds no complete step; the trace would be empty")
         idx = np.stack(self._steps, axis=2)                       # (B, n_layers, steps, mtp*k)
         width = max(int((idx >= 0).sum(axis=-1).max()), 1)
-        warm = None
-        if self._warm:
-            if set(self._warm) != set(range(self.n_layers)):
-                raise ValueError("observe_warmup must be called for every layer or for none")
-            warm = np.stack([self._warm[l] for l in range(self.n_layers)], axis=1)
-        return Trace(idx[..., :width], self.context_len, self.k, self.mtp, None, warm,
+        windows = None
+        if self._windows:
+            if set(self._windows) != set(range(self.n_layers)):
+                raise ValueError("observe_windows must be called for every layer or for none")
+            windows = np.stack([self._windows[l] for l in range(self.n_layers)], axis=1)
+        return Trace(idx[..., :width], self.context_len, self.k, self.mtp, None, windows,
                      {"recorded": True, **self.meta})

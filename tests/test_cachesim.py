@@ -31,9 +31,9 @@ def random_trace(seed, *, L=60, k=6, steps=25, mtp=1, warm=3, locality=0.0):
 def test_belady_never_has_more_misses_than_any_policy(seed, cap_extra, locality, mtp):
     tr = random_trace(seed, mtp=mtp, locality=locality)
     cap = tr.width + cap_extra
-    best = C.simulate(tr, "belady", capacity=cap, warmup=False).sum()
+    best = C.trace_misses(tr, "belady", capacity=cap, warmup=False).sum()
     for pol in ("lru", "fifo", "heat"):
-        assert best <= C.simulate(tr, pol, capacity=cap, warmup=False).sum(), pol
+        assert best <= C.trace_misses(tr, pol, capacity=cap, warmup=False).sum(), pol
     # and no better than the trivial lower bound: every distinct entry is loaded once
     assert best >= np.unique(tr.indices[tr.indices >= 0]).size
 
@@ -47,9 +47,9 @@ def test_kernels_match_the_policy_references_miss_for_miss(seed, cap_extra, warm
     tr = random_trace(seed, mtp=mtp, locality=locality)
     cap = tr.width + cap_extra
     for pol in POLICIES:
-        got = C.simulate(tr, pol, capacity=cap, warmup=warm, decay=decay)[0, 0]
+        got = C.trace_misses(tr, pol, capacity=cap, warmup=warm, decay=decay)[0, 0]
         want = simulate_misses(list(tr.indices[0, 0]), cap, policy=pol, decay=decay,
-                               warmup=list(tr.warmup[0, 0]) if warm else ())
+                               windows=list(tr.windows[0, 0]) if warm else ())
         assert got.tolist() == want.tolist(), pol
 
 
@@ -58,18 +58,18 @@ def test_lru_semantics_by_hand():
     steps = np.array([[1, 2, 3], [4, -1, -1], [1, 3, -1], [2, -1, -1]])
     # step1: miss 4 evicts 1 (pool 2,3,4); step2: 1 misses (3 hits), victim among {2,4}: 2 -> pool 3,4,1
     # step3: 2 misses, victim among {3,4,1} least recent: 4
-    assert C.simulate_sequence(steps, 3).tolist() == [3, 1, 1, 1]
+    assert C.sequence_misses(steps, 3).tolist() == [3, 1, 1, 1]
     assert simulate_misses(list(steps), 3).tolist() == [3, 1, 1, 1]
     # the array order of a step sets recency: [3, 2, 1] makes 3 the least recent
-    assert C.simulate_sequence(np.array([[3, 2, 1], [4, -1, -1], [3, -1, -1]]), 3).tolist() == [3, 1, 1]
+    assert C.sequence_misses(np.array([[3, 2, 1], [4, -1, -1], [3, -1, -1]]), 3).tolist() == [3, 1, 1]
 
 
 def test_warmup_never_increases_first_step_misses():
     tr = G.synthetic_trace(1024, n_layers=4, k=64, mtp=2, steps=4, batch=2, warmup_windows=8, seed=2,
                            local_window=8)
     for pol in POLICIES:
-        cold = C.simulate(tr, pol, ratio=0.3, warmup=False)[:, :, 0]
-        warm = C.simulate(tr, pol, ratio=0.3, warmup=True)[:, :, 0]
+        cold = C.trace_misses(tr, pol, ratio=0.3, warmup=False)[:, :, 0]
+        warm = C.trace_misses(tr, pol, ratio=0.3, warmup=True)[:, :, 0]
         assert (warm <= cold).all(), pol
         assert warm.sum() < cold.sum(), pol        # with locality warmup must actually help
 
@@ -90,21 +90,21 @@ def test_bad_input_is_refused():
     tr = random_trace(0)
     for r in (0, -0.1, 1.5):
         with pytest.raises(ValueError, match=r"ratio.* must be in \(0, 1\]"):
-            C.simulate(tr, ratio=r)
+            C.trace_misses(tr, ratio=r)
     with pytest.raises(TypeError, match="ratio"):
-        C.simulate(tr, ratio="0.5")
+        C.trace_misses(tr, ratio="0.5")
     with pytest.raises(ValueError, match="smaller than K"):
-        C.simulate(tr, capacity=tr.k - 1)
+        C.trace_misses(tr, capacity=tr.k - 1)
     with pytest.raises(ValueError, match="fewer than the 2048 entries"):
         C.misses_per_layer(32768, 0.05, n_layers=1, k=2048, steps=1, batch=1)
     with pytest.raises(ValueError, match="pool"):          # holds K but not one MTP step's union
         C.misses_per_layer(4096, 0.6, n_layers=1, k=2048, mtp=2, steps=2, batch=1)
     with pytest.raises(ValueError, match="policy"):
-        C.simulate(tr, "random", capacity=10)
+        C.trace_misses(tr, "random", capacity=10)
     with pytest.raises(TypeError, match="Trace"):
-        C.simulate(np.zeros((1, 1, 1, 1)), capacity=10)
+        C.trace_misses(np.zeros((1, 1, 1, 1)), capacity=10)
     with pytest.raises(ValueError, match="exactly one"):
-        C.simulate(tr)
+        C.trace_misses(tr)
 
 
 def test_lru_agrees_exactly_with_the_storage_module():
@@ -121,13 +121,13 @@ def test_lru_agrees_exactly_with_the_storage_module():
         for b in range(tr.batch):
             cache.add_request(b, np.zeros((model.n_layers, tr.n_positions, entry), np.uint8))
             for layer in range(model.n_layers):
-                cache.warmup(b, layer, [w.astype(np.int64) for w in tr.warmup[b, layer]])
+                cache.warmup(b, layer, [w.astype(np.int64) for w in tr.windows[b, layer]])
         got = np.zeros((tr.batch, tr.n_layers, steps), np.int64)
         for t in range(steps):
             for b in range(tr.batch):
                 for layer in range(model.n_layers):
                     got[b, layer, t] = cache.step(b, layer, tr.indices[b, layer, t].astype(np.int64)).n_misses
-        assert np.array_equal(got, C.simulate(tr, pol, capacity=cap, warmup=True)), pol
+        assert np.array_equal(got, C.trace_misses(tr, pol, capacity=cap, warmup=True)), pol
 
 
 @pytest.mark.parametrize("threads", [1, 2])
@@ -136,31 +136,31 @@ def test_sweep_equals_simulating_the_materialised_trace(threads):
     tr = G.synthetic_trace(4096, **kw)
     got = C.sweep_synthetic(4096, [0.2, 0.5], policies=POLICIES, warmups=(True, False), threads=threads, **kw)
     for (r, pol, w), m in got.items():
-        np.testing.assert_allclose(m, C.simulate(tr, pol, ratio=r, warmup=w).mean(axis=0), err_msg=str((r, pol, w)))
+        np.testing.assert_allclose(m, C.trace_misses(tr, pol, ratio=r, warmup=w).mean(axis=0), err_msg=str((r, pol, w)))
 
 
 @pytest.mark.parametrize("model", ["uniform", "drift"])
 def test_sweep_equals_the_materialised_trace_for_both_models(model):
-    kw = dict(n_layers=3, k=256, mtp=2, steps=6, batch=2, seed=5, local_window=8, warmup_windows=4, model=model)
+    kw = dict(n_layers=3, k=256, mtp=2, steps=6, batch=2, seed=5, local_window=8, warmup_windows=4, trace_model=model)
     tr = G.synthetic_trace(4096, **kw)
-    assert tr.meta["model"] == model
+    assert tr.meta["trace_model"] == model
     got = C.sweep_synthetic(4096, [0.2, 0.5], policies=("lru", "belady"), warmups=(True, False), **kw)
     for (r, pol, w), m in got.items():
-        np.testing.assert_allclose(m, C.simulate(tr, pol, ratio=r, warmup=w).mean(axis=0), err_msg=str((r, pol, w)))
+        np.testing.assert_allclose(m, C.trace_misses(tr, pol, ratio=r, warmup=w).mean(axis=0), err_msg=str((r, pol, w)))
 
 
 def test_default_model_is_the_one_the_data_names():
     kw = dict(n_layers=2, k=256, mtp=2, steps=4, batch=1, local_window=8)
-    named = C.misses_per_layer(8192, 0.2, model=G.default_trace_model(), **kw)
+    named = C.misses_per_layer(8192, 0.2, trace_model=G.default_trace_model(), **kw)
     assert np.array_equal(C.misses_per_layer(8192, 0.2, **kw), named)
     other = [m for m in G.TRACE_MODELS if m != G.default_trace_model()][0]
-    assert not np.array_equal(C.misses_per_layer(8192, 0.2, model=other, **kw), named)
+    assert not np.array_equal(C.misses_per_layer(8192, 0.2, trace_model=other, **kw), named)
 
 
 def test_misses_per_layer_drift_runs_at_the_full_geometry():
     # 61 layers, 128K, K 2048, default steps (64) and MTP (2); one request keeps the suite fast (the default batch
     # of 4 takes about 4x as long: see the notebook 04 timings)
-    m = C.misses_per_layer(131072, 0.2, n_layers=61, k=2048, batch=1, model="drift")
+    m = C.misses_per_layer(131072, 0.2, n_layers=61, k=2048, batch=1, trace_model="drift")
     assert m.shape == (61,) and np.isfinite(m).all() and (m >= 0).all()
     assert m[0] == m.max()                          # layer 0, no locality, misses most
     assert m[1:17].mean() < m[19:45].mean()         # layers 1-16 (overlap 0.7-0.9) miss less than 19-44
@@ -168,9 +168,9 @@ def test_misses_per_layer_drift_runs_at_the_full_geometry():
 
 def test_unknown_model_is_refused_everywhere():
     kw = dict(n_layers=1, k=256, steps=2, batch=1, local_window=8)
-    for call in (lambda: C.misses_per_layer(4096, 0.5, model="lru", **kw),
-                 lambda: C.misses_per_step(4096, 0.5, model="", **kw),
-                 lambda: C.sweep_synthetic(4096, [0.5], model="Drift", **kw),
-                 lambda: C.smallest_pool(4096, 100, model="none", **kw)):
-        with pytest.raises(ValueError, match=r"model must be one of \('uniform', 'drift'\)"):
+    for call in (lambda: C.misses_per_layer(4096, 0.5, trace_model="lru", **kw),
+                 lambda: C.misses_per_step(4096, 0.5, trace_model="", **kw),
+                 lambda: C.sweep_synthetic(4096, [0.5], trace_model="Drift", **kw),
+                 lambda: C.smallest_pool(4096, 100, trace_model="none", **kw)):
+        with pytest.raises(ValueError, match=r"trace_model must be one of \('uniform', 'drift'\)"):
             call()

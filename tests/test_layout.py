@@ -102,8 +102,8 @@ def test_one_pool_rule_for_memory_storage_and_cachesim(ratio, L):
     assert TieredCache.from_ratio(tiny, ratio, L).capacity == slots
     tr = tracegen.synthetic_trace(L, n_layers=1, k=tiny.index_topk, mtp=1, steps=6, batch=1, warmup_windows=0,
                                 local_window=4)
-    by_ratio = cachesim.simulate(tr, ratio=ratio, warmup=False)        # pages of 64 tokens, as tiny's
-    assert np.array_equal(by_ratio, cachesim.simulate(tr, capacity=slots, warmup=False))
+    by_ratio = cachesim.trace_misses(tr, ratio=ratio, warmup=False)        # pages of 64 tokens, as tiny's
+    assert np.array_equal(by_ratio, cachesim.trace_misses(tr, capacity=slots, warmup=False))
     lim = memory.largest_batch(32768, ratio)
     assert (lim.limited_by == "infeasible" and lim.batch == 0) == (
         layout.pool_slots(DS, ratio, 32768) < layout.step_entries(DS, 32768))

@@ -84,7 +84,7 @@ def test_lru_agrees_with_oracle(seed, cap_extra, k, warm):
     windows = random_trace(rng, n, k, warm)
     cap = k + cap_extra
     want, order = lru_oracle(trace, cap, windows)
-    assert simulate_misses(trace, cap, warmup=windows).tolist() == want
+    assert simulate_misses(trace, cap, windows=windows).tolist() == want
     c = TieredCache("tiny", capacity=cap)
     c.add_request("r", np.zeros((4, n, c.entry_bytes), np.uint8))
     c.warmup("r", 2, windows)
@@ -240,7 +240,7 @@ def test_heat_agrees_with_oracle(seed, cap_extra, k, warm, decay):
     rng = np.random.default_rng(seed)
     trace, windows = random_trace(rng, 25, k, 14), random_trace(rng, 25, k, warm)
     want = heat_oracle(trace, k + cap_extra, decay, windows)
-    assert simulate_misses(trace, k + cap_extra, policy="heat", warmup=windows, decay=decay).tolist() == want
+    assert simulate_misses(trace, k + cap_extra, policy="heat", windows=windows, decay=decay).tolist() == want
 
 
 @settings(max_examples=30, deadline=None)

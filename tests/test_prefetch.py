@@ -1,4 +1,4 @@
-"""Prefetch tiers over one link."""
+"""Prefetch classes over one link."""
 import numpy as np
 import pytest
 
@@ -19,39 +19,39 @@ def trace():
 @pytest.mark.parametrize("warmup", ["none", "before"])
 def test_demand_only_equals_the_lru_simulation(trace, warmup):
     cap = pool_slots(model_spec(), 0.25, trace.context_len, need=trace.k)
-    cfg = F.PrefetchConfig(cap, speculative=False, delayed=False, predictor="none", warmup=warmup)
+    cfg = F.PrefetchConfig(cap, speculative=False, delayed=False, predictor="none", warmup_mode=warmup)
     r = F.simulate_prefetch(trace, cfg)
-    want = C.simulate(trace, "lru", capacity=cap, warmup=warmup == "before")
+    want = C.trace_misses(trace, "lru", capacity=cap, warmup=warmup == "before")
     assert np.array_equal(r.misses_per_step, want.sum(axis=(0, 1)))
     assert r.bytes_immediate == want.sum() * 656 and r.bytes_speculative == r.bytes_delayed == 0
     assert r.hits == r.accesses - want.sum()
     np.testing.assert_allclose(r.stall_s, want.sum() * 656 / 37e9)
 
 
-def test_tiers_account_for_bytes_and_link_time(trace):
+def test_classes_account_for_bytes_and_link_time(trace):
     cap = pool_slots(model_spec(), 0.25, trace.context_len, need=trace.k)
-    cfg = F.PrefetchConfig(cap, speculative=True, delayed=True, predictor="heat", warmup="delayed",
+    cfg = F.PrefetchConfig(cap, speculative=True, delayed=True, predictor="heat", warmup_mode="delayed",
                            link_GB_per_s=20.0, step_time_us=10.0)
     r = F.simulate_prefetch(trace, cfg)
     assert r.bytes_moved == r.bytes_immediate + r.bytes_speculative + r.bytes_delayed
     assert r.bytes_speculative > 0
     only_delayed = F.simulate_prefetch(trace, F.PrefetchConfig(cap, speculative=False, predictor="heat",
-                                                               warmup="delayed", link_GB_per_s=20.0,
+                                                               warmup_mode="delayed", link_GB_per_s=20.0,
                                                                step_time_us=10.0))
     assert only_delayed.bytes_delayed > 0 and only_delayed.bytes_speculative == 0
     assert 0 <= r.bytes_prefetched_unused <= r.bytes_speculative + r.bytes_delayed
     np.testing.assert_allclose(r.link_busy_s, r.bytes_moved / 20e9)
     assert 0 < r.link_use <= 1
-    # background tiers never exceed the per-step budget
+    # background classes never exceed the per-step budget
     per_pool_step = (r.bytes_speculative + r.bytes_delayed) / (r.pools * r.steps) / 656
     assert per_pool_step <= cfg.budget_entries
     # a zero-budget link for background work moves nothing in the background
-    tiny = F.simulate_prefetch(trace, F.PrefetchConfig(cap, predictor="heat", warmup="delayed",
+    tiny = F.simulate_prefetch(trace, F.PrefetchConfig(cap, predictor="heat", warmup_mode="delayed",
                                                        link_GB_per_s=1e-3, step_time_us=1.0))
     assert tiny.bytes_speculative == tiny.bytes_delayed == 0
 
 
-def test_lstm_predictor_drives_the_tiers(trace):
+def test_lstm_predictor_drives_the_classes(trace):
     pred = P.LSTMHeatPredictor(history=4, hidden=8, seed=0).fit([trace.indices[0, 0]], epochs=2, max_samples=4000)
     cap = pool_slots(model_spec(), 0.25, trace.context_len, need=trace.k)
     cfg = F.PrefetchConfig(cap, predictor="lstm", eviction="predictor", history=4)
@@ -62,7 +62,7 @@ def test_lstm_predictor_drives_the_tiers(trace):
 def test_bad_config():
     with pytest.raises(ValueError, match="predictor"):
         F.PrefetchConfig(100, predictor="oracle")
-    with pytest.raises(ValueError, match="speculative tier needs a predictor"):
+    with pytest.raises(ValueError, match="speculative class needs a predictor"):
         F.PrefetchConfig(100, predictor="none")
     with pytest.raises(ValueError, match="link_GB_per_s"):
         F.PrefetchConfig(100, link_GB_per_s=0)

@@ -72,7 +72,7 @@ def test_simulate_adds_both_micro_batches_overheads_to_the_step():
     # the step with offload minus the step without is the sum over layers of 2 x (one micro-batch's overhead)
     m = np.full(61, 300.0)
     r = simulate(64, 32768, 0.2, misses=m, strategy="none", h2d_GB_per_s=37.0, d2h_GB_per_s=43.0,
-                 mtp_tokens=1, accept_ratio=1.0, check_memory=False, host_memory_cap=False)
+                 mtp=1, accept_ratio=1.0, check_memory=False, host_memory_cap=False)
     # none: per micro-batch (b = 32) and layer h + d = 300 x 32 x 656 / 37e9 + 32 x 656 / 43e9
     per_layer = 300 * 32 * 656 / 37e9 + 32 * 656 / 43e9
     assert r.stall_s[0] == pytest.approx(61 * 2 * per_layer, rel=1e-9)

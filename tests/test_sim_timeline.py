@@ -77,7 +77,7 @@ def test_throughput_is_batch_times_8_times_otps():
 
 
 def test_step_grows_with_context_batch_and_mtp():
-    r = simulate([52, 52, 52, 64], [8192, 32768, 32768, 32768], 1.0, mtp_tokens=[2, 2, 4, 2], accept_ratio=1.7,
+    r = simulate([52, 52, 52, 64], [8192, 32768, 32768, 32768], 1.0, mtp=[2, 2, 4, 2], accept_ratio=1.7,
                  check_memory=False)
     s = r.step_s
     assert s[1] > s[0] and s[2] > s[1] and s[3] > s[1]

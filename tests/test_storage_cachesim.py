@@ -25,8 +25,8 @@ def test_storage_and_cachesim_agree(seed, k, extra, n_warm, policy):
 
     trace, warm = rows(steps), rows(n_warm)
     capacity = k + extra
-    want = cachesim.simulate_sequence(trace.astype(np.int32), capacity, policy=policy,
-                                      warm=warm.astype(np.int32) if n_warm else None, n_positions=n_tokens)
+    want = cachesim.sequence_misses(trace.astype(np.int32), capacity, policy=policy,
+                                    windows=warm.astype(np.int32) if n_warm else None, n_positions=n_tokens)
     c = TieredCache(model_spec("tiny"), capacity=capacity, policy=policy)
     c.add_request(0, np.zeros((4, n_tokens, c.entry_bytes), np.uint8))
     if n_warm:

@@ -32,7 +32,7 @@ def test_run_trace_equals_the_step_by_step_loop(mtp):
     # the same calls written out by hand, on a second cache
     _, hand, _, _ = _setup(mtp=mtp)
     for layer in range(TINY.n_layers):
-        hand.warmup("q", layer, trace.warmup[1, layer])
+        hand.warmup("q", layer, trace.windows[1, layer])
     for t in range(trace.steps):
         for layer in range(TINY.n_layers):
             hand.step("q", layer, trace.indices[1, layer, t])
@@ -50,7 +50,7 @@ def test_run_trace_equals_the_step_by_step_loop(mtp):
     # the bytes-free oracle counts the same misses layer by layer
     st = df[df.kind == "step"]
     for layer in range(TINY.n_layers):
-        want = simulate_misses(list(trace.indices[1, layer]), cache.capacity, warmup=list(trace.warmup[1, layer]))
+        want = simulate_misses(list(trace.indices[1, layer]), cache.capacity, windows=list(trace.windows[1, layer]))
         assert st[st.layer == layer].misses.tolist() == want.tolist()
 
 

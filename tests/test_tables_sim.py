@@ -86,7 +86,7 @@ def test_article_table_mtp4_rows_agree_with_a_direct_simulation(t2_zero):
     gains = {}
     for acc in art.mtp4_accept_ratio.dropna().unique():
         rows = art[art.mtp4_accept_ratio == acc].set_index("row")
-        direct = simulate(52, 32768, 1.0, mtp_tokens=4, accept_ratio=acc, params=P)
+        direct = simulate(52, 32768, 1.0, mtp=4, accept_ratio=acc, params=P)
         assert rows.loc["MTP=4", "ours_pct"] == pytest.approx((direct.throughput[0] / base.throughput[0] - 1) * 100)
         assert rows.loc["Offload contribution", "ours_pct"] == pytest.approx(
             rows.loc["ESS Architecture", "ours_pct"] - rows.loc["MTP=4", "ours_pct"])

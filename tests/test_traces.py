@@ -16,7 +16,7 @@ def small(**kw):
 def test_generator_follows_the_profile_per_layer():
     prof = [0.2, 0.5, 0.9]
     tr = G.synthetic_trace(2048, n_layers=3, k=128, mtp=1, steps=20, batch=2, warmup_windows=0, seed=0,
-                           local_window=4, profile=prof, model="uniform")      # exact by construction
+                           local_window=4, profile=prof, trace_model="uniform")      # exact by construction
     np.testing.assert_allclose(T.adjacent_overlap(tr), prof, atol=1.5 / 128)
 
 
@@ -42,13 +42,13 @@ def test_sets_are_valid_with_sinks_window_growth_and_mtp_union():
             assert s.max() < ctx                                            # the context grows by mtp per step
             assert {0, 1} <= set(s) and set(range(ctx - 5, ctx)) <= set(s)  # sinks and local window
             assert (row[s.size:] == -1).all()
-    w = tr.warmup[0, 0]
+    w = tr.windows[0, 0]
     assert w.shape == (3, 40) and w[0].max() < 300 - 3 + 1
 
 
 def test_generator_is_seeded():
     a, b, c = small(seed=5), small(seed=5), small(seed=6)
-    assert np.array_equal(a.indices, b.indices) and np.array_equal(a.warmup, b.warmup)
+    assert np.array_equal(a.indices, b.indices) and np.array_equal(a.windows, b.windows)
     assert not np.array_equal(a.indices, c.indices)
 
 
@@ -56,7 +56,7 @@ def test_save_load_roundtrip(tmp_path):
     tr = small()
     p = tr.save(tmp_path / "t.npz")
     back = T.load_trace(p)
-    assert np.array_equal(back.indices, tr.indices) and np.array_equal(back.warmup, tr.warmup)
+    assert np.array_equal(back.indices, tr.indices) and np.array_equal(back.windows, tr.windows)
     assert (back.context_len, back.k, back.mtp, back.seed) == (tr.context_len, tr.k, tr.mtp, tr.seed)
     assert back.meta["profile"] == "paper"
 
@@ -145,7 +145,7 @@ def test_recording_from_the_real_indexer_has_locality_when_queries_do():
                                  query_correlation=0.95, seed=1)
     cold = record_indexer_trace("tiny", context_len=512, steps=6, batch=1, mtp=1, warmup_windows=2,
                                   query_correlation=0.0, seed=1)
-    assert hot.k == 64 and hot.warmup.shape == (1, 4, 2, 64) and hot.meta["model"] == "tiny"
+    assert hot.k == 64 and hot.windows.shape == (1, 4, 2, 64) and hot.meta["model"] == "tiny"
     assert (hot.set_sizes() == 64).all()
     assert T.adjacent_overlap(hot).mean() > T.adjacent_overlap(cold).mean() + 0.2
     again = record_indexer_trace("tiny", context_len=512, steps=6, batch=1, mtp=1, warmup_windows=2,
@@ -160,8 +160,8 @@ DRIFT_TOL = 0.02   # stated tolerance: per-layer adjacent overlap of a fresh see
 def test_drift_model_reproduces_the_paper_profile_per_layer():
     L = 32768
     tr = G.synthetic_trace(L, n_layers=61, k=2048, mtp=1, steps=12, batch=1, warmup_windows=0, seed=3,
-                           model="drift")
-    assert tr.meta["model"] == "drift" and tr.meta["drift_rho"] == 0.5
+                           trace_model="drift")
+    assert tr.meta["trace_model"] == "drift" and tr.meta["drift_rho"] == 0.5
     prof = G.locality_profile("paper", 61)
     floor = G.drift_calibration(0.0, L, 2048)["floor"]       # sinks + shifted window + chance at c = 0
     want = np.maximum(prof, floor)
@@ -181,13 +181,13 @@ def test_drift_calibration_is_monotone_and_fits_small_geometries():
     assert low["pi"] == 0 and low["rho"] == low["c"]
     prof = [0.3, 0.6, 0.85]
     tr = G.synthetic_trace(4096, n_layers=3, k=256, mtp=1, steps=40, batch=2, warmup_windows=0, seed=11,
-                           local_window=8, profile=prof, model="drift")
+                           local_window=8, profile=prof, trace_model="drift")
     np.testing.assert_allclose(T.adjacent_overlap(tr), prof, atol=0.03)     # K = 256: more sampling noise
 
 
 def test_drift_sets_are_valid_with_sinks_window_growth_and_mtp_union():
     tr = G.synthetic_trace(3000, n_layers=2, k=64, mtp=3, steps=6, batch=1, warmup_windows=3, seed=1,
-                           n_sinks=2, local_window=5, profile=[0.3, 0.8], model="drift")
+                           n_sinks=2, local_window=5, profile=[0.3, 0.8], trace_model="drift")
     for t in range(tr.steps):
         ctx = 3000 + 3 * t
         for layer in range(2):
@@ -197,7 +197,7 @@ def test_drift_sets_are_valid_with_sinks_window_growth_and_mtp_union():
             assert s.max() < ctx
             assert {0, 1} <= set(s) and set(range(ctx - 5, ctx)) <= set(s)
             assert (row[s.size:] == -1).all()
-    w = tr.warmup[0, 0]
+    w = tr.windows[0, 0]
     assert w.shape == (3, 64) and w[0].max() < 3000 - 3 + 1 and (np.sort(w, axis=1)[:, :2] == [0, 1]).all()
 
 
@@ -206,15 +206,15 @@ def test_drift_mtp_union_size_follows_the_overlap_between_the_step_tokens():
     # to about k * (2 - r) entries
     prof = [0.3, 0.6, 0.9]
     tr = G.synthetic_trace(32768, n_layers=3, k=2048, mtp=2, steps=8, batch=1, warmup_windows=0, seed=2,
-                           profile=prof, model="drift")
+                           profile=prof, trace_model="drift")
     size = tr.set_sizes()[0].mean(axis=1) / 2048
     np.testing.assert_allclose(size, 2 - np.array(prof), atol=0.03)
 
 
 def test_drift_generator_is_seeded_and_reproducible():
-    kw = dict(n_layers=3, k=64, mtp=2, steps=10, batch=2, warmup_windows=4, local_window=4, model="drift")
+    kw = dict(n_layers=3, k=64, mtp=2, steps=10, batch=2, warmup_windows=4, local_window=4, trace_model="drift")
     a, b, c = (G.synthetic_trace(2048, seed=s, **kw) for s in (5, 5, 6))
-    assert np.array_equal(a.indices, b.indices) and np.array_equal(a.warmup, b.warmup)
+    assert np.array_equal(a.indices, b.indices) and np.array_equal(a.windows, b.windows)
     assert not np.array_equal(a.indices, c.indices)
     # streams come out in (request, layer) order whatever the threads did
     order = [(r, l) for r, l, _, _ in G.synthetic_streams(2048, seed=5, **kw)]
@@ -225,10 +225,10 @@ def test_drift_candidate_set_matches_the_full_model():
     # small cases and the real geometry (32K, K 2048) at overlaps where the restriction prunes most tokens
     for L, k, win, prof in ((4096, 256, 8, [0.0, 0.5, 0.9]), (32768, 2048, None, [0.8, 0.9])):
         kw = dict(n_layers=len(prof), k=k, mtp=2, steps=6, batch=1, warmup_windows=3, seed=4, profile=prof,
-                  local_window=win, model="drift")
+                  local_window=win, trace_model="drift")
         cut = G.synthetic_trace(L, **kw)
         full = G.synthetic_trace(L, drift_cutoff_sigmas=float("inf"), **kw)
-        assert np.array_equal(cut.indices, full.indices) and np.array_equal(cut.warmup, full.warmup)
+        assert np.array_equal(cut.indices, full.indices) and np.array_equal(cut.windows, full.windows)
     cal = G.drift_calibration(0.9, 32768, 2048)
     _, _, n_cand = G._drift_run(1, 32768 + 12, 32768, 2048, 2, 6, 0, cal["pi"], cal["rho"], 4, 64, 6.0)
     assert n_cand < 0.5 * 32768                      # it does prune (the bound is what makes it safe)
@@ -238,7 +238,7 @@ def test_drift_entries_that_drop_out_come_back_more_often_than_chance():
     """The point of the model: a token that leaves the top-K sits near the threshold and returns soon."""
     def return_rate(model):
         tr = G.synthetic_trace(32768, n_layers=1, k=2048, mtp=1, steps=10, batch=1, warmup_windows=0, seed=9,
-                               profile=[0.475], model=model)
+                               profile=[0.475], trace_model=model)
         rows = [set(r[r >= 0]) - set(range(4)) for r in tr.indices[0, 0]]
         back = [len((rows[t - 2] - rows[t - 1]) & rows[t]) / max(len(rows[t - 2] - rows[t - 1]), 1)
                 for t in range(2, len(rows))]
@@ -249,16 +249,16 @@ def test_drift_entries_that_drop_out_come_back_more_often_than_chance():
 
 
 def test_unknown_trace_model_and_misplaced_options_raise():
-    with pytest.raises(ValueError, match="model must be one of"):
-        G.synthetic_trace(512, n_layers=1, k=32, steps=1, batch=1, model="markov")
-    with pytest.raises(ValueError, match="model must be one of"):
-        next(G.synthetic_streams(512, n_layers=1, k=32, steps=1, batch=1, model=3))
-    with pytest.raises(ValueError, match="popularity_sigma belongs"):
-        G.synthetic_trace(512, n_layers=1, k=32, steps=1, batch=1, model="drift", popularity_sigma=1.0)
-    with pytest.raises(ValueError, match="belong to model='drift'"):
-        G.synthetic_trace(512, n_layers=1, k=32, steps=1, batch=1, model="uniform", drift_rho=0.3)
+    with pytest.raises(ValueError, match="trace_model must be one of"):
+        G.synthetic_trace(512, n_layers=1, k=32, steps=1, batch=1, trace_model="markov")
+    with pytest.raises(ValueError, match="trace_model must be one of"):
+        next(G.synthetic_streams(512, n_layers=1, k=32, steps=1, batch=1, trace_model=3))
+    with pytest.raises(ValueError, match="popularity_sigma belongs to trace_model='uniform'"):
+        G.synthetic_trace(512, n_layers=1, k=32, steps=1, batch=1, trace_model="drift", popularity_sigma=1.0)
+    with pytest.raises(ValueError, match="belong to trace_model='drift'"):
+        G.synthetic_trace(512, n_layers=1, k=32, steps=1, batch=1, trace_model="uniform", drift_rho=0.3)
     with pytest.raises(ValueError, match="drift_rho"):
-        G.synthetic_trace(512, n_layers=1, k=32, steps=1, batch=1, model="drift", drift_rho=1.0)
+        G.synthetic_trace(512, n_layers=1, k=32, steps=1, batch=1, trace_model="drift", drift_rho=1.0)
     with pytest.raises(ValueError, match=r"\[0, 1\]"):
         G.drift_calibration(1.5, 512, 32)
     with pytest.raises(ValueError, match="larger than the context"):

@@ -12,9 +12,11 @@ For every notebook file (``NN_name.json``) in either tree, records are matched b
   transfer time derived from bytes and a link rate); ``--wall NB:REGEX`` adds one.
 * **deterministic** records: everything else; any difference in value, unit or published value is a failure.
 
-Renames: ``--key OLD=NEW`` renames a configuration key of BEFORE (at any depth, in dicts) before comparing, and
-``--name REGEX=>REPL`` rewrites BEFORE's record names (``re.sub``), so that a deliberate rename does not read as a
-missing record. Every rename that applied is counted in the report.
+Renames: ``--key OLD=NEW`` renames a configuration key of BEFORE (at any depth, in dicts) before comparing; the
+rule may be scoped to a parent key (``--key PARENT.OLD=NEW``: only inside the dict under ``PARENT``) and to records
+(``--key 'NAME_REGEX:OLD=NEW'``: only in records whose AFTER name matches). ``--name REGEX=>REPL`` rewrites BEFORE's
+record names (``re.sub``), so that a deliberate rename does not read as a missing record. Every rename that applied
+is counted in the report.
 
 Exit status: 0 when every deterministic value, unit and published value is identical and no record is missing on
 either side; 1 otherwise. ``index.json`` is compared for its notebooks and record counts only (its seconds are
@@ -52,18 +54,32 @@ def same(a: Any, b: Any) -> bool:
     return a == b
 
 
-def rename_keys(obj: Any, keys: dict[str, str], used: Counter) -> Any:
-    """``obj`` with dict keys renamed by ``keys`` at every depth; counts each rename in ``used``."""
+def parse_key_rule(text: str) -> tuple[str | None, str | None, str, str]:
+    """``[NAME_REGEX:][PARENT.]OLD=NEW`` -> ``(name_regex, parent, old, new)``."""
+    scope, _, rule = text.rpartition(":") if ":" in text.split("=", 1)[0] else ("", "", text)
+    old, sep, new = rule.partition("=")
+    if not sep or not old or not new:
+        raise argparse.ArgumentTypeError(f"expected [NAME_REGEX:][PARENT.]OLD=NEW, got {text!r}")
+    parent, _, old = old.rpartition(".")
+    return scope or None, parent or None, old, new
+
+
+def rename_keys(obj: Any, rules: list, used: Counter, parent: str | None = None) -> Any:
+    """``obj`` with dict keys renamed by ``rules`` (``(parent, old, new)``, parent ``None`` = any) at every depth;
+    counts each rename in ``used``."""
     if isinstance(obj, dict):
         out = {}
         for k, v in obj.items():
-            if k in keys:
-                used[f"{k} -> {keys[k]}"] += 1
-                k = keys[k]
-            out[k] = rename_keys(v, keys, used)
+            key = k
+            for p, old, new in rules:
+                if key == old and (p is None or p == parent):
+                    used[f"{(p + '.') if p else ''}{old} -> {new}"] += 1
+                    key = new
+                    break
+            out[key] = rename_keys(v, rules, used, k)
         return out
     if isinstance(obj, list):
-        return [rename_keys(v, keys, used) for v in obj]
+        return [rename_keys(v, rules, used, parent) for v in obj]
     return obj
 
 
@@ -85,10 +101,11 @@ def _short(v: Any, width: int = 100) -> str:
     return s if len(s) <= width else s[:width - 3] + "..."
 
 
-def compare(before: Path, after: Path, *, keys: dict[str, str] | None = None,
+def compare(before: Path, after: Path, *, keys: list[str] | None = None,
             names: list[tuple[str, str]] | None = None, wall: list[tuple[str, str, str | None]] | None = None) -> dict:
-    """The comparison as a dict of lists (see the module docstring); ``report()`` prints it."""
-    keys, names = dict(keys or {}), list(names or [])
+    """The comparison as a dict of lists (see the module docstring); ``report()`` prints it. ``keys`` are rename
+    rules as ``--key`` takes them."""
+    key_rules, names = [parse_key_rule(k) for k in (keys or [])], list(names or [])
     wall = list(WALL_CLOCK) + list(wall or [])
     b_all, a_all = load(before), load(after)
     used_keys: Counter = Counter()
@@ -108,7 +125,8 @@ def compare(before: Path, after: Path, *, keys: dict[str, str] | None = None,
                 if new2 != new:
                     used_names[f"{pat} => {repl}"] += 1
                 new = new2
-            b_recs[new] = {**r, "name": new, "config": rename_keys(r.get("config", {}), keys, used_keys),
+            rules = [(p, o, n) for scope, p, o, n in key_rules if scope is None or re.fullmatch(scope, new)]
+            b_recs[new] = {**r, "name": new, "config": rename_keys(r.get("config", {}), rules, used_keys),
                            "old_name": name}
         a_recs = a_all[nb]
         for name in sorted(set(b_recs) - set(a_recs)):
@@ -189,8 +207,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("before", type=Path)
     ap.add_argument("after", type=Path)
-    ap.add_argument("--key", action="append", default=[], type=lambda s: _pair(s, "="),
-                    help="rename a configuration key of BEFORE: OLD=NEW (repeatable)")
+    ap.add_argument("--key", action="append", default=[],
+                    help="rename a configuration key of BEFORE: [NAME_REGEX:][PARENT.]OLD=NEW (repeatable)")
     ap.add_argument("--name", action="append", default=[], type=lambda s: _pair(s, "=>"),
                     help="rewrite BEFORE's record names: REGEX=>REPL (re.sub, repeatable)")
     ap.add_argument("--wall", action="append", default=[], type=lambda s: (*_pair(s, ":"), None),
@@ -200,7 +218,9 @@ def main(argv=None) -> int:
     for d in (args.before, args.after):
         if not d.is_dir():
             ap.error(f"{d} is not a folder")
-    res = compare(args.before, args.after, keys=dict(args.key), names=args.name, wall=args.wall)
+    for k in args.key:
+        parse_key_rule(k)
+    res = compare(args.before, args.after, keys=args.key, names=args.name, wall=args.wall)
     return 0 if report(res, verbose=args.verbose) else 1
 
 

@@ -424,7 +424,7 @@ class DecodeSession:
                     cache.warmup(b, layer, list(win[layer]))
         if recorder is not None:
             for layer in range(c.n_layers):
-                recorder.observe_warmup(layer, np.stack([w[layer] for w in engine.windows(pre, topk)]))
+                recorder.observe_windows(layer, np.stack([w[layer] for w in engine.windows(pre, topk)]))
         self.cache, self.indexer = cache, indexer
         self.pool = kv_view(torch.as_tensor(cache.device_pool), c.n_kv_heads, c.head_dim)       # read in place
         self.link = make_link(link_GB_per_s, device=engine.device, emulate=emulate_link) if offload else SyncLink()

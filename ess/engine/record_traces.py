@@ -52,7 +52,7 @@ def mtp_union(trace, mtp: int = 2):
                 u = flat[np.sort(first)]
                 out[b, layer, s, :u.size] = u
     width = max(int((out >= 0).sum(-1).max()), 1)
-    return Trace(out[..., :width], trace.context_len, trace.k, mtp, None, trace.warmup,
+    return Trace(out[..., :width], trace.context_len, trace.k, mtp, None, trace.windows,
                  {**trace.meta, "mtp_union_of": "consecutive steps of the mtp = 1 recording"})
 
 

@@ -33,7 +33,7 @@ class CalibrationPoint:
     batch: int
     context_len: int
     ratio: float
-    mtp_tokens: int
+    mtp: int
     accept_ratio: float
     throughput: float
     read_from_chart: bool
@@ -48,7 +48,7 @@ def calibration_points() -> list[CalibrationPoint]:
             if e["role"] != "calibration":
                 continue
             pts.append(CalibrationPoint(key, int(e["batch"]), int(e["context_len"]), float(e.get("ratio", 1.0)),
-                                        int(e["mtp_tokens"]), float(e["accept_ratio"]), float(e["value"]),
+                                        int(e["mtp"]), float(e["accept_ratio"]), float(e["value"]),
                                         bool(e.get("read_from_chart", False)), e["source"]))
     return pts
 
@@ -56,9 +56,9 @@ def calibration_points() -> list[CalibrationPoint]:
 def _step_without_fixed(points, compute_scale, comm_scale, **kw):
     B = np.array([p.batch for p in points])
     L = np.array([p.context_len for p in points])
-    T = np.array([p.mtp_tokens for p in points])
+    mtp = np.array([p.mtp for p in points])
     a = np.array([p.accept_ratio for p in points])
-    res = simulate(B, L, 1.0, mtp_tokens=T, accept_ratio=a, check_memory=False,
+    res = simulate(B, L, 1.0, mtp=mtp, accept_ratio=a, check_memory=False,
                    params=CostParams(compute_scale, comm_scale, 0.0), **kw)
     return res.step_s
 

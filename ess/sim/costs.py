@@ -8,10 +8,10 @@ turned into fractions of the H800's peaks and linearly interpolated over the GEM
 own peaks (``data/hardware/gpus.yaml``) are multiplied by those fractions (assumption: same Hopper SM design).
 
 Costs are computed **per micro-batch** of ``b`` requests (Two-Batch Overlap splits the batch in two), each request
-carrying ``T`` query tokens per step (MTP: 1 verified token + T-1 drafts), so a micro-batch has ``n = b x T`` tokens.
-Everything is vectorised: ``b``, ``context_len`` and ``T`` may be numpy arrays that broadcast together.
+carrying ``mtp`` query tokens per step (MTP: 1 verified token + mtp-1 drafts), so a micro-batch has ``n = b x mtp``
+tokens. Everything is vectorised: ``b``, ``context_len`` and ``mtp`` may be numpy arrays that broadcast together.
 
-Glossary: B batch per GPU, b = B/2 micro-batch, T tokens per request per step, L context length, K top-k.
+Glossary: B batch per GPU, b = B/2 micro-batch, mtp query tokens per request per step, L context length, K top-k.
 """
 from __future__ import annotations
 
@@ -200,7 +200,7 @@ class LayerCosts:
     dispatch: np.ndarray
     combine: np.ndarray
     merge: np.ndarray
-    selected: np.ndarray          # latent entries selected per request per step (T x min(K, L))
+    selected: np.ndarray          # latent entries selected per request per step (mtp x min(K, L))
 
     @property
     def attention_block(self):
@@ -213,14 +213,14 @@ class LayerCosts:
                           self.moe * c, self.dispatch * m, self.combine * m, self.merge * c, self.selected)
 
 
-def layer_costs(model: ModelSpec, gpu: GPUSpec, deployment: DeploymentSpec, micro_batch, context_len, tokens_per_req,
+def layer_costs(model: ModelSpec, gpu: GPUSpec, deployment: DeploymentSpec, micro_batch, context_len, mtp,
                 ) -> LayerCosts:
     """Operation costs of one layer for a micro-batch of ``micro_batch`` requests, ``context_len`` tokens of
-    context and ``tokens_per_req`` query tokens per request (arrays broadcast). Geometry from [DS]."""
+    context and ``mtp`` query tokens per request (arrays broadcast). Geometry from [DS]."""
     b = np.asarray(micro_batch, dtype=float)
     L = np.asarray(context_len, dtype=float)
-    T = np.asarray(tokens_per_req, dtype=float)
-    n = b * T                                                   # tokens in the micro-batch
+    mtp = np.asarray(mtp, dtype=float)
+    n = b * mtp                                                   # tokens in the micro-batch
     h, H = model.hidden_size, model.n_heads
     fp8 = "fp8" if model.weight_bytes_per_param == 1 else "bf16"
     eff = efficiencies()
@@ -238,7 +238,7 @@ def layer_costs(model: ModelSpec, gpu: GPUSpec, deployment: DeploymentSpec, micr
                          dtype="bf16"))
 
     # Indexer: projections (q from the q-LoRA output, one key per token, per-head weights), the FP8 MQA logits
-    # over all L cached keys (DeepGEMM fp8_paged_mqa_logits: M = index heads x T per request), then the fp32
+    # over all L cached keys (DeepGEMM fp8_paged_mqa_logits: M = index heads x mtp per request), then the fp32
     # logits are written and read back by top-k.
     ih, idim = model.index_n_heads, model.index_head_dim
     proj = (gemm_time_s(n, ih * idim, model.q_lora_rank, gpu, model=model, dtype=fp8)
@@ -247,7 +247,7 @@ def layer_costs(model: ModelSpec, gpu: GPUSpec, deployment: DeploymentSpec, micr
     scan_bytes = b * L * indexer_entry_bytes(model) + n * L * 4.0 * 2
     peak8 = (gpu.fp8_dense_TFLOPS or gpu.bf16_dense_TFLOPS) * 1e12
     scan_flops = 2.0 * n * ih * idim * L
-    scan = np.maximum(scan_bytes / bw, scan_flops / (peak8 * np.interp(ih * T, *eff.gemm_compute)))
+    scan = np.maximum(scan_bytes / bw, scan_flops / (peak8 * np.interp(ih * mtp, *eff.gemm_compute)))
     indexer = proj + scan
 
     # Sparse MLA (FlashMLA, MQA mode): each query token reads its own min(K, L) latent entries; QK over 576 dims
@@ -290,6 +290,6 @@ def layer_costs(model: ModelSpec, gpu: GPUSpec, deployment: DeploymentSpec, micr
         combine = n * k_act * h * 2.0 / c_bw
     else:
         dispatch = combine = np.zeros_like(n)
-    z = np.zeros(np.broadcast(b, L, T).shape)
+    z = np.zeros(np.broadcast(b, L, mtp).shape)
     return LayerCosts(indexer + z, pre + z, attn + z, o_proj + z, ffn_dense + z, moe + z, dispatch + z, combine + z,
-                      merge + z, T * ksel + z)
+                      merge + z, mtp * ksel + z)

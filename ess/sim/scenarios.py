@@ -32,12 +32,12 @@ def step_breakdown(params: CostParams, batches, context_len: int | None = None, 
     model_, dep, gpu, _ = resolve(model, deployment, None, None)
     if context_len is None:
         context_len = int(published("paper_table2")["t2_32k_mtp2_b52_r1"]["context_len"])
-    mtp = dep.mtp_tokens_per_step if mtp is None else mtp
+    mtp = dep.mtp if mtp is None else mtp
     accept_ratio = dep.mtp_accept_ratio if accept_ratio is None else accept_ratio
     B = np.asarray(batches, dtype=float)
     c = layer_costs(model_, gpu, dep, B / 2, context_len, mtp).scaled(params.compute_scale, params.comm_scale)
     nl, nd = model_.n_layers, model_.n_dense_layers
-    r = simulate(B, context_len, 1.0, mtp_tokens=mtp, accept_ratio=accept_ratio, params=params, model=model_,
+    r = simulate(B, context_len, 1.0, mtp=mtp, accept_ratio=accept_ratio, params=params, model=model_,
                  deployment=dep, check_memory=False)
     ms = 2e3
     df = pd.DataFrame({"indexer": c.indexer * nl * ms, "pre_attn": c.pre_attn * nl * ms, "attn": c.attn * nl * ms,
@@ -69,7 +69,7 @@ def misses_from_cachesim(*, steps: int = 64, batch: int = 4, seed: int = 0, warm
     @functools.lru_cache(maxsize=None)
     def fn(context_len: int, ratio: float, mtp: int) -> np.ndarray:
         return misses_per_layer(int(context_len), float(ratio), mtp=int(mtp), steps=steps, batch=batch, seed=seed,
-                                warmup=warmup, policy=policy, model=trace_model)
+                                warmup=warmup, policy=policy, trace_model=trace_model)
     fn.config = {"steps": steps, "batch": batch, "seed": seed, "warmup": warmup, "policy": policy,
                  "profile": "paper", "trace_model": trace_model}
     return fn
@@ -84,9 +84,9 @@ def predict_configs(configs: pd.DataFrame, params: CostParams, misses_fn: Misses
     nl = resolve(kw.get("model", "deepseek-v3.2-exp"), kw.get("deployment", "paper-table1"), None, None)[0].n_layers
     rows = []
     for _, c in configs.iterrows():
-        ratio, L, T = float(c.ratio), int(c.context_len), int(c.mtp)
-        base = dict(batch=int(c.batch), context_len=L, ratio=ratio, mtp=T, accept_ratio=float(c.accept_ratio))
-        args = dict(mtp_tokens=T, accept_ratio=float(c.accept_ratio), params=params, strategy=strategy, **kw)
+        ratio, L, mtp = float(c.ratio), int(c.context_len), int(c.mtp)
+        base = dict(batch=int(c.batch), context_len=L, ratio=ratio, mtp=mtp, accept_ratio=float(c.accept_ratio))
+        args = dict(mtp=mtp, accept_ratio=float(c.accept_ratio), params=params, strategy=strategy, **kw)
         if "h2d_GB_per_s" in c and not pd.isna(c.h2d_GB_per_s):
             args["h2d_GB_per_s"] = float(c.h2d_GB_per_s)
         if np.isnan(ratio) or int(c.batch) <= 0:
@@ -105,7 +105,7 @@ def predict_configs(configs: pd.DataFrame, params: CostParams, misses_fn: Misses
             continue
         if ratio < 1:
             try:
-                m = np.asarray(misses_fn(L, ratio, T), dtype=float)
+                m = np.asarray(misses_fn(L, ratio, mtp), dtype=float)
             except ValueError as exc:            # the pool cannot hold one step's union of top-K sets
                 rows.append({**row, "feasible": False, "status": "infeasible", "reason": f"cache simulation: {exc}"})
                 continue
@@ -133,7 +133,7 @@ def overlap_vs_misses(params: CostParams, miss_counts, *, context_len: int | Non
     chart = published("paper_table2")["overlap_overhead_128k"]
     context_len = int(chart["context_len"] if context_len is None else context_len)
     batch = int(chart["batch"] if batch is None else batch)
-    mtp = int(chart["mtp_tokens"] if mtp is None else mtp)
+    mtp = int(chart["mtp"] if mtp is None else mtp)
     if not 0 < ratio < 1:
         raise ValueError(f"ratio must be in (0, 1) (offload on), got {ratio!r}")
     nl = model_.n_layers
@@ -145,7 +145,7 @@ def overlap_vs_misses(params: CostParams, miss_counts, *, context_len: int | Non
     m = np.minimum(counts[:, None] * prof[None, :], ksel)
     rows = []
     for s in ("none", "da", "dba", "best"):
-        r = simulate(np.full(len(counts), batch), context_len, ratio, misses=m, mtp_tokens=mtp,
+        r = simulate(np.full(len(counts), batch), context_len, ratio, misses=m, mtp=mtp,
                      h2d_GB_per_s=h2d_GB_per_s, strategy=s, params=params, check_memory=False, model=model_,
                      deployment=dep)
         for c, st, s0, ch in zip(counts, r.step_s, r.step_no_offload_s, r.layer_strategy):
@@ -172,7 +172,7 @@ def break_even_misses(params: CostParams, configs: pd.DataFrame, baseline_throug
         scale = np.linspace(0, ksel / prof.max(), resolution)
         m = np.minimum(scale[:, None] * prof[None, :], ksel)
         r = simulate(np.full(resolution, int(c.batch)), int(c.context_len), float(c.ratio), misses=m,
-                     mtp_tokens=int(c.mtp), accept_ratio=float(c.accept_ratio), params=params, strategy=strategy,
+                     mtp=int(c.mtp), accept_ratio=float(c.accept_ratio), params=params, strategy=strategy,
                      model=model_, deployment=dep)
         ok = r.throughput >= baseline_throughput
         be = float(scale[ok].max()) if ok.any() else np.nan

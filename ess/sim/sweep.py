@@ -22,7 +22,7 @@ from .timeline import simulate
 __all__ = ["GRID_KEYS", "grid", "run_chunk", "sweep"]
 
 # Arguments of ess.sim.simulate that may vary over the grid (the rest are fixed keyword arguments).
-GRID_KEYS = ("batch", "context_len", "ratio", "mtp_tokens", "accept_ratio", "h2d_GB_per_s", "d2h_GB_per_s")
+GRID_KEYS = ("batch", "context_len", "ratio", "mtp", "accept_ratio", "h2d_GB_per_s", "d2h_GB_per_s")
 
 
 def grid(axes: Mapping[str, Any]) -> pd.DataFrame:
@@ -91,7 +91,7 @@ def sweep(axes: Mapping[str, Any], *, chunk_size: int = 20000, workers: int | No
                 bar.update(len(part))
     bar.close()
     out = pd.concat(parts).sort_index()
-    extra = [k for k in g.columns if k not in ("batch", "context_len", "ratio", "mtp_tokens", "accept_ratio",
+    extra = [k for k in g.columns if k not in ("batch", "context_len", "ratio", "mtp", "accept_ratio",
                                               "h2d_GB_per_s")]
     for k in extra:
         out[k] = g[k]

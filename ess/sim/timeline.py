@@ -6,12 +6,12 @@ One decode step on one GPU (batch ``B`` split into two micro-batches of ``b = B/
     compute lane (layer l)  = 2 x [Indexer + PreAttn + Attn + O_proj + FFN]  + 2 x offload overhead_l(b)
     communication lane      = 2 x [dispatch + combine]          (MoE layers; dense layers have none)
 
-so a stall on the compute lane is hidden while the all-to-all of the other micro-batch is longer. With ``T`` tokens
+so a stall on the compute lane is hidden while the all-to-all of the other micro-batch is longer. With ``mtp`` tokens
 per request per step (MTP) and ``a`` accepted on average, ``OTPS = a / step`` and the node throughput is
 ``B x gpus_per_node x a / step`` (paper-facts.md: throughput = batch x 8 x OTPS).
 
 The offload overhead of one micro-batch and layer, for ``m`` misses per request (H2D ``h = b m 656 B / link``,
-D2H ``d = b T 656 B / d2h``), relative to the no-offload sequence ``Indexer -> PreAttn -> Attn -> O_proj``
+D2H ``d = b mtp 656 B / d2h``), relative to the no-offload sequence ``Indexer -> PreAttn -> Attn -> O_proj``
 (paper's strategies, paper-facts.md "Overlap strategies"):
 
 * ``none`` (fully serial): ``h + d``
@@ -25,7 +25,7 @@ D2H ``d = b T 656 B / d2h``), relative to the no-offload sequence ``Indexer -> P
 
 The three formulas are written once, in :func:`overlap_overhead_s`, over a layer's operation times
 (:class:`LayerOps`); :func:`offload_overhead_s` feeds it the cost model's times, and the check of the formulas
-against a real decode engine (:mod:`ess.engine.validate`) feeds it measured ones.
+against a real decode engine (:mod:`ess.engine.timing`) feeds it measured ones.
 
 Everything is vectorised over configurations with numpy (arrays broadcast; misses have shape ``(n_layers,)`` or
 ``(N, n_layers)``).
@@ -42,8 +42,8 @@ from ..specs import link_figures, resolve
 from ..validate import number_array
 from .costs import CostParams, gemm_time_s, layer_costs, lm_head_time_s
 
-__all__ = ["STRATEGIES", "LayerOps", "overlap_overhead_s", "StepResult", "simulate", "offload_overhead_s", "batch_limits", "ratio_for_batch",
-           "best_batch"]
+__all__ = ["STRATEGIES", "LayerOps", "overlap_overhead_s", "SimResult", "simulate", "offload_overhead_s",
+           "batch_limits", "ratio_for_batch", "best_batch"]
 
 STRATEGIES = ("none", "da", "dba")
 
@@ -58,7 +58,7 @@ class LayerOps:
     """Seconds of the operations of one layer (one micro-batch) that the overlap strategies rearrange: numbers or
     arrays that broadcast together. The one input of :func:`overlap_overhead_s`, built from the cost model for
     DeepSeek (:func:`offload_overhead_s`) and from measured operation times for the real model
-    (:mod:`ess.engine.validate`).
+    (:mod:`ess.engine.timing`).
 
     ``indexer`` (I) selection over the batch (indexer scan and top-K, with the plan where a caller counts it);
     ``pre_attn`` (p) work after the selection and before attention, which the copies can hide behind (DeepSeek's
@@ -109,20 +109,20 @@ def overlap_overhead_s(ops: LayerOps) -> dict:
     return {"none": none, "da": da, "dba": dba}
 
 
-def offload_overhead_s(costs, micro_batch, misses, tokens_per_req, h2d_GB_per_s, d2h_GB_per_s, entry_bytes: int,
+def offload_overhead_s(costs, micro_batch, misses, mtp, h2d_GB_per_s, d2h_GB_per_s, entry_bytes: int,
                        offload=True):
     """Extra compute-lane seconds of one micro-batch for each strategy: dict ``{name: array}`` shaped like
     ``misses`` (N, n_layers); per-configuration inputs have shape (N,). ``offload`` (bool or (N,)) switches the
     write-back off for rows without offload. The cost model's operations as a :class:`LayerOps` for
-    :func:`overlap_overhead_s`: ``h = m x b x entry / link``, ``d = b x T x entry / d2h``, ``Attn_hit = Attn (1 -
+    :func:`overlap_overhead_s`: ``h = m x b x entry / link``, ``d = b x mtp x entry / d2h``, ``Attn_hit = Attn (1 -
     m / selected)`` (FlashMLA attends over the hits in full, then the merge), the merge only where ``m > 0``, the
     DBA halves half of each."""
     b = np.asarray(micro_batch, dtype=float)
-    T = np.asarray(tokens_per_req, dtype=float)
+    mtp = np.asarray(mtp, dtype=float)
     m = np.asarray(misses, dtype=float)
     col = lambda x: np.broadcast_to(np.asarray(x, dtype=float), m.shape[:1])[:, None]   # noqa: E731
     k_h = b * entry_bytes / (np.asarray(h2d_GB_per_s, dtype=float) * 1e9)                # seconds per miss
-    d = np.where(offload, b * T * entry_bytes / (np.asarray(d2h_GB_per_s, dtype=float) * 1e9), 0.0)
+    d = np.where(offload, b * mtp * entry_bytes / (np.asarray(d2h_GB_per_s, dtype=float) * 1e9), 0.0)
     a = col(costs.attn)
     ops = LayerOps(indexer=col(costs.indexer), pre_attn=col(costs.pre_attn), attn=a,
                    attn_hit=a * (1.0 - m / col(costs.selected)), o_proj=col(costs.o_proj),
@@ -204,13 +204,13 @@ def ratio_for_batch(batch, context_len, *, model="deepseek-v3.2-exp", deployment
 
 
 @dataclass(frozen=True)
-class StepResult:
+class SimResult:
     """Simulated decode step per configuration (arrays of shape (N,); NaN where infeasible)."""
 
     batch: np.ndarray
     context_len: np.ndarray
     ratio: np.ndarray
-    tokens_per_step: np.ndarray
+    mtp: np.ndarray
     accept_ratio: np.ndarray
     h2d_GB_per_s: np.ndarray
     step_s: np.ndarray
@@ -239,21 +239,21 @@ class StepResult:
     def to_frame(self):
         import pandas as pd
         return pd.DataFrame({"batch": self.batch, "context_len": self.context_len, "ratio": self.ratio,
-                             "mtp": self.tokens_per_step, "accept_ratio": self.accept_ratio,
+                             "mtp": self.mtp, "accept_ratio": self.accept_ratio,
                              "h2d_GB_per_s": self.h2d_GB_per_s, "step_ms": self.step_s * 1e3,
                              "stall_ms": self.stall_s * 1e3, "otps": self.otps, "throughput": self.throughput,
                              "feasible": self.feasible, "reason": self.reason})
 
 
-def simulate(batch, context_len, ratio=1.0, *, misses=None, mtp_tokens=None, accept_ratio=None,
+def simulate(batch, context_len, ratio=1.0, *, misses=None, mtp=None, accept_ratio=None,
              h2d_GB_per_s=None, d2h_GB_per_s=None, strategy="best", params: CostParams | None = None,
              model="deepseek-v3.2-exp", deployment="paper-table1", gpu=None, host=None,
-             check_memory: bool = True, host_memory_cap: bool = True) -> StepResult:
+             check_memory: bool = True, host_memory_cap: bool = True) -> SimResult:
     """Simulate one decode step for every configuration (arguments broadcast to shape (N,)).
 
     ``batch`` is requests per GPU, ``ratio`` the sparse-memory ratio (1 = no offload), ``misses`` the mean misses
     per request per decode step per layer, shape ``(n_layers,)`` or ``(N, n_layers)`` (required when any
-    ratio < 1; pass zeros for a perfect cache). ``mtp_tokens`` and ``accept_ratio`` default to the deployment's;
+    ratio < 1; pass zeros for a perfect cache). ``mtp`` (query tokens per request and step) and ``accept_ratio`` default to the deployment's;
     ``h2d_GB_per_s`` and ``d2h_GB_per_s`` to the FlashTrans figures (``np.inf`` = an infinitely fast link).
     ``strategy``: ``"none"``, ``"da"``, ``"dba"``, ``"best"`` (per-layer cheapest) or a sequence of those names,
     one per layer. With ``check_memory`` a batch beyond the memory model's limit is infeasible (NaN, with the
@@ -272,17 +272,17 @@ def simulate(batch, context_len, ratio=1.0, *, misses=None, mtp_tokens=None, acc
         raise ValueError(f"ratio must be in (0, 1], got {ratio!r}")
     if (L > model.max_position_embeddings).any():
         raise ValueError(f"context_len must not exceed {model.max_position_embeddings} tokens, got {context_len!r}")
-    T = number_array("mtp_tokens", dep.mtp_tokens_per_step if mtp_tokens is None else mtp_tokens, whole=True)
+    mtp = number_array("mtp", dep.mtp if mtp is None else mtp, whole=True)
     acc = number_array("accept_ratio", dep.mtp_accept_ratio if accept_ratio is None else accept_ratio)
     link = number_array("h2d_GB_per_s", h2d_def if h2d_GB_per_s is None else h2d_GB_per_s, allow_inf=True)
     d2h = number_array("d2h_GB_per_s", d2h_def if d2h_GB_per_s is None else d2h_GB_per_s, allow_inf=True)
     if misses is not None and np.ndim(misses) == 2:     # configurations may also be counted by the rows of misses
         B = np.broadcast_to(B, np.broadcast_shapes(B.shape, (np.shape(misses)[0],)))
-    B, L, r, T, acc, link, d2h = np.broadcast_arrays(B, L, r, T, acc, link, d2h)
-    B, L, r, T, acc, link, d2h = (np.atleast_1d(x).astype(float) for x in (B, L, r, T, acc, link, d2h))
+    B, L, r, mtp, acc, link, d2h = np.broadcast_arrays(B, L, r, mtp, acc, link, d2h)
+    B, L, r, mtp, acc, link, d2h = (np.atleast_1d(x).astype(float) for x in (B, L, r, mtp, acc, link, d2h))
     N, nl = B.shape[0], model.n_layers
-    if (acc > T).any() or (acc < 1).any():
-        raise ValueError("accept_ratio must lie in [1, mtp_tokens] (accepted tokens per step)")
+    if (acc > mtp).any() or (acc < 1).any():
+        raise ValueError("accept_ratio must lie in [1, mtp] (accepted tokens per step)")
     # host DRAM shared by the node's GPUs caps each GPU's link (hosts.yaml, theoretical bandwidth)
     host_cap = host.sockets * host.memory_bandwidth_GB_per_s_per_socket / host.gpus
     link_eff = np.minimum(link, host_cap) if host_memory_cap else link
@@ -306,12 +306,12 @@ def simulate(batch, context_len, ratio=1.0, *, misses=None, mtp_tokens=None, acc
         m = np.where(offload[:, None], m, 0.0)
 
     b = B / 2.0                                                       # Two-Batch Overlap micro-batch
-    c = layer_costs(model, gpu, dep, b, L, T).scaled(params.compute_scale, params.comm_scale)
+    c = layer_costs(model, gpu, dep, b, L, mtp).scaled(params.compute_scale, params.comm_scale)
     if (m > c.selected[:, None] + 1e-9).any():
-        raise ValueError("misses cannot exceed the entries selected per request and step (mtp_tokens x min(K, L))")
+        raise ValueError("misses cannot exceed the entries selected per request and step (mtp x min(K, L))")
 
     entry = latent_entry_bytes(model, dep.kv_dtype)
-    over = offload_overhead_s(c, b, m, T, link_eff, d2h_eff, entry, offload)
+    over = offload_overhead_s(c, b, m, mtp, link_eff, d2h_eff, entry, offload)
     if isinstance(strategy, str):
         if strategy == "best":                      # per layer, the cheapest (ties: none, then da, then dba)
             pick_da = over["da"] < over["none"]
@@ -345,15 +345,15 @@ def simulate(batch, context_len, ratio=1.0, *, misses=None, mtp_tokens=None, acc
     layers = dense * comp_d + layer_over[:, :dense].sum(axis=1) + moe_part.sum(axis=1)
     layers0 = dense * comp_d + (nl - dense) * np.maximum(comp_m, comm_m)
 
-    # MTP: T-1 draft passes through the MTP module (one MoE block at one token per request, eh_proj 2h -> h), plus
-    # the output head for the T verified tokens and each draft ([DS]: one MTP module sharing the head).
-    c1 = layer_costs(model, gpu, dep, b, L, np.ones_like(T)).scaled(params.compute_scale, params.comm_scale)
+    # MTP: mtp-1 draft passes through the MTP module (one MoE block at one token per request, eh_proj 2h -> h), plus
+    # the output head for the mtp verified tokens and each draft ([DS]: one MTP module sharing the head).
+    c1 = layer_costs(model, gpu, dep, b, L, np.ones_like(mtp)).scaled(params.compute_scale, params.comm_scale)
     fp8 = "fp8" if model.weight_bytes_per_param == 1 else "bf16"
     draft = (np.maximum(2 * (c1.attention_block + c1.moe), 2 * (c1.dispatch + c1.combine))
              + params.compute_scale * (gemm_time_s(B, model.hidden_size, 2 * model.hidden_size, gpu, model=model,
                                                    dtype=fp8)
                                        + lm_head_time_s(B, model, gpu)))
-    heads = params.compute_scale * lm_head_time_s(B * T, model, gpu) + (T - 1) * draft
+    heads = params.compute_scale * lm_head_time_s(B * mtp, model, gpu) + (mtp - 1) * draft
     fixed = params.fixed_ms * 1e-3
     step = layers + heads + fixed
     step0 = layers0 + heads + fixed
@@ -368,7 +368,7 @@ def simulate(batch, context_len, ratio=1.0, *, misses=None, mtp_tokens=None, acc
         reason = np.full(N, "", dtype=object)
     step = np.where(feasible, step, np.nan)
     step0 = np.where(feasible, step0, np.nan)
-    return StepResult(B, L, r, T, acc, link, step, step0, feasible, reason.astype(object), layer_over,
+    return SimResult(B, L, r, mtp, acc, link, step, step0, feasible, reason.astype(object), layer_over,
                       np.asarray(choice), dep.gpus_per_node)
 
 

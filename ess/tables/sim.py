@@ -1,10 +1,10 @@
-"""Published-against-ours tables of the simulator (notebooks 07-08): paper Table 2 predicted, the article's 32K table rebuilt row by row,
-the 128K claim, the article's deployment benefits (section 3.3) and its section 1.2 claims.
+"""Published-against-ours tables of the simulator (notebooks 07-08): paper Table 2 predicted, the article's 32K
+table rebuilt row by row, the 128K claim, the article's deployment benefits (section 3.3) and its section 1.2 claims.
 
-The predictions come from :mod:`ess.sim.scenarios`; published values from ``data/published/`` with their source; held-back values are never filled in (``published``
-is ``None``). Every row carries its configuration. The MTP 4 accept ratios (2.8 and 3.4) are not published values:
-they are the configurations the project's issue 6 asks to predict for, so the MTP 4 rows are a sweep over them and
-carry ``accept_ratio_source`` saying so.
+The predictions come from :mod:`ess.sim.scenarios`; published values from ``data/published/`` with their source;
+held-back values are never filled in (``published`` is ``None``). Every row carries its configuration. The MTP 4
+accept ratios (2.8 and 3.4) are not published results: they are the settings of the paper's Table 2 MTP 4 rows
+(its configuration column), configurations to predict for, so the MTP 4 rows are a sweep over them and carry ``accept_ratio_source`` saying so.
 """
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ def table2_predictions(params: CostParams, misses_fn: MissesFn | None = None, *,
             for tag, b, ri in points:
                 row = "_".join(x for x in (key, f"acc{acc:g}" if "accept_ratios" in e else "", tag) if x)
                 cfg.append({"row": row, "key": key, "batch": b, "ratio": ri, "context_len": e["context_len"],
-                            "mtp": e["mtp_tokens"], "accept_ratio": float(acc), "role": e["role"],
+                            "mtp": e["mtp"], "accept_ratio": float(acc), "role": e["role"],
                             "published": e["value"] if e["role"] == "calibration" else None, "source": e["source"],
                             "accept_ratio_source": e.get("accept_ratio_source", e["source"])})
     cfg = pd.DataFrame(cfg)
@@ -78,9 +78,9 @@ def article_table_32k(t2: pd.DataFrame, *, mtp4_accepts=None) -> pd.DataFrame:
     paper's given numbers (Table 2 row 1, [BLOG] percentages) and ours, with the difference explained.
 
     The paper's MTP 4 accept ratio is held back, so the MTP=4, ESS and offload-contribution rows are given once per
-    accept ratio of ``mtp4_accepts`` (default: the configurations of ``paper_table2.yaml``, 2.8 and 3.4, from the
-    project's issue 6), in column ``mtp4_accept_ratio`` with ``accept_ratio_status`` saying it is a configuration,
-    not a published value."""
+    accept ratio of ``mtp4_accepts`` (default: the configurations of ``paper_table2.yaml``, 2.8 and 3.4, the
+    settings of the paper's Table 2 MTP 4 rows, its configuration column), in column ``mtp4_accept_ratio`` with
+    ``accept_ratio_status`` saying it is a configuration, not a published value."""
     pub = published("paper_table2")
     art = {k: pub[k] for k in ("article_baseline", "article_mtp4", "article_ess", "article_offload_contribution")}
     m4 = pub["t2_32k_mtp4"]
@@ -99,11 +99,11 @@ def article_table_32k(t2: pd.DataFrame, *, mtp4_accepts=None) -> pd.DataFrame:
                             f"{a_base['value']:,} tok/s are not the paper's batch {base.batch} and "
                             f"{base.published:,} tok/s per node"}]
     for acc in accepts:
-        mtp4 = t2[(t2.context_len == base.context_len) & (t2.mtp == m4["mtp_tokens"])
+        mtp4 = t2[(t2.context_len == base.context_len) & (t2.mtp == m4["mtp"])
                   & np.isclose(t2.accept_ratio, acc)]
         if mtp4.empty:
-            raise ValueError(f"mtp4_accepts: t2 has no MTP {m4['mtp_tokens']} rows at accept ratio {acc}; it has "
-                             f"{sorted(t2[t2.mtp == m4['mtp_tokens']].accept_ratio.unique())}")
+            raise ValueError(f"mtp4_accepts: t2 has no MTP {m4['mtp']} rows at accept ratio {acc}; it has "
+                             f"{sorted(t2[t2.mtp == m4['mtp']].accept_ratio.unique())}")
         mtp4_b = mtp4[mtp4.batch == base.batch].iloc[0]
         off = mtp4[mtp4.ratio < 1]
         ess = off[off.status == "predicted"]
@@ -115,18 +115,18 @@ def article_table_32k(t2: pd.DataFrame, *, mtp4_accepts=None) -> pd.DataFrame:
         common = {"mtp4_accept_ratio": acc, "accept_ratio_status": acc_status}
         rows += [
             {"row": "MTP=4", **common,
-             "maps_to": f"MTP {m4['mtp_tokens']}, accept {acc:g} (a configuration), batch {base.batch}, ratio 1",
+             "maps_to": f"MTP {m4['mtp']}, accept {acc:g} (a configuration), batch {base.batch}, ratio 1",
              "article_batch": art["article_mtp4"]["batch"], "article_tok_s": art["article_mtp4"]["value"],
              "article_pct": art["article_mtp4"]["improvement_pct"], "paper_tok_s": None, "paper_pct": blog_mtp,
              "ours_tok_s": mtp4_b.throughput, "ours_pct": ours_mtp, "ours_pct_no_miss": ours_mtp,
              "explanation": f"prediction at accept ratio {acc:g}: accepted tokens rise {acc / base.accept_ratio:.2f}x "
-                            f"while the step grows {mtp4_b.step_ms / base.step_ms:.2f}x ({m4['mtp_tokens']} query "
-                            f"tokens, {m4['mtp_tokens'] - 1} draft passes); the paper's accept ratio for this row "
+                            f"while the step grows {mtp4_b.step_ms / base.step_ms:.2f}x ({m4['mtp']} query "
+                            f"tokens, {m4['mtp'] - 1} draft passes); the paper's accept ratio for this row "
                             "is held back, so the row is a sweep over the accept ratio"},
             {"row": "ESS Architecture", **common,
-             "maps_to": (f"MTP {m4['mtp_tokens']}, accept {acc:g} (a configuration), offload, batch "
+             "maps_to": (f"MTP {m4['mtp']}, accept {acc:g} (a configuration), offload, batch "
                          f"{int(ess_best.batch)}, ratio {ess_best.ratio:.3f}" if ess_best is not None else
-                         f"MTP {m4['mtp_tokens']}, accept {acc:g}, with offload (blocked: no miss counts)"),
+                         f"MTP {m4['mtp']}, accept {acc:g}, with offload (blocked: no miss counts)"),
              "article_batch": a_ess["batch"], "article_tok_s": a_ess["value"], "article_pct": a_ess["improvement_pct"],
              "paper_tok_s": None, "paper_pct": blog_all,
              "ours_tok_s": ess_best.throughput if ess_best is not None else np.nan, "ours_pct": ours_ess,
@@ -269,8 +269,8 @@ def section12_claims(params: CostParams, *, model="deepseek-v3.2-exp", deploymen
     # all-reduce of the hidden state (bf16) over NVLink (ring: 2 (n-1)/n x bytes per GPU at half the bidirectional
     # NVLink figure per direction); priced at the calibrated Table 2 row 1 configuration (the 32K memory limit).
     limit = published("paper")["batch_limit_32k"]
-    n, B, L, T = dep.gpus_per_node, int(limit["value"]), int(limit["context_len"]), dep.mtp_tokens_per_step
-    bytes_ar = n * B * T * model_.hidden_size * 2.0           # the node's tokens, since every GPU sees all of them
+    n, B, L, mtp = dep.gpus_per_node, int(limit["value"]), int(limit["context_len"]), dep.mtp
+    bytes_ar = n * B * mtp * model_.hidden_size * 2.0           # the node's tokens, since every GPU sees all of them
     t_ar = 2 * (n - 1) / n * bytes_ar / (gpu.nvlink_GB_per_s / 2 * 1e9)
     r = simulate(B, L, 1.0, params=params, model=model_, deployment=dep)
     extra = t_ar * model_.n_layers * 2                         # two micro-batches of TBO each all-reduce

@@ -4,11 +4,12 @@
 import plotly.io as _pio
 
 from . import attention, memory, prefetch, sim, storage  # noqa: F401
+from ._style import fig_message  # noqa: F401
 from .attention import fig_attention_cost, fig_indexer_selection, fig_storage_precision  # noqa: F401
-from .memory import fig_batch_limits, fig_batch_vs_context, fig_cache_bytes  # noqa: F401
-from .prefetch import (fig_locality_profile, fig_misses_per_layer, fig_misses_vs_context, fig_policies,  # noqa: F401
-                       fig_prefetch_steps, fig_prefetch_tiers, fig_warmup_curve)
-from .sim import (fig_calibration, fig_deployment, fig_overlap_vs_misses, fig_residuals,  # noqa: F401
+from .memory import fig_batch_limits, fig_batch_vs_context, fig_cache_bytes, fig_gpu_memory  # noqa: F401
+from .prefetch import (fig_hit_rate_against_range, fig_locality_profile, fig_misses_per_layer,  # noqa: F401
+                       fig_misses_vs_context, fig_policies, fig_prefetch_classes, fig_prefetch_steps, fig_warmup_curve)
+from .sim import (fig_batch_sweep, fig_calibration, fig_deployment, fig_overlap_vs_misses, fig_residuals,  # noqa: F401
                   fig_sim_misses_per_layer, fig_step_breakdown, fig_table2)
 from .storage import fig_layer_misses, fig_policy_misses, fig_step_traffic, fig_tier_bytes  # noqa: F401
 

@@ -5,7 +5,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from ._style import TEMPLATE as _TEMPLATE, LEGEND
+from ._style import TEMPLATE as _TEMPLATE, LEGEND, LEGEND_HIGH
 
 __all__ = ["fig_indexer_selection", "fig_attention_cost", "fig_storage_precision"]
 
@@ -23,7 +23,7 @@ def fig_indexer_selection(example: dict) -> go.Figure:
     fig.update_layout(template=_TEMPLATE, title=f"Lightning-indexer scores and the top-{idx.shape[1]} picks "
                                                 f"(synthetic: query t looks back {example.get('lag', '?')} tokens)",
                       xaxis={"title": "token s"}, yaxis={"title": "query position t", "autorange": "reversed"},
-                      legend={"orientation": "h", "y": -0.2})
+                      legend=LEGEND_HIGH)
     return fig
 
 

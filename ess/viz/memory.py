@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
-from ._style import TEMPLATE as _TEMPLATE, LEGEND
+from ._style import TEMPLATE as _TEMPLATE, LEGEND, LEGEND_SHORT
 
-__all__ = ["fig_cache_bytes", "fig_batch_limits", "fig_batch_vs_context"]
+__all__ = ["fig_cache_bytes", "fig_batch_limits", "fig_batch_vs_context", "fig_gpu_memory"]
 
 
 def fig_cache_bytes(df) -> go.Figure:
@@ -14,11 +14,10 @@ def fig_cache_bytes(df) -> go.Figure:
     fp8 = df[df.dtype == "fp8"]
     fig.add_bar(x=fp8.context_len, y=fp8.indexer_bytes / 1e9, name="indexer cache (GPU)")
     fig.add_bar(x=fp8.context_len, y=fp8.latent_bytes / 1e9, name="latent cache, FP8 656 B")
-    for dtype, dash in (("bf16", "dash"),):
-        sub = df[df.dtype == dtype]
-        if len(sub):
-            fig.add_scatter(x=sub.context_len, y=sub.total_bytes / 1e9, name=f"total with {dtype.upper()} latent",
-                            mode="lines+markers", line={"dash": dash})
+    bf16 = df[df.dtype == "bf16"]
+    if len(bf16):
+        fig.add_scatter(x=bf16.context_len, y=bf16.total_bytes / 1e9, name="total with BF16 latent",
+                        mode="lines+markers", line={"dash": "dash"})
     fig.update_layout(barmode="stack", template=_TEMPLATE, title="Cache per request, all layers",
                       xaxis={"title": "context length L (tokens)", "type": "log", "tickvals": list(fp8.context_len)},
                       yaxis={"title": "GB per request"}, legend=LEGEND)
@@ -53,4 +52,14 @@ def fig_batch_vs_context(df, gpu: str, published: dict | None = None) -> go.Figu
     fig.update_layout(template=_TEMPLATE, title=f"Largest batch per GPU, {gpu}",
                       xaxis={"title": "context length L (tokens)", "type": "log"},
                       yaxis={"title": "requests per GPU", "type": "log"}, legend=LEGEND)
+    return fig
+
+
+def fig_gpu_memory(parts: dict, gpu: str, *, title: str = "") -> go.Figure:
+    """Where one GPU's memory goes: a stacked horizontal bar of ``parts`` ``{name: GB}``."""
+    fig = go.Figure()
+    for name, gb in parts.items():
+        fig.add_bar(y=[gpu], x=[gb], name=name, orientation="h", text=f"{gb:.1f} GB", textposition="inside")
+    fig.update_layout(barmode="stack", template=_TEMPLATE, height=260, title=title or f"{gpu}: memory",
+                      xaxis={"title": "GB of HBM"}, legend=LEGEND_SHORT)
     return fig

@@ -1,4 +1,4 @@
-"""Figures of cache misses, replacement policies and prefetch tiers (notebook 04). Data in, figure out."""
+"""Figures of cache misses, replacement policies and prefetch classes (notebook 04). Data in, figure out."""
 from __future__ import annotations
 
 from typing import Mapping, Sequence
@@ -9,7 +9,7 @@ import plotly.graph_objects as go
 from ._style import TEMPLATE as _TEMPLATE, LEGEND
 
 __all__ = ["fig_misses_per_layer", "fig_warmup_curve", "fig_misses_vs_context", "fig_policies",
-           "fig_prefetch_tiers", "fig_prefetch_steps", "fig_locality_profile", "fig_hit_rate_against_range"]
+           "fig_prefetch_classes", "fig_prefetch_steps", "fig_locality_profile", "fig_hit_rate_against_range"]
 
 def fig_locality_profile(profile: Sequence[float],
                          measured: Sequence[float] | Mapping[str, Sequence[float]] | None = None) -> go.Figure:
@@ -79,8 +79,8 @@ def fig_policies(misses: Mapping[str, float], *, bound: str = "belady", title: s
     return fig
 
 
-def fig_prefetch_tiers(summaries: Mapping[str, Mapping[str, float]], *, title: str = "") -> go.Figure:
-    """Bytes moved per tier (stacked) and the share prefetched but never used, per configuration; the hit rate
+def fig_prefetch_classes(summaries: Mapping[str, Mapping[str, float]], *, title: str = "") -> go.Figure:
+    """Bytes moved per prefetch class (stacked) and the share prefetched but never used, per configuration; the hit rate
     and stall time are in the hover text."""
     names = list(summaries)
     fig = go.Figure()
@@ -92,7 +92,7 @@ def fig_prefetch_tiers(summaries: Mapping[str, Mapping[str, float]], *, title: s
     hover = [f"hit rate {summaries[n]['hit_rate']:.3f}<br>stall {summaries[n]['stall_s'] * 1e3:.2f} ms<br>"
              f"link use {summaries[n]['link_use']:.2f}" for n in names]
     fig.data[0].hovertext = hover
-    fig.update_layout(barmode="stack", template=_TEMPLATE, title=title or "Bytes over the link per tier",
+    fig.update_layout(barmode="stack", template=_TEMPLATE, title=title or "Bytes over the link per prefetch class",
                       xaxis={"title": ""}, yaxis={"title": "MB moved host -> device"}, legend=LEGEND)
     return fig
 
@@ -102,7 +102,7 @@ def fig_prefetch_steps(misses_per_step: Sequence[float], stall_per_step_s: Seque
     """Misses per step and the stall they cause (second axis)."""
     fig = go.Figure()
     x = np.arange(len(misses_per_step))
-    fig.add_bar(x=x, y=misses_per_step, name="misses (immediate tier)")
+    fig.add_bar(x=x, y=misses_per_step, name="misses (immediate class)")
     fig.add_scatter(x=x, y=np.asarray(stall_per_step_s) * 1e6, mode="lines", name="stall (us)", yaxis="y2")
     fig.update_layout(template=_TEMPLATE, title=title or "Misses and stall per step",
                       xaxis={"title": "decode step"}, yaxis={"title": "misses"},

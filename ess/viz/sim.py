@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 import plotly.graph_objects as go
+from plotly.subplots import make_subplots
 
-from ._style import TEMPLATE as _TEMPLATE, LEGEND
+from ._style import TEMPLATE as _TEMPLATE, LEGEND, LEGEND_LOW
 
 __all__ = ["fig_calibration", "fig_residuals", "fig_step_breakdown", "fig_table2", "fig_overlap_vs_misses",
-           "fig_sim_misses_per_layer", "fig_deployment"]
+           "fig_sim_misses_per_layer", "fig_deployment", "fig_batch_sweep"]
 
 
 def fig_calibration(residuals, curve=None, unfitted=None, *, limits=None,
@@ -53,7 +54,7 @@ def fig_step_breakdown(df) -> go.Figure:
         fig.add_bar(x=[str(i) for i in df.index], y=df[col], name=col)
     fig.update_layout(barmode="stack", template=_TEMPLATE, title="Where one decode step goes (per GPU)",
                       xaxis={"title": "configuration"}, yaxis={"title": "ms per step"},
-                      legend={"orientation": "h", "y": -0.3})
+                      legend=LEGEND_LOW)
     return fig
 
 
@@ -77,7 +78,7 @@ def fig_table2(t2, context_len: int) -> go.Figure:
                     name="paper Table 2 row 1 (calibration)")
     fig.update_layout(template=_TEMPLATE, title=f"Table 2 predicted: {context_len // 1024}K, ratio each batch needs",
                       xaxis={"title": "batch per GPU"}, yaxis={"title": "tokens/s per node"},
-                      legend={"orientation": "h", "y": -0.3})
+                      legend=LEGEND_LOW)
     return fig
 
 
@@ -111,4 +112,16 @@ def fig_deployment(df) -> go.Figure:
     fig.add_hline(y=1, line={"color": "grey"})
     fig.update_layout(barmode="group", template=_TEMPLATE, title="Deployment benefits: after / before",
                       yaxis={"title": "ratio"}, legend=LEGEND)
+    return fig
+
+
+def fig_batch_sweep(batches, throughput, otps, *, title: str = "") -> go.Figure:
+    """Node throughput (left axis) and OTPS (right axis) against the batch per GPU."""
+    fig = make_subplots(specs=[[{"secondary_y": True}]])
+    fig.add_scatter(x=batches, y=throughput, name="throughput (tokens/s per node)")
+    fig.add_scatter(x=batches, y=otps, name="OTPS (tokens/s per request)", secondary_y=True)
+    fig.update_layout(template=_TEMPLATE, height=340, title=title, xaxis={"title": "batch per GPU"},
+                      legend=LEGEND_LOW)
+    fig.update_yaxes(title_text="tokens/s per node", secondary_y=False)
+    fig.update_yaxes(title_text="OTPS", secondary_y=True)
     return fig

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
-from ._style import TEMPLATE as _TEMPLATE, LEGEND
+from ._style import TEMPLATE as _TEMPLATE, LEGEND, LEGEND_LOW
 
 __all__ = ["fig_tier_bytes", "fig_step_traffic", "fig_layer_misses", "fig_policy_misses"]
 
@@ -20,7 +20,7 @@ def fig_tier_bytes(df, title: str | None = None) -> go.Figure:
                                       f"{a.get('context_len', 0) // 1024}K, ratio {a.get('ratio', 0):g}, "
                                       f"batch {a.get('batch')}"),
                       xaxis={"title": "GB"}, yaxis={"categoryorder": "array", "categoryarray": ["disk", "host", "GPU"]},
-                      legend={"orientation": "h", "y": -0.3})
+                      legend=LEGEND_LOW)
     return fig
 
 
@@ -46,7 +46,7 @@ def fig_layer_misses(df) -> go.Figure:
         fig.add_bar(x=[f"layer {l} (r={o:.2f})" for l, o in zip(sub.layer, sub.overlap)], y=sub.misses, name=run)
     fig.update_layout(template=_TEMPLATE, barmode="group", title="Mean misses per step, by layer",
                       xaxis={"title": "paper layer (adjacent-step overlap r of the synthetic trace)"},
-                      yaxis={"title": "misses per step"}, legend={"orientation": "h", "y": -0.3})
+                      yaxis={"title": "misses per step"}, legend=LEGEND_LOW)
     return fig
 
 

@@ -6,7 +6,7 @@ import ipywidgets as W
 from ..layout import request_cache
 from ..memory import GiB, largest_batch
 from ..specs import list_gpus, resolve
-from ..viz._style import TEMPLATE
+from ..viz.memory import fig_gpu_memory
 
 __all__ = ["memory_budget_view", "memory_budget_widget"]
 
@@ -16,8 +16,6 @@ CONTEXTS = [4096, 8192, 16384, 32768, 65536, 131072]
 def memory_budget_view(gpu: str = "H200", context_len: int = 32768, ratio: float = 0.2, *,
                        deployment: str = "paper-table1") -> tuple:
     """Where one GPU's memory goes for a context length and ratio: a stacked bar and a summary dict."""
-    import plotly.graph_objects as go
-
     model, dep, gpu_, host = resolve("deepseek-v3.2-exp", deployment, gpu, None)
     lim = largest_batch(context_len, ratio, model=model, deployment=dep, gpu=gpu_)
     base = largest_batch(context_len, 1.0, model=model, deployment=dep, gpu=gpu_)
@@ -28,13 +26,8 @@ def memory_budget_view(gpu: str = "H200", context_len: int = 32768, ratio: float
              "latent pool (GPU)": lim.batch * rc.latent_gpu_bytes / 1e9,
              "runtime reserve": hbm * (1 - dep.mem_fraction_static)}
     parts["free"] = max(hbm - sum(parts.values()), 0.0)
-    fig = go.Figure()
-    for name, gb in parts.items():
-        fig.add_bar(y=[gpu], x=[gb], name=name, orientation="h", text=f"{gb:.1f} GB", textposition="inside")
-    fig.update_layout(barmode="stack", template=TEMPLATE, height=260,
-                      title=f"{gpu}: L = {context_len // 1024}K, ratio {ratio:g} -> batch {lim.batch} "
-                            f"(no offload: {base.batch})",
-                      xaxis={"title": "GB of HBM"}, legend={"orientation": "h", "y": -0.5})
+    fig = fig_gpu_memory(parts, gpu, title=f"{gpu}: L = {context_len // 1024}K, ratio {ratio:g} -> batch "
+                                          f"{lim.batch} (no offload: {base.batch})")
     summary = {"batch": lim.batch, "batch_no_offload": base.batch, "limited_by": lim.limited_by,
                "host_GB_per_gpu": lim.batch * rc.latent_host_bytes / 1e9, "reason": lim.reason}
     return fig, summary

@@ -1,4 +1,4 @@
-"""The prefetch widget (notebook 04): tiers, predictor, pool budget and link bandwidth -> misses and bytes."""
+"""The prefetch widget (notebook 04): prefetch classes, predictor, pool budget and link bandwidth -> misses and bytes."""
 from __future__ import annotations
 
 from functools import lru_cache
@@ -18,7 +18,7 @@ PREDICTOR_CHOICES = ("none", "heat", "lstm")
 
 @lru_cache(maxsize=4)
 def _trace(context_len: int, n_layers: int, steps: int, seed: int):
-    return synthetic_trace(context_len, n_layers=n_layers, k=2048, mtp=2, steps=steps, batch=1, seed=seed)
+    return synthetic_trace(context_len, n_layers=n_layers, mtp=2, steps=steps, batch=1, seed=seed)
 
 
 @lru_cache(maxsize=4)
@@ -32,9 +32,9 @@ def _lstm(context_len: int, n_layers: int, steps: int, seed: int) -> LSTMHeatPre
 def prefetch_view(speculative: bool = True, delayed: bool = True, predictor: str = "heat", ratio: float = 0.2,
                   link_GB_per_s: float = 37.0, *, eviction: str = "lru", context_len: int = 32768, n_layers: int = 4,
                   steps: int = 24, step_time_us: float = 23.1, seed: int = 0) -> tuple:
-    """Simulate the tiers on a synthetic trace (K 2048, MTP 2, paper locality, ``n_layers`` layers spread over the
+    """Simulate the prefetch classes on a synthetic trace (K 2048, MTP 2, paper locality, ``n_layers`` layers spread over the
     model's depth, one request) and return ``(figure, summary)``. With ``delayed`` the warmup windows go through
-    the delayed tier; otherwise they are applied before decoding (the paper's LRU-Warmup)."""
+    the delayed class; otherwise they are applied before decoding (the paper's LRU-Warmup)."""
     if predictor not in PREDICTOR_CHOICES:
         raise ValueError(f"predictor must be one of {PREDICTOR_CHOICES}, got {predictor!r}")
     from ..viz.prefetch import fig_prefetch_steps
@@ -44,7 +44,7 @@ def prefetch_view(speculative: bool = True, delayed: bool = True, predictor: str
     spec = bool(speculative) and predictor != "none"
     cfg = PrefetchConfig(cap, link_GB_per_s=link_GB_per_s, step_time_us=step_time_us, speculative=spec,
                          delayed=bool(delayed), predictor=predictor, eviction=eviction,
-                         warmup="delayed" if delayed else "before")
+                         warmup_mode="delayed" if delayed else "before")
     lstm = _lstm(context_len, n_layers, steps, seed) if predictor == "lstm" else None
     res = simulate_prefetch(trace, cfg, predictor=lstm)
     s = res.summary()
@@ -65,8 +65,8 @@ def prefetch_widget(*, context_len: int = 32768, n_layers: int = 4, steps: int =
     if unknown:
         raise ValueError(f"unknown control(s) {sorted(unknown)}; expected some of {sorted(v)}")
     v.update(defaults)
-    spec_w = W.Checkbox(value=v["speculative"], description="speculative tier")
-    del_w = W.Checkbox(value=v["delayed"], description="delayed tier (warmup in background)")
+    spec_w = W.Checkbox(value=v["speculative"], description="speculative class")
+    del_w = W.Checkbox(value=v["delayed"], description="delayed class (warmup in background)")
     pred_w = W.Dropdown(options=list(PREDICTOR_CHOICES), value=v["predictor"], description="predictor")
     ratio_w = W.FloatSlider(value=v["ratio"], min=0.15, max=0.9, step=0.05, description="pool ratio")
     bw_w = W.FloatSlider(value=v["link_GB_per_s"], min=1.0, max=64.0, step=1.0, description="link GB/s")

@@ -10,6 +10,8 @@ from ..memory import largest_batch
 from ..sim.costs import CostParams
 from ..sim.timeline import simulate
 from ..specs import deployment_spec, gpu_spec, link_figures, list_gpus, resolve
+from ..viz import fig_message
+from ..viz.sim import fig_batch_sweep
 
 __all__ = ["sim_budget_view", "sim_budget_widget"]
 
@@ -25,11 +27,8 @@ def sim_budget_view(gpu: str = "H200", ratio: float = 0.2, context_len: int = 32
     capacity (the rest of the GPU unchanged). ``misses`` (n_layers,) defaults to zeros
     (a perfect cache: only the write-back of new tokens costs link time); ``params`` to the calibrated ones;
     ``mtp`` and ``accept_ratio`` to the deployment's, ``h2d_GB_per_s`` to the FlashTrans link (``links.yaml``)."""
-    import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
-
     model, dep, gpu_, host = resolve("deepseek-v3.2-exp", deployment, gpu, None)
-    mtp = dep.mtp_tokens_per_step if mtp is None else mtp
+    mtp = dep.mtp if mtp is None else mtp
     accept_ratio = dep.mtp_accept_ratio if accept_ratio is None else accept_ratio
     h2d_GB_per_s = link_figures()["flashtrans"]["h2d_GB_per_s"] if h2d_GB_per_s is None else h2d_GB_per_s
     if hbm_GiB is not None:
@@ -37,25 +36,21 @@ def sim_budget_view(gpu: str = "H200", ratio: float = 0.2, context_len: int = 32
     try:
         lim = largest_batch(context_len, ratio, model=model, deployment=dep, gpu=gpu_)
     except ValueError as exc:                   # weights do not fit
-        return go.Figure(), {"batch": 0, "throughput": None, "otps": None, "stall_ms": None, "reason": str(exc)}
+        return fig_message(str(exc)), {"batch": 0, "throughput": None, "otps": None, "stall_ms": None,
+                                       "reason": str(exc)}
     if lim.batch == 0:
-        return go.Figure(), {"batch": 0, "throughput": None, "otps": None, "stall_ms": None, "reason": lim.reason}
+        return fig_message(lim.reason), {"batch": 0, "throughput": None, "otps": None, "stall_ms": None,
+                                         "reason": lim.reason}
     mis = np.zeros(model.n_layers) if misses is None else np.asarray(misses, dtype=float)
     if params is None:
         from ..sim.calibrate import calibrated_params
         params = calibrated_params()
     B = np.arange(1, lim.batch + 1)
-    r = simulate(B, context_len, ratio, misses=mis, mtp_tokens=mtp, accept_ratio=accept_ratio,
+    r = simulate(B, context_len, ratio, misses=mis, mtp=mtp, accept_ratio=accept_ratio,
                  h2d_GB_per_s=h2d_GB_per_s, params=params, model=model, deployment=dep, gpu=gpu_)
-    fig = make_subplots(specs=[[{"secondary_y": True}]])
-    fig.add_scatter(x=B, y=r.throughput, name="throughput (tokens/s per node)")
-    fig.add_scatter(x=B, y=r.otps, name="OTPS (tokens/s per request)", secondary_y=True)
-    fig.update_layout(template="plotly_white", height=340,
-                      title=f"{gpu}: {context_len // 1024}K, ratio {ratio:g}, MTP {mtp} (accept {accept_ratio:g}), "
-                            f"{h2d_GB_per_s:g} GB/s -> batch {lim.batch}",
-                      xaxis={"title": "batch per GPU"}, legend={"orientation": "h", "y": -0.3})
-    fig.update_yaxes(title_text="tokens/s per node", secondary_y=False)
-    fig.update_yaxes(title_text="OTPS", secondary_y=True)
+    fig = fig_batch_sweep(B, r.throughput, r.otps,
+                          title=f"{gpu}: {context_len // 1024}K, ratio {ratio:g}, MTP {mtp} (accept {accept_ratio:g}), "
+                                f"{h2d_GB_per_s:g} GB/s -> batch {lim.batch}")
     summary = {"batch": lim.batch, "limited_by": lim.limited_by, "throughput": float(r.throughput[-1]),
                "otps": float(r.otps[-1]), "step_ms": float(r.step_s[-1] * 1e3),
                "stall_ms": float(r.stall_s[-1] * 1e3), "reason": ""}
@@ -72,7 +67,7 @@ def sim_budget_widget(params: CostParams | None = None, misses=None, deployment:
     hbm_w = W.FloatSlider(value=gpu_spec(dep.gpu).hbm_capacity_GiB, min=40, max=288, step=1, description="HBM GiB")
     ratio_w = W.FloatSlider(value=0.2, min=0.05, max=1.0, step=0.05, description="ratio")
     ctx_w = W.SelectionSlider(options=[(f"{c // 1024}K", c) for c in CONTEXTS], value=32768, description="context")
-    mtp_w = W.IntSlider(value=dep.mtp_tokens_per_step, min=1, max=4, description="MTP")
+    mtp_w = W.IntSlider(value=dep.mtp, min=1, max=4, description="MTP")
     acc_w = W.FloatSlider(value=dep.mtp_accept_ratio, min=1.0, max=4.0, step=0.1, description="accept")
     link_w = W.FloatLogSlider(value=link_figures()["flashtrans"]["h2d_GB_per_s"], base=10, min=0, max=2.5,
                               description="H2D GB/s")

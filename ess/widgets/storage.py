@@ -5,6 +5,7 @@ import ipywidgets as W
 
 from ..specs import list_gpus
 from ..memory import tier_placement
+from ..viz import fig_message
 from ..viz.storage import fig_tier_bytes
 
 __all__ = ["storage_budget_view", "storage_budget_widget"]
@@ -16,14 +17,10 @@ def storage_budget_view(gpu: str = "H200", context_len: int = 32768, ratio: floa
                         deployment: str = "paper-table1") -> tuple:
     """The tier figure and a summary dict (batch, slots per request and layer, GB per tier) for one setting.
     An infeasible setting (the pool cannot hold one step's K entries) gives a figure with the reason as title."""
-    import plotly.graph_objects as go
-
     try:
         df = tier_placement(context_len, ratio, gpu=gpu, deployment=deployment, n_spilled=n_spilled)
     except ValueError as exc:
-        fig = go.Figure()
-        fig.update_layout(title=f"infeasible: {exc}", template="plotly_white", height=200)
-        return fig, {"feasible": False, "reason": str(exc)}
+        return fig_message(f"infeasible: {exc}"), {"feasible": False, "reason": str(exc)}
     gb = df.groupby("tier", sort=False).bytes.sum() / 1e9
     a = df.attrs
     summary = {"feasible": a["batch"] > 0, "batch": a["batch"], "limited_by": a["limited_by"],

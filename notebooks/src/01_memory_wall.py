@@ -14,6 +14,7 @@ smoke = False
 results_path = ""
 context_lens = [4096, 8192, 16384, 32768, 65536, 131072]
 ratios = [1.0, 0.2, 0.1]
+smoke_sizes = {"context_lens": [16384, 32768, 131072]}
 
 # %%
 import pandas as pd
@@ -26,7 +27,7 @@ from ess.widgets import memory_budget_view, memory_budget_widget
 viz.use_notebook_renderer()
 rec = ess.Recorder("01_memory_wall", results_path)
 if smoke:
-    context_lens = [16384, 32768, 131072]
+    globals().update(smoke_sizes)              # the CI sizes of the parameters cell
 model = ess.model_spec("deepseek-v3.2-exp")
 dep = ess.deployment_spec("paper-table1")
 

@@ -26,6 +26,7 @@ trace_steps = 48
 trace_layers = [0, 3, 18, 30, 50]
 warmup_windows = 32
 seed = 0
+smoke_sizes = {"trace_context": 8192, "trace_ratio": 0.5, "trace_steps": 12, "warmup_windows": 8}
 
 # %%
 import dataclasses
@@ -49,7 +50,7 @@ from ess.widgets.storage import storage_budget_view, storage_budget_widget
 viz.use_notebook_renderer()
 rec = ess.Recorder("02_tiered_storage", results_path)
 if smoke:
-    trace_context, trace_ratio, trace_steps, warmup_windows = 8192, 0.5, 12, 8
+    globals().update(smoke_sizes)              # the CI sizes of the parameters cell
 model = ess.model_spec("deepseek-v3.2-exp")
 entry = ess.latent_entry_bytes(model)
 K = model.index_topk
@@ -118,7 +119,7 @@ for label, warm in (("LRU, no warmup", False), ("LRU-Warmup", True)):
     assert (st.hits + st.misses == K).all() and (st.bytes_h2d == st.misses * entry).all()
 capacity = caches["LRU-Warmup"].capacity
 print(f"{capacity} slots per layer ({capacity * entry / 1e6:.1f} MB), {trace_steps} steps x {len(trace_layers)} layers; "
-      f"trace model {trace.meta.get('model')!r}, measured overlap per layer {np.round(measured_overlap, 3).tolist()}")
+      f"trace model {trace.meta.get('trace_model')!r}, measured overlap per layer {np.round(measured_overlap, 3).tolist()}")
 # the generator delivers the profile it was given, within 0.05 (the sinks and the local window set a floor for r = 0)
 assert np.all(measured_overlap >= overlap - 0.05), (measured_overlap, overlap)
 assert np.all(measured_overlap[overlap > 0.1] <= overlap[overlap > 0.1] + 0.05), (measured_overlap, overlap)
@@ -222,7 +223,7 @@ with tempfile.TemporaryDirectory() as tmp:
     cache = TieredCache.from_ratio(sim_model, trace_ratio, trace_context, disk_dir=tmp)
     cache.add_request("req0", prefill)
     for layer in range(len(trace_layers)):
-        cache.warmup("req0", layer, trace.warmup[0, layer])
+        cache.warmup("req0", layer, trace.windows[0, layer])
     resident_before = [cache.resident("req0", l).tolist() for l in range(len(trace_layers))]
     cache.spill("req0")
     n_blocks = len(cache.disk.manifest("req0")["block_crc32"])

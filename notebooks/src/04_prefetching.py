@@ -8,10 +8,10 @@
 # whole batch and all 61 layers, and predicts the paper's held-back miss figures: misses per layer at 32K for ratios 0.2 … 0.9, the miss curve of the first 256 decode
 # steps with and without LRU-Warmup, misses against context length, and the smallest pool that keeps misses
 # under 200. It then compares the replacement policies with Belady's offline bound, trains the article's LSTM
-# "heat predictor", and runs three prefetch tiers over one host-to-device link.
+# "heat predictor", and runs three prefetch classes over one host-to-device link.
 #
 # **Prerequisites.** Notebook 01 (ratio, byte layouts). The trace model is in `ess.traces`, the simulation in
-# `ess.cachesim`, the predictor in `ess.predict`, the tiers in `ess.prefetch`. Every miss count here is a
+# `ess.cachesim`, the predictor in `ess.predict`, the prefetch classes in `ess.prefetch`. Every miss count here is a
 # **prediction** of `ess` from a synthetic trace model, not a measurement on DeepSeek-V3.2-Exp.
 
 # %% [parameters]
@@ -33,6 +33,18 @@ seed = 0
 hit_steps = 128
 hit_batch = 2
 drift_rho_sensitivity = [0.0, 0.9]
+probe_steps = 16
+pool_resolution_per_context = 64
+popularity_sigmas = [1.5]
+lstm_train_steps = 48
+lstm_test_steps = 32
+lstm_epochs = 6
+lstm_samples = 30000
+recorded_steps = 32
+smoke_sizes = {"batch": 2, "steps": 16, "curve_steps": 48, "pool_steps": 48, "pool_batch": 1,
+               "context_lens": [32768, 131072], "drift_rho_sensitivity": [], "probe_steps": 8,
+               "pool_resolution_per_context": 16, "popularity_sigmas": [], "lstm_train_steps": 24,
+               "lstm_test_steps": 16, "lstm_epochs": 3, "lstm_samples": 10000, "recorded_steps": 8}
 
 # %%
 from dataclasses import asdict
@@ -44,16 +56,14 @@ from IPython.display import display
 import ess
 from ess import viz
 from ess import cachesim, policies, predict, prefetch, tracegen, traces
-from ess.studies.locality import record_indexer_trace
+from ess.studies.locality import VLLM_BUFFER_2K_HIT_RATE, buffer_hit_rate, choose_trace_model, record_indexer_trace
 from ess.viz import prefetch as pviz
 from ess.widgets.prefetch import prefetch_view, prefetch_widget
 
 viz.use_notebook_renderer()
 rec = ess.Recorder("04_prefetching", results_path)
 if smoke:
-    batch, steps, curve_steps, pool_steps, pool_batch = 2, 16, 48, 48, 1
-    context_lens = [32768, 131072]
-    drift_rho_sensitivity = []
+    globals().update(smoke_sizes)              # the CI sizes of the parameters cell
 model = ess.model_spec("deepseek-v3.2-exp")
 K = model.index_topk                       # 2,048 ([DS] indexer top-k, data/models)
 LAYERS = model.n_layers                    # 61 ([DS], data/models)
@@ -65,8 +75,8 @@ model_cfg = {"uniform": {"popularity_sigma": gen_cfg["popularity_sigma"]}, "drif
 base = {"k": K, "n_layers": LAYERS, "profile": "paper (Fig. 2, read by eye)", "warmup_windows": WARMUP_WINDOWS,
         "seed": seed, "batch": batch, "n_sinks": gen_cfg["n_sinks"], "local_window": gen_cfg["local_window"],
         "policy": "lru"}
-cfg_of = lambda tm: {**base, "trace_model": tm, **model_cfg[tm]}  # noqa: E731
-suffix = lambda tm: "" if tm == DEFAULT else f"_{tm}"             # noqa: E731
+cfg_of = {tm: {**base, "trace_model": tm, **model_cfg[tm]} for tm in tracegen.TRACE_MODELS}
+suffix = {tm: "" if tm == DEFAULT else f"_{tm}" for tm in tracegen.TRACE_MODELS}     # record-name suffix
 print(f"default trace model: {DEFAULT}; also shown: {OTHER}")
 
 # %% [markdown]
@@ -93,14 +103,14 @@ print(f"default trace model: {DEFAULT}; also shown: {OTHER}")
 profile = tracegen.locality_profile("paper", LAYERS)
 measured, floors, overlap_err = {}, {}, {}
 for tm in tracegen.TRACE_MODELS:
-    probe = tracegen.synthetic_trace(context_len, n_layers=LAYERS, k=K, mtp=1, steps=8 if smoke else 16, batch=1,
-                                   warmup_windows=0, seed=seed + 1, model=tm)
+    probe = tracegen.synthetic_trace(context_len, n_layers=LAYERS, k=K, mtp=1, steps=probe_steps, batch=1,
+                                   warmup_windows=0, seed=seed + 1, trace_model=tm)
     measured[tm] = traces.adjacent_overlap(probe)
     floors[tm] = ((gen_cfg["n_sinks"] + gen_cfg["local_window"] - 1) / K if tm == "uniform"
                      else tracegen.drift_calibration(0.0, context_len, K)["floor"])
     overlap_err[tm] = float(np.abs(measured[tm] - np.maximum(profile, floors[tm])).max())
-    rec.record(f"overlap_profile_max_abs_error{suffix(tm)}", overlap_err[tm], "",
-               config={**cfg_of(tm), "mtp": 1, "context_len": context_len, "seed": seed + 1,
+    rec.record(f"overlap_profile_max_abs_error{suffix[tm]}", overlap_err[tm], "",
+               config={**cfg_of[tm], "mtp": 1, "context_len": context_len, "seed": seed + 1,
                        "steps": probe.steps, "batch": 1, "floor": floors[tm]},
                note=f"max over layers of |measured - max(profile, floor)|; floor {floors[tm]:.3f}")
 assert overlap_err["uniform"] < 0.01, overlap_err      # exact by construction, up to rounding
@@ -123,27 +133,23 @@ pviz.fig_locality_profile(profile, {f"measured, {m}": measured[m] for m in trace
 # sensitivity (not used by the rule; full mode only).
 
 # %%
-VLLM_LOW, VLLM_HIGH = 0.80, 0.90       # vLLM RFC #48203 via paper-facts.md (2 x top-k buffer, DeepSeek-V3.2)
+VLLM_LOW, VLLM_HIGH = VLLM_BUFFER_2K_HIT_RATE      # vLLM RFC #48203 via paper-facts.md (2 x top-k buffer)
 hit_cfg = {"context_len": context_len, "mtp": 1, "capacity": 2 * K, "steps": hit_steps, "batch": hit_batch,
            "warmup": True, "window": f"steps {hit_steps // 2}..{hit_steps - 1}", "seed": 0}
 hit = {}
 for tm in tracegen.TRACE_MODELS:
-    m2k = cachesim.misses_per_step(context_len, 2 * K / context_len, n_layers=LAYERS, k=K, mtp=1, steps=hit_steps,
-                                   batch=hit_batch, seed=0, model=tm)
-    hit[tm] = float(1 - m2k[:, hit_steps // 2:].mean() / K)
-    rec.record(f"hit_rate_buffer_2k_{tm}", hit[tm], "", config={**cfg_of(tm), **hit_cfg},
+    hit[tm] = buffer_hit_rate(context_len, steps=hit_steps, batch=hit_batch, seed=0, trace_model=tm)
+    rec.record(f"hit_rate_buffer_2k_{tm}", hit[tm], "", config={**cfg_of[tm], **hit_cfg},
                source="compare: vLLM RFC #48203 via paper-facts.md, 80-90 % (independent, different workload)")
-distance = {m: max(VLLM_LOW - h, h - VLLM_HIGH, 0.0) for m, h in hit.items()}
-chosen = "drift" if distance["drift"] < distance["uniform"] else "uniform"
+chosen, distance = choose_trace_model(hit)
 rec.record("trace_model_chosen", chosen, "", config={"rule": "data/locality/README.md", **hit_cfg,
                                                       "distance_to_80_90": distance})
 assert chosen == DEFAULT, (chosen, DEFAULT, hit)   # the data file's default must be what the rule picks
 sens = {}
 for rho in drift_rho_sensitivity:
-    m2k = cachesim.misses_per_step(context_len, 2 * K / context_len, n_layers=LAYERS, k=K, mtp=1, steps=hit_steps,
-                                   batch=hit_batch, seed=0, model="drift", drift_rho=rho)
-    sens[rho] = float(1 - m2k[:, hit_steps // 2:].mean() / K)
-    rec.record(f"hit_rate_buffer_2k_drift_rho{rho:g}", sens[rho], "", config={**cfg_of("drift"), **hit_cfg,
+    sens[rho] = buffer_hit_rate(context_len, steps=hit_steps, batch=hit_batch, seed=0, trace_model="drift",
+                                drift_rho=rho)
+    rec.record(f"hit_rate_buffer_2k_drift_rho{rho:g}", sens[rho], "", config={**cfg_of["drift"], **hit_cfg,
                "drift_rho": rho}, note="sensitivity to the design choice rho; not used by the selection rule")
 print(f"2 x K hit rate: uniform {hit['uniform']:.3f}, drift {hit['drift']:.3f} (rho 0.5); "
       f"vLLM RFC {VLLM_LOW:.0%}-{VLLM_HIGH:.0%} -> default {chosen}")
@@ -164,15 +170,15 @@ pviz.fig_hit_rate_against_range({**{f"{m}" + (" (default)" if m == DEFAULT else 
 per_ratio, means = {}, {}
 for tm in (DEFAULT, OTHER):
     sweep = cachesim.sweep_synthetic(context_len, ratios, n_layers=LAYERS, k=K, mtp=mtp, steps=steps, batch=batch,
-                                     seed=seed, model=tm)
+                                     seed=seed, trace_model=tm)
     per_ratio[tm] = {r: sweep[(r, "lru", True)].mean(axis=1) for r in ratios}
-    cfg1 = {**cfg_of(tm), "context_len": context_len, "mtp": mtp, "steps": steps, "warmup": True}
+    cfg1 = {**cfg_of[tm], "context_len": context_len, "mtp": mtp, "steps": steps, "warmup": True}
     for r in ratios:
-        rec.record(f"misses_per_layer_32k_ratio{r:g}{suffix(tm)}", per_ratio[tm][r],
+        rec.record(f"misses_per_layer_32k_ratio{r:g}{suffix[tm]}", per_ratio[tm][r],
                    "misses/request/layer/step",
                    config={**cfg1, "ratio": r, "capacity": ess.layout.pool_slots(model, r, context_len, need=K)},
                    note="held-back result of the paper (per-layer miss counts): prediction")
-        rec.record(f"misses_mean_32k_ratio{r:g}{suffix(tm)}", float(per_ratio[tm][r].mean()),
+        rec.record(f"misses_mean_32k_ratio{r:g}{suffix[tm]}", float(per_ratio[tm][r].mean()),
                    "misses/request/layer/step", config={**cfg1, "ratio": r})
     means[tm] = [per_ratio[tm][r].mean() for r in ratios]
     assert all(a >= b for a, b in zip(means[tm], means[tm][1:])), means   # a larger pool never misses more
@@ -194,11 +200,11 @@ pd.DataFrame({"ratio": ratios, "pool slots": [ess.layout.pool_slots(model, r, co
 curve_sets = {}
 for tm in (DEFAULT, OTHER):
     curves = cachesim.sweep_synthetic(context_len, [curve_ratio], warmups=(True, False), n_layers=LAYERS, k=K,
-                                      mtp=1, steps=curve_steps, batch=batch, seed=seed, model=tm)
+                                      mtp=1, steps=curve_steps, batch=batch, seed=seed, trace_model=tm)
     with_w = curves[(curve_ratio, "lru", True)].mean(axis=0)
     without_w = curves[(curve_ratio, "lru", False)].mean(axis=0)
-    cfg2 = {**cfg_of(tm), "context_len": context_len, "mtp": 1, "ratio": curve_ratio, "steps": curve_steps}
-    sfx = suffix(tm)
+    cfg2 = {**cfg_of[tm], "context_len": context_len, "mtp": 1, "ratio": curve_ratio, "steps": curve_steps}
+    sfx = suffix[tm]
     rec.record(f"warmup_curve_with{sfx}", with_w, "misses/request/layer", config={**cfg2, "warmup": True},
                note="held-back result of the paper (warmup curves): prediction")
     rec.record(f"warmup_curve_without{sfx}", without_w, "misses/request/layer", config={**cfg2, "warmup": False},
@@ -230,11 +236,11 @@ pviz.fig_warmup_curve(curve_sets, title=f"Misses per step, 32K, MTP 1, ratio {cu
 by_ctx = {}
 for tm in (DEFAULT, OTHER):
     by_ctx[tm] = [float(cachesim.misses_per_layer(L, context_ratio, n_layers=LAYERS, k=K, mtp=mtp, steps=steps,
-                                                     batch=batch, seed=seed, model=tm).mean())
+                                                     batch=batch, seed=seed, trace_model=tm).mean())
                      for L in context_lens]
-    cfg3 = {**cfg_of(tm), "ratio": context_ratio, "mtp": mtp, "steps": steps, "warmup": True}
+    cfg3 = {**cfg_of[tm], "ratio": context_ratio, "mtp": mtp, "steps": steps, "warmup": True}
     for L, m in zip(context_lens, by_ctx[tm]):
-        rec.record(f"misses_mean_ratio{context_ratio:g}_{L // 1024}k{suffix(tm)}", m, "misses/request/layer/step",
+        rec.record(f"misses_mean_ratio{context_ratio:g}_{L // 1024}k{suffix[tm]}", m, "misses/request/layer/step",
                    config={**cfg3, "context_len": L}, note="prediction")
 pviz.fig_misses_vs_context(context_lens, {f"{m} model": by_ctx[m] for m in (DEFAULT, OTHER)},
                            ratio=context_ratio).show()
@@ -246,17 +252,17 @@ pviz.fig_misses_vs_context(context_lens, {f"{m} model": by_ctx[m] for m in (DEFA
 # of entries count). The search stops at a resolution of 1/64 of the context (smoke: 1/16, one request, 48 steps).
 
 # %%
-res_slots = context_len // (16 if smoke else 64)
+res_slots = context_len // pool_resolution_per_context
 best = {}
 for tm in (DEFAULT, OTHER):
-    cfg4 = {**cfg_of(tm), "context_len": context_len, "mtp": mtp, "steps": pool_steps, "batch": pool_batch,
+    cfg4 = {**cfg_of[tm], "context_len": context_len, "mtp": mtp, "steps": pool_steps, "batch": pool_batch,
             "warmup": True, "target": miss_target, "resolution_slots": res_slots}
     try:
         best[tm] = cachesim.smallest_pool(context_len, miss_target, resolution=res_slots, n_layers=LAYERS, k=K,
-                                             mtp=mtp, steps=pool_steps, batch=pool_batch, seed=seed, model=tm)
+                                             mtp=mtp, steps=pool_steps, batch=pool_batch, seed=seed, trace_model=tm)
     except ValueError as exc:            # even the whole context misses too much: first loads dominate few steps
         assert smoke, exc                # over the full 256 steps both models must reach the target
-        rec.record(f"smallest_pool_under_200_slots{suffix(tm)}", None, "slots/request/layer", config=cfg4,
+        rec.record(f"smallest_pool_under_200_slots{suffix[tm]}", None, "slots/request/layer", config=cfg4,
                    note=f"not reachable in this (smoke) configuration: {exc}")
         print(f"{tm}: {exc}")
         continue
@@ -264,9 +270,9 @@ for tm in (DEFAULT, OTHER):
     assert b["below_misses"] is None or b["misses"] < miss_target <= b["below_misses"], b
     below = ("" if b["below_slots"] is None else
              f", {b['below_misses']:.1f} at {b['below_slots']} slots")
-    rec.record(f"smallest_pool_under_200_slots{suffix(tm)}", b["slots"], "slots/request/layer", config=cfg4,
+    rec.record(f"smallest_pool_under_200_slots{suffix[tm]}", b["slots"], "slots/request/layer", config=cfg4,
                note=f"{b['misses']:.1f} misses at this size{below}: prediction")
-    rec.record(f"smallest_pool_under_200_ratio{suffix(tm)}", b["ratio"], "", config=cfg4, note="prediction")
+    rec.record(f"smallest_pool_under_200_ratio{suffix[tm]}", b["ratio"], "", config=cfg4, note="prediction")
     print(f"{tm}: smallest pool with < {miss_target} misses: {b['slots']} slots (ratio {b['ratio']:.3f}); "
           f"{b['misses']:.1f} misses there{below}")
 
@@ -285,21 +291,21 @@ for tm in (DEFAULT, OTHER):
 # %%
 layer_pick = list(range(0, LAYERS, 6))
 pol_rows = []
-pol_cases = [("drift", None), ("uniform", 0.0)] + ([] if smoke else [("uniform", 1.5)])
+pol_cases = [("drift", None), ("uniform", 0.0)] + [("uniform", sigma) for sigma in popularity_sigmas]
 for tm, sigma in pol_cases:
     tr = tracegen.synthetic_trace(context_len, n_layers=LAYERS, k=K, mtp=mtp, steps=steps, batch=min(batch, 2),
-                                seed=seed, model=tm, **({} if sigma is None else {"popularity_sigma": sigma}))
-    sub = traces.Trace(tr.indices[:, layer_pick], tr.context_len, tr.k, tr.mtp, tr.seed, tr.warmup[:, layer_pick])
+                                seed=seed, trace_model=tm, **({} if sigma is None else {"popularity_sigma": sigma}))
+    sub = traces.Trace(tr.indices[:, layer_pick], tr.context_len, tr.k, tr.mtp, tr.seed, tr.windows[:, layer_pick])
     label = tm if sigma is None else f"{tm}, popularity sigma {sigma:g}"
     tag = tm if sigma is None else f"{tm}_sigma{sigma:g}"
     row = {"trace model": label}
     for pol in policies.POLICIES:
         for warm in (False, True):
             name = f"{pol}{' + warmup' if warm else ''}"
-            row[name] = float(cachesim.simulate(sub, pol, ratio=0.2, warmup=warm).mean())
+            row[name] = float(cachesim.trace_misses(sub, pol, ratio=0.2, warmup=warm).mean())
             rec.record(f"policy_{pol}_{'warm' if warm else 'cold'}_{tag}", row[name],
                        "misses/request/layer/step",
-                       config={**cfg_of(tm), "context_len": context_len, "ratio": 0.2, "mtp": mtp, "steps": steps,
+                       config={**cfg_of[tm], "context_len": context_len, "ratio": 0.2, "mtp": mtp, "steps": steps,
                                "batch": min(batch, 2), "layers": layer_pick, "popularity_sigma": sigma,
                                "policy": pol, "warmup": warm, "heat_decay": policies.DEFAULT_HEAT_DECAY})
     assert all(row["belady"] <= row[p] for p in ("lru", "fifo", "heat")), row
@@ -315,18 +321,18 @@ pd.DataFrame(pol_rows).round(1)
 # this one: precision of its top-n guesses (n = the next step's size), beside random guesses and the heat ranking.
 
 # %%
-ptr_train = tracegen.synthetic_trace(context_len, n_layers=4, k=K, mtp=mtp, steps=24 if smoke else 48, batch=1,
+ptr_train = tracegen.synthetic_trace(context_len, n_layers=4, k=K, mtp=mtp, steps=lstm_train_steps, batch=1,
                                    seed=seed + 1000)
-ptr_test = tracegen.synthetic_trace(context_len, n_layers=4, k=K, mtp=mtp, steps=16 if smoke else 32, batch=1,
+ptr_test = tracegen.synthetic_trace(context_len, n_layers=4, k=K, mtp=mtp, steps=lstm_test_steps, batch=1,
                                   seed=seed)
 lstm = predict.LSTMHeatPredictor(history=8, hidden=16, seed=seed).fit(
-    [ptr_train.indices[0, l] for l in range(4)], epochs=3 if smoke else 6, max_samples=10_000 if smoke else 30_000)
+    [ptr_train.indices[0, l] for l in range(4)], epochs=lstm_epochs, max_samples=lstm_samples)
 reports = {l: predict.evaluate_predictor(lstm, ptr_test.indices[0, l], start=8) for l in range(4)}
 depth = tracegen.locality_profile("paper", 4)
 pred_df = pd.DataFrame([{"layer (of 4, spread over 61)": l, "profile r": depth[l], "LSTM": r.precision,
                          "heat": r.heat_precision, "random": r.random_precision} for l, r in reports.items()])
 cfg5 = {"context_len": context_len, "k": K, "mtp": mtp, "layers": "4 spread over 61", "history": 8, "hidden": 16,
-        "train_seed": seed + 1000, "test_seed": seed, "epochs": 3 if smoke else 6}
+        "train_seed": seed + 1000, "test_seed": seed, "epochs": lstm_epochs}
 rec.record("lstm_precision_mean", float(pred_df.LSTM.mean()), "", config=cfg5)
 rec.record("heat_precision_mean", float(pred_df.heat.mean()), "", config=cfg5)
 rec.record("random_precision_mean", float(pred_df.random.mean()), "", config=cfg5)
@@ -341,11 +347,11 @@ pred_df.round(3)
 # model). The recorded trace goes through the same simulation.
 
 # %%
-rtr = record_indexer_trace("tiny", context_len=1024, steps=8 if smoke else 32, batch=2, mtp=1,
+rtr = record_indexer_trace("tiny", context_len=1024, steps=recorded_steps, batch=2, mtp=1,
                                   warmup_windows=4, query_correlation=0.9, seed=seed)
 r_overlap = traces.adjacent_overlap(rtr)
-r_rows = {pol: float(cachesim.simulate(rtr, pol, ratio=0.2, warmup=False).mean()) for pol in policies.POLICIES}
-r_rows["lru + warmup"] = float(cachesim.simulate(rtr, "lru", ratio=0.2, warmup=True).mean())
+r_rows = {pol: float(cachesim.trace_misses(rtr, pol, ratio=0.2, warmup=False).mean()) for pol in policies.POLICIES}
+r_rows["lru + warmup"] = float(cachesim.trace_misses(rtr, "lru", ratio=0.2, warmup=True).mean())
 cfg_r = {"model": "tiny", "k": rtr.k, "context_len": 1024, "steps": rtr.steps, "batch": 2, "mtp": 1,
          "query_correlation": 0.9, "ratio": 0.2, "seed": seed}
 rec.record("recorded_overlap_per_layer", r_overlap, "", config=cfg_r)
@@ -355,7 +361,7 @@ assert r_overlap.mean() > 3 * rtr.k / 1024, r_overlap          # more overlap th
 pd.DataFrame({"misses per step": r_rows}).round(2)
 
 # %% [markdown]
-# ## Three tiers on one link
+# ## Three prefetch classes on one link
 # Immediate (the step's misses; the step waits), speculative (predicted next-step entries, in the link time while
 # the step computes) and delayed (background: here the warmup windows). Link 37 GB/s (FlashTrans H2D, [BLOG]);
 # per-step link time per (request, layer) 23.1 µs = 73.3 ms step / 61 layers / batch 52 (derived from the
@@ -363,32 +369,32 @@ pd.DataFrame({"misses per step": r_rows}).round(2)
 
 # %%
 cap = ess.layout.pool_slots(model, 0.2, context_len, need=K)
-tier_cfgs = {
-    "demand only (LRU + warmup)": dict(speculative=False, delayed=False, predictor="none", warmup="before"),
-    "+ speculative (heat)": dict(speculative=True, delayed=False, predictor="heat", warmup="before"),
-    "+ speculative (LSTM)": dict(speculative=True, delayed=False, predictor="lstm", warmup="before"),
-    "warmup in the delayed tier": dict(speculative=False, delayed=True, predictor="none", warmup="delayed"),
+class_cfgs = {
+    "demand only (LRU + warmup)": dict(speculative=False, delayed=False, predictor="none", warmup_mode="before"),
+    "+ speculative (heat)": dict(speculative=True, delayed=False, predictor="heat", warmup_mode="before"),
+    "+ speculative (LSTM)": dict(speculative=True, delayed=False, predictor="lstm", warmup_mode="before"),
+    "warmup in the delayed class": dict(speculative=False, delayed=True, predictor="none", warmup_mode="delayed"),
     "LSTM eviction + speculative": dict(speculative=True, delayed=False, predictor="lstm", eviction="predictor",
-                                        warmup="before"),
+                                        warmup_mode="before"),
 }
 summaries = {}
-for name, kw in tier_cfgs.items():
+for name, kw in class_cfgs.items():
     pc = prefetch.PrefetchConfig(cap, **kw)
     r = prefetch.simulate_prefetch(ptr_test, pc, predictor=lstm if kw["predictor"] == "lstm" else None)
     summaries[name] = r.summary()
-    rec.record(f"tiers_{name}", {k: summaries[name][k] for k in ("hit_rate", "stall_s", "bytes_moved",
+    rec.record(f"classes_{name}", {k: summaries[name][k] for k in ("hit_rate", "stall_s", "bytes_moved",
                                                                   "bytes_prefetched_unused", "link_use")}, "",
                config={"context_len": context_len, "k": K, "mtp": mtp, "ratio": 0.2, "capacity": cap,
                        "layers": "4 spread over 61", "steps": ptr_test.steps, **{k: v for k, v in
                        asdict(pc).items() if k != "capacity"}})
 demand = summaries["demand only (LRU + warmup)"]
 assert demand["bytes_speculative"] == demand["bytes_delayed"] == 0
-pviz.fig_prefetch_tiers(summaries).show()
+pviz.fig_prefetch_classes(summaries).show()
 pd.DataFrame(summaries).T[["hit_rate", "stall_s", "bytes_moved", "bytes_speculative", "bytes_delayed",
                            "bytes_prefetched_unused", "link_use"]].round(4)
 
 # %% [markdown]
-# ## Try it: tiers, predictor, pool and link
+# ## Try it: prefetch classes, predictor, pool and link
 # Needs a running kernel; the default view is drawn below.
 
 # %%

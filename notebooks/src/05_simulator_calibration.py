@@ -19,6 +19,8 @@ smoke = False
 results_path = ""
 curve_batches = [1, 2, 4, 8, 12, 16, 24, 32, 40, 52, 64, 80, 96, 112, 128, 144, 160, 192, 224, 256, 288, 320]
 breakdown_batches = [2, 13, 52, 160, 320]
+variant_fit = {}
+smoke_sizes = {"curve_batches": [2, 16, 52, 128, 320], "variant_fit": {"grid": 12, "refine": 1}}
 
 # %%
 import numpy as np
@@ -38,15 +40,15 @@ from ess.viz import sim as vsim
 viz.use_notebook_renderer()
 rec = ess.Recorder("05_simulator_calibration", results_path)
 if smoke:
-    curve_batches = [2, 16, 52, 128, 320]
+    globals().update(smoke_sizes)              # the CI sizes of the parameters cell
 points = calibration_points()
 by_name = {q.name: q for q in points}
 dep = ess.deployment_spec("paper-table1")
 limits = published("paper")                          # the paper's no-offload memory limits (calibration data)
 row = published("paper_table2")["t2_32k_mtp2_b52_r1"]
-mtp4 = published("paper_table2")["t2_32k_mtp4"]       # held back; its accept ratios are configurations (issue 6)
+mtp4 = published("paper_table2")["t2_32k_mtp4"]       # held back; its accept ratios are configurations
 print(f"{len(points)} calibration points; deployment {dep.name}: {dep.nodes} nodes x {dep.gpus_per_node} "
-      f"{dep.gpu}, EP {dep.ep}, MTP {dep.mtp_tokens_per_step} (accept {dep.mtp_accept_ratio})")
+      f"{dep.gpu}, EP {dep.ep}, MTP {dep.mtp} (accept {dep.mtp_accept_ratio})")
 
 # %% [markdown]
 # ## The measured kernel points
@@ -86,7 +88,7 @@ rec.record("calibration_max_abs_rel_error", cal.max_abs_rel_error, "", config={"
 for _, r in cal.residuals.iterrows():
     q = by_name[r["name"]]
     rec.record(f"cal_{r['name']}", r.predicted, "tokens/s per node",
-               config={"batch": q.batch, "context_len": q.context_len, "ratio": q.ratio, "mtp": q.mtp_tokens,
+               config={"batch": q.batch, "context_len": q.context_len, "ratio": q.ratio, "mtp": q.mtp,
                        "accept_ratio": q.accept_ratio, "memory_limit": False}, published=r.published, source=r.source,
                note=f"calibration residual {r.rel_error:+.2%}; read_from_chart={r.read_from_chart}")
 print(f"compute_scale {p.compute_scale:.3f}, comm_scale {p.comm_scale:.3f}, fixed {p.fixed_ms:.1f} ms per step")
@@ -103,7 +105,7 @@ curve0 = pd.DataFrame({"batch": curve_batches,
 ref_lines = {f"{limits[k]['context_len'] // 1024}K limit": limits[k]["value"]
              for k in ("batch_limit_32k", "batch_limit_128k")}
 vsim.fig_calibration(cal.residuals, curve, curve0, limits=ref_lines,
-                     title=f"Decode throughput against batch: {L32 // 1024}K, MTP {dep.mtp_tokens_per_step}, accept "
+                     title=f"Decode throughput against batch: {L32 // 1024}K, MTP {dep.mtp}, accept "
                            f"{dep.mtp_accept_ratio}, no memory limit").show()
 vsim.fig_residuals(cal.residuals).show()
 
@@ -114,10 +116,10 @@ vsim.fig_residuals(cal.residuals).show()
 
 # %%
 B1 = row["batch"]
-row_cfg = {"batch": B1, "context_len": L32, "ratio": row["ratio"], "mtp": row["mtp_tokens"],
+row_cfg = {"batch": B1, "context_len": L32, "ratio": row["ratio"], "mtp": row["mtp"],
            "accept_ratio": row["accept_ratio"]}
-r52 = simulate(B1, L32, row["ratio"], mtp_tokens=row["mtp_tokens"], accept_ratio=row["accept_ratio"], params=p)
-r53 = simulate(B1 + 1, L32, row["ratio"], mtp_tokens=row["mtp_tokens"], accept_ratio=row["accept_ratio"], params=p)
+r52 = simulate(B1, L32, row["ratio"], mtp=row["mtp"], accept_ratio=row["accept_ratio"], params=p)
+r53 = simulate(B1 + 1, L32, row["ratio"], mtp=row["mtp"], accept_ratio=row["accept_ratio"], params=p)
 step_published_ms = row["accept_ratio"] / row["otps"] * 1e3        # step = accepted tokens per step / OTPS
 rec.record("table2_row1_throughput", float(r52.throughput[0]), "tokens/s per node", config=row_cfg,
            published=row["value"], source=row["source"], note="calibration row")
@@ -139,7 +141,7 @@ assert abs(r52.throughput[0] / row["value"] - 1) < 0.03 and not r53.feasible[0]
 # %%
 fig1_only = [q for q in points if q.read_from_chart]
 cal_f1 = calibrate(fig1_only)
-pred_row = float(simulate(B1, L32, row["ratio"], mtp_tokens=row["mtp_tokens"], accept_ratio=row["accept_ratio"],
+pred_row = float(simulate(B1, L32, row["ratio"], mtp=row["mtp"], accept_ratio=row["accept_ratio"],
                           params=cal_f1.params).throughput[0])
 rec.record("table2_row1_from_fig1_only_fit", pred_row, "tokens/s per node",
            config={**row_cfg, "fitted_on": "Fig. 1 only"}, published=row["value"],
@@ -151,12 +153,13 @@ assert abs(pred_row / row["value"] - 1) < 0.08
 # ## How much the fitting choices move the predictions
 # The same fit under other defensible choices (Fig. 1 alone; Table 2's row weighted like 1 or 20 chart points), and
 # no-offload predictions under each: the 128K row at its memory limit, and MTP 4 at batch 52 against row 1 for each
-# accept ratio the project predicts for (2.8 and 3.4, from the project's issue 6: configurations, not published
-# values; the paper's MTP 4 accept ratio is held back). The spread is a floor on the simulator's error for what is
+# accept ratio the project predicts for (2.8 and 3.4, the settings of the paper's Table 2 MTP 4 rows, its
+# configuration column: configurations, not published values; the paper's MTP 4 accept ratio is held back). The
+# spread is a floor on the simulator's error for what is
 # held back.
 
 # %%
-variants = calibration_variants(**({"grid": 12, "refine": 1} if smoke else {}))
+variants = calibration_variants(**variant_fit)
 lim128 = limits["batch_limit_128k"]
 B128, L128 = lim128["value"], lim128["context_len"]
 accs = mtp4["accept_ratios"]
@@ -165,7 +168,7 @@ for name, c in variants.items():
     q = c.params
     n = len(accs)
     r = simulate([B128, B1] + [B1] * n, [L128, L32] + [L32] * n, 1.0,
-                 mtp_tokens=[row["mtp_tokens"]] * 2 + [mtp4["mtp_tokens"]] * n,
+                 mtp=[row["mtp"]] * 2 + [mtp4["mtp"]] * n,
                  accept_ratio=[row["accept_ratio"]] * 2 + list(accs), params=q)
     rows.append({"fit": name, "compute_scale": q.compute_scale, "comm_scale": q.comm_scale, "fixed_ms": q.fixed_ms,
                  "rms_rel_error": c.rms_rel_error, f"tput_{L128 // 1024}k_b{B128}": r.throughput[0],
@@ -189,12 +192,12 @@ assert (spread.rms_rel_error < 0.08).all()
 # communication lane, most of it hidden behind the other micro-batch's compute.
 
 # %%
-bd = step_breakdown(p, breakdown_batches, L32, mtp=row["mtp_tokens"], accept_ratio=row["accept_ratio"])
+bd = step_breakdown(p, breakdown_batches, L32, mtp=row["mtp"], accept_ratio=row["accept_ratio"])
 display(bd.round(2))
 vsim.fig_step_breakdown(bd.drop(columns=["comm_lane_total", "step"])).show()
 for b, r in bd.iterrows():
     rec.record(f"step_ms_b{b}", r.step, "ms", config={"batch": int(b), "context_len": L32, "ratio": 1.0,
-                                                      "mtp": row["mtp_tokens"], "memory_limit": False})
+                                                      "mtp": row["mtp"], "memory_limit": False})
 assert (np.diff(bd.step.to_numpy()) > 0).all()
 
 # %% [markdown]
@@ -207,7 +210,7 @@ b128 = largest_batch(L128, 1.0).batch
 assert b128 == B128, (b128, lim128)
 r13 = simulate(b128, L128, 1.0, params=p)
 rec.record(f"pred_{L128 // 1024}k_b{b128}_r1_throughput", float(r13.throughput[0]), "tokens/s per node",
-           config={"batch": b128, "context_len": L128, "ratio": 1.0, "mtp": dep.mtp_tokens_per_step,
+           config={"batch": b128, "context_len": L128, "ratio": 1.0, "mtp": dep.mtp,
                    "accept_ratio": dep.mtp_accept_ratio}, note="held back in the paper: prediction")
 print(f"{L128 // 1024}K, batch {b128}, no offload: {r13.throughput[0]:,.0f} tokens/s per node, OTPS {r13.otps[0]:.1f}")
 assert r13.feasible[0] and not simulate(b128 + 1, L128, 1.0, params=p).feasible[0]

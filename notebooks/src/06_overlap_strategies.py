@@ -34,6 +34,8 @@ profile_ratio = 0.1
 context_len_short = 32768
 profile_ratio_short = 0.2
 offload_ratios = [0.2, 0.1]
+smoke_sizes = {"miss_grid": [0, 100, 400, 1600, 4096], "links_GB_per_s": [8, 37, 128], "cachesim_steps": 16,
+               "cachesim_batch": 2}
 
 # %%
 import numpy as np
@@ -53,21 +55,19 @@ from ess.viz import sim as vsim
 viz.use_notebook_renderer()
 rec = ess.Recorder("06_overlap_strategies", results_path)
 if smoke:
-    miss_grid = [0, 100, 400, 1600, 4096]
-    links_GB_per_s = [8, 37, 128]
-    cachesim_steps, cachesim_batch = 16, 2
+    globals().update(smoke_sizes)              # the CI sizes of the parameters cell
 params = calibrate().params
 misses_fn = scenarios.misses_from_cachesim(steps=cachesim_steps, batch=cachesim_batch)
-L, B, T, LINK, D2H = context_len, batch, mtp, h2d_GB_per_s, d2h_GB_per_s
+L, B, LINK, D2H = context_len, batch, h2d_GB_per_s, d2h_GB_per_s
 chart = published("paper_table2")["overlap_overhead_128k"]
 flashtrans = link_figures()["flashtrans"]
-as_data = ((L, B, T, LINK) == (chart["context_len"], chart["batch"], chart["mtp_tokens"], chart["h2d_GB_per_s"])
+as_data = ((L, B, mtp, LINK) == (chart["context_len"], chart["batch"], chart["mtp"], chart["h2d_GB_per_s"])
            and (LINK, D2H) == (flashtrans["h2d_GB_per_s"], flashtrans["d2h_GB_per_s"]))
 print(f"memory model's limit at {L // 1024}K, ratio {profile_ratio}: batch "
       f"{ess.largest_batch(L, profile_ratio).batch} (the chart's batch {B} is a stress point)")
 print("configuration: the paper's overlap chart with the FlashTrans link" if as_data else
       f"what-if: the parameters differ from the chart ({chart['source']}) or FlashTrans ({flashtrans})")
-cfg = {"context_len": L, "batch": B, "mtp": T, "h2d_GB_per_s": LINK, "d2h_GB_per_s": D2H,
+cfg = {"context_len": L, "batch": B, "mtp": mtp, "h2d_GB_per_s": LINK, "d2h_GB_per_s": D2H,
        "params": "calibrated (notebook 05)", "memory_checked": False, "as_published_chart": as_data}
 
 # %% [markdown]
@@ -76,11 +76,11 @@ cfg = {"context_len": L, "batch": B, "mtp": T, "h2d_GB_per_s": LINK, "d2h_GB_per
 # most); the x axis is its mean over layers.
 
 # %%
-prof = misses_fn(L, profile_ratio, T)
-ov = scenarios.overlap_vs_misses(params, miss_grid, context_len=L, batch=B, mtp=T, h2d_GB_per_s=LINK, profile=prof)
+prof = misses_fn(L, profile_ratio, mtp)
+ov = scenarios.overlap_vs_misses(params, miss_grid, context_len=L, batch=B, mtp=mtp, h2d_GB_per_s=LINK, profile=prof)
 piv = ov.pivot(index="misses_per_layer", columns="strategy", values="overhead_pct")
 display(piv.round(2))
-label = f"{L // 1024}K, batch {B}, MTP {T}, {LINK:g} GB/s"
+label = f"{L // 1024}K, batch {B}, MTP {mtp}, {LINK:g} GB/s"
 vsim.fig_overlap_vs_misses(ov, f"Offload overhead, {label}").show()
 for _, r in ov.iterrows():
     rec.record(f"overhead_{r.strategy}_m{int(r.misses_per_layer)}", r.overhead_pct, "% of step",
@@ -110,11 +110,11 @@ print(f"DBA beats DA from {cross} misses per layer on this grid")
 
 # %%
 Ls = context_len_short
-ov32 = scenarios.overlap_vs_misses(params, miss_grid, context_len=Ls, batch=B, mtp=T, h2d_GB_per_s=LINK,
-                              profile=misses_fn(Ls, profile_ratio_short, T))
+ov32 = scenarios.overlap_vs_misses(params, miss_grid, context_len=Ls, batch=B, mtp=mtp, h2d_GB_per_s=LINK,
+                              profile=misses_fn(Ls, profile_ratio_short, mtp))
 piv32 = ov32.pivot(index="misses_per_layer", columns="strategy", values="overhead_pct")
 display(piv32.round(2))
-vsim.fig_overlap_vs_misses(ov32, f"Offload overhead, {Ls // 1024}K, batch {B}, MTP {T}, {LINK:g} GB/s").show()
+vsim.fig_overlap_vs_misses(ov32, f"Offload overhead, {Ls // 1024}K, batch {B}, MTP {mtp}, {LINK:g} GB/s").show()
 for _, r in ov32.iterrows():
     rec.record(f"overhead{Ls // 1024}k_{r.strategy}_m{int(r.misses_per_layer)}", r.overhead_pct, "% of step",
                config={**cfg, "context_len": Ls, "strategy": r.strategy, "mean_misses_per_layer": r.misses_per_layer,
@@ -131,9 +131,9 @@ assert (piv32["best"] <= piv32[list(STRATEGIES)].min(axis=1) + 1e-9).all()
 # %%
 rows = []
 for ratio in offload_ratios:
-    m = misses_fn(L, ratio, T)
+    m = misses_fn(L, ratio, mtp)
     for s in STRATEGIES + ("best",):
-        r = simulate(B, L, ratio, misses=m, mtp_tokens=T, h2d_GB_per_s=LINK, d2h_GB_per_s=D2H, strategy=s,
+        r = simulate(B, L, ratio, misses=m, mtp=mtp, h2d_GB_per_s=LINK, d2h_GB_per_s=D2H, strategy=s,
                      params=params, check_memory=False)
         ch = r.layer_strategy[0]
         rows.append({"ratio": ratio, "strategy": s, "mean_misses_per_layer": m.mean(),
@@ -155,11 +155,11 @@ for _, r in at_sim.iterrows():
 # which shows a progress bar and can run on a Dask cluster by passing `scheduler=`.
 
 # %%
-m01 = misses_fn(L, profile_ratio, T)
+m01 = misses_fn(L, profile_ratio, mtp)
 parts = []
 for s in STRATEGIES + ("best",):
     df = sweep({"batch": [B], "context_len": [L], "ratio": [profile_ratio], "h2d_GB_per_s": links_GB_per_s},
-               misses=m01, mtp_tokens=T, d2h_GB_per_s=D2H, strategy=s, params=params, check_memory=False, workers=0)
+               misses=m01, mtp=mtp, d2h_GB_per_s=D2H, strategy=s, params=params, check_memory=False, workers=0)
     df["strategy"] = s
     parts.append(df)
 links = pd.concat(parts)

@@ -6,8 +6,8 @@
 # row is given to us (calibration data); the rest is **held back**, so this notebook predicts every other row with
 # the calibrated simulator of notebook 05 and the per-layer miss counts of the cache simulation (`ess.cachesim`,
 # synthetic traces with the paper's Fig. 2 locality profile, LRU with warmup). The paper's MTP 4 accept ratio is held
-# back too, so the MTP 4 rows are a sweep over the two accept ratios the project's issue 6 asks to predict for (2.8
-# and 3.4): configurations, not published values. Then it rebuilds the article's 32K
+# back too, so the MTP 4 rows are a sweep over two accept ratios, 2.8 and 3.4, the settings of the paper's Table 2
+# MTP 4 rows (its configuration column): configurations, not published values. Then it rebuilds the article's 32K
 # table row by row: the article's numbers, the paper configuration each row comes from, the paper's given
 # percentages, and ours, with the differences explained.
 #
@@ -19,6 +19,7 @@ smoke = False
 results_path = ""
 cachesim_steps = 64
 cachesim_batch = 4
+smoke_sizes = {"cachesim_steps": 16, "cachesim_batch": 2}
 
 # %%
 import numpy as np
@@ -37,7 +38,7 @@ from ess.viz import sim as vsim
 viz.use_notebook_renderer()
 rec = ess.Recorder("07_table_32k", results_path)
 if smoke:
-    cachesim_steps, cachesim_batch = 16, 2
+    globals().update(smoke_sizes)              # the CI sizes of the parameters cell
 cal = calibrate()
 params = cal.params
 misses_fn = scenarios.misses_from_cachesim(steps=cachesim_steps, batch=cachesim_batch)
@@ -46,7 +47,7 @@ sim_cfg = {"params": "calibrated (notebook 05)", "strategy": "best per layer",
            "h2d_GB_per_s": flashtrans["h2d_GB_per_s"], "d2h_GB_per_s": flashtrans["d2h_GB_per_s"],
            "misses": misses_fn.config, "deployment": "paper-table1"}
 mtp4 = published("paper_table2")["t2_32k_mtp4"]
-print(f"MTP {mtp4['mtp_tokens']} rows are swept over accept ratios {mtp4['accept_ratios']}: "
+print(f"MTP {mtp4['mtp']} rows are swept over accept ratios {mtp4['accept_ratios']}: "
       f"{mtp4['accept_ratio_source']}")
 print(f"calibrated: compute x{params.compute_scale:.3f}, comm x{params.comm_scale:.3f}, "
       f"fixed {params.fixed_ms:.1f} ms; "
@@ -79,13 +80,14 @@ pred = t2[t2.status == "predicted"]
 assert (pred.stall_ms >= -1e-9).all()
 assert (t2.status.isin(["predicted", "infeasible", "calibration (fitted)"])).all()
 assert (t2[t2.status == "infeasible"].reason.str.len() > 0).all()
-assert sorted(t2[t2.mtp == mtp4["mtp_tokens"]].accept_ratio.unique()) == sorted(mtp4["accept_ratios"])
-assert t2[t2.mtp == mtp4["mtp_tokens"]].published.isna().all()
+assert sorted(t2[t2.mtp == mtp4["mtp"]].accept_ratio.unique()) == sorted(mtp4["accept_ratios"])
+assert t2[t2.mtp == mtp4["mtp"]].published.isna().all()
 
 # %% [markdown]
 # ## Every prediction, recorded with its configuration
 # Held-back rows have no published value here; set them beside the paper's Table 2 by their configuration. Each
-# record also says where its accept ratio comes from (the MTP 4 ones: a configuration of issue 6).
+# record also says where its accept ratio comes from (the MTP 4 ones: a configuration, the settings of the paper's
+# Table 2 MTP 4 rows, its configuration column).
 
 # %%
 for _, r in t2.iterrows():
@@ -180,10 +182,10 @@ assert art.ours_tok_s.iloc[0] == row1.throughput
 assert set(art.mtp4_accept_ratio.dropna()) == set(mtp4["accept_ratios"])
 
 # %%
-m4 = {acc: t2[(t2.mtp == mtp4["mtp_tokens"]) & (t2.accept_ratio == acc) & (t2.batch == row1.batch)].gain_pct.iloc[0]
+m4 = {acc: t2[(t2.mtp == mtp4["mtp"]) & (t2.accept_ratio == acc) & (t2.batch == row1.batch)].gain_pct.iloc[0]
       for acc in mtp4["accept_ratios"]}
 offrows = t2[(t2.ratio < 1) & (t2.status == "predicted")]
-print(f"MTP {T1} -> {mtp4['mtp_tokens']} at batch {row1.batch}, for each accept ratio of the sweep: "
+print(f"MTP {T1} -> {mtp4['mtp']} at batch {row1.batch}, for each accept ratio of the sweep: "
       + ", ".join(f"accept {a}: {g:+.1f} %" for a, g in m4.items())
       + f" (the report's MTP-alone gain: +{src['blog_mtp_alone']['value']} %, at the paper's held-back accept ratio)")
 print(f"offload rows with simulated misses: gain {offrows.gain_pct.min():+.1f} % to {offrows.gain_pct.max():+.1f} %; "
@@ -199,7 +201,8 @@ rec.to_frame()[["name", "value", "unit", "published", "error"]]
 # * Every held-back 32K row of Table 2 is predicted and recorded with its configuration (batch, ratio, MTP, accept
 #   ratio and where it comes from, link, strategy, miss source).
 # * MTP 4's gain scales directly with its accept ratio, which the paper holds back; the two accept ratios of the sweep
-#   (configurations from the project's issue 6, not published values) bracket the outcome, printed above beside the
+#   (the settings of the paper's Table 2 MTP 4 rows, its configuration column: configurations, not published values)
+#   bracket the outcome, printed above beside the
 #   report's +53.1 %. Four query tokens and three draft passes make the step longer either way.
 # * Offload rows are predicted twice: with the cache-simulated misses (synthetic traces) and with zero misses (only
 #   the write-back); the break-even table says how few misses each row can afford, so the miss counts, more than the

@@ -21,9 +21,9 @@ adaptive_contexts = [32768, 131072]
 otps_floor = 20.0
 compare_context_len = 32768
 compare_ratio = 0.2
+smoke_sizes = {"cachesim_steps": 16, "cachesim_batch": 2, "adaptive_ratios": [1.0, 0.2, 0.1]}
 
 # %%
-import numpy as np
 import pandas as pd
 from IPython.display import display
 
@@ -42,8 +42,7 @@ from ess.widgets.sim import sim_budget_view, sim_budget_widget
 viz.use_notebook_renderer()
 rec = ess.Recorder("08_128k_and_deployment", results_path)
 if smoke:
-    cachesim_steps, cachesim_batch = 16, 2
-    adaptive_ratios = [1.0, 0.2, 0.1]
+    globals().update(smoke_sizes)              # the CI sizes of the parameters cell
 params = calibrate().params
 misses_fn = scenarios.misses_from_cachesim(steps=cachesim_steps, batch=cachesim_batch)
 flashtrans = link_figures()["flashtrans"]             # the simulator's default link ([BLOG] FlashTrans)
@@ -79,11 +78,11 @@ assert (t128.sort_values("ratio", ascending=False).batch.diff().dropna() >= 0).a
 c128 = tsim.claim_128k(t128)
 rec.record("claim_128k_gain_pct", c128["ours_pct"], "%",
            config={"batch": c128["batch"], "ratio": c128["ratio"], "baseline_batch": c128["baseline_batch"],
-                   "context_len": limit128["context_len"], "mtp": dep.mtp_tokens_per_step,
+                   "context_len": limit128["context_len"], "mtp": dep.mtp,
                    "accept_ratio": dep.mtp_accept_ratio, **sim_cfg},
            published=c128["published_pct"], source=c128["source"],
            note=f"zero-miss bound {c128['ours_pct_no_miss']:+.1f} %")
-print(f"{limit128['context_len'] // 1024}K, MTP {dep.mtp_tokens_per_step}: ours {c128['ours_pct']:+.1f} % "
+print(f"{limit128['context_len'] // 1024}K, MTP {dep.mtp}: ours {c128['ours_pct']:+.1f} % "
       f"(batch {c128['batch']} at ratio {c128['ratio']} vs batch "
       f"{c128['baseline_batch']} without offload); zero-miss bound {c128['ours_pct_no_miss']:+.1f} %; "
       f"published +{c128['published_pct']} %")
@@ -96,17 +95,17 @@ print(f"{limit128['context_len'] // 1024}K, MTP {dep.mtp_tokens_per_step}: ours 
 
 # %%
 rows = []
-T = dep.mtp_tokens_per_step
+mtp = dep.mtp
 for L in adaptive_contexts:
-    mbr = {r: misses_fn(L, r, T) for r in adaptive_ratios
-           if r < 1 and pool_slots(model, r, L) >= step_entries(model, L, T)}
+    mbr = {r: misses_fn(L, r, mtp) for r in adaptive_ratios
+           if r < 1 and pool_slots(model, r, L) >= step_entries(model, L, mtp)}
     ratios = [r for r in adaptive_ratios if r == 1.0 or r in mbr]
     for floor in (None, otps_floor):
         b = best_batch(L, ratios, misses_by_ratio=mbr, otps_floor=floor, params=params)
         rows.append({"context_len": L, "otps_floor": floor, **b})
         rec.record(f"adaptive_{L // 1024}k_floor{floor or 0:g}_throughput",
                    b["throughput"] if b["throughput"] is not None else "none", "tokens/s per node",
-                   config={"context_len": L, "ratios": ratios, "otps_floor": floor, "mtp": T,
+                   config={"context_len": L, "ratios": ratios, "otps_floor": floor, "mtp": mtp,
                            "accept_ratio": dep.mtp_accept_ratio, **sim_cfg},
                    note=f"batch {b['batch']}, ratio {b['ratio']}, OTPS {b['otps']}; {b['reason']}")
 adaptive = pd.DataFrame(rows)

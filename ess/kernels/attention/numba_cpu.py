@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import threading
 
-import numba
 import numpy as np
 from numba import njit, prange
 
@@ -287,11 +286,9 @@ _LOCAL = threading.local()      # per-thread scratch: two threads never share a 
 
 def _workspace(shape: tuple) -> np.ndarray:
     """A float32 scratch buffer for the dequantised entries, reused by later calls **of the same thread** (a fresh
-    4.7 MB buffer per call adds page faults: sparse_mla_decode with B = 1, K = 2,048, min of 60 interleaved calls on
-    the loaded 2-core CI machine, reused against fresh: 1.61 against 1.92 ms for 16 heads, 17.0 against 17.2 ms for
-    128; the per-thread lookup costs about 0.4 us). Each thread has its own (``threading.local``), so concurrent
-    callers never overwrite each other's entries; one buffer per thread is kept (the last shape). Contents are
-    overwritten before they are read."""
+    4.7 MB buffer per call adds page faults; the measurement is in ``benchmarks/README.md``). Each thread has its own
+    (``threading.local``), so concurrent callers never overwrite each other's entries; one buffer per thread is kept
+    (the last shape). Contents are overwritten before they are read."""
     buf = getattr(_LOCAL, "work", None)
     if buf is None or buf.shape != shape:
         buf = _LOCAL.work = np.empty(shape, np.float32)
@@ -312,7 +309,3 @@ def sparse_mla_decode(q, pool, indices, sm_scale, fp8, kv_rank, rope_dim, tile, 
     kv = _workspace((B, K, kv_rank + rope_dim))
     _gather_dequant(pool, comp, nvalid, bool(fp8), kv_rank, rope_dim, tile, _LUT, kv)
     _mla(q, kv, nvalid, np.float32(sm_scale), kv_rank, out, lse)
-
-
-def threads() -> int:
-    return numba.get_num_threads()

@@ -3,11 +3,8 @@
 Each thread takes a contiguous share of the pairs and copies each row as 8-byte words when the row width allows it
 (656 B = 82 words), byte by byte otherwise. Rows are scattered in a large host pool, so the copy is bound by memory
 latency, not bandwidth: the kernel issues a software prefetch (``llvm.prefetch``) for every 64-byte line of the row
-``PREFETCH_ROWS`` pairs ahead, to keep more loads in flight. Measured on the 2-core CI machine with rows not in the
-CPU caches (benchmarks/transfer_gather.py, without and with the prefetch in the same run; two runs): 51 -> 60 % and
-62 -> 72 % of a contiguous copy of the same bytes for random indices with two threads (+12 % on one thread,
-measured separately); rows already in the caches copy at 90-100 %
-of the contiguous rate either way.
+``PREFETCH_ROWS`` pairs ahead, to keep more loads in flight (what that gains is measured by
+``benchmarks/transfer_gather.py``; see ``benchmarks/README.md``).
 Same signature as :func:`ess.kernels.transfer.reference.copy_rows`.
 """
 from __future__ import annotations

@@ -1,0 +1,51 @@
+"""tools/compare_results.py: deterministic records must match exactly, wall-clock ones are only listed, renames map."""
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tools"))
+import compare_results as C  # noqa: E402
+
+
+def _tree(folder: Path, records: dict) -> Path:
+    folder.mkdir()
+    for nb, recs in records.items():
+        (folder / f"{nb}.json").write_text(json.dumps(recs))
+    return folder
+
+
+def _rec(name, value, unit="", config=None, source=None):
+    return {"name": name, "value": value, "unit": unit, "config": config or {}, "published": None,
+            "source": source, "note": ""}
+
+
+def test_identical_trees_pass_and_a_changed_value_fails(tmp_path):
+    recs = {"01_x": [_rec("a", 1.5), _rec("b", [1, 2], "B")],
+            "03_sparse_attention": [_rec("cost_dense_L2048", 9.0, "ms/step")]}
+    before = _tree(tmp_path / "before", recs)
+    same = _tree(tmp_path / "same", {**recs, "03_sparse_attention": [_rec("cost_dense_L2048", 7.0, "ms/step")]})
+    res = C.compare(before, same)
+    assert not res["differ"] and [r[1] for r in res["wall_clock"]] == ["cost_dense_L2048"]
+    assert C.report(res, out=open("/dev/null", "w"))
+    changed = _tree(tmp_path / "changed", {**recs, "01_x": [_rec("a", 1.5000000000000002), _rec("b", [1, 2], "B")]})
+    res = C.compare(before, changed)
+    assert [r[1] for r in res["differ"]] == ["a"]                  # one ulp is a difference
+    assert not C.report(res, out=open("/dev/null", "w"))
+    int_vs_float = _tree(tmp_path / "types", {**recs, "01_x": [_rec("a", 1.5), _rec("b", [1.0, 2], "B")]})
+    assert [r[1] for r in C.compare(before, int_vs_float)["differ"]] == ["b"]
+
+
+def test_renames_map_names_and_scoped_config_keys(tmp_path):
+    before = _tree(tmp_path / "before", {"04_p": [
+        _rec("tiers_x", 1, config={"warmup": "before", "trace": {"model": "drift"}, "model": "tiny"}),
+        _rec("policy_importance", 2, config={"warmup": True})]})
+    after = _tree(tmp_path / "after", {"04_p": [
+        _rec("classes_x", 1, config={"warmup_mode": "before", "trace": {"trace_model": "drift"}, "model": "tiny"}),
+        _rec("policy_heat", 2, config={"warmup": True})]})
+    res = C.compare(before, after, keys=["classes_.*:warmup=warmup_mode", "trace.model=trace_model"],
+                    names=[("^tiers_", "classes_"), ("importance", "heat")])
+    assert not res["differ"] and not res["missing"] and not res["added"] and not res["text"]
+    assert dict(res["renamed_keys"]) == {"warmup -> warmup_mode": 1, "trace.model -> trace_model": 1}
+    unscoped = C.compare(before, after, names=[("^tiers_", "classes_"), ("importance", "heat")])
+    assert [r[1] for r in unscoped["text"]] == ["classes_x"]        # configs differ without the key rules
