@@ -13,7 +13,8 @@ device -> host (D2H) -- as :class:`Transfer` jobs and waits for them where its s
 * :class:`CudaStreamLink` a CUDA copy stream: jobs are enqueued on it, waits are stream events.
 
 Every link keeps each job in ``records`` (a :class:`Transfer`: kind, layer, bytes, and when it was submitted, crossed
-and was waited for, on the clock of :func:`time.perf_counter`, the compute thread's).
+and was waited for) on its clock: :func:`time.perf_counter` (wall time), or for an :class:`EmulatedLink` optionally
+:func:`time.thread_time`, the CPU time of the compute thread that submits and waits (see :data:`CLOCKS`).
 """
 from __future__ import annotations
 
@@ -24,20 +25,25 @@ from typing import Sequence
 
 from . import validate
 
-__all__ = ["Transfer", "SyncLink", "EmulatedLink", "CudaStreamLink", "make_link"]
+__all__ = ["CLOCKS", "Transfer", "SyncLink", "EmulatedLink", "CudaStreamLink", "make_link"]
+
+#: ``"wall"``: :func:`time.perf_counter`. ``"cpu"``: :func:`time.thread_time` of the calling (compute) thread -- on a
+#: shared machine, the time this thread ran, without the other processes' share; an emulated link on this clock
+#: crosses its bytes in the compute thread's CPU seconds (its waits spin, so that the clock runs while they wait).
+CLOCKS = {"wall": time.perf_counter, "cpu": time.thread_time}
 
 Chunk = tuple          # (fn: Callable[[], None], nbytes: int)
 
 
 class Transfer:
     """A submitted job and its record: ``kind`` (``"h2d"``/``"d2h"``), ``layer``, ``nbytes``, and on the clock of
-    :func:`time.perf_counter` when it was submitted (``submit_s``), began and ended crossing (``start_s``,
+    the link's clock (``clock``) when it was submitted (``submit_s``), began and ended crossing (``start_s``,
     ``end_s``), and when the caller's :meth:`wait` returned (``returned_s``; ``waited_s`` how long it blocked).
     :meth:`wait` re-raises a failure of the job's copy."""
 
-    def __init__(self, kind: str, layer: int, nbytes: int):
-        self.kind, self.layer, self.nbytes = kind, layer, nbytes
-        self.submit_s = time.perf_counter()
+    def __init__(self, kind: str, layer: int, nbytes: int, clock=time.perf_counter):
+        self.kind, self.layer, self.nbytes, self.clock = kind, layer, nbytes, clock
+        self.submit_s = clock()
         self.start_s = self.end_s = self.returned_s = float("nan")
         self.waited_s = 0.0
         self.error: BaseException | None = None
@@ -52,9 +58,9 @@ class Transfer:
 
     def wait(self) -> float:
         """Block until the job has landed; returns (and keeps in ``waited_s``) the seconds spent waiting."""
-        t0 = time.perf_counter()
+        t0 = self.clock()
         self._done.wait()
-        self.returned_s = time.perf_counter()
+        self.returned_s = self.clock()
         self.waited_s = self.returned_s - t0
         if self.error is not None:
             raise self.error
@@ -121,8 +127,8 @@ class _PacedTransfer(Transfer):
     returns once that time has come and its bytes are copied. Whoever gets to it first copies it: the worker, or the
     waiter (which then does not depend on when the worker thread is scheduled)."""
 
-    def __init__(self, kind, layer, nbytes, start_s, due_s, chunks):
-        super().__init__(kind, layer, nbytes)
+    def __init__(self, kind, layer, nbytes, start_s, due_s, chunks, clock):
+        super().__init__(kind, layer, nbytes, clock)
         self.start_s, self.due_s = start_s, due_s
         self._chunks = chunks
         self._claim = threading.Lock()
@@ -143,16 +149,17 @@ class _PacedTransfer(Transfer):
             self._done.wait()
 
     def done(self) -> bool:
-        return super().done() and time.perf_counter() >= self.due_s
+        return super().done() and self.clock() >= self.due_s
 
     def wait(self) -> float:
-        t0 = time.perf_counter()
+        clock = self.clock
+        t0 = clock()
         self._copy(blocking=True)
-        if self.due_s - time.perf_counter() > _SLEEP_AHEAD_S:
-            time.sleep(self.due_s - time.perf_counter() - _SLEEP_AHEAD_S)
-        while time.perf_counter() < self.due_s:            # the last stretch spins: no wake-up latency
+        if clock is time.perf_counter and self.due_s - clock() > _SLEEP_AHEAD_S:
+            time.sleep(self.due_s - clock() - _SLEEP_AHEAD_S)
+        while clock() < self.due_s:            # spin (the last stretch of wall time; all of CPU time)
             pass
-        self.returned_s = time.perf_counter()
+        self.returned_s = clock()
         self.waited_s = self.returned_s - t0
         if self.error is not None:
             raise self.error
@@ -179,9 +186,10 @@ class EmulatedLink(_Link):
 
     name = "emulated"
 
-    def __init__(self, GB_per_s: float | None):
+    def __init__(self, GB_per_s: float | None, *, clock: str = "wall"):
         super().__init__()
         self.GB_per_s = None if GB_per_s is None else validate.real("GB_per_s", GB_per_s, lo=0.0, lo_open=True)
+        self.clock = CLOCKS[validate.one_of("clock", clock, tuple(CLOCKS))]
         self._per_byte = 0.0 if self.GB_per_s is None else 1.0 / (self.GB_per_s * 1e9)
         self._free_at = 0.0                   # when the link's clock has crossed every job submitted so far
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
@@ -195,9 +203,9 @@ class EmulatedLink(_Link):
             raise RuntimeError("the link is closed")
         nbytes = sum(n for _, n in chunks)
         with self._lock:
-            start = max(time.perf_counter(), self._free_at)
+            start = max(self.clock(), self._free_at)
             self._free_at = start + nbytes * self._per_byte
-            job = _PacedTransfer(kind, layer, nbytes, start, self._free_at, chunks)
+            job = _PacedTransfer(kind, layer, nbytes, start, self._free_at, chunks, self.clock)
             self.records.append(job)
         self._queue.put(job)
         return job
@@ -270,9 +278,10 @@ class CudaStreamLink(_Link):
         return job
 
 
-def make_link(GB_per_s: float | None = None, *, device: str = "cpu", emulate: bool = True) -> _Link:
-    """The link for a device: on CUDA a copy stream; on the CPU an :class:`EmulatedLink` of ``GB_per_s``
-    (``emulate=False``: a :class:`SyncLink`)."""
+def make_link(GB_per_s: float | None = None, *, device: str = "cpu", emulate: bool = True,
+              clock: str = "wall") -> _Link:
+    """The link for a device: on CUDA a copy stream; on the CPU an :class:`EmulatedLink` of ``GB_per_s`` on
+    ``clock`` (``emulate=False``: a :class:`SyncLink`)."""
     if str(device).startswith("cuda"):
         return CudaStreamLink(device)
-    return EmulatedLink(GB_per_s) if emulate else SyncLink()
+    return EmulatedLink(GB_per_s, clock=clock) if emulate else SyncLink()

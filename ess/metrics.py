@@ -142,7 +142,7 @@ def link_model(name: str = "flashtrans_h2d") -> LinkModel:
 @dataclass(frozen=True)
 class OpRecord:
     """One operation on the compute lane: decode ``step``, ``layer`` (-1 outside the layers), ``op`` name,
-    ``start_s`` and ``end_s`` on :func:`time.perf_counter`."""
+    ``start_s`` and ``end_s`` on the timer's clock."""
 
     step: int
     layer: int
@@ -153,10 +153,12 @@ class OpRecord:
 
 class OpTimer:
     """Times operations with :meth:`span` (a context manager) into ``records``; ``step`` is set by the caller.
-    ``enabled=False`` times nothing (the spans cost one attribute check)."""
+    ``enabled=False`` times nothing (the spans cost one attribute check). ``clock``: :func:`time.perf_counter`
+    (wall time) or another clock, e.g. :func:`time.thread_time` (the calling thread's CPU time)."""
 
-    def __init__(self, enabled: bool = True):
+    def __init__(self, enabled: bool = True, clock=time.perf_counter):
         self.enabled = bool(enabled)
+        self.clock = clock
         self.step = 0
         self.records: list[OpRecord] = []
 
@@ -165,11 +167,11 @@ class OpTimer:
         if not self.enabled:
             yield
             return
-        t0 = time.perf_counter()
+        t0 = self.clock()
         try:
             yield
         finally:
-            self.records.append(OpRecord(self.step, layer, op, t0, time.perf_counter()))
+            self.records.append(OpRecord(self.step, layer, op, t0, self.clock()))
 
     def add(self, op: str, layer: int, start_s: float, end_s: float) -> None:
         """Record an interval measured elsewhere (e.g. a wait)."""

@@ -150,8 +150,8 @@ def test_emulated_link_takes_at_least_bytes_over_bandwidth_and_keeps_order():
         b.wait()
         assert time.perf_counter() - t0 >= 0.025                     # b waits for a: one link
     assert order == ["a1", "a2", "b"]
-    assert a.end_s - a.start_s >= 0.02 and b.start_s >= a.end_s
-    assert link.busy_s() >= 0.025
+    assert a.end_s - a.start_s == pytest.approx(0.02) and b.start_s >= a.end_s     # the link's clock
+    assert link.busy_s() == pytest.approx(0.025)
 
 
 def test_emulated_link_runs_beside_the_caller():
@@ -185,3 +185,14 @@ def test_a_closed_link_refuses_work_and_bad_chunks_are_refused():
     assert isinstance(make_link(None, emulate=False), SyncLink)
     threading.enumerate()                                            # the worker thread has ended
     assert not any(t.name == "ess-link" and t.is_alive() for t in threading.enumerate() if t is link._thread)
+
+
+def test_a_link_on_the_cpu_clock_crosses_in_the_waiters_cpu_seconds():
+    with EmulatedLink(0.001, clock="cpu") as link:                  # 1 MB/s: 20,000 B take 20 ms of CPU time
+        t0 = time.thread_time()
+        job = link.submit("h2d", 0, [(lambda: None, 20_000)])
+        job.wait()                                                   # spins: the thread's CPU clock runs
+        assert time.thread_time() - t0 >= 0.02
+        assert job.end_s - job.start_s == pytest.approx(0.02)
+    with pytest.raises(ValueError, match="clock"):
+        EmulatedLink(1.0, clock="sundial")

@@ -30,7 +30,7 @@ import torch
 from .. import validate
 from ..decode import SCHEDULES, run_layer, write_back
 from ..layout import pool_slots
-from ..link import EmulatedLink, SyncLink, make_link
+from ..link import CLOCKS, SyncLink, make_link
 from ..llm.generate import prompt_ids
 from ..llm.inputs import as_token_batch
 from ..metrics import DecodeMetricsLog, DecodeStepMetrics, MetricsLog, OpTimer
@@ -242,7 +242,7 @@ class DecodeEngine:
                schedule: str = "none", link_GB_per_s: float | None = None, emulate_link: bool = True,
                topk: int | None = None, warmup: bool = True, feed=None, keep_logits: bool = False,
                recorder=None, on_step: Callable | None = None, timing: bool = True,
-               policy_options: dict | None = None) -> "DecodeSession":
+               policy_options: dict | None = None, clock: str = "wall") -> "DecodeSession":
         """A session that decodes ``steps`` tokens per request with sparse attention (module docstring), one
         :meth:`DecodeSession.step` at a time (:meth:`decode` runs them all); its caches and link are set up here.
 
@@ -254,7 +254,9 @@ class DecodeEngine:
         longest prompt); ``warmup`` LRU-Warmup from the last W prompt positions; ``feed`` (B, steps + 1) token ids
         to feed instead of the greedy choices (teacher forcing; log-probabilities of the fed tokens are kept);
         ``recorder`` an :class:`ess.traces.TraceRecorder` that sees every step's index sets (and the warmup
-        windows); ``on_step`` called with each step's :class:`ess.metrics.DecodeStepMetrics`.
+        windows); ``on_step`` called with each step's :class:`ess.metrics.DecodeStepMetrics`; ``clock`` what the
+        timer, the step times and the emulated link run on (:data:`ess.link.CLOCKS`: ``"wall"``, or ``"cpu"``, the
+        compute thread's CPU time, so that a shared machine's other processes do not count).
 
         Every argument is checked, and the pool sized (a ratio whose pool cannot hold one step's K entries is a
         ``ValueError``), before anything is decoded."""
@@ -283,11 +285,12 @@ class DecodeEngine:
         feed = self._feed(feed, B, steps)
         if on_step is not None and not callable(on_step):
             raise TypeError(f"on_step must be callable, got {type(on_step).__name__}")
+        validate.one_of("clock", clock, tuple(CLOCKS))
 
         return DecodeSession(self, pre, steps, offload=offload, capacity=capacity, policy=policy,
                              policy_options=policy_options, schedule=schedule, link_GB_per_s=link_GB_per_s,
                              emulate_link=emulate_link, topk=K, warmup=warmup, feed=feed, keep_logits=keep_logits,
-                             recorder=recorder, on_step=on_step, timing=timing, ratio=ratio)
+                             recorder=recorder, on_step=on_step, timing=timing, ratio=ratio, clock=clock)
 
     def decode(self, pre: Prefilled, steps: int, **kwargs) -> DecodeRun:
         """Decode ``steps`` tokens per request with sparse attention: :meth:`start` (every argument, see there)
@@ -357,9 +360,10 @@ class DecodeEngine:
         return logits, hits, misses, stall
 
     # -- the dense baseline ---------------------------------------------------------------------------------------
-    def decode_dense(self, pre: Prefilled, steps: int, *, feed=None, keep_logits: bool = False) -> DecodeRun:
+    def decode_dense(self, pre: Prefilled, steps: int, *, feed=None, keep_logits: bool = False,
+                     clock: str = "wall") -> DecodeRun:
         """The model's own dense decoding from the same prefill (needs ``keep_dense=True`` at prefill): every step
-        attends over every cached token. Same outputs as :meth:`decode` (no cache metrics)."""
+        attends over every cached token. Same outputs as :meth:`decode` (no cache metrics); ``clock`` as there."""
         if not isinstance(pre, Prefilled):
             raise TypeError(f"pre must be a Prefilled (DecodeEngine.prefill), got {type(pre).__name__}")
         if pre.dense_cache is None:
@@ -370,17 +374,19 @@ class DecodeEngine:
             raise ValueError(f"the dense cache holds {pre.dense_cache.capacity} tokens per request, fewer than the "
                              f"longest prompt ({max(pre.lengths)}) + steps ({steps})")
         feed = self._feed(feed, B, steps)
+        tick = CLOCKS[validate.one_of("clock", clock, tuple(CLOCKS))]
         cache = _clone_cache(pre.dense_cache)
         tokens = np.zeros((B, steps + 1), np.int64)
         tokens[:, 0] = feed[:, 0] if feed is not None else torch.argmax(pre.first_logits, -1).cpu().numpy()
         kept, logprobs = ([] if keep_logits else None), (np.zeros((B, steps)) if feed is not None else None)
-        log, timer = DecodeMetricsLog(), OpTimer()
+        log, timer = DecodeMetricsLog(), OpTimer(clock=tick)
         with torch.no_grad():
             for t in range(steps):
-                t0 = time.perf_counter()
+                timer.step = t
+                t0 = tick()
                 with timer.span("dense_step"):
                     logits = self.model.decode(tokens[:, t].tolist(), cache)
-                step_s = time.perf_counter() - t0
+                step_s = tick() - t0
                 nxt = feed[:, t + 1] if feed is not None else torch.argmax(logits, -1).cpu().numpy()
                 tokens[:, t + 1] = nxt
                 if kept is not None:
@@ -391,7 +397,8 @@ class DecodeEngine:
                 log.add(DecodeStepMetrics(t, "dense", B, max(pre.lengths) + t, step_s, 0.0, 0.0, 0, 0,
                                           (), ()))
         return DecodeRun(tokens, torch.stack(kept, 1) if kept is not None else None, logprobs, log, timer, [],
-                         None, None, {"mode": "dense", "batch": B, "context_len": max(pre.lengths), "steps": steps})
+                         None, None, {"mode": "dense", "batch": B, "context_len": max(pre.lengths), "steps": steps,
+                                      "clock": clock})
 
 
 class DecodeSession:
@@ -401,7 +408,7 @@ class DecodeSession:
 
     def __init__(self, engine: DecodeEngine, pre: Prefilled, steps: int, *, offload, capacity, policy,
                  policy_options, schedule, link_GB_per_s, emulate_link, topk, warmup, feed, keep_logits, recorder,
-                 on_step, timing, ratio):
+                 on_step, timing, ratio, clock):
         c, B, L = engine.config, pre.batch, max(pre.lengths)
         self.engine, self.steps, self.offload, self.topk, self.recorder = engine, steps, offload, topk, recorder
         self.rids = list(range(B))
@@ -427,9 +434,11 @@ class DecodeSession:
                 recorder.observe_windows(layer, np.stack([w[layer] for w in engine.windows(pre, topk)]))
         self.cache, self.indexer = cache, indexer
         self.pool = kv_view(torch.as_tensor(cache.device_pool), c.n_kv_heads, c.head_dim)       # read in place
-        self.link = make_link(link_GB_per_s, device=engine.device, emulate=emulate_link) if offload else SyncLink()
+        self.link = (make_link(link_GB_per_s, device=engine.device, emulate=emulate_link, clock=clock) if offload
+                     else SyncLink())
         self.staging = torch.zeros((c.n_layers, B, engine.format.entry_bytes), dtype=torch.uint8, pin_memory=cuda)
-        self.timer = OpTimer(timing)
+        self.clock = CLOCKS[clock]
+        self.timer = OpTimer(timing, clock=self.clock)
         self.log = DecodeMetricsLog()
         if on_step is not None:
             self.log.subscribe(on_step)
@@ -446,7 +455,8 @@ class DecodeSession:
                        "prompt_lens": list(pre.lengths), "steps": steps, "entry_bytes": engine.format.entry_bytes,
                        "topk": topk, "ratio": ratio if offload else 1.0, "capacity": capacity, "policy": policy,
                        "schedule": self.schedule, "link_GB_per_s": link_GB_per_s if offload else None,
-                       "link": self.link.name, "warmup": warmup and offload, "device": engine.device}
+                       "link": self.link.name, "warmup": warmup and offload, "device": engine.device,
+                       "clock": clock}
         self.t = 0
         self._run = None
 
@@ -461,12 +471,12 @@ class DecodeSession:
         t, B, E, nl = self.t, len(self.rids), self.engine.format.entry_bytes, self.engine.config.n_layers
         self.timer.step = t
         n_link = len(self.link.records)
-        t0 = time.perf_counter()
+        t0 = self.clock()
         with torch.no_grad():
             logits, hits, misses, stall = self.engine._step(self.cache, self.indexer, self.pool, self.link, self.timer,
                                                             self.staging, self.rids, self.tokens[:, t], self.topk,
                                                             self.schedule, self.offload, self.recorder)
-        step_s = time.perf_counter() - t0
+        step_s = self.clock() - t0
         nxt = self.feed[:, t + 1] if self.feed is not None else torch.argmax(logits, dim=-1).cpu().numpy()
         self.tokens[:, t + 1] = nxt
         if self.logits_kept is not None:

@@ -120,16 +120,14 @@ def main(argv=None) -> list:
                    topk=args.topk, skip=args.skip, stride=args.stride)
     command = "python -m ess.engine.record_traces " + " ".join(argv if argv is not None else sys.argv[1:])
     trace.meta["command"] = command
-    written = [args.out]
-    _save_atomic(trace, args.out)
+    out = [(args.out, trace)]
     if args.mtp == 2:
-        out2 = args.out.with_name(args.out.stem + "_mtp2.npz")
-        _save_atomic(mtp_union(trace, 2), out2)
-        written.append(out2)
-    for p in written:
-        print(f"wrote {p} ({p.stat().st_size / 1e6:.2f} MB): context {args.context}, {args.steps} steps, K "
-              f"{trace.k}, batch {args.batch}, {trace.meta['seconds']:.0f} s")
-    return written
+        out.append((args.out.with_name(args.out.stem + "_mtp2.npz"), mtp_union(trace, 2)))
+    for path, tr in out:
+        _save_atomic(tr, path)
+        print(f"wrote {path} ({path.stat().st_size / 1e6:.2f} MB): context {tr.context_len}, {tr.steps} steps of "
+              f"mtp {tr.mtp}, K {tr.k}, batch {tr.batch}; recorded in {trace.meta['seconds']:.0f} s")
+    return [p for p, _ in out]
 
 
 if __name__ == "__main__":

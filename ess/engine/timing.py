@@ -3,7 +3,10 @@ calibration runs), the step time of other runs (held out) predicted from them wi
 DeepSeek (:func:`ess.sim.timeline.overlap_overhead_s`), and set beside the step time measured.
 
 **Operation costs.** Every operation the engine times (:class:`ess.metrics.OpTimer`) is a linear function of what it
-works on, fitted by least squares on the calibration runs' records (one record per operation, layer and step):
+works on, fitted by least squares on the calibration runs' records (one record per operation, layer and step) --
+except those that depend on the batch size alone (the projections, the MLP, the output head: a matrix-vector
+product at batch 1, a matrix product above), which are measured per batch size and interpolated between the sizes
+measured, as the paper's simulator interpolates between measured points ([BLOG], paper-facts.md):
 
 =============== ============================================================ =================================
 family          records                                                       features (besides a constant)
@@ -41,7 +44,7 @@ lane), MoE and the MTP draft passes, and GPU kernels (a CUDA run of the same eng
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -65,10 +68,23 @@ _ENTRIES = {"attn_hits": "hits", "attn_misses": "misses"}             # what eac
 
 
 def _trimmed_mean(x, cut: float = 0.1) -> float:
-    """Mean of ``x`` without its lowest and highest ``cut`` share (a shared machine's stalls are rare and long)."""
+    """Mean of ``x`` without its lowest and highest ``cut`` share, at least one value each side from 5 values on
+    (rare long stalls: a shared machine, a garbage collection)."""
     x = np.sort(np.asarray(x, float))
-    k = int(cut * x.size)
-    return float(x[k:x.size - k].mean()) if x.size > 2 * k else float(np.median(x))
+    k = max(1, int(cut * x.size)) if x.size >= 5 else 0
+    return float(x[k:x.size - k].mean())
+
+
+def _interp(x, xs, ys):
+    """Piecewise-linear through the points ``(xs, ys)``, extended along the end segments beyond them."""
+    x = np.asarray(x, float)
+    if xs.size == 1:
+        return float(ys[0]) if x.ndim == 0 else np.full(x.shape, ys[0])
+    out = np.interp(x, xs, ys)
+    lo = ys[0] + (x - xs[0]) * (ys[1] - ys[0]) / (xs[1] - xs[0])
+    hi = ys[-1] + (x - xs[-1]) * (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
+    out = np.where(x < xs[0], lo, np.where(x > xs[-1], hi, out))
+    return float(out) if out.ndim == 0 else out
 
 
 def _halves(B: int) -> tuple[np.ndarray, np.ndarray]:
@@ -115,7 +131,8 @@ def op_samples(run, skip_steps: int = 1):
 def link_samples(run, skip_steps: int = 1):
     """One row per link job of a run from step ``skip_steps`` on: ``kind``, ``bytes``, ``GB_per_s`` (None:
     unpaced), ``queue_s`` (submission to start), ``cross_s`` (start to end), ``resume_s`` (end to the caller's
-    return from waiting), ``idle`` (nothing else on the link when submitted), ``blocked`` (the caller waited)."""
+    return from waiting), ``idle`` (nothing else on the link when submitted), ``blocked`` (the caller began waiting
+    before the job landed)."""
     import pandas as pd
     gbps = run.config.get("link_GB_per_s")
     starts = [r.start_s for r in run.timer.records if r.op == "embed"]
@@ -126,7 +143,7 @@ def link_samples(run, skip_steps: int = 1):
             rows.append({"kind": j["kind"], "layer": j["layer"], "bytes": j["nbytes"], "GB_per_s": gbps,
                          "queue_s": j["start_s"] - j["submit_s"], "cross_s": j["end_s"] - j["start_s"],
                          "resume_s": j["returned_s"] - j["end_s"], "idle": prev_end <= j["submit_s"],
-                         "blocked": j["waited_s"] > 0 and j["returned_s"] >= j["end_s"]})
+                         "blocked": j["returned_s"] - j["waited_s"] < j["end_s"]})
         prev_end = max(prev_end, j["end_s"])
     return pd.DataFrame(rows, columns=["kind", "layer", "bytes", "GB_per_s", "queue_s", "cross_s", "resume_s",
                                        "idle", "blocked"])
@@ -134,17 +151,21 @@ def link_samples(run, skip_steps: int = 1):
 
 @dataclass(frozen=True)
 class OpCosts:
-    """Fitted costs: ``coef[family]`` (constant, then one per feature of :data:`FAMILIES`), ``link_latency_s``
-    per direction (paced links), ``unpaced`` per direction ``(a, c)`` (seconds = a + c bytes), the RMS relative
-    residual of each family's fit, and which runs they came from."""
+    """Fitted costs: ``coef[family]`` (constant, then one per feature of :data:`FAMILIES`), or for the families
+    that depend on the batch size alone ``tables[family]`` = (batch sizes, seconds) measured, interpolated between
+    them (and along the end segments beyond); ``link_latency_s`` per direction (paced links), ``unpaced`` per direction ``(a, c)`` (seconds = a + c
+    bytes), the RMS relative residual of each family's fit, and which runs they came from."""
 
     coef: dict
     link_latency_s: dict
     unpaced: dict
     residual: dict
     calibrated_on: tuple
+    tables: dict = field(default_factory=dict)
 
     def op_s(self, family: str, **sizes) -> float:
+        if family in self.tables:                          # measured per batch size: interpolated between them
+            return _interp(sizes["requests"], *self.tables[family])
         c = self.coef[family]
         return float(c[0] + sum(ci * sizes[f] for ci, f in zip(c[1:], FAMILIES[family])))
 
@@ -176,16 +197,22 @@ def fit_op_costs(runs) -> OpCosts:
             feats = part[list(FAMILIES[fam])].mean()
             points.append({"run": i, "family": fam, "seconds": _trimmed_mean(part.seconds), **feats.to_dict()})
     points = pd.DataFrame(points)
-    coef, residual = {}, {}
+    coef, residual, tables = {}, {}, {}
     for fam, feats in FAMILIES.items():
         part = points[points.family == fam]
         if part.empty:
             continue
-        X = np.column_stack([np.ones(len(part))] + [part[f].to_numpy(float) for f in feats])
         y = part.seconds.to_numpy()
-        c, *_ = np.linalg.lstsq(X, y, rcond=None)
-        coef[fam] = tuple(float(v) for v in c)
-        residual[fam] = float(np.sqrt(np.mean(((X @ c - y) / np.maximum(y, 1e-9)) ** 2)))
+        if feats == ("requests",):
+            table = part.groupby("requests").seconds.mean()
+            tables[fam] = (table.index.to_numpy(float), table.to_numpy())
+            pred = _interp(part.requests.to_numpy(float), *tables[fam])
+        else:
+            X = np.column_stack([np.ones(len(part))] + [part[f].to_numpy(float) for f in feats])
+            c, *_ = np.linalg.lstsq(X, y, rcond=None)
+            coef[fam] = tuple(float(v) for v in c)
+            pred = X @ c
+        residual[fam] = float(np.sqrt(np.mean(((pred - y) / np.maximum(y, 1e-9)) ** 2)))
     links = pd.concat([link_samples(r) for r in runs], ignore_index=True)
     latency, unpaced = {}, {}
     for kind, part in links.groupby("kind"):
@@ -200,14 +227,15 @@ def fit_op_costs(runs) -> OpCosts:
             X = np.column_stack([np.ones(len(free)), free.bytes.to_numpy(float)])
             a, c = np.linalg.lstsq(X, free.cross_s.to_numpy(), rcond=None)[0]
             unpaced[kind] = (wake + float(a) + resume, float(c))
-    return OpCosts(coef, latency, unpaced, residual, tuple(_describe(r) for r in runs))
+    return OpCosts(coef, latency, unpaced, residual, tuple(_describe(r) for r in runs), tables)
 
 
-def _layer(costs: OpCosts, run, t: int, layer: int) -> tuple[float, dict]:
-    """Predicted seconds of one layer of step ``t``: the serial work of its schedule plus the formula's overhead;
-    and the parts (for the breakdown)."""
+def _layer(costs: OpCosts, run, t: int, layer: int, schedule: str | None = None) -> tuple[float, dict]:
+    """Predicted seconds of one layer of step ``t``: the serial work of its schedule (or of ``schedule``) plus the
+    formula's overhead; and the parts (for the breakdown)."""
     cfg = run.config
-    B, sched, gbps, E = cfg["batch"], cfg["schedule"], cfg["link_GB_per_s"], cfg["entry_bytes"]
+    B, gbps, E = cfg["batch"], cfg["link_GB_per_s"], cfg["entry_bytes"]
+    sched = schedule or cfg["schedule"]
     offload = cfg["mode"] == "offload"
     every = np.arange(B)
     s = _sizes(run, t, layer, every)
@@ -239,10 +267,11 @@ def _layer(costs: OpCosts, run, t: int, layer: int) -> tuple[float, dict]:
     return sum(parts.values()), parts
 
 
-def predict_run(costs: OpCosts, runs, skip_steps: int = 1) -> dict:
+def predict_run(costs: OpCosts, runs, skip_steps: int = 1, schedule: str | None = None) -> dict:
     """Predicted and measured step time of one configuration, from one or more runs of it (``runs``: a run or a
     list): the mean predicted step and the trimmed mean (10 % each side) of the measured steps, from step
-    ``skip_steps`` on, and the predicted breakdown per step (seconds per part, summed over layers)."""
+    ``skip_steps`` on, and the predicted breakdown per step (seconds per part, summed over layers). ``schedule``
+    prices the runs with another schedule's formula (what a wrong formula would predict)."""
     runs = runs if isinstance(runs, (list, tuple)) else [runs]
     preds, measured, parts_sum = [], [], {}
     for run in runs:
@@ -251,7 +280,7 @@ def predict_run(costs: OpCosts, runs, skip_steps: int = 1) -> dict:
         for t in range(skip_steps, run.config["steps"]):
             total = 0.0
             for layer in range(n_layers):
-                sec, parts = _layer(costs, run, t, layer)
+                sec, parts = _layer(costs, run, t, layer, schedule)
                 total += sec
                 for k, v in parts.items():
                     parts_sum[k] = parts_sum.get(k, 0.0) + v
@@ -292,13 +321,17 @@ def run_configs(engine, prefills: dict, configs, *, steps: int = 4, progress: bo
     by round each advances one step, so that the load of a shared machine falls alike on every configuration.
     ``configs``: dicts with ``context_len`` (a key of ``prefills``, each a :class:`~ess.engine.Prefilled`),
     ``batch`` (its first requests), and the keyword arguments of :meth:`~ess.engine.DecodeEngine.start`
-    (``ratio``, ``schedule``, ``link_GB_per_s`` ...). Returns one run per configuration, in order."""
+    (``ratio``, ``schedule``, ``link_GB_per_s`` ...). The garbage collector is off while they run (as
+    :mod:`timeit` does). Returns one run per configuration, in order."""
+    import gc
     from tqdm.auto import tqdm
     configs = [dict(c) for c in configs]
     for c in configs:
         if c.get("context_len") not in prefills:
             raise ValueError(f"no prefill for context_len={c.get('context_len')!r}; have {sorted(prefills)}")
     sessions = []
+    gc_was_on = gc.isenabled()
+    gc.disable()                  # as timeit does: a collection would land, long, in one step of one configuration
     try:
         for c in configs:
             kw = {k: v for k, v in c.items() if k not in ("context_len", "batch")}
@@ -311,4 +344,6 @@ def run_configs(engine, prefills: dict, configs, *, steps: int = 4, progress: bo
         bar.close()
     finally:
         runs = [s.close() for s in sessions]
+        if gc_was_on:
+            gc.enable()
     return runs

@@ -6,7 +6,11 @@ on every machine with the same Python version.
 """
 from __future__ import annotations
 
+import weakref
+
 __all__ = ["reference_text", "reference_text_ids"]
+
+_ENCODED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # tokenizer -> the whole text's ids
 
 
 def reference_text() -> str:
@@ -26,7 +30,14 @@ def reference_text_ids(tokenizer, n_tokens: int, skip_tokens: int = 0) -> list[i
     """
     if n_tokens < 1 or skip_tokens < 0:
         raise ValueError(f"n_tokens must be >= 1 and skip_tokens >= 0, got {n_tokens}, {skip_tokens}")
-    ids = tokenizer.encode(reference_text())
+    try:
+        ids = _ENCODED[tokenizer]                       # the text is encoded once per tokenizer (about a second)
+    except (KeyError, TypeError):
+        ids = tokenizer.encode(reference_text())
+        try:
+            _ENCODED[tokenizer] = ids
+        except TypeError:                               # a tokenizer that cannot be weakly referenced: not cached
+            pass
     if len(ids) < skip_tokens + n_tokens:
         raise ValueError(f"the text holds {len(ids)} tokens, fewer than {skip_tokens} + {n_tokens}")
     return ids[skip_tokens: skip_tokens + n_tokens]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from ._style import LEGEND, TEMPLATE
+from ._style import LEGEND, LEGEND_LOW, LEGEND_SHORT, TEMPLATE
 
 __all__ = ["fig_engine_steps", "fig_engine_layers", "fig_engine_breakdown", "fig_engine_timeline",
            "fig_engine_validation"]
@@ -44,7 +44,7 @@ def fig_engine_breakdown(df, title: str = "") -> go.Figure:
     for part, sub in df.groupby("part", sort=False):
         fig.add_bar(x=sub.config, y=sub.ms, name=part)
     fig.update_layout(template=TEMPLATE, barmode="stack", height=420, title=title or "Where a step's time goes",
-                      yaxis={"title": "ms per step"}, legend={"orientation": "h", "y": -0.35})
+                      yaxis={"title": "ms per step"}, legend=LEGEND_LOW)
     return fig
 
 
@@ -63,7 +63,7 @@ def fig_engine_timeline(ops, link, title: str = "") -> go.Figure:
                     orientation="h", name=kind, customdata=sub.layer,
                     hovertemplate=kind + ", layer %{customdata}: %{x:.3f} ms")
     fig.update_layout(template=TEMPLATE, barmode="overlay", height=300, title=title or "One decode step",
-                      xaxis={"title": "ms since the step began"}, legend={"orientation": "h", "y": -0.4})
+                      xaxis={"title": "ms since the step began"}, legend=LEGEND_SHORT)
     return fig
 
 

@@ -20,8 +20,8 @@ def engine_view(engine, pre, ratio: float = 0.25, policy: str = "lru", schedule:
         run = engine.decode(pre, steps, ratio=ratio, policy=policy, schedule=schedule, link_GB_per_s=link_GB_per_s,
                             keep_logits=True)
     except ValueError as exc:                             # e.g. a ratio too small for one step's K entries
-        import plotly.graph_objects as go
-        return go.Figure(), {"reason": str(exc), "step_ms": None}
+        from ..viz import fig_message
+        return fig_message(str(exc)), {"reason": str(exc), "step_ms": None}
     if baseline is None:
         baseline = engine.decode(pre, steps, offload=False, keep_logits=True)
     df = run.metrics.to_frame()

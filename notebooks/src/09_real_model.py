@@ -28,20 +28,27 @@ gen_ratio = 0.25
 gen_schedule = "da"
 gen_link_GB_per_s = 0.02
 lossless_tokens = 256
-lossless_steps = 4
+lossless_steps = 3
 lossless_ratios = [0.1, 0.25, 0.5, 1.0]
 lossless_policies = ["lru", "fifo", "heat"]
 lossless_schedules = ["none", "da", "dba"]
-check_contexts = [512, 1024]
-check_batch = 3
-check_steps = 8
+calibration_contexts = [256, 768]
+calibration_batches = [1, 2, 3]
 calibration_ratio = 0.25
 calibration_links_GB_per_s = [0.005, 0.05]
+held_out_contexts = [512]
+held_out_batches = [2, 3]
 held_out_ratio = 0.5
-held_out_links_GB_per_s = [0.01, 0.02]
-quality_context = 1024
-quality_steps = 48
-trace_file = "data/traces/smollm2_1k.npz"
+held_out_links_GB_per_s = [0.003, 0.01]
+check_steps = 7
+quality_context = 768
+quality_steps = 32
+trace_file = "traces/smollm2_1k.npz"
+check_clock = "cpu"
+smoke_sizes = {"gen_tokens": 6, "lossless_tokens": 96, "lossless_steps": 2, "lossless_ratios": [0.25, 1.0],
+               "lossless_policies": ["lru", "heat"], "calibration_contexts": [128, 256], "calibration_batches": [1, 2],
+               "calibration_links_GB_per_s": [0.005], "held_out_contexts": [192], "held_out_batches": [2],
+               "held_out_links_GB_per_s": [0.003], "check_steps": 3, "quality_context": 256, "quality_steps": 8}
 
 # %%
 import numpy as np
@@ -52,9 +59,11 @@ from pydoc_data.topics import topics
 
 import ess
 from ess import viz
+from ess.bench import machine_info
 from ess.engine import DecodeEngine
 from ess.engine import quality, timing
 from ess.llm import reference_text_ids
+from ess.specs import DATA_DIR
 from ess.traces import adjacent_overlap, load_trace
 from ess.viz import engine as vengine
 from ess.widgets.engine import engine_view, engine_widget
@@ -63,12 +72,7 @@ viz.use_notebook_renderer()
 torch.set_num_threads(threads)
 rec = ess.Recorder("09_real_model", results_path)
 if smoke:
-    gen_tokens = 8
-    lossless_tokens, lossless_steps = 96, 3
-    lossless_ratios = [0.25, 1.0]
-    check_contexts, check_batch, check_steps = [128, 256], 2, 4
-    calibration_links_GB_per_s, held_out_links_GB_per_s = [0.005, 0.05], [0.02]
-    quality_context, quality_steps = 256, 12
+    globals().update(smoke_sizes)              # the CI sizes of the parameters cell
 eng = DecodeEngine.load()
 print(f"{eng.format.name}: {eng.format.entry_bytes} B per token and layer, {eng.config.n_layers} layers; "
       f"indexer key {ess.engine.indexer_key_bytes(eng.config.n_kv_heads, eng.config.head_dim)} B")
@@ -127,23 +131,33 @@ assert lossless.identical.all(), lossless[~lossless.identical]
 # ## The overlap formulas checked against the engine
 # The simulator prices DeepSeek's none / DA / DBA with formulas over each layer's operation times
 # (`ess.sim.timeline.overlap_overhead_s`). Here the same function is fed the operation times of this engine:
-# every operation is timed per layer and step, a linear cost per operation is fitted on the **calibration**
-# configurations (batch 1 and `check_batch`, ratio `calibration_ratio`, links `calibration_links_GB_per_s`), and the
-# step time of the **held-out** configurations (batch 2, ratio `held_out_ratio`, links `held_out_links_GB_per_s`,
-# none of which the fit saw) is predicted and set beside the measured one. Every configuration decodes
-# `check_steps` steps, interleaved step by step with all the others, so that the load of a shared machine falls
-# alike on all. What this covers and what it does not: see `ess/engine/timing.py` (one compute lane and one link;
-# not DeepSeek's two-batch overlap, MoE or MTP).
+# every operation is timed per layer and step, a cost per operation is fitted on the **calibration** configurations
+# (contexts `calibration_contexts`, batches `calibration_batches`, ratio `calibration_ratio`, the first link of
+# `calibration_links_GB_per_s`, and the second at the longest context and largest batch), and the step time of the
+# **held-out** configurations (contexts `held_out_contexts`, ratio `held_out_ratio`, links
+# `held_out_links_GB_per_s`: none of which the fit saw) is predicted and set beside the measured one. Every
+# configuration decodes `check_steps` steps, interleaved step by step with all the others, so that the load of a
+# shared machine falls alike on all. Times are on `check_clock`: `"cpu"` is the compute thread's CPU time
+# (`time.thread_time`), so that the other processes of a shared machine do not count; the emulated link runs on the
+# same clock (its waits spin), so its bandwidth stays what it is relative to the compute it overlaps. What this
+# covers and what it does not: see `ess/engine/timing.py` (one compute lane and one link; not DeepSeek's two-batch
+# overlap, MoE or MTP).
 
 # %%
-prefills = {L: eng.prefill([reference_text_ids(eng.tokenizer, L, skip_tokens=2000 + 9000 * b)
-                            for b in range(check_batch)], max_new_tokens=check_steps)
-            for L in check_contexts}
-cal_cfg = [dict(context_len=L, batch=B, ratio=calibration_ratio, schedule=s, link_GB_per_s=bw)
-           for L in check_contexts for B in (1, check_batch) for bw in calibration_links_GB_per_s
-           for s in ("none", "da", "dba") if not (s == "dba" and B < 2)]
-held_cfg = [dict(context_len=L, batch=2, ratio=held_out_ratio, schedule=s, link_GB_per_s=bw)
-            for L in check_contexts for bw in held_out_links_GB_per_s for s in ("none", "da", "dba")]
+contexts = sorted(set(calibration_contexts + held_out_contexts))
+n_req = max(calibration_batches + held_out_batches)
+prefills = {L: eng.prefill([reference_text_ids(eng.tokenizer, L, skip_tokens=2000 + 9000 * b) for b in range(n_req)],
+                           max_new_tokens=check_steps) for L in contexts}
+cal_cfg = [dict(context_len=L, batch=B, ratio=calibration_ratio, schedule=s,
+                link_GB_per_s=calibration_links_GB_per_s[0], clock=check_clock)
+           for L in calibration_contexts for B in calibration_batches for s in ("none", "da", "dba")
+           if not (s == "dba" and B < 2)]
+cal_cfg += [dict(context_len=max(calibration_contexts), batch=max(calibration_batches), ratio=calibration_ratio,
+                 schedule=s, link_GB_per_s=bw, clock=check_clock)
+            for bw in calibration_links_GB_per_s[1:] for s in ("none", "da", "dba")]
+held_cfg = [dict(context_len=L, batch=B, ratio=held_out_ratio, schedule=s, link_GB_per_s=bw, clock=check_clock)
+            for L in held_out_contexts for B in held_out_batches for bw in held_out_links_GB_per_s
+            for s in ("none", "da", "dba")]
 runs = timing.run_configs(eng, prefills, cal_cfg + held_cfg, steps=check_steps)
 cal_runs, held_runs = runs[:len(cal_cfg)], runs[len(cal_cfg):]
 costs, check = timing.check_runs(cal_runs, held_runs)
@@ -151,9 +165,11 @@ display(check.round(3))
 vengine.fig_engine_validation(check).show()
 held = check[check.role == "held out"]
 err_median, err_worst = float(held.error.abs().median()), float(held.error.abs().max())
-check_cfg = {"contexts": check_contexts, "batches": [1, 2, check_batch], "steps": check_steps,
-             "calibration": f"B in (1, {check_batch}), ratio {calibration_ratio}, links {calibration_links_GB_per_s}",
-             "held_out": f"B = 2, ratio {held_out_ratio}, links {held_out_links_GB_per_s}", "threads": threads,
+check_cfg = {"steps": check_steps, "threads": threads, "clock": check_clock,
+             "calibration": f"L {calibration_contexts}, B {calibration_batches}, ratio {calibration_ratio}, links "
+                            f"{calibration_links_GB_per_s}",
+             "held_out": f"L {held_out_contexts}, B {held_out_batches}, ratio {held_out_ratio}, links "
+                         f"{held_out_links_GB_per_s}",
              "goal": "median <= 5 %, worst <= 15 % (issue)"}
 rec.record("step_time_err_median_held_out", err_median, "fraction", config=check_cfg)
 rec.record("step_time_err_worst_held_out", err_worst, "fraction", config=check_cfg)
@@ -162,21 +178,34 @@ for _, r in held.iterrows():
                float(r.error), "fraction", config={**check_cfg, "predicted_ms": r.predicted_ms,
                                                    "measured_ms": r.measured_ms})
 print(f"held-out configurations: median |error| {err_median:.1%}, worst {err_worst:.1%} "
-      f"(goal: 5 % / 15 %; the machine's load average during the run: {ess.bench.machine_info()['loadavg_1_5_15']})")
+      f"(goal: 5 % / 15 %; the machine's load average during the run: {machine_info()['loadavg_1_5_15']})")
 assert np.isfinite(held.error).all() and (held.predicted_ms > 0).all()
 assert err_median < 0.5, "the predictions are off by more than half: a formula or the cost model is broken"
 
 # %% [markdown]
+# Could the check tell a wrong formula from the right one? The held-out DA and DBA runs priced with the serial
+# formula instead of their own:
+
+# %%
+wrong = [timing.predict_run(costs, r, schedule="none") for r in held_runs if r.config["schedule"] != "none"]
+wrong_err = float(np.median([abs(p["predicted_s"] / p["measured_s"] - 1) for p in wrong]))
+own_err = float(held[held.schedule != "none"].error.abs().median())
+rec.record("overlap_runs_priced_serial_median_gap", wrong_err, "fraction", config=check_cfg,
+           note="median |predicted / measured - 1| of the held-out DA and DBA runs priced with the none formula")
+print(f"DA and DBA held-out runs: median |error| {own_err:.1%} with their own formulas, {wrong_err:.1%} priced as "
+      f"serial")
+
+# %% [markdown]
 # ## Where a step's time goes
 # Measured (per operation, from the engine's timer) and predicted (per part of the formula) for the held-out
-# configurations at the longest context; the overhead is what the schedule adds to the serial work.
+# configurations of the first held-out context and batch; the overhead is what the schedule adds to the serial work.
 
 # %%
 parts = []
 for run in held_runs:
     c = run.config
     name = f"{c['schedule']} {c['link_GB_per_s']:g} GB/s"
-    if c["context_len"] != check_contexts[-1]:
+    if c["context_len"] != held_out_contexts[0] or c["batch"] != held_out_batches[0]:
         continue
     ops = run.timer.to_frame()
     ops = ops[ops.step >= 1]
@@ -185,37 +214,39 @@ for run in held_runs:
     parts += [{"config": f"measured: {name}", "part": k, "ms": v * 1e3} for k, v in per_op.items()]
     pred = timing.predict_run(costs, run)["breakdown_s"]
     parts += [{"config": f"predicted: {name}", "part": k, "ms": v * 1e3} for k, v in pred.items()]
-vengine.fig_engine_breakdown(pd.DataFrame(parts), f"Where a step's time goes, L = {check_contexts[-1]}, batch 2, "
-                                                  f"ratio {held_out_ratio}").show()
+vengine.fig_engine_breakdown(pd.DataFrame(parts), f"Where a step's time goes ({check_clock} clock), L = "
+                             f"{held_out_contexts[0]}, batch {held_out_batches[0]}, ratio {held_out_ratio}").show()
 
 # %% [markdown]
 # ## Misses, bytes and stall per step and per layer
-# The held-out DA run at the longest context and the first held-out link: per step, and the mean misses per step of
-# each layer at both ratios (the calibration runs hold the smaller ratio).
+# The held-out DA run of the first held-out context, batch and link: per step; and the mean misses per step of each
+# layer at both ratios (a calibration run of the largest batch at the smaller ratio beside it).
 
 # %%
-show = next(r for r in held_runs if r.config["schedule"] == "da" and r.config["context_len"] == check_contexts[-1])
-vengine.fig_engine_steps(show.metrics.to_frame(), f"DA, L = {check_contexts[-1]}, batch 2, ratio "
-                                                  f"{held_out_ratio}, {show.config['link_GB_per_s']:g} GB/s").show()
-small = next(r for r in cal_runs if r.config["schedule"] == "da" and r.config["batch"] == check_batch
-             and r.config["context_len"] == check_contexts[-1])
-layers = pd.concat([pd.DataFrame({"layer": range(eng.config.n_layers), "run": f"ratio {r.config['ratio']:g}, "
-                                  f"batch {r.config['batch']}", "misses": r.misses[1:].sum(axis=2).mean(axis=0)})
+show = next(r for r in held_runs if r.config["schedule"] == "da")
+c = show.config
+vengine.fig_engine_steps(show.metrics.to_frame(), f"DA, L = {c['context_len']}, batch {c['batch']}, ratio "
+                                                  f"{c['ratio']:g}, {c['link_GB_per_s']:g} GB/s").show()
+small = next(r for r in cal_runs if r.config["schedule"] == "da" and r.config["batch"] == c["batch"])
+layers = pd.concat([pd.DataFrame({"layer": range(eng.config.n_layers), "run": f"ratio {r.config['ratio']:g}, L "
+                                  f"{r.config['context_len']}", "misses": r.misses[1:].sum(axis=2).mean(axis=0)})
                     for r in (small, show)])
-vengine.fig_engine_layers(layers, f"Misses per step by layer, L = {check_contexts[-1]}").show()
-rec.record("misses_per_step_layer0_share", float(show.misses[1:, 0].sum() / max(show.misses[1:].sum(), 1)),
-           "fraction", config={"run": "held-out DA", "context_len": check_contexts[-1]})
+vengine.fig_engine_layers(layers, f"Misses per step by layer, batch {c['batch']}").show()
+rec.record("misses_per_step_held_out_da", float(show.misses[1:].sum(axis=(1, 2)).mean()), "entries",
+           config={k: c[k] for k in ("context_len", "batch", "ratio", "topk", "capacity")},
+           note="all layers and requests; K entries selected per layer and request")
 
 # %% [markdown]
 # ## One step on the compute lane and the link
-# Step 2 of the held-out configurations at the longest context, the three schedules side by side: under none every
+# Step 2 of the first held-out configuration, the three schedules side by side: under none every
 # copy sits between selection and attention; under DA the hits' attention runs while the misses cross; under DBA
 # one half's copy runs while the other half selects and attends.
 
 # %%
 for run in held_runs:
     c = run.config
-    if c["context_len"] != check_contexts[-1] or c["link_GB_per_s"] != held_out_links_GB_per_s[0]:
+    if (c["context_len"], c["batch"], c["link_GB_per_s"]) != (held_out_contexts[0], held_out_batches[0],
+                                                               held_out_links_GB_per_s[0]):
         continue
     ops = run.timer.to_frame()
     ops = ops[ops.step == 2]
@@ -246,12 +277,12 @@ print(f"K = {tf['topk']} of {quality_context}: same next token at {tf['agreement
 
 # %% [markdown]
 # ## Real index sets
-# The committed trace `trace_file` (see `data/traces/README.md`: the model reading real text, every step's top-K per
+# The committed trace `data/` + `trace_file` (see `data/traces/README.md`: the model reading real text, every step's top-K per
 # layer) in the `ess.traces` format the cache simulator reads. Paper Fig. 2's metric: the overlap of adjacent steps'
 # sets per layer.
 
 # %%
-trace = load_trace(ess.reproduce.ROOT / trace_file)
+trace = load_trace(DATA_DIR / trace_file)
 ov = adjacent_overlap(trace)
 fig = vengine.fig_engine_layers(pd.DataFrame({"layer": range(trace.n_layers), "misses": ov}),
                                 f"Adjacent-step overlap of the top-{trace.k} sets, {trace.context_len} tokens, "
