@@ -74,7 +74,12 @@ class Prefilled:
     first_logits: torch.Tensor
     dense_cache: object
     prefill_s: float
-    _windows: dict = field(default_factory=dict, repr=False)
+    _windows: dict = field(default_factory=dict, repr=False)      # (K, request of the whole prefill) -> windows
+    _origin: list | None = field(default=None, repr=False)          # each request's index in the whole prefill
+
+    def __post_init__(self):
+        if self._origin is None:
+            self._origin = list(range(len(self.prompt_ids)))
 
     @property
     def batch(self) -> int:
@@ -85,13 +90,15 @@ class Prefilled:
         return [len(p) for p in self.prompt_ids]
 
     def select(self, rows: Sequence[int]) -> "Prefilled":
-        """The same prefill for requests ``rows`` only (shares the arrays; no dense cache)."""
+        """The same prefill for requests ``rows`` only (shares the arrays and the warmup windows; no dense
+        cache)."""
         rows = [validate.integer("rows[i]", r, lo=0, below=self.batch) for r in rows]
         if not rows:
             raise ValueError("rows must name at least one request")
         pick = lambda xs: [xs[r] for r in rows]                                  # noqa: E731
         return Prefilled(pick(self.prompt_ids), pick(self.entries), pick(self.index_codes), pick(self.index_scales),
-                         pick(self.tail_queries), self.first_logits[rows], None, self.prefill_s)
+                         pick(self.tail_queries), self.first_logits[rows], None, self.prefill_s, self._windows,
+                         pick(self._origin))
 
 
 @dataclass
@@ -211,11 +218,14 @@ class DecodeEngine:
     # -- the warmup windows -------------------------------------------------------------------------------------
     def windows(self, pre: Prefilled, topk: int) -> list:
         """Per request ``(n_layers, W, K)`` int64: the indexer's top-K at each of the last W prompt positions (over
-        the tokens before it), in position order, -1 padded -- LRU-Warmup's windows (cached per K)."""
-        if topk in pre._windows:
-            return pre._windows[topk]
+        the tokens before it), in position order, -1 padded -- LRU-Warmup's windows (cached per K and request, also
+        for the prefills :meth:`Prefilled.select` makes)."""
         out = []
         for b, n in enumerate(pre.lengths):
+            key = (topk, pre._origin[b])
+            if key in pre._windows:
+                out.append(pre._windows[key])
+                continue
             q = pre.tail_queries[b].to(self.device)                                    # (n_layers, W, H, hd)
             W = q.shape[1]
             win = np.full((self.config.n_layers, W, topk), -1, np.int64)
@@ -233,8 +243,8 @@ class DecodeEngine:
                     top = topk_positions(indexer_scores(q[layer, w], codes[:t], scales[:t]), topk)
                     top = top.cpu().numpy() if isinstance(top, torch.Tensor) else top
                     win[layer, w, :top.size] = top
+            pre._windows[key] = win
             out.append(win)
-        pre._windows[topk] = out
         return out
 
     # -- sparse decoding ----------------------------------------------------------------------------------------
