@@ -11,7 +11,8 @@ real model (SmolLM2-135M-Instruct, float32, CPU), and the offloaded/resident rat
 One prompt of ``--context`` tokens of real text (Python's language reference topics, ``pydoc_data.topics``),
 prefilled once. Timing: ``--repeats`` rounds, each decoding ``--steps`` steps in every mode, one mode after the other,
 so that load from other processes falls on all three alike; the first step of every run is left out (first touch
-of new memory); wall time (``time.perf_counter``), the garbage collector off while timing (as ``timeit`` does). Reported: the distribution of seconds per step, steps/s from the median, the ratios offloaded /
+of new memory); wall time (``time.perf_counter``, or ``--clock cpu``), the garbage collector off while timing (as
+``timeit`` does). Reported: the distribution of seconds per step, steps/s from the median, the ratios offloaded /
 resident (goal >= 0.9 at ratio 0.5 with DA) and resident / dense, and where a step's time goes in each sparse mode
 (the engine's per-operation timer, ms per step). Nothing is asserted.
 
@@ -105,8 +106,9 @@ def main(argv=None) -> dict:
     ratios = {"offloaded_over_resident": rate["offloaded"] / rate["resident"],
               "resident_over_dense": rate["resident"] / rate["dense"]}
     off = last["offloaded"]
-    report = {"benchmark": "engine_decode", "device": args.device, "context": L, "steps": args.steps, "repeats": args.repeats,
-              "threads": args.threads, "clock": args.clock, "topk": off.config["topk"], "ratio": args.ratio, "schedule": args.schedule,
+    report = {"benchmark": "engine_decode", "device": args.device, "context": L, "steps": args.steps,
+              "repeats": args.repeats, "threads": args.threads, "clock": args.clock, "topk": off.config["topk"],
+              "ratio": args.ratio, "schedule": args.schedule,
               "link_GB_per_s": args.link_GB_per_s, "pool_slots": off.config["capacity"], "prefill_s": prefill_s,
               "seconds_per_step": {m: distribution(s) for m, s in samples.items()}, "steps_per_s": rate,
               "ratios": ratios, "per_op_ms": {m: per_op_ms(last[m]) for m in ("resident", "offloaded")},

@@ -29,7 +29,8 @@ from .specs import ModelSpec
 from . import validate
 
 __all__ = [
-    "EntryFormat", "entry_format", "LatentLayout", "latent_layout", "latent_entry_bytes", "indexer_entry_bytes", "token_bytes",
+    "EntryFormat", "entry_format", "LatentLayout", "latent_layout", "latent_entry_bytes", "indexer_entry_bytes",
+    "token_bytes",
     "RequestCache", "request_cache", "padded_tokens", "pool_slots", "step_entries", "check_context_len", "KV_DTYPES",
 ]
 

@@ -181,8 +181,8 @@ class EmulatedLink(_Link):
     ``s`` starts crossing at ``max(s, the end of the job before it)`` and lands ``bytes / bandwidth`` later;
     :meth:`Transfer.wait` returns once it has landed and its bytes are copied. So a job lasts what the link would
     take, and jobs cross one after the other in the order submitted (one half-duplex link). Unpaced, a job lands
-    when it is submitted and a wait returns when its bytes are copied. A chunk that raises stops its job; the error is re-raised by
-    :meth:`Transfer.wait`."""
+    when it is submitted and a wait returns when its bytes are copied. A chunk that raises stops its job; the error
+    is re-raised by :meth:`Transfer.wait`."""
 
     name = "emulated"
 

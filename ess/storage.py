@@ -829,7 +829,8 @@ class ResidentCache:
         """The new token's entries ``(n_layers, entry_bytes)`` written into the pool; returns its index."""
         req = self._req(request_id)
         if tuple(entries.shape) != (self.n_layers, self.entry_bytes):
-            raise ValueError(f"entries must have shape ({self.n_layers}, {self.entry_bytes}), got {tuple(entries.shape)}")
+            raise ValueError(f"entries must have shape ({self.n_layers}, {self.entry_bytes}), got "
+                             f"{tuple(entries.shape)}")
         tok = req[1]
         if tok >= self.max_tokens:
             raise ValueError(f"request {request_id!r} is full: max_tokens={self.max_tokens}")

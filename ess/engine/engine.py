@@ -108,7 +108,8 @@ class DecodeRun:
     ``tokens`` (B, steps + 1): the input token of every step, then the last step's choice (greedy: each the argmax
     of the logits before it; with ``feed``: the fed tokens); ``logits`` (B, steps, V) of every step when kept;
     ``logprobs`` (B, steps) of the next fed token (``feed[:, t + 1]``) when fed; ``metrics`` per step;
-    ``timer`` per operation; ``link_records`` one dict per link job (:class:`ess.link.Transfer`'s fields); ``cache_metrics`` per (request, layer, step) of the cache;
+    ``timer`` per operation; ``link_records`` one dict per link job (:class:`ess.link.Transfer`'s fields);
+    ``cache_metrics`` per (request, layer, step) of the cache;
     ``trace`` the recorded index sets (when a recorder was given); ``config`` what ran; ``hits`` and ``misses``
     (steps, n_layers, B) per request (sparse decoding only)."""
 

@@ -110,7 +110,8 @@ class IndexerCache:
             raise ValueError(f"request {request_id!r}: the indexer cache holds {n} tokens, its capacity")
         codes, scales = quantize_keys(keys)
         if self.on_cuda:
-            self._codes[request_id][:, n], self._scales[request_id][:, n] = codes.to(self.device), scales.to(self.device)
+            self._codes[request_id][:, n] = codes.to(self.device)
+            self._scales[request_id][:, n] = scales.to(self.device)
         else:
             self._codes[request_id][:, n], self._scales[request_id][:, n] = codes.cpu().numpy(), scales.cpu().numpy()
         self._n[request_id] = n + 1

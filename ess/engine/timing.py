@@ -153,8 +153,9 @@ def link_samples(run, skip_steps: int = 1):
 class OpCosts:
     """Fitted costs: ``coef[family]`` (constant, then one per feature of :data:`FAMILIES`), or for the families
     that depend on the batch size alone ``tables[family]`` = (batch sizes, seconds) measured, interpolated between
-    them (and along the end segments beyond); ``link_latency_s`` per direction (paced links), ``unpaced`` per direction ``(a, c)`` (seconds = a + c
-    bytes), the RMS relative residual of each family's fit, and which runs they came from."""
+    them (and along the end segments beyond); ``link_latency_s`` per direction (paced links), ``unpaced`` per
+    direction ``(a, c)`` (seconds = a + c bytes), the RMS relative residual of each family's fit, and which runs
+    they came from."""
 
     coef: dict
     link_latency_s: dict

@@ -81,6 +81,7 @@ def fig_engine_validation(df, title: str = "") -> go.Figure:
     lo = float(min(df.measured_ms.min(), df.predicted_ms.min())) * 0.9
     hi = float(max(df.measured_ms.max(), df.predicted_ms.max())) * 1.1
     fig.add_scatter(x=[lo, hi], y=[lo, hi], mode="lines", name="predicted = measured", line={"dash": "dot"})
-    fig.update_layout(template=TEMPLATE, height=420, title=title or "Step time: the overlap formulas against the engine",
+    fig.update_layout(template=TEMPLATE, height=420,
+                      title=title or "Step time: the overlap formulas against the engine",
                       xaxis={"title": "measured ms per step"}, yaxis={"title": "predicted ms per step"}, legend=LEGEND)
     return fig

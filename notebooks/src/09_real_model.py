@@ -277,9 +277,10 @@ print(f"K = {tf['topk']} of {quality_context}: same next token at {tf['agreement
 
 # %% [markdown]
 # ## Real index sets
-# The committed trace `data/` + `trace_file` (see `data/traces/README.md`: the model reading real text, every step's top-K per
-# layer) in the `ess.traces` format the cache simulator reads. Paper Fig. 2's metric: the overlap of adjacent steps'
-# sets per layer.
+# The committed trace `data/` + `trace_file` (see `data/traces/README.md`: the model reading real text, every step's
+# top-K per layer) in the `ess.traces` format the cache simulator reads. Paper Fig. 2's metric: the overlap of
+# adjacent steps' sets per layer. Longer traces (2K, 4K, 8K contexts) are built with `python -m
+# ess.engine.record_traces` (the README beside the trace gives the commands).
 
 # %%
 trace = load_trace(DATA_DIR / trace_file)
