@@ -178,9 +178,15 @@ def model_shape(real_trace: Trace, *, seed: int = 0, **model: Any) -> dict:
     """:func:`trace_shape` of a synthetic model run at ``real_trace``'s geometry (context, K, layers, steps,
     requests, warmup windows) with ``real_trace``'s own measured per-layer overlap as its profile (``model``: the
     generator's keywords, e.g. ``trace_model`` and ``drift_rho``; a reading does not apply), so that the comparison
-    tests the model's time structure, not its overlap level."""
+    tests the model's time structure, not its overlap level. The generator's structure (attention sinks, local
+    window: 4 and 64 entries of DeepSeek's K = 2,048) is scaled to the trace's K unless ``model`` sets it, so that
+    it keeps its share of the set (at K = 64 the unscaled window alone would fill it)."""
+    from ..tracegen import generator_defaults
     model = {k: v for k, v in model.items() if k != "reading"}
     tr = real_trace
+    d, k_ref = generator_defaults(), geometry()[1]
+    model.setdefault("n_sinks", int(round(d["n_sinks"] * tr.k / k_ref)))
+    model.setdefault("local_window", int(round(d["local_window"] * tr.k / k_ref)))
     syn = synthetic_trace(tr.context_len, n_layers=tr.n_layers, k=tr.k, mtp=1, steps=tr.steps, batch=tr.batch,
                           warmup_windows=tr.n_windows, profile=np.clip(adjacent_overlap(tr), 0.0, 1.0), seed=seed,
                           **model)
