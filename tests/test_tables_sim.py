@@ -160,13 +160,17 @@ def test_overlap_vs_misses_and_break_even():
 def test_break_even_is_where_throughput_crosses_the_baseline():
     cfg = pd.DataFrame({"batch": [160], "context_len": [32768], "ratio": [0.19], "mtp": [2], "accept_ratio": [1.7]})
     baseline = float(simulate(52, 32768, 1.0, params=P).throughput[0])
-    be = sc.break_even_misses(P, cfg, baseline, resolution=200).break_even_misses_per_layer.iloc[0]
+    be = sc.break_even_misses(P, cfg, baseline).break_even_misses_per_layer.iloc[0]
     ksel = 2 * MODEL.index_topk
     assert 0 < be < ksel
-    step = ksel / 199
-    at, above = simulate([160, 160], 32768, 0.19, misses=np.stack([np.full(NL, be), np.full(NL, be + step)]),
+    at, above = simulate([160, 160], 32768, 0.19, misses=np.stack([np.full(NL, be), np.full(NL, be * 1.001)]),
                          params=P).throughput
     assert at >= baseline > above
+    # a baseline so low (batch 2) that batch 64 reaches it even when every layer misses all it selects: the
+    # break-even mean is then the whole selection, mtp x K
+    low = float(simulate(2, 32768, 1.0, params=P).throughput[0])
+    cfg2 = cfg.assign(batch=[64], ratio=[0.78])
+    assert sc.break_even_misses(P, cfg2, low).break_even_misses_per_layer.iloc[0] == pytest.approx(ksel)
 
 
 def test_widget_view_reports_batch_and_infeasible():

@@ -203,25 +203,41 @@ def overlap_vs_misses(params: CostParams, miss_counts, *, context_len: int | Non
 
 
 def break_even_misses(params: CostParams, configs: pd.DataFrame, baseline_throughput: float, *,
-                      profile: np.ndarray | None = None, strategy="best", resolution: int = 400,
+                      profile: np.ndarray | None = None, strategy="best", resolution: int = 60,
                       model="deepseek-v3.2-exp", deployment="paper-table1") -> pd.DataFrame:
     """For each offload configuration (columns ``batch, context_len, ratio, mtp, accept_ratio``), the largest mean
     miss count per request, step and layer (per-layer shape ``profile``, normalised to mean 1; uniform if None) at
     which its throughput still reaches ``baseline_throughput``; also as a share of the entries selected per step.
-    NaN where even zero misses fall short."""
+    The shape is scaled by bisection (at most ``resolution`` halvings) between no misses and every layer missing all
+    it selects (a layer's misses are capped at its selected entries, so a peaked shape saturates its worst layers
+    first); the mean is taken after the cap. NaN where even zero misses fall short."""
     model_, dep, _, _ = resolve(model, deployment, None, None)
     nl = model_.n_layers
     prof = np.ones(nl) if profile is None else np.asarray(profile, dtype=float) / np.mean(profile)
     out = []
     for _, c in configs.iterrows():
         ksel = int(c.mtp) * min(model_.index_topk, int(c.context_len))
-        scale = np.linspace(0, ksel / prof.max(), resolution)
-        m = np.minimum(scale[:, None] * prof[None, :], ksel)
-        r = simulate(np.full(resolution, int(c.batch)), int(c.context_len), float(c.ratio), misses=m,
-                     mtp=int(c.mtp), accept_ratio=float(c.accept_ratio), params=params, strategy=strategy,
-                     model=model_, deployment=dep)
-        ok = r.throughput >= baseline_throughput
-        be = float(scale[ok].max()) if ok.any() else np.nan
+
+        def misses(scale):
+            return np.minimum(scale * prof, ksel)
+
+        def reaches(scale):
+            return simulate(int(c.batch), int(c.context_len), float(c.ratio), misses=misses(scale), mtp=int(c.mtp),
+                            accept_ratio=float(c.accept_ratio), params=params, strategy=strategy, model=model_,
+                            deployment=dep).throughput[0] >= baseline_throughput
+
+        lo, hi = 0.0, ksel / max(prof[prof > 0].min(), 1e-12)      # hi: every layer misses all it selects
+        if not reaches(lo):
+            be = np.nan
+        elif reaches(hi):
+            be = float(misses(hi).mean())
+        else:                                                      # throughput falls as the misses grow
+            for _ in range(resolution):
+                if hi - lo <= 1e-6 * hi:
+                    break
+                mid = 0.5 * (lo + hi)
+                lo, hi = (mid, hi) if reaches(mid) else (lo, mid)
+            be = float(misses(lo).mean())
         out.append({"batch": int(c.batch), "ratio": float(c.ratio), "mtp": int(c.mtp),
                     "accept_ratio": float(c.accept_ratio), "break_even_misses_per_layer": be,
                     "break_even_miss_share": be / ksel if np.isfinite(be) else np.nan})
