@@ -39,7 +39,7 @@ from .metrics import MetricsLog, StepMetrics
 from .policies import ONLINE_POLICIES, SlotPlan, SlotPool, check_step_indices, make_policy
 from .specs import ModelSpec, model_spec
 
-__all__ = ["StepPlan", "PoolStep", "HostPool", "TieredCache", "TransferError", "capacity_from_budget"]
+__all__ = ["StepPlan", "PoolStep", "HostPool", "TieredCache", "Recovery", "TransferError", "capacity_from_budget"]
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -222,6 +222,28 @@ class _Request:
     pools: list = field(default_factory=list)
 
 
+@dataclass
+class Recovery:
+    """What :meth:`TieredCache.recover` did: ``cache`` the rebuilt cache; ``recovered`` the request ids restored
+    (as of their last completed checkpoint); ``failed`` ``{request id: reason}`` for the requests left out;
+    ``degraded`` ``{request id: reason}`` for recovered requests whose device pool could not be refilled (their
+    entries are whole); ``orphans`` the disk tier's files that no checkpoint names (left in place)."""
+
+    cache: "TieredCache"
+    recovered: list
+    failed: dict
+    degraded: dict
+    orphans: list
+
+    def __str__(self) -> str:
+        lines = [f"recovered {len(self.recovered)} request(s): {self.recovered}"]
+        lines += [f"failed {rid!r}: {why}" for rid, why in self.failed.items()]
+        lines += [f"degraded {rid!r}: {why}" for rid, why in self.degraded.items()]
+        if self.orphans:
+            lines.append(f"orphan files (no checkpoint names them): {[p.name for p in self.orphans]}")
+        return "\n".join(lines)
+
+
 class TieredCache:
     """Latent cache in three tiers for one model: host pool (all entries), GPU pool (``capacity`` slots per request
     and layer), optional disk tier (``disk_dir``).
@@ -302,14 +324,31 @@ class TieredCache:
         return cls(model, capacity=pool_slots(model, ratio, context_len, need=need), **kwargs)
 
     @classmethod
-    def recover(cls, model, disk_dir, **kwargs) -> "TieredCache":
-        """A new cache rebuilt after a crash from every request archived in ``disk_dir`` (host and device pools
-        restored from the last checkpoint or spill). Raises :class:`CorruptBlockError` for a damaged request."""
+    def recover(cls, model, disk_dir, **kwargs) -> "Recovery":
+        """A new cache rebuilt after a crash from every request archived in ``disk_dir``, request by request:
+        each intact request gets its host and device pools back as of its last completed checkpoint or spill; a
+        request whose archive cannot be read (missing or garbage manifest, damaged blocks) is left out and
+        reported with the reason, and so are the files no checkpoint names (orphans, nothing is deleted).
+        Returns a :class:`Recovery` (``.cache``, ``.recovered``, ``.failed``, ``.degraded``, ``.orphans``)."""
         cache = cls(model, disk_dir=disk_dir, **kwargs)
-        for rid in cache.disk.list_requests():
+        scan = cache.disk.scan()
+        out = Recovery(cache, [], dict(scan.failed), {}, list(scan.orphans))
+        for rid in scan.readable:
             cache._spilled.add(rid)
-            cache.restore(rid)
-        return cache
+            try:
+                info = cache.restore(rid)
+            except TransferError as exc:                # entries back, one layer's device pool empty
+                out.recovered.append(rid)
+                out.degraded[rid] = str(exc)
+                continue
+            except (CorruptBlockError, ValueError) as exc:
+                cache._spilled.discard(rid)
+                out.failed[rid] = str(exc)
+                continue
+            out.recovered.append(rid)
+            if not info["pool_state_restored"]:
+                out.degraded[rid] = "the pool-state file is damaged or missing: the device pool starts empty"
+        return out
 
     # -- device pool memory ----------------------------------------------------------------------------------
     def _alloc_device(self, n_blocks: int):
