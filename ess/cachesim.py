@@ -524,7 +524,8 @@ def smallest_pool(context_len: int, target: float, *, resolution: int | None = N
     real("target", target, lo=0.0, lo_open=True)
     trace_model = check_trace_model(trace_model)
     k = geometry(k=k)[1]
-    resolution = max(1, context_len // 64) if resolution is None else int(resolution)
+    context_len = positive_int("context_len", context_len)
+    resolution = max(1, context_len // 64) if resolution is None else positive_int("resolution", resolution)
     avg = lambda cap: float(misses_per_layer(context_len, cap / context_len, k=k, mtp=mtp, trace_model=trace_model,  # noqa: E731
                                              **kwargs).mean())
     lo, hi = min(mtp * k, context_len), context_len

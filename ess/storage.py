@@ -163,6 +163,7 @@ class HostPool:
 
     def layer_rows(self, request_id, layer: int, *, as_torch: bool = False):
         """All rows of one layer ``(capacity_tokens, entry_bytes)``, contiguous: a transfer source."""
+        layer = validate.integer("layer", layer, lo=0, below=self.n_layers)
         if as_torch and self.pinned:
             return self._tensors[request_id][layer]
         return self._arrays[request_id][layer]
@@ -353,10 +354,16 @@ class TieredCache:
     # -- device pool memory ----------------------------------------------------------------------------------
     def _alloc_device(self, n_blocks: int):
         shape = (n_blocks * self._block_slots, self.entry_bytes)
-        if self.on_cuda:
-            import torch
-            return torch.zeros(shape, dtype=torch.uint8, device=self.device)
-        return np.zeros(shape, np.uint8)
+        try:
+            if self.on_cuda:
+                import torch
+                return torch.zeros(shape, dtype=torch.uint8, device=self.device)
+            return np.zeros(shape, np.uint8)
+        except (MemoryError, ValueError, RuntimeError) as exc:   # too large to allocate (NumPy, torch, CUDA)
+            raise ValueError(f"a device pool of {n_blocks} request(s) x {self.n_layers} layers x capacity="
+                             f"{self.capacity} slots x {self.entry_bytes} B = {shape[0] * shape[1]:,} B cannot be "
+                             f"allocated on {self.device} ({type(exc).__name__}); use a smaller capacity or "
+                             f"budget") from None
 
     def _n_blocks(self) -> int:
         return int(self._device.shape[0]) // self._block_slots

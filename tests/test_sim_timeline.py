@@ -56,24 +56,18 @@ def test_more_misses_never_make_a_step_shorter(batch, L, scale, strategy, link):
     assert r.step_s[1] >= r.step_s[0] - 1e-15
 
 
-def test_best_is_never_worse_than_a_fixed_strategy():
-    steps = {s: simulate(96, 131072, 0.1, misses=MISSES, strategy=s, check_memory=False).step_s[0]
-             for s in STRATEGIES + ("best",)}
-    assert steps["best"] <= min(steps[s] for s in STRATEGIES) + 1e-15
-    per_layer = simulate(96, 131072, 0.1, misses=MISSES, strategy=["dba"] * NL, check_memory=False).step_s[0]
-    assert per_layer == pytest.approx(steps["dba"])
+def test_a_per_layer_list_of_one_strategy_is_that_strategy():
+    # (which strategy "best" picks on each layer is worked by hand in test_sim_step_by_hand.py)
+    dba = simulate(96, 131072, 0.1, misses=MISSES, strategy="dba", check_memory=False)
+    per_layer = simulate(96, 131072, 0.1, misses=MISSES, strategy=["dba"] * NL, check_memory=False)
+    assert per_layer.step_s[0] == pytest.approx(dba.step_s[0])
+    assert (per_layer.layer_strategy == STRATEGIES.index("dba")).all()
 
 
 def test_no_offload_ignores_link_and_misses():
     a = simulate(52, 32768, 1.0, misses=MISSES, h2d_GB_per_s=0.1)
     b = simulate(52, 32768, 1.0)
     assert a.step_s[0] == b.step_s[0] and a.stall_s[0] == 0
-
-
-def test_throughput_is_batch_times_8_times_otps():
-    r = simulate([13, 52], [131072, 32768])
-    assert np.allclose(r.throughput, r.batch * 8 * r.otps)
-    assert np.allclose(r.otps, 1.7 / r.step_s)
 
 
 def test_step_grows_with_context_batch_and_mtp():
