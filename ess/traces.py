@@ -324,6 +324,8 @@ class TraceRecorder:
         a = np.asarray(indices)
         if not np.issubdtype(a.dtype, np.integer):
             raise TypeError(f"{name}: indices must be integers, got dtype {a.dtype}")
+        if a.size and int(a.min()) < -1:
+            raise ValueError(f"{name}: indices must be >= 0, or -1 for padding; found {int(a.min())}")
         if a.ndim == 2:
             a = a[:, None, :]
         if a.ndim != 3 or a.shape[0] != self.batch or a.shape[2] > self.k:
