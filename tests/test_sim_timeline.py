@@ -155,3 +155,20 @@ def test_rows_of_misses_count_configurations():
     m = np.stack([np.zeros(NL), np.full(NL, 300.0)])
     r = simulate(96, 32768, 0.4559, misses=m)
     assert r.step_s.shape == (2,) and r.step_s[1] > r.step_s[0]
+
+
+def test_best_batch_uses_the_misses_of_each_offload_ratio():
+    """With zero misses at ratio 0.5, offload admits more than the no-offload 52 requests at 32K and wins."""
+    got = best_batch(32768, [1.0, 0.5], misses_by_ratio={0.5: np.zeros(NL)})
+    assert got["ratio"] == 0.5 and got["batch"] > 52
+    with pytest.raises(ValueError, match="misses_by_ratio must give"):
+        best_batch(32768, [1.0, 0.5], misses_by_ratio={0.4: np.zeros(NL)})
+
+
+def test_an_otps_floor_between_the_batches_picks_the_largest_batch_above_it():
+    """OTPS falls as the batch grows: a floor between batch 20's and batch 30's OTPS keeps batches up to about 20-30
+    and refuses the larger ones (a configuration below the floor must never win)."""
+    r = simulate([20, 30], 32768, 1.0)
+    floor = float(r.otps.mean())
+    got = best_batch(32768, [1.0], otps_floor=floor)
+    assert got["otps"] >= floor and 20 <= got["batch"] < 30
