@@ -1,10 +1,25 @@
-"""The ``ess`` command: ``ess reproduce [--smoke] [--only NAME ...] [--no-book]``, ``ess book``, ``ess list``."""
+"""The ``ess`` command: ``ess reproduce [--smoke] [--only NAME ...] [--no-book] [--no-figures] [--build-dir DIR]
+[--notebooks-dir DIR] [--cell-timeout SECONDS]``, ``ess book [--build-dir DIR]``, ``ess list``.
+
+Errors are one line on stderr and exit 1 (no traceback); an interrupted run exits 130 (Ctrl-C) or 143 (SIGTERM).
+"""
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import time
 from pathlib import Path
+
+
+def _positive_seconds(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number of seconds, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {value}")
+    return value
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -15,11 +30,16 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--only", action="append", metavar="NAME",
                    help="run only this notebook (e.g. 01 or 01_memory_wall); repeatable")
     r.add_argument("--no-book", action="store_true", help="skip the book build")
-    r.add_argument("--build-dir", default=None, help="output folder (default: build/ at the repository root)")
-    r.add_argument("--cell-timeout", type=int, default=None, metavar="SECONDS",
-                   help="fail a notebook whose cell runs longer than this (default 1800)")
+    r.add_argument("--no-figures", action="store_true", help="skip the static figure export (build/figures)")
+    r.add_argument("--build-dir", default=None,
+                   help="output folder: one ess created, or an empty or new one (default: build/ at the repository "
+                        "root)")
+    r.add_argument("--notebooks-dir", default=None, metavar="DIR",
+                   help="run the NN_name.ipynb notebooks of this folder instead of the repository's notebooks/")
+    r.add_argument("--cell-timeout", type=_positive_seconds, default=None, metavar="SECONDS",
+                   help="fail a notebook whose cell runs longer than this many seconds (default 1800)")
     b = sub.add_parser("book", help="build the book from the notebooks already executed in build/notebooks")
-    b.add_argument("--build-dir", default=None)
+    b.add_argument("--build-dir", default=None, help="the build folder of an earlier `ess reproduce`")
     sub.add_parser("list", help="list the notebooks the pipeline runs")
     return p
 
@@ -33,20 +53,26 @@ def main(argv: list[str] | None = None) -> int:
             print(nb.stem)
         return 0
     start = time.perf_counter()
+    build_dir = Path(args.build_dir) if args.build_dir else None
     try:
         if args.command == "book":
-            html = rp.build_book(build_dir=Path(args.build_dir) if args.build_dir else None)
+            html = rp.build_book(build_dir=build_dir)
             print(f"book: {html}")
             return 0
-        build_dir = Path(args.build_dir) if args.build_dir else None
         runs = rp.run_all(smoke=args.smoke, only=args.only, book=not args.no_book, build_dir=build_dir,
-                          cell_timeout_s=args.cell_timeout or rp.CELL_TIMEOUT_S)
+                          notebooks_dir=Path(args.notebooks_dir) if args.notebooks_dir else None,
+                          figures=not args.no_figures, cell_timeout_s=args.cell_timeout or rp.CELL_TIMEOUT_S)
     except (rp.ReproduceError, ValueError) as exc:
-        print(f"ess reproduce: {exc}", file=sys.stderr)
+        print(f"ess {args.command}: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt as exc:                 # Ctrl-C, or SIGTERM / SIGHUP (RunInterrupted)
+        signame = getattr(exc, "signame", "SIGINT")
+        print(f"ess {args.command}: interrupted ({signame}); results/index.json in the build folder says what "
+              f"ran", file=sys.stderr)
+        return 128 + signal.Signals[signame].value
     for r in runs:
         print(f"{r.name:32s} {r.n_records:4d} records {r.seconds:7.1f} s  -> {r.results}")
-    out = Path(build_dir or rp.ROOT / "build")
+    out = runs[0].results.parent.parent if runs else Path(build_dir or rp.ROOT / "build")
     if not args.no_book:
         print(f"book: {out / 'book' / '_build' / 'html' / 'index.html'}")
     print(f"done in {time.perf_counter() - start:.0f} s")

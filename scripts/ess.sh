@@ -11,7 +11,40 @@ PYTHON=${PYTHON:-python3}
 VENV=.venv
 TORCH_PIN=${ESS_TORCH_PIN:-torch==2.13.0}   # CPU build; GPU users: see README ("CUDA")
 
+# Debian packages the book and the tests use: Chromium (static figures with kaleido, the browser tests through
+# playwright; never `playwright install`) and MathJax 2.7 (the book's math without a CDN). Installed when missing and
+# we are root with apt (CI: a fresh clone as root, no stdin); otherwise say what is missing.
+DEB_PACKAGES="chromium libjs-mathjax"
+
+system_packages() {
+  local missing=""
+  for pkg in $DEB_PACKAGES; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing="$missing $pkg"
+  done
+  [ -z "$missing" ] && return 0
+  if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "[ess] installing Debian packages:$missing" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq </dev/null >/dev/null
+    # shellcheck disable=SC2086
+    apt-get install -y -qq --no-install-recommends $missing </dev/null >/dev/null
+  else
+    echo "[ess] missing Debian packages:$missing (apt-get install$missing as root); without them the static" \
+         "figures and the browser tests are skipped and the book loads MathJax from a CDN" >&2
+  fi
+}
+
+# Notebooks are committed without outputs: register the clean filter that .gitattributes names (harmless outside a
+# git checkout; git ignores an unregistered filter).
+git_filters() {
+  if command -v git >/dev/null 2>&1 && git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+    git config filter.ess-nbstrip.clean "python3 tools/nbstrip.py"
+  fi
+}
+
 setup() {
+  system_packages
+  git_filters
   local stamp="$VENV/.ess-setup" want
   want="$(sha256sum pyproject.toml | cut -c1-16) $TORCH_PIN"
   if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then

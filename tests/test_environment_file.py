@@ -6,7 +6,7 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
-CONDA_NAMES = {"pytorch": "torch"}          # conda-forge name -> PyPI name
+CONDA_NAMES = {"pytorch": "torch", "python-kaleido": "kaleido"}          # conda-forge name -> PyPI name
 
 
 def _name(req: str) -> str:

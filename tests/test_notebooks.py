@@ -1,6 +1,8 @@
-"""Static checks of the notebooks: in step with their sources, a kernelspec, one literals-only parameters cell."""
+"""Static checks of the notebooks: in step with their sources, a kernelspec, one literals-only parameters cell, no
+outputs committed."""
 import ast
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -46,3 +48,51 @@ def test_notebook_shape(nb):
                 assert not isinstance(node, (ast.FunctionDef, ast.ClassDef)), "no def/class in notebooks"
     first = data["cells"][0]
     assert first["cell_type"] == "markdown" and "".join(first["source"]).startswith("# ")
+
+
+def _committed(nb: Path) -> str:
+    """The notebook as committed (git's index, through the clean filter), or the file outside a git checkout."""
+    rel = nb.relative_to(ROOT).as_posix()
+    try:
+        proc = subprocess.run(["git", "-C", str(ROOT), "show", f":{rel}"], capture_output=True, timeout=60)
+    except OSError:
+        return nb.read_text(encoding="utf-8")
+    return proc.stdout.decode("utf-8") if proc.returncode == 0 else nb.read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: p.stem)
+def test_no_outputs_are_committed(nb):
+    """A notebook saved after a run carries MB of outputs (plotly.js in every figure): never committed."""
+    data = json.loads(_committed(nb))
+    for cell in data["cells"]:
+        if cell["cell_type"] == "code":
+            assert cell["outputs"] == [] and cell["execution_count"] is None, f"{nb.name}: outputs committed"
+        assert set(cell.get("metadata", {})) <= {"tags"}, f"{nb.name}: cell metadata {cell['metadata']}"
+    assert not {"widgets", "papermill", "ess"} & set(data["metadata"]), f"{nb.name}: run metadata committed"
+
+
+def test_the_clean_filter_strips_a_run_and_keeps_the_sources(tmp_path):
+    """tools/nbstrip.py (git's clean filter, .gitattributes) leaves a committed notebook byte for byte as it is and
+    takes a run's outputs, counts and metadata off, keeping every source, id and tag."""
+    import nbstrip
+
+    attributes = (ROOT / ".gitattributes").read_text()
+    assert "notebooks/*.ipynb filter=ess-nbstrip" in attributes
+    for nb in NOTEBOOKS:
+        text = nb.read_text(encoding="utf-8")
+        assert nbstrip.dumps(nbstrip.strip(json.loads(text))) == text, nb.name
+    ran = json.loads(NOTEBOOKS[0].read_text())
+    for i, cell in enumerate(ran["cells"]):
+        cell["metadata"]["papermill"] = {"status": "completed"}
+        cell["metadata"]["execution"] = {"iopub.status.idle": "2026-01-01"}
+        if cell["cell_type"] == "code":
+            cell["execution_count"] = i
+            cell["outputs"] = [{"output_type": "display_data", "metadata": {},
+                                "data": {"text/html": "<script>" + "x" * 100_000 + "</script>"}}]
+    ran["metadata"].update(widgets={"application/vnd.jupyter.widget-state+json": {}}, papermill={"x": 1},
+                           language_info={"name": "python", "version": "3.11.7", "codemirror_mode": {}})
+    path = tmp_path / "ran.ipynb"
+    path.write_text(json.dumps(ran))
+    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "nbstrip.py")], input=path.read_text(),
+                          capture_output=True, text=True, check=True)
+    assert proc.stdout == NOTEBOOKS[0].read_text(encoding="utf-8")

@@ -1,69 +1,305 @@
-"""The pipeline in smoke mode: notebooks executed, records written, the book built; failures named."""
+"""The pipeline: every notebook in smoke mode, records, the run index, the book; failures named; an interrupted or
+failed run leaves nothing that looks complete."""
+import html
 import json
-import shutil
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import nbformat
 import pytest
 
-from ess import reproduce
+from _smokebuild import smoke_build
+from ess import book, reproduce
 from ess.__main__ import main
-from ess.results import load_records
+from ess.builddir import BuildDir
+from ess.results import load_records, load_results
 
 ROOT = Path(__file__).resolve().parent.parent
+MACHINE_PATHS = (str(ROOT), "/root/", "/tmp/", "/work/")
+
+
+def _format_like_glue(value, spec: str) -> str:
+    """What myst-nb's {glue:text} prints for a value and a format spec (myst_nb.core.variables.format_plain_text)."""
+    kind = spec[-1]
+    if kind in "bcdoxX":
+        value = int(value)
+    elif kind in "eEfFgGn%":
+        value = float(value)
+    return format(value, spec)
 
 
 @pytest.mark.slow
-def test_every_notebook_runs_in_smoke_mode_and_the_book_builds(tmp_path):
-    """The main job at CI sizes: every notebook executes (its own checks pass), records results, and the book
-    builds with warnings as errors, with every notebook's figures in its page."""
-    # smoke cells take seconds; a cell stuck on a widget reply (jupyter/nbclient#312) fails after 300 s and is retried
-    runs = reproduce.run_all(smoke=True, build_dir=tmp_path, progress=False, cell_timeout_s=300)
+def test_every_notebook_runs_in_smoke_mode_and_the_book_builds(tmp_path_factory):
+    """The main job at CI sizes: every notebook executes (its own checks pass) and records results stamped with the
+    run, the index says exactly this run, and the book builds with warnings as errors, its pages quote the
+    notebooks' numbers, hide the parameters cells, load nothing from a CDN and print no path of this machine."""
+    build, runs = smoke_build(tmp_path_factory)
     names = [p.stem for p in reproduce.list_notebooks()]
     assert [r.name for r in runs] == names and len(names) >= 8
+    index = json.loads((build / "results" / "index.json").read_text())
+    run_id = index["run"]["id"]
+    assert index["run"]["status"] == "complete" and index["run"]["mode"] == "smoke"
+    assert index["run"]["finished"] >= index["run"]["started"] and index["run"]["versions"]["papermill"]
+    assert list(index["notebooks"]) == names and index["earlier_results"] == {}
+    assert index["book"]["status"] == "built"
     for r in runs:
-        records = load_records(r.results)
-        assert records, r.name
-        for rec in records:
+        results = load_results(r.results)
+        assert results.run["run_id"] == run_id and results.run["mode"] == "smoke" and results.run["smoke"] is True
+        assert index["notebooks"][r.name]["status"] == "complete"
+        assert index["notebooks"][r.name]["records"] == len(results.records) > 0
+        for rec in results.records:
             assert isinstance(rec.config, dict) and rec.unit is not None
             if rec.published is not None:
                 assert rec.source, (r.name, rec.name)
-    first = {r.name: r for r in load_records(tmp_path / "results" / "01_memory_wall.json")}
+        nb = json.loads(r.output.read_text())
+        assert nb["metadata"]["ess"]["status"] == "complete" and nb["metadata"]["ess"]["run_id"] == run_id
+        injected = [c for c in nb["cells"] if "injected-parameters" in c["metadata"].get("tags", [])]
+        assert f'results_path = "results/{r.name}.json"' in "".join(injected[0]["source"])
+        glued = {o["metadata"]["scrapbook"]["name"] for c in nb["cells"] for o in c.get("outputs", [])
+                 if "scrapbook" in o.get("metadata", {})}
+        assert glued == {rec.name for rec in results.records}, "every record is glued for the book"
+    first = {r.name: r for r in load_records(build / "results" / "01_memory_wall.json")}
     assert first["latent_entry_bytes_fp8"].value == 656
     assert first["token_bytes_all_layers"].value == 48068
-    index = json.loads((tmp_path / "results" / "index.json").read_text())
-    assert set(index) == set(names) and all(v["smoke"] for v in index.values())
-    html = tmp_path / "book" / "_build" / "html"
+
+    site = build / "book" / "_build" / "html"
+    pages = {p: p.read_text(encoding="utf-8") for p in site.rglob("*.html")}
     for name in names:
-        page = (html / "notebooks" / f"{name}.html").read_text()
+        page = pages[site / "notebooks" / f"{name}.html"]
         assert "plotly-graph-div" in page, f"{name}: figures dropped from the book"
-    assert (html / "intro.html").exists() and "Glossary" in (html / "intro.html").read_text()
+        text = html.unescape(re.sub(r"<[^>]+>", "", page))
+        assert not re.search(r"\bresults_path\s*=", text), f"{name}: a parameters cell is shown"
+    intro = pages[site / "intro.html"]
+    assert "Glossary" in intro and "Smoke sizes" in intro
+    results_page = html.unescape(re.sub(r"<[^>]+>", "", pages[site / "results.html"]))   # the page's text
+    for r in runs:
+        for rec in load_records(r.results):
+            assert rec.name in results_page, (r.name, rec.name)
+    # every number a page quotes with {glue:text} is the notebook's, formatted as asked
+    quoted = 0
+    for md in [ROOT / "book" / "intro.md", *sorted((ROOT / "book" / "pages").glob("*.md"))]:
+        out = site / md.relative_to(ROOT / "book").with_suffix(".html")
+        for nb_name, key, spec in re.findall(r"\{glue:text\}`/notebooks/(\w+)\.ipynb::([^`]+):([^:`]+)`",
+                                             md.read_text()):
+            value = {r.name: r.value for r in load_records(build / "results" / f"{nb_name}.json")}[key]
+            assert f'<span class="pasted-text">{_format_like_glue(value, spec)}</span>' in pages[out], (md, key)
+            quoted += 1
+    assert quoted >= 10
+    assert (site / "mathjax" / "MathJax.js").exists()
+    for path, text in pages.items():
+        remote = re.findall(r'<(?:script|link)\b[^>]*\b(?:src|href)="(https?://[^"]+)"', text)
+        assert remote == [], f"{path} loads scripts or styles from another host: {remote[:3]}"
+        for machine in (*MACHINE_PATHS, str(build)):
+            assert machine not in text, f"{path} prints the machine path {machine}"
+    assert "mathjax/MathJax.js" in pages[site / "pages" / "03_attention.html"]
 
 
-def _broken_notebook(folder: Path) -> Path:
+# -- small notebooks for the failure modes --------------------------------------------------------------------------
+
+def _notebook(folder: Path, name: str, *cells: str, recorder: str | None = None) -> Path:
+    """A notebook with a literals-only parameters cell, a Recorder, the given code cells and a save."""
+    folder.mkdir(parents=True, exist_ok=True)
     nb = nbformat.v4.new_notebook()
     params = nbformat.v4.new_code_cell("smoke = False\nresults_path = ''")
     params.metadata["tags"] = ["parameters"]
-    nb.cells = [nbformat.v4.new_markdown_cell("# broken"), params, nbformat.v4.new_code_cell("x = 1"),
-                nbformat.v4.new_code_cell("raise ValueError('boom')")]
+    setup = f"from ess.results import Recorder\nrec = {recorder or f'Recorder({name!r}, results_path)'}"
+    nb.cells = [nbformat.v4.new_markdown_cell(f"# {name}"), params, nbformat.v4.new_code_cell(setup),
+                *[nbformat.v4.new_code_cell(c) for c in cells], nbformat.v4.new_code_cell("rec.save()")]
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    path = folder / "99_broken.ipynb"
+    path = folder / f"{name}.ipynb"
     nbformat.write(nb, path)
     return path
 
 
+def _assert_nothing_looks_complete(build: Path) -> dict:
+    """The invariants of an interrupted or failed run; returns the index."""
+    index = json.loads((build / "results" / "index.json").read_text())
+    run_id = index["run"]["id"]
+    for name, entry in index["notebooks"].items():
+        executed = build / "notebooks" / f"{name}.ipynb"
+        results = build / "results" / f"{name}.json"
+        if entry["status"] == "complete":
+            meta = json.loads(executed.read_text())["metadata"]["ess"]
+            assert meta["status"] == "complete" and meta["run_id"] == run_id
+            assert load_results(results).run["run_id"] == run_id
+        else:
+            assert not executed.exists(), f"{name} ({entry['status']}) left an executed copy"
+            assert not results.exists(), f"{name} ({entry['status']}) left a results file"
+            failed = build / "notebooks" / "failed" / f"{name}.ipynb"
+            if failed.exists():
+                nb = json.loads(failed.read_text())
+                assert nb["metadata"]["ess"]["status"] in ("failed", "interrupted")
+                assert "did not finish" in "".join(nb["cells"][0]["source"])
+    return index
+
+
 @pytest.mark.slow
-def test_failure_names_the_notebook_and_the_cell(tmp_path):
-    nbdir = tmp_path / "nbs"
-    nbdir.mkdir()
-    _broken_notebook(nbdir)
-    with pytest.raises(reproduce.ReproduceError, match=r"99_broken.ipynb failed in cell 4 .*ValueError: boom"):
-        reproduce.run_all(notebooks_dir=nbdir, build_dir=tmp_path / "build", book=False, progress=False)
+def test_failure_names_the_notebook_and_the_cell_and_keeps_it_apart(tmp_path):
+    nbdir, build = tmp_path / "nbs", tmp_path / "build"
+    _notebook(nbdir, "01_fine", "rec.record('x', 1, '')")
+    _notebook(nbdir, "02_broken", "x = 1", "raise ValueError('boom')")
+    _notebook(nbdir, "03_after", "rec.record('y', 2, '')")
+    with pytest.raises(reproduce.ReproduceError, match=r"02_broken.ipynb failed in cell 5 .*ValueError: boom"):
+        reproduce.run_all(notebooks_dir=nbdir, build_dir=build, book=False, progress=False)
+    index = _assert_nothing_looks_complete(build)
+    assert index["run"]["status"] == "failed"
+    assert [e["status"] for e in index["notebooks"].values()] == ["complete", "failed", "not run"]
+    assert "ValueError: boom" in index["notebooks"]["02_broken"]["error"]
+    kept = json.loads((build / "notebooks" / "failed" / "02_broken.ipynb").read_text())
+    assert kept["metadata"]["ess"]["status"] == "failed"
+    ran = [c for c in kept["cells"] if c["cell_type"] == "code"]
+    assert ran[-1]["metadata"]["papermill"]["status"] == "not run", "the save after the failure never ran"
+    with pytest.raises(reproduce.ReproduceError, match=r"did not finish: 02_broken \(failed: notebook 02_broken"):
+        book.check_executed(BuildDir.claim(build))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("recorder, match", [("Recorder('someone_else', results_path)", "recorded its results as"),
+                                             ("Recorder('01_smoky', results_path, smoke=True)", "says smoke=True")])
+def test_results_that_do_not_match_the_run_are_refused(tmp_path, recorder, match):
+    _notebook(tmp_path / "nbs", "01_smoky", "rec.record('x', 1, '')", recorder=recorder)
+    with pytest.raises(reproduce.ReproduceError, match=match):
+        reproduce.run_all(notebooks_dir=tmp_path / "nbs", build_dir=tmp_path / "b", book=False, progress=False)
+    assert not (tmp_path / "b" / "results" / "01_smoky.json").exists()
+
+
+@pytest.mark.slow
+def test_a_hanging_cell_fails_instead_of_waiting(tmp_path, capsys):
+    _notebook(tmp_path / "nbs", "98_hang", "import time\ntime.sleep(60)")
+    with pytest.raises(reproduce.ReproduceError, match="98_hang.ipynb: a cell ran longer than 3 s"):
+        reproduce.run_all(notebooks_dir=tmp_path / "nbs", build_dir=tmp_path / "b", book=False, progress=False,
+                          cell_timeout_s=3, retries=1)
+    assert "retrying 98_hang.ipynb (1/1)" in capsys.readouterr().err
+    index = _assert_nothing_looks_complete(tmp_path / "b")
+    assert index["notebooks"]["98_hang"]["attempts"] == 2
+
+
+def _processes_under(folder: Path) -> list[str]:
+    """Processes (the notebook runner, its kernel) whose working folder is inside ``folder``."""
+    import psutil
+
+    found = []
+    for proc in psutil.process_iter(["pid", "cwd", "cmdline"]):
+        cwd = proc.info.get("cwd") or ""
+        if cwd.startswith(str(folder)):
+            found.append(f"{proc.info['pid']} {' '.join(proc.info.get('cmdline') or [])[:120]}")
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL])
+def test_an_interrupted_run_leaves_nothing_that_looks_complete(tmp_path, sig):
+    """`ess reproduce` stopped by Ctrl-C, SIGTERM or kill -9 at a random moment: the notebooks it finished are
+    complete and stamped; the one it was running has no executed copy and no results (only a copy marked as
+    interrupted, apart), and `ess book` refuses to publish it; no runner or kernel is left running."""
+    nbdir, build = tmp_path / "nbs", tmp_path / "build"
+    _notebook(nbdir, "01_quick", "rec.record('x', 1, '')")
+    _notebook(nbdir, "02_slow", *["import time\ntime.sleep(1)\nrec.record(f'y{len(rec.records)}', 1, '')"] * 5)
+    _notebook(nbdir, "03_quick", "rec.record('z', 3, '')")
+    seed = random.randrange(10**6)
+    delay = random.Random(seed).uniform(0.5, 15.0)
+    proc = subprocess.Popen([sys.executable, "-m", "ess", "reproduce", "--notebooks-dir", str(nbdir),
+                             "--build-dir", str(build), "--no-book", "--no-figures"],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(delay)
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=120)
+    why = f"signal {sig.name} after {delay:.2f} s (seed {seed}); exit {proc.returncode}; stderr: {err[-500:]}"
+    if not (build / "results" / "index.json").exists():
+        assert proc.returncode != 0 and not (build / "notebooks").exists(), why     # stopped before it began
+        return
+    index = _assert_nothing_looks_complete(build)
+    statuses = [e["status"] for e in index["notebooks"].values()]
+    if index["run"]["status"] == "complete":
+        assert proc.returncode == 0 and statuses == ["complete"] * 3, why            # finished before the signal
+    else:
+        expected = {signal.SIGINT: 130, signal.SIGTERM: 143, signal.SIGKILL: -9}[sig]
+        assert proc.returncode == expected, why
+        assert index["run"]["status"] == ("running" if sig == signal.SIGKILL else "interrupted"), why
+        assert "complete" not in statuses[statuses.index(next(s for s in statuses if s != "complete")):], why
+        if sig != signal.SIGKILL:
+            assert "Traceback" not in err and "interrupted" in err, why
+        unfinished = [n for n, e in index["notebooks"].items() if e["status"] in ("running", "interrupted")]
+        if unfinished:
+            with pytest.raises(reproduce.ReproduceError, match=f"did not finish: {unfinished[0]}"):
+                book.check_executed(BuildDir(build))
+    deadline = time.monotonic() + 60
+    while _processes_under(build) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _processes_under(build) == [], why
+
+
+@pytest.mark.slow
+def test_an_earlier_runs_results_are_named_as_such_and_the_book_says_so(tmp_path):
+    nbdir, build = tmp_path / "nbs", tmp_path / "build"
+    _notebook(nbdir, "01_a", "rec.record('a', 1, '', published=2, source='s', note='calibrated: fitted here')")
+    _notebook(nbdir, "02_b", "rec.record('b', 5, '', low=1, high=4)")
+    reproduce.run_all(notebooks_dir=nbdir, build_dir=build, book=False, progress=False, figures=False)
+    first = json.loads((build / "results" / "index.json").read_text())["run"]["id"]
+    reproduce.run_all(notebooks_dir=nbdir, build_dir=build, book=False, progress=False, figures=False,
+                      only=["02"], smoke=True)
+    index = json.loads((build / "results" / "index.json").read_text())
+    assert list(index["notebooks"]) == ["02_b"] and index["run"]["only"] == ["02"]
+    assert index["earlier_results"] == {"01_a": {"results": "results/01_a.json", "mode": "full",
+                                                 "run_id": first, "finished": index["earlier_results"]["01_a"]
+                                                 ["finished"]}}
+    page = book.results_page(BuildDir(build), book.check_executed(BuildDir(build)))
+    section_a = page[page.index("## 01_a"):page.index("## 02_b")]
+    assert "an earlier run than the last" in section_a and "**full**" in section_a
+    assert "| `a` | calibrated | 1 | 2 | -50.0 % |" in section_a
+    assert "| `b` | computed | 5 |  |  |  | \\[1, 4\\] **outside** |" in page     # brackets escaped for MyST
+    banner = book._banner(book.check_executed(BuildDir(build)))
+    assert "Some notebooks ran with `ess reproduce --smoke`" in banner and "2 different runs" in banner
+
+
+@pytest.mark.slow
+def test_kept_figures_are_rendered_to_png_and_svg(tmp_path):
+    if not any(Path(p, "chromium").exists() for p in os.environ.get("PATH", "").split(os.pathsep)):
+        if os.environ.get("ESS_REQUIRE_BROWSER"):
+            pytest.fail("chromium is not installed (scripts/ess.sh setup installs it)")
+        pytest.skip("chromium is not installed")
+    nbdir, build = tmp_path / "nbs", tmp_path / "build"
+    _notebook(nbdir, "01_fig", "import plotly.graph_objects as go\n"
+                               "rec.figure('bars', go.Figure(go.Bar(x=['a', 'b'], y=[1, 3])))")
+    reproduce.run_all(notebooks_dir=nbdir, build_dir=build, book=False, progress=False)
+    index = json.loads((build / "results" / "index.json").read_text())
+    assert index["figures"] == {"status": "rendered", "files": ["figures/01_fig-bars.png", "figures/01_fig-bars.svg"]}
+    png = (build / "figures" / "01_fig-bars.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
+    width = int.from_bytes(png[16:20], "big")
+    assert width == 900 * 2, "900 CSS pixels at scale 2"
+    assert "<svg" in (build / "figures" / "01_fig-bars.svg").read_text()[:500]
+
+
+def test_staging_hides_parameters_drops_cdn_scripts_and_widget_state():
+    nb = {"metadata": {"widgets": {"state": {}}}, "cells": [
+        {"cell_type": "code", "metadata": {"tags": ["parameters"]}, "outputs": [], "source": "smoke = False"},
+        {"cell_type": "code", "metadata": {"tags": ["injected-parameters"]}, "outputs": [], "source": "smoke = True"},
+        {"cell_type": "code", "metadata": {}, "source": "fig.show()", "outputs": [
+            {"output_type": "display_data", "metadata": {}, "data": {"text/html": [
+                '<div><script src="https://cdnjs.cloudflare.com/ajax/libs/mathjax/3.2.2/es5/tex-svg.min.js">',
+                '</script><div class="plotly-graph-div"></div></div>']}},
+            {"output_type": "display_data", "metadata": {}, "data": {
+                "application/vnd.jupyter.widget-view+json": {"model_id": "m"}, "text/plain": "VBox()"}}]}]}
+    out = book._for_the_book(nb)
+    assert [c["metadata"].get("tags") for c in out["cells"]] == [["parameters", "remove-cell"],
+                                                                  ["injected-parameters", "remove-cell"], None]
+    html_out, widget = out["cells"][2]["outputs"]
+    assert html_out["data"]["text/html"] == '<div><div class="plotly-graph-div"></div></div>'
+    assert list(widget["data"]) == ["text/markdown"] and "kernel" in widget["data"]["text/markdown"]
+    assert "widgets" not in out["metadata"]
 
 
 def test_only_rejects_unknown_names(tmp_path, capsys):
-    assert main(["reproduce", "--only", "no-such-notebook", "--build-dir", str(tmp_path)]) == 1
+    assert main(["reproduce", "--only", "no-such-notebook", "--build-dir", str(tmp_path / "b")]) == 1
     assert "matches 0 notebooks" in capsys.readouterr().err
+    assert not (tmp_path / "b").exists(), "a wrong --only leaves no build folder behind"
 
 
 def test_list(capsys):
@@ -76,25 +312,26 @@ def test_stage_book_needs_executed_notebooks(tmp_path):
         reproduce.stage_book(tmp_path)
 
 
+def test_the_book_refuses_notebooks_without_a_run_record(tmp_path):
+    build = BuildDir.claim(tmp_path / "b")
+    (build.sub("notebooks") / "01_by_hand.ipynb").write_text(json.dumps({"metadata": {}, "cells": []}))
+    with pytest.raises(reproduce.ReproduceError, match=r"did not finish: 01_by_hand \(no run record\)"):
+        book.check_executed(build)
+
+
 @pytest.mark.slow
 def test_relative_build_dir_is_resolved_from_the_caller(tmp_path, monkeypatch):
+    _notebook(tmp_path / "nbs", "01_rel", "rec.record('x', 1, '')")
     monkeypatch.chdir(tmp_path)
-    runs = reproduce.run_all(smoke=True, only=["01"], build_dir=Path("rel"), book=False, progress=False)
-    assert runs[0].results == tmp_path / "rel" / "results" / "01_memory_wall.json"
+    runs = reproduce.run_all(notebooks_dir=Path("nbs"), build_dir=Path("rel"), book=False, progress=False)
+    assert runs[0].results == tmp_path / "rel" / "results" / "01_rel.json"
     assert runs[0].results.exists()
 
 
-@pytest.mark.slow
-def test_a_hanging_cell_fails_instead_of_waiting(tmp_path, capsys):
-    nbdir = tmp_path / "nbs"
-    nbdir.mkdir()
-    nb = nbformat.v4.new_notebook()
-    params = nbformat.v4.new_code_cell("smoke = False\nresults_path = ''")
-    params.metadata["tags"] = ["parameters"]
-    nb.cells = [params, nbformat.v4.new_code_cell("import time\ntime.sleep(60)")]
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    nbformat.write(nb, nbdir / "98_hang.ipynb")
-    with pytest.raises(reproduce.ReproduceError, match="98_hang.ipynb: a cell ran longer than 3 s"):
-        reproduce.run_all(notebooks_dir=nbdir, build_dir=tmp_path / "b", book=False, progress=False,
-                          cell_timeout_s=3, retries=1)
-    assert "retrying 98_hang.ipynb (1/1)" in capsys.readouterr().err
+@pytest.mark.parametrize("value, error", [(0, ValueError), (-1, ValueError), (float("inf"), ValueError),
+                                          ("60", TypeError), (True, TypeError)])
+def test_cell_timeout_must_be_positive_seconds(value, error, tmp_path):
+    with pytest.raises(error, match="cell_timeout_s"):
+        reproduce.run_all(cell_timeout_s=value, build_dir=tmp_path / "b", book=False)
+    assert not (tmp_path / "b").exists()
+    assert reproduce.check_cell_timeout(2.5) == 3

@@ -48,7 +48,7 @@ from ess.viz.storage import fig_layer_misses, fig_policy_misses, fig_step_traffi
 from ess.widgets.storage import storage_budget_view, storage_budget_widget
 
 viz.use_notebook_renderer()
-rec = ess.Recorder("02_tiered_storage", results_path)
+rec = ess.Recorder("02_tiered_storage", results_path, smoke=smoke)
 if smoke:
     globals().update(smoke_sizes)              # the CI sizes of the parameters cell
 model = ess.model_spec("deepseek-v3.2-exp")

@@ -61,7 +61,7 @@ from ess.viz import prefetch as pviz
 from ess.widgets.prefetch import prefetch_view, prefetch_widget
 
 viz.use_notebook_renderer()
-rec = ess.Recorder("04_prefetching", results_path)
+rec = ess.Recorder("04_prefetching", results_path, smoke=smoke)
 if smoke:
     globals().update(smoke_sizes)              # the CI sizes of the parameters cell
 model = ess.model_spec("deepseek-v3.2-exp")

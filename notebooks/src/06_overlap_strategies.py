@@ -53,7 +53,7 @@ from ess.sim import scenarios
 from ess.viz import sim as vsim
 
 viz.use_notebook_renderer()
-rec = ess.Recorder("06_overlap_strategies", results_path)
+rec = ess.Recorder("06_overlap_strategies", results_path, smoke=smoke)
 if smoke:
     globals().update(smoke_sizes)              # the CI sizes of the parameters cell
 params = calibrate().params

@@ -36,7 +36,7 @@ from ess.tables import sim as tsim
 from ess.viz import sim as vsim
 
 viz.use_notebook_renderer()
-rec = ess.Recorder("07_table_32k", results_path)
+rec = ess.Recorder("07_table_32k", results_path, smoke=smoke)
 if smoke:
     globals().update(smoke_sizes)              # the CI sizes of the parameters cell
 cal = calibrate()
@@ -108,7 +108,7 @@ for _, r in t2.iterrows():
                note="bound: zero misses (only the D2H write-back of new tokens)")
 
 # %%
-vsim.fig_table2(t2, L32).show()
+rec.figure("table_32k", vsim.fig_table2(t2, L32)).show()
 
 # %% [markdown]
 # ## Per-layer misses behind the offload rows

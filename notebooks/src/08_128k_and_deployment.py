@@ -40,7 +40,7 @@ from ess.viz import sim as vsim
 from ess.widgets.sim import sim_budget_view, sim_budget_widget
 
 viz.use_notebook_renderer()
-rec = ess.Recorder("08_128k_and_deployment", results_path)
+rec = ess.Recorder("08_128k_and_deployment", results_path, smoke=smoke)
 if smoke:
     globals().update(smoke_sizes)              # the CI sizes of the parameters cell
 params = calibrate().params

@@ -1,0 +1,307 @@
+"""The book: ``book/`` plus the executed notebooks, staged into ``build/book_src`` and built with Jupyter Book 1.x
+(warnings are errors) into ``build/book`` (open ``build/book/_build/html/index.html``).
+
+Staging
+
+* refuses executed notebooks that did not finish, naming them (the pipeline marks the complete ones in their
+  metadata, ``ess.status``; one that failed or was interrupted sits in ``build/notebooks/failed/``);
+* copies ``book/`` and every executed notebook, hiding the parameters cells — the notebook's own and papermill's
+  injected one (tag ``remove-cell``);
+* writes ``results.md``, every recorded number beside the published one with its status and band;
+* says at the top of the introduction when the notebooks ran at smoke sizes, or came from several runs;
+* serves MathJax from the book itself (Debian's ``libjs-mathjax``, MathJax 2.7 with SVG output), so that no page
+  loads a script from a CDN;
+* writes ``_toc.yml``: the introduction, the background pages (``book/pages/*.md``), the notebooks, the results.
+
+The pages quote the notebooks' numbers with ``{glue:text}`` (every record is glued under its name when it is
+recorded), so they show the numbers of the run the book was built from.
+"""
+from __future__ import annotations
+
+import json
+import numbers
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from .builddir import ROOT, BuildDir, ReproduceError
+from .results import Record, load_results, record_status
+
+__all__ = ["stage_book", "build_book", "check_executed", "results_page", "MATHJAX_DIR"]
+
+MATHJAX_DIR = Path("/usr/share/javascript/mathjax")       # Debian's libjs-mathjax (MathJax 2.7)
+# the parts of MathJax 2.7 that TeX input with SVG output loads (about 5 MB of the package's 54)
+# (STIX-Web too: plotly's notebook output switches MathJax 2's SVG font to it)
+_MATHJAX_PARTS = ("MathJax.js", "extensions", "jax/input/TeX", "jax/element", "jax/output/SVG/config.js",
+                  "jax/output/SVG/jax.js", "jax/output/SVG/autoload", "jax/output/SVG/fonts/TeX",
+                  "jax/output/SVG/fonts/STIX-Web", "localization/en")
+_HIDDEN_TAGS = ("parameters", "injected-parameters")
+_WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
+_WIDGET_NOTE = ("*Interactive controls appear here when the notebook runs with a kernel (open it in JupyterLab); "
+                "the book shows the default view.*")
+_CDN_MATHJAX = re.compile(r'<script[^>]*\bsrc="https://cdnjs\.cloudflare\.com/ajax/libs/mathjax/[^"]*"[^>]*>\s*'
+                          r'</script>')
+
+
+def _claimed(build_dir) -> BuildDir:
+    return build_dir if isinstance(build_dir, BuildDir) else BuildDir.claim(build_dir, create=False)
+
+
+def _read_nb(path: Path) -> dict:
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def check_executed(build: BuildDir) -> list[Path]:
+    """The executed notebooks of ``build``, all of them complete; a :class:`ReproduceError` naming every one that
+    did not finish: one whose copy is not marked complete (or carries no run record, as one executed by hand or by
+    an older ``ess`` would), one set aside as failed or interrupted, one the last run left running (it was killed)."""
+    folder = build.path / "notebooks"
+    executed = sorted(folder.glob("[0-9][0-9]_*.ipynb"))
+    bad = {}
+    for nb in executed:
+        meta = _read_nb(nb).get("metadata", {}).get("ess", {})
+        if meta.get("status") != "complete":
+            bad[nb.stem] = meta.get("status") or "no run record"
+    done = {nb.stem for nb in executed} - set(bad)
+    for nb in sorted((folder / "failed").glob("[0-9][0-9]_*.ipynb")):
+        if nb.stem not in done:
+            meta = _read_nb(nb).get("metadata", {}).get("ess", {})
+            bad[nb.stem] = f"{meta.get('status', 'failed')}: {meta.get('message', '')}".rstrip(": ")
+    index_path = build.path / "results" / "index.json"
+    if index_path.exists():
+        index = json.loads(index_path.read_text(encoding="utf-8"))
+        for name, entry in index.get("notebooks", {}).items():
+            if entry.get("status") in ("running", "interrupted", "failed") and name not in done:
+                bad.setdefault(name, f"{entry['status']} in the last run" if entry["status"] != "running"
+                               else "the last run stopped while it ran (killed)")
+    if bad:
+        raise ReproduceError("these notebooks did not finish: " + "; ".join(f"{k} ({v})" for k, v in sorted(
+            bad.items())) + "; run them again with `ess reproduce --only NN` before building the book")
+    if not executed:
+        raise ReproduceError(f"no executed notebooks in {folder}: run the notebooks first")
+    return executed
+
+
+def _title(nb: dict, fallback: str) -> str:
+    for cell in nb.get("cells", []):
+        if cell.get("cell_type") == "markdown":
+            for line in "".join(cell.get("source", "")).splitlines():
+                if line.startswith("# "):
+                    return line[2:].strip()
+    return fallback
+
+
+def _for_the_book(nb: dict) -> dict:
+    """An executed notebook as the book shows it:
+
+    * the parameters cells (the notebook's own and papermill's injected one) tagged ``remove-cell``: the book
+      shows what a notebook computes, not its knobs;
+    * a widget's output (it needs a kernel; the book has none) replaced by a line saying so, and the saved widget
+      state dropped (rendering it statically would load scripts from a CDN);
+    * the MathJax script plotly writes into every figure's HTML removed: it comes from a CDN, and the page
+      already loads the book's own MathJax, which plotly uses."""
+    for cell in nb.get("cells", []):
+        tags = cell.get("metadata", {}).get("tags", [])
+        if any(t in tags for t in _HIDDEN_TAGS) and "remove-cell" not in tags:
+            cell.setdefault("metadata", {})["tags"] = [*tags, "remove-cell"]
+        outputs = []
+        for out in cell.get("outputs", []):
+            data = out.get("data", {})
+            if _WIDGET_MIME in data:
+                out = {"output_type": "display_data", "metadata": {}, "data": {"text/markdown": _WIDGET_NOTE}}
+            elif "text/html" in data:
+                html = data["text/html"]
+                data["text/html"] = _CDN_MATHJAX.sub("", html if isinstance(html, str) else "".join(html))
+            outputs.append(out)
+        if "outputs" in cell:
+            cell["outputs"] = outputs
+    nb.get("metadata", {}).pop("widgets", None)
+    return nb
+
+
+# -- the results page -----------------------------------------------------------------------------------------
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("[", "\\[").replace("]", "\\]").replace("\n", " ")
+
+
+def _number(v) -> str:
+    if isinstance(v, bool) or not isinstance(v, numbers.Real):
+        return str(v)
+    if isinstance(v, int):
+        return f"{v:,}"
+    if v == 0:
+        return "0"
+    if abs(v) >= 1000:
+        return f"{v:,.0f}"
+    return f"{v:.4g}"
+
+
+def _value(v) -> str:
+    if isinstance(v, list):
+        nums = [x for x in v if isinstance(x, numbers.Real) and not isinstance(x, bool)]
+        if nums and len(nums) == len(v):
+            return f"{len(v)} values, mean {_number(sum(nums) / len(nums))}"
+        return f"{len(v)} values"
+    if isinstance(v, dict):
+        return f"{len(v)} fields"
+    return _number(v)
+
+
+def _band(rec: Record) -> str:
+    if rec.low is None and rec.high is None:
+        return ""
+    lo = "" if rec.low is None else _number(rec.low)
+    hi = "" if rec.high is None else _number(rec.high)
+    where = {True: "in", False: "**outside**", None: ""}[rec.in_band]
+    return f"[{lo}, {hi}] {where}".strip()
+
+
+def results_page(build: BuildDir, executed: list[Path]) -> str:
+    """The generated page: per notebook, every record beside the published value with error, status and band."""
+    index_path = build.path / "results" / "index.json"
+    last = json.loads(index_path.read_text(encoding="utf-8")).get("run", {}) if index_path.exists() else {}
+    lines = ["# Every reproduced number", "",
+             "Every number the notebooks recorded, generated from `build/results/` when the book was built. "
+             "*Status* is the record's own standing: **calibrated** (the value was fitted there, so agreement is "
+             "not evidence), **reproduced** / **not reproduced** (a claim checked), **held back (predicted)** (a "
+             "result of the paper not given to the project, predicted and never fitted), **bound**, "
+             "**predicted**, **compared** (a published value stands beside it) or **computed**. *Error* is "
+             "relative to the published value; *band* is the range a value is expected in, where one is given.",
+             ""]
+    if last:
+        status = "" if last.get("status") == "running" else f", status **{last.get('status')}**"
+        lines += [f"The last run recorded in `results/index.json`: `{last.get('id')}`, a **{last.get('mode')}** "
+                  f"run started {last.get('started')}{status}.", ""]
+    for nb_path in executed:
+        nb = _read_nb(nb_path)
+        meta = nb.get("metadata", {}).get("ess", {})
+        results_file = build.path / "results" / f"{nb_path.stem}.json"
+        lines += [f"## {_title(nb, nb_path.stem)}", ""]
+        where = f"[the notebook](notebooks/{nb_path.stem}.ipynb)"
+        run = (f"{where}: a **{meta.get('mode')}** run, finished {meta.get('finished')} (run `{meta.get('run_id')}`"
+               + ("" if not last or meta.get("run_id") == last.get("id") else ", **an earlier run than the last**")
+               + ").")
+        lines += [run, ""]
+        if not results_file.exists():
+            lines += ["No results file.", ""]
+            continue
+        results = load_results(results_file)
+        if results.run.get("run_id") != meta.get("run_id"):
+            lines += [f"**The results file comes from another run** (`{results.run.get('run_id')}`).", ""]
+        lines += [":::{container} ess-results", "",
+                  "| record | status | ours | published | error | unit | band | source |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for rec in results.records:
+            err = "" if rec.error is None else f"{rec.error * 100:+.1f} %"
+            pub = "" if rec.published is None else _value(rec.published)
+            lines.append("| " + " | ".join(_cell(x) for x in (
+                f"`{rec.name}`", record_status(rec), _value(rec.value), pub, err, rec.unit, _band(rec),
+                rec.source or "")) + " |")
+        lines += ["", ":::", ""]
+    return "\n".join(lines)
+
+
+def _banner(executed: list[Path]) -> str:
+    metas = [_read_nb(p).get("metadata", {}).get("ess", {}) for p in executed]
+    modes = {m.get("mode") for m in metas}
+    runs = {m.get("run_id") for m in metas}
+    notes = []
+    if "smoke" in modes:
+        which = "all notebooks" if modes == {"smoke"} else "some notebooks"
+        notes.append(f"**Smoke sizes.** {which.capitalize()} ran with `ess reproduce --smoke` (the CI sizes): "
+                     f"their numbers come from small configurations and differ from a full run's.")
+    if len(runs) > 1:
+        notes.append(f"The notebooks come from {len(runs)} different runs; the [results page](results.md) says "
+                     f"which.")
+    if not notes:
+        return ""
+    return ":::{warning}\n" + "\n\n".join(notes) + "\n:::\n"
+
+
+def _stage_mathjax(src: Path) -> bool:
+    """Copy the MathJax parts the book loads into ``_mathjax/mathjax`` (served at ``<site>/mathjax/``)."""
+    dest = src / "_mathjax" / "mathjax"
+    dest.mkdir(parents=True, exist_ok=True)
+    if not (MATHJAX_DIR / "MathJax.js").exists():
+        return False
+    for part in _MATHJAX_PARTS:
+        source, target = MATHJAX_DIR / part, dest / part
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if source.is_dir():
+            shutil.copytree(source, target)
+        else:
+            shutil.copy2(source, target)
+    return True
+
+
+def _use_cdn_mathjax(config_path: Path) -> None:
+    config = yaml.safe_load(config_path.read_text(encoding="utf-8"))
+    sphinx_config = config.get("sphinx", {}).get("config", {})
+    for key in ("mathjax_path", "mathjax2_config", "myst_update_mathjax"):
+        sphinx_config.pop(key, None)
+    config_path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+
+
+def stage_book(build_dir=None, book_dir: Path | None = None) -> Path:
+    """Stage ``book/`` and the executed notebooks into ``<build>/book_src`` (see the module docstring)."""
+    build = _claimed(build_dir)
+    book_dir = Path(book_dir or ROOT / "book")
+    executed = check_executed(build)
+    build.remove("book_src")
+    src = build.path / "book_src"
+    shutil.copytree(book_dir, src)
+    (src / "notebooks").mkdir(exist_ok=True)
+    for nb in executed:
+        (src / "notebooks" / nb.name).write_text(json.dumps(_for_the_book(_read_nb(nb)), indent=1),
+                                                 encoding="utf-8")
+    (src / "results.md").write_text(results_page(build, executed), encoding="utf-8")
+    banner = _banner(executed)
+    if banner:
+        intro = src / "intro.md"
+        title, _, rest = intro.read_text(encoding="utf-8").partition("\n")
+        intro.write_text(f"{title}\n\n{banner}{rest}", encoding="utf-8")
+    if not _stage_mathjax(src):
+        print(f"warning: {MATHJAX_DIR} is missing (Debian: apt-get install libjs-mathjax); the book's math will "
+              f"load MathJax from a CDN", file=sys.stderr)
+        _use_cdn_mathjax(src / "_config.yml")
+    pages = sorted((src / "pages").glob("*.md")) if (src / "pages").exists() else []
+    parts = []
+    if pages:
+        parts.append({"caption": "Background", "chapters": [{"file": f"pages/{p.stem}"} for p in pages]})
+    parts.append({"caption": "Notebooks", "chapters": [{"file": f"notebooks/{nb.stem}"} for nb in executed]})
+    parts.append({"caption": "Results", "chapters": [{"file": "results"}]})
+    toc = {"format": "jb-book", "root": "intro", "parts": parts}
+    (src / "_toc.yml").write_text(yaml.safe_dump(toc, sort_keys=False), encoding="utf-8")
+    return src
+
+
+def build_book(*, build_dir=None, book_dir: Path | None = None) -> Path:
+    """Build the Jupyter Book (1.x) from ``book/`` plus the executed notebooks; warnings are errors. Returns the
+    path of ``index.html``."""
+    if isinstance(build_dir, BuildDir):                  # inside a run, which holds the folder already
+        return _build(build_dir, book_dir)
+    build = _claimed(build_dir)
+    with build.lock():
+        return _build(build, book_dir)
+
+
+def _build(build: BuildDir, book_dir: Path | None) -> Path:
+    src = stage_book(build, book_dir)
+    build.remove("book")
+    out = build.path / "book"
+    exe = Path(sys.executable).parent / "jupyter-book"
+    cmd = [str(exe) if exe.exists() else "jupyter-book", "build", str(src), "--path-output", str(out),
+           "-W", "-n", "--keep-going"]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-40:])
+        raise ReproduceError(f"the book did not build (jupyter-book exit {proc.returncode}):\n{tail}")
+    html = out / "_build" / "html" / "index.html"
+    if not html.exists():
+        raise ReproduceError(f"jupyter-book succeeded but {html} is missing")
+    return html

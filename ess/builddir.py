@@ -1,0 +1,174 @@
+"""The build folder: the only place the ``ess`` command writes, and the only place it deletes from.
+
+A build folder is one ``ess`` created (it holds the marker file ``.ess-build``) or an empty or new folder, which
+``ess`` then marks. ``ess`` refuses, with a one-line :class:`BuildDirError`, the repository itself or a folder that
+holds it, a folder holding files tracked by git, a non-empty folder without the marker, a file in the way, a
+missing parent folder and a folder it cannot write to. It deletes only what it creates there: the folders named in
+:data:`CREATED` and files inside them, never through a symbolic link.
+
+The repository's own ``build/`` from before the marker existed is adopted when it holds nothing but those folders.
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+__all__ = ["BuildDir", "BuildDirError", "ReproduceError", "MARKER", "CREATED", "ROOT"]
+
+ROOT = Path(__file__).resolve().parent.parent
+MARKER = ".ess-build"
+# what ess creates inside a build folder (the browser tests add their screenshots)
+CREATED = ("notebooks", "results", "book", "book_src", "figures", "screenshots", ".partial")
+
+
+class ReproduceError(RuntimeError):
+    """The ``ess`` command cannot finish: a notebook failed, the book did not build, or the build folder cannot be
+    used. Its message is meant for the terminal as it is (no traceback)."""
+
+
+class BuildDirError(ReproduceError):
+    """The build folder cannot be used (one line: which folder and why)."""
+
+
+def _tracked_files(folder: Path) -> list[str]:
+    """Files tracked by git under ``folder`` (empty when git is missing or the folder is in no repository)."""
+    try:
+        proc = subprocess.run(["git", "-C", str(folder), "ls-files", "-z", "--", "."], capture_output=True,
+                              timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    if proc.returncode != 0:
+        return []
+    return [p for p in proc.stdout.decode(errors="replace").split("\0") if p]
+
+
+class BuildDir:
+    """A claimed build folder. :meth:`claim` checks and marks it; :meth:`remove` deletes what ``ess`` created."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._lock_fh = None
+
+    # -- claiming -------------------------------------------------------------------------------------------
+    @classmethod
+    def claim(cls, path: str | os.PathLike | None = None, *, create: bool = True) -> "BuildDir":
+        """Check ``path`` (default ``<repository>/build``) as a build folder and mark it; with ``create=False``
+        it must already exist (``ess book`` reads a build, it does not start one)."""
+        path = Path(ROOT / "build" if path is None else path).expanduser()
+        try:
+            path = path.resolve()
+        except OSError as exc:
+            raise BuildDirError(f"build folder {path}: {exc.strerror or exc}") from None
+        if path == ROOT or path in ROOT.parents:
+            raise BuildDirError(f"build folder {path} is the repository or holds it; choose a new folder, "
+                                f"e.g. {ROOT / 'build'}")
+        if path.exists() and not path.is_dir():
+            raise BuildDirError(f"build folder {path} is a file, not a folder; move it or choose another path")
+        if not path.exists():
+            if not create:
+                raise BuildDirError(f"build folder {path} does not exist; run `ess reproduce` first")
+            parent = path.parent
+            if not parent.is_dir():
+                what = "is a file" if parent.exists() else "does not exist"
+                raise BuildDirError(f"build folder {path}: its parent folder {parent} {what}")
+            try:
+                path.mkdir()
+            except OSError as exc:
+                raise BuildDirError(f"build folder {path} cannot be created: {exc.strerror or exc}") from None
+        build = cls(path)
+        marker = path / MARKER
+        if not marker.exists():
+            entries = sorted(p.name for p in path.iterdir())
+            legacy = path == ROOT / "build" and set(entries) <= set(CREATED)
+            if entries and not legacy:
+                shown = ", ".join(entries[:4]) + (", ..." if len(entries) > 4 else "")
+                raise BuildDirError(f"build folder {path} holds files ess did not create ({shown}) and no "
+                                    f"{MARKER} marker; choose an empty or new folder")
+        tracked = _tracked_files(path)
+        if tracked:
+            raise BuildDirError(f"build folder {path} holds files tracked by git ({tracked[0]}, ...); "
+                                f"choose a folder outside the sources")
+        build._check_writable()
+        if not marker.exists():
+            build._write_marker()
+        for name in CREATED:
+            sub = path / name
+            if sub.exists() and not sub.is_dir():
+                raise BuildDirError(f"build folder {path}: {sub} is a file in the way of the folder ess writes "
+                                    f"there; move it")
+        return build
+
+    def _check_writable(self) -> None:
+        try:
+            fd, probe = tempfile.mkstemp(prefix=".ess-probe-", dir=self.path)
+            os.close(fd)
+            os.unlink(probe)
+        except OSError as exc:
+            raise BuildDirError(f"build folder {self.path} is not writable: {exc.strerror or exc}") from None
+
+    def _write_marker(self) -> None:
+        text = json.dumps({"created_by": "ess", "note": "a build folder of the ess command; it deletes only the "
+                           "folders it creates here: " + ", ".join(CREATED)}) + "\n"
+        try:
+            (self.path / MARKER).write_text(text, encoding="utf-8")
+        except OSError as exc:
+            raise BuildDirError(f"build folder {self.path} is not writable: {exc.strerror or exc}") from None
+
+    # -- the one writer at a time ---------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def lock(self):
+        """Hold the build folder for one run: a second ``ess`` command on the same folder is refused."""
+        fh = open(self.path / MARKER, "a", encoding="utf-8")
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            fh.close()
+            raise BuildDirError(f"build folder {self.path} is in use by another ess command; wait for it or "
+                                f"choose another folder") from None
+        try:
+            yield self
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+            fh.close()
+
+    # -- paths and removal ----------------------------------------------------------------------------------
+    def sub(self, name: str) -> Path:
+        """``<build>/<name>``, created, for a name in :data:`CREATED`."""
+        folder = self._own(name)
+        folder.mkdir(parents=True, exist_ok=True)
+        return folder
+
+    def _own(self, rel: str | os.PathLike) -> Path:
+        rel = Path(rel)
+        if rel.is_absolute() or ".." in rel.parts or not rel.parts or rel.parts[0] not in CREATED:
+            raise ValueError(f"{rel} is not something ess creates in a build folder ({', '.join(CREATED)})")
+        if not (self.path / MARKER).exists():
+            raise BuildDirError(f"build folder {self.path} lost its {MARKER} marker; ess deletes nothing there")
+        target = self.path / rel
+        # no step of the way may be a symbolic link (it could point at the user's files)
+        step = self.path
+        for part in rel.parts[:-1]:
+            step = step / part
+            if step.is_symlink():
+                raise BuildDirError(f"{step} is a symbolic link; ess deletes nothing through it")
+        return target
+
+    def remove(self, rel: str | os.PathLike) -> None:
+        """Delete ``<build>/<rel>`` (a folder ess creates, or a file or folder inside one); a symbolic link is
+        removed, never followed. Nothing happens when it does not exist."""
+        target = self._own(rel)
+        if target.is_symlink() or target.is_file():
+            target.unlink()
+        elif target.is_dir():
+            shutil.rmtree(target)
+        elif target.exists():
+            target.unlink()
+
+    def __repr__(self) -> str:
+        return f"BuildDir({str(self.path)!r})"
