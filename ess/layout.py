@@ -15,6 +15,10 @@ Two caches per token and layer (DeepSeek-V3.2-Exp, FlashMLA / DeepGEMM formats):
       [128, 132)  1 x float32 scale
 
 Every size is computed from a :class:`~ess.specs.ModelSpec`, never typed in.
+
+The tiered storage and the pool-sizing rule see an entry only as bytes: an :class:`EntryFormat` (layers, bytes per
+entry, page, context limit). :func:`entry_format` derives DeepSeek's from a ``ModelSpec``; another model (the real
+model's K/V entries, :mod:`ess.engine.kv`) builds its own.
 """
 from __future__ import annotations
 
@@ -25,7 +29,8 @@ from .specs import ModelSpec
 from . import validate
 
 __all__ = [
-    "LatentLayout", "latent_layout", "latent_entry_bytes", "indexer_entry_bytes", "token_bytes",
+    "EntryFormat", "entry_format", "LatentLayout", "latent_layout", "latent_entry_bytes", "indexer_entry_bytes",
+    "token_bytes",
     "RequestCache", "request_cache", "padded_tokens", "pool_slots", "step_entries", "check_context_len", "KV_DTYPES",
 ]
 
@@ -44,6 +49,42 @@ class LatentLayout:
     n_scales: int
     rope_offset: int
     rope_bytes: int
+
+
+@dataclass(frozen=True)
+class EntryFormat:
+    """What the tiered storage needs to know of one cache entry (one token, one layer): ``entry_bytes`` per entry,
+    ``n_layers`` entries per token, ``page_tokens`` (the allocation unit a pool's context is rounded up to, and the
+    disk tier's block), ``max_context`` tokens, ``name`` (for messages) and ``dtype`` (a label of the encoding)."""
+
+    name: str
+    n_layers: int
+    entry_bytes: int
+    page_tokens: int
+    max_context: int
+    dtype: str = ""
+
+    def __post_init__(self):
+        for field_name in ("n_layers", "entry_bytes", "page_tokens", "max_context"):
+            validate.positive_int(f"EntryFormat.{field_name}", getattr(self, field_name))
+
+
+def entry_format(model, dtype: str = "fp8") -> EntryFormat:
+    """The latent-entry format of a DeepSeek-style ``model`` (a :class:`~ess.specs.ModelSpec`) in ``dtype``; an
+    :class:`EntryFormat` is returned as it is."""
+    if isinstance(model, EntryFormat):
+        return model
+    if not isinstance(model, ModelSpec):
+        raise TypeError(f"model must be a ModelSpec or an EntryFormat, got {type(model).__name__}")
+    return EntryFormat(f"{model.name} {dtype} latent", model.n_layers, latent_entry_bytes(model, dtype),
+                       model.cache_page_tokens, model.max_position_embeddings, dtype)
+
+
+def _paging(model) -> tuple[str, int, int]:
+    """``(name, page_tokens, max_context)`` of a ModelSpec or an EntryFormat."""
+    if isinstance(model, EntryFormat):
+        return model.name, model.page_tokens, model.max_context
+    return model.name, model.cache_page_tokens, model.max_position_embeddings
 
 
 def _check_dtype(dtype: str) -> None:
@@ -79,18 +120,18 @@ def token_bytes(model: ModelSpec, dtype: str = "fp8") -> int:
     return (latent_entry_bytes(model, dtype) + indexer_entry_bytes(model)) * model.n_layers
 
 
-def check_context_len(model: ModelSpec, context_len: int, name: str = "context_len") -> int:
+def check_context_len(model: ModelSpec | EntryFormat, context_len: int, name: str = "context_len") -> int:
     """``context_len`` as an int: a positive integer number of tokens within the model's maximum context."""
     context_len = validate.integer(name, context_len, lo=1)
-    if context_len > model.max_position_embeddings:
-        raise ValueError(f"{name}={context_len} exceeds the maximum context of {model.name} "
-                         f"({model.max_position_embeddings} tokens)")
+    label, _, max_context = _paging(model)
+    if context_len > max_context:
+        raise ValueError(f"{name}={context_len} exceeds the maximum context of {label} ({max_context} tokens)")
     return context_len
 
 
-def padded_tokens(model: ModelSpec, context_len: int) -> int:
+def padded_tokens(model: ModelSpec | EntryFormat, context_len: int) -> int:
     """Tokens actually allocated for a context: rounded up to whole cache pages (64 tokens)."""
-    page = model.cache_page_tokens
+    page = _paging(model)[1]
     return -(-context_len // page) * page
 
 
@@ -100,11 +141,11 @@ def step_entries(model: ModelSpec, context_len: int, mtp: int = 1) -> int:
     return min(int(context_len), int(mtp) * model.index_topk)
 
 
-def pool_slots(model: ModelSpec, ratio: float, context_len: int, *, need: int | None = None) -> int:
+def pool_slots(model: ModelSpec | EntryFormat, ratio: float, context_len: int, *, need: int | None = None) -> int:
     """GPU-pool slots per (request, layer) for sparse-memory ``ratio`` and a request of ``context_len`` tokens:
     ``floor(ratio x padded_tokens(model, context_len))``, the context rounded up to whole cache pages (64 tokens for
     DeepSeek-V3.2-Exp). The one rule of the memory model, the storage, the cache simulator and the throughput
-    simulator, so that their pools agree slot for slot.
+    simulator, so that their pools agree slot for slot. ``model`` may also be an :class:`EntryFormat` (its page).
 
     ``need`` (e.g. :func:`step_entries`): raise a ``ValueError`` when the pool has fewer slots than that."""
     ratio = validate.ratio("ratio", ratio)

@@ -23,6 +23,10 @@ D2H ``d = b mtp 656 B / d2h``), relative to the no-offload sequence ``Indexer ->
 * ``best``: per layer, the cheapest of the three (the offline per-layer choice); or a sequence of names, one per
   layer.
 
+The three formulas are written once, in :func:`overlap_overhead_s`, over a layer's operation times
+(:class:`LayerOps`); :func:`offload_overhead_s` feeds it the cost model's times, and the check of the formulas
+against a real decode engine (:mod:`ess.engine.timing`) feeds it measured ones.
+
 Everything is vectorised over configurations with numpy (arrays broadcast; misses have shape ``(n_layers,)`` or
 ``(N, n_layers)``).
 """
@@ -39,8 +43,8 @@ from ..validate import non_negative_int, number_array
 from ..validate import ratio as ratio_check
 from .costs import CostParams, gemm_time_s, layer_costs, lm_head_time_s
 
-__all__ = ["STRATEGIES", "SimResult", "simulate", "offload_overhead_s", "batch_limits", "ratio_for_batch",
-           "best_batch"]
+__all__ = ["STRATEGIES", "LayerOps", "overlap_overhead_s", "SimResult", "simulate", "offload_overhead_s",
+           "batch_limits", "ratio_for_batch", "best_batch"]
 
 STRATEGIES = ("none", "da", "dba")
 
@@ -50,35 +54,81 @@ def _default_link() -> tuple[float, float]:
     return ft["h2d_GB_per_s"], ft["d2h_GB_per_s"]
 
 
+@dataclass(frozen=True)
+class LayerOps:
+    """Seconds of the operations of one layer (one micro-batch) that the overlap strategies rearrange: numbers or
+    arrays that broadcast together. The one input of :func:`overlap_overhead_s`, built from the cost model for
+    DeepSeek (:func:`offload_overhead_s`) and from measured operation times for the real model
+    (:mod:`ess.engine.timing`).
+
+    ``indexer`` (I) selection over the batch (indexer scan and top-K, with the plan where a caller counts it);
+    ``pre_attn`` (p) work after the selection and before attention, which the copies can hide behind (DeepSeek's
+    PreAttn; 0 for a model whose indexer needs the attention queries first); ``attn`` (a) attention over every
+    selected entry in one pass; ``attn_hit`` the part of attention over the hits that can run while the misses are
+    copied (DA's Attn0); ``o_proj`` (o) work after attention that the write-back can hide behind; ``merge`` DA's
+    extra cost over ``attn`` for attending in two parts (0 without misses); ``h2d`` and ``d2h`` the host -> device
+    copy of the misses and the device -> host write-back. DBA splits the batch into halves B0 and B1:
+    ``indexer_b1`` (I1), ``attn_b0`` (a0), ``attn_b1`` (a1), ``h2d_b0`` (h0), ``h2d_b1`` (h1), by default half of
+    ``indexer``, ``attn`` and ``h2d`` each."""
+
+    indexer: np.ndarray
+    pre_attn: np.ndarray
+    attn: np.ndarray
+    attn_hit: np.ndarray
+    o_proj: np.ndarray
+    merge: np.ndarray
+    h2d: np.ndarray
+    d2h: np.ndarray
+    indexer_b1: np.ndarray | None = None
+    attn_b0: np.ndarray | None = None
+    attn_b1: np.ndarray | None = None
+    h2d_b0: np.ndarray | None = None
+    h2d_b1: np.ndarray | None = None
+
+
+def overlap_overhead_s(ops: LayerOps) -> dict:
+    """Extra seconds each strategy adds to one layer's serial compute ``I + p + a + o``, from its operation times
+    (paper's strategies, paper-facts.md "Overlap strategies"; see the module docstring):
+
+    * ``none``  ``h + d`` (the copies run between the indexer and attention, fully serial);
+    * ``da``    ``max(0, h - p - a_hit) + merge + max(0, d - o)`` (the copy is issued after the selection and
+      overlaps p and the attention over the hits; the write-back overlaps o);
+    * ``dba``   ``max(0, h0 - I1) + max(0, h1 - p - a0) + max(0, d - a1)`` (B0's copy overlaps B1's indexer,
+      B1's copy overlaps p and B0's attention, the write-back overlaps B1's attention).
+
+    Returns ``{"none", "da", "dba"}``, each the broadcast shape of the inputs."""
+    if not isinstance(ops, LayerOps):
+        raise TypeError(f"ops must be a LayerOps, got {type(ops).__name__}")
+    f = lambda x: np.asarray(x, dtype=float)                                       # noqa: E731
+    I, p, a, o, h, d = f(ops.indexer), f(ops.pre_attn), f(ops.attn), f(ops.o_proj), f(ops.h2d), f(ops.d2h)
+    half = lambda x, default: default / 2 if x is None else f(x)                   # noqa: E731
+    I1, h0, h1 = half(ops.indexer_b1, I), half(ops.h2d_b0, h), half(ops.h2d_b1, h)
+    a0, a1 = half(ops.attn_b0, a), half(ops.attn_b1, a)
+    none = h + d
+    da = np.maximum(h - p - f(ops.attn_hit), 0.0) + f(ops.merge) + np.maximum(d - o, 0.0)
+    dba = np.maximum(h0 - I1, 0.0) + np.maximum(h1 - p - a0, 0.0) + np.maximum(d - a1, 0.0)
+    return {"none": none, "da": da, "dba": dba}
+
+
 def offload_overhead_s(costs, micro_batch, misses, mtp, h2d_GB_per_s, d2h_GB_per_s, entry_bytes: int,
                        offload=True):
     """Extra compute-lane seconds of one micro-batch for each strategy: dict ``{name: array}`` shaped like
     ``misses`` (N, n_layers); per-configuration inputs have shape (N,). ``offload`` (bool or (N,)) switches the
-    write-back off for rows without offload. Pure arithmetic on the costs (see the module docstring), written as
-    ``h = m x k_h`` with ``k_h = b x entry / link`` and ``Attn_hit = Attn (1 - m / selected)``."""
+    write-back off for rows without offload. The cost model's operations as a :class:`LayerOps` for
+    :func:`overlap_overhead_s`: ``h = m x b x entry / link``, ``d = b x mtp x entry / d2h``, ``Attn_hit = Attn (1 -
+    m / selected)`` (FlashMLA attends over the hits in full, then the merge), the merge only where ``m > 0``, the
+    DBA halves half of each."""
     b = np.asarray(micro_batch, dtype=float)
     mtp = np.asarray(mtp, dtype=float)
     m = np.asarray(misses, dtype=float)
-    k_h = b * entry_bytes / (np.asarray(h2d_GB_per_s, dtype=float) * 1e9)          # seconds per miss
+    col = lambda x: np.broadcast_to(np.asarray(x, dtype=float), m.shape[:1])[:, None]   # noqa: E731
+    k_h = b * entry_bytes / (np.asarray(h2d_GB_per_s, dtype=float) * 1e9)                # seconds per miss
     d = np.where(offload, b * mtp * entry_bytes / (np.asarray(d2h_GB_per_s, dtype=float) * 1e9), 0.0)
-    I, p, a, o = (np.asarray(x, dtype=float) for x in (costs.indexer, costs.pre_attn, costs.attn, costs.o_proj))
-    merge = np.asarray(costs.merge, dtype=float)
-    sel = np.asarray(costs.selected, dtype=float)
-    col = lambda x: np.broadcast_to(x, m.shape[:1])[:, None]                           # noqa: E731
-    none = m * col(k_h)
-    none += col(d)
-    da = m * col(k_h + a / sel)
-    da -= col(p + a)
-    np.maximum(da, 0.0, out=da)
-    da += (m > 0) * col(merge)
-    da += col(np.maximum(d - o, 0.0))
-    h2 = m * col(k_h / 2)
-    dba = np.maximum(h2 - col(I / 2), 0.0)
-    h2 -= col(p + a / 2)
-    np.maximum(h2, 0.0, out=h2)
-    dba += h2
-    dba += col(np.maximum(d - a / 2, 0.0))
-    return {"none": none, "da": da, "dba": dba}
+    a = col(costs.attn)
+    ops = LayerOps(indexer=col(costs.indexer), pre_attn=col(costs.pre_attn), attn=a,
+                   attn_hit=a * (1.0 - m / col(costs.selected)), o_proj=col(costs.o_proj),
+                   merge=(m > 0) * col(costs.merge), h2d=m * col(k_h), d2h=col(d))
+    return overlap_overhead_s(ops)
 
 
 def _request_rules(model, dep, L, r):
