@@ -31,7 +31,7 @@ from .policies import DEFAULT_HEAT_DECAY, POLICIES
 from .specs import model_spec
 from .tracegen import (PAPER_WARMUP_WINDOWS, check_reading, check_trace_model, geometry, locality_profile,
                        synthetic_streams)
-from .traces import Trace
+from .traces import Trace, index_rows
 from .validate import fraction, one_of, positive_int, real
 
 __all__ = ["trace_misses", "sequence_misses", "misses_per_layer", "misses_per_step", "sweep_synthetic",
@@ -366,25 +366,39 @@ def _pad_rows(rows: np.ndarray, width: int) -> np.ndarray:
 
 
 def sequence_misses(steps: np.ndarray, capacity: int, *, policy: str = "lru", windows: np.ndarray | None = None,
-                      n_positions: int | None = None, decay: float = DEFAULT_HEAT_DECAY) -> np.ndarray:
-    """Misses per step (steps.shape[0],) for one pool: ``steps`` (T, width) int32, ``windows`` (W, K) (the warmup
-    windows, applied first and not counted) or None."""
+                    n_positions: int | None = None, decay: float = DEFAULT_HEAT_DECAY) -> np.ndarray:
+    """Misses per step (steps.shape[0],) for one pool: ``steps`` (T, width) and ``windows`` (W, K) (the warmup
+    windows, applied first and not counted, or None) are NumPy integer arrays of positions, -1 = padding, distinct
+    within a row; ``n_positions`` (default: one more than the largest position) bounds them.
+
+    Every argument is checked before a kernel runs (the kernels index memory with the positions): a ``TypeError``
+    for a non-integer array or capacity, a ``ValueError`` for a position outside ``[-1, n_positions)``, a repeat
+    within a row, or an empty ``steps``. The kernels read a private int32 copy."""
     _check_policy(policy, decay)
-    steps = np.ascontiguousarray(steps, dtype=np.int32)
-    if steps.ndim != 2 or steps.shape[0] == 0:
-        raise ValueError(f"steps must be a non-empty (T, width) array, got shape {steps.shape}")
+    capacity = positive_int("capacity", capacity)
+    steps, n_pos = index_rows("steps", steps, n_positions)
+    if steps.shape[0] == 0:
+        raise ValueError(f"steps must hold at least one step (T >= 1), got shape {steps.shape}")
+    if windows is not None:
+        windows, n_win = index_rows("windows", windows, n_positions, shape_doc="(W, K)")
+        n_pos = max(n_pos, n_win)           # without n_positions: one more than the largest position of either
     if windows is not None and windows.shape[0]:
         width = max(steps.shape[1], windows.shape[1])
-        seq = np.concatenate([_pad_rows(np.asarray(windows, np.int32), width), _pad_rows(steps, width)])
+        seq = np.concatenate([_pad_rows(windows, width), _pad_rows(steps, width)])
         n_free = windows.shape[0]
     else:
         seq, n_free = steps, 0
-    n_pos = int(seq.max()) + 1 if n_positions is None else int(n_positions)
-    return _run_seq(seq, n_free, int(capacity), policy, max(n_pos, 1), decay)
+    return _run_seq(seq, n_free, capacity, policy, n_pos, decay)
 
 
 def _run_seq(seq: np.ndarray, n_free: int, capacity: int, policy: str, n_pos: int, decay: float) -> np.ndarray:
-    """Run one policy kernel over ``seq`` (T, W) int32 whose first ``n_free`` rows are uncounted warmup rows."""
+    """Run one policy kernel over ``seq`` (T, W) int32 whose first ``n_free`` rows are uncounted warmup rows. The
+    rows must hold distinct positions (checked by the callers: :func:`ess.traces.index_rows`); the range, which
+    every array write of the kernels depends on, is checked here again."""
+    if seq.dtype != np.int32 or seq.ndim != 2 or not seq.flags.c_contiguous:
+        raise TypeError(f"the kernels take a C-contiguous 2-D int32 array, got {seq.dtype} {seq.shape}")
+    if seq.size and (int(seq.min()) < -1 or int(seq.max()) >= n_pos):
+        raise ValueError(f"positions must lie in [-1, {n_pos}), got [{int(seq.min())}, {int(seq.max())}]")
     kern = _kernels()
     out = np.zeros(seq.shape[0] - n_free, np.int64)
     if policy in ("lru", "fifo"):
@@ -478,6 +492,9 @@ def sweep_synthetic(context_len: int, ratios: Sequence[float], *, policies: Iter
         for b, layer, warm, st in synthetic_streams(context_len, n_layers=n_layers, k=k, mtp=mtp, steps=steps,
                                                     batch=batch, warmup_windows=warmup_windows, profile=profile,
                                                     seed=seed, trace_model=trace_model, **generator):
+            st, _ = index_rows("steps", st, n_pos)            # the kernels' input checked once per stream
+            if warm.size:
+                warm, _ = index_rows("windows", warm, n_pos)
             width = max(int((st >= 0).sum(axis=1).max()), int((warm >= 0).sum(axis=1).max()) if warm.size else 1)
             cold_seq = np.ascontiguousarray(st[:, :width])                      # drop the all-padding columns
             warm_seq = np.concatenate([_pad_rows(warm, width), cold_seq]) if warm.size else cold_seq
@@ -536,7 +553,8 @@ def smallest_pool(context_len: int, target: float, *, resolution: int | None = N
     real("target", target, lo=0.0, lo_open=True)
     trace_model = check_trace_model(trace_model)
     k = geometry(k=k)[1]
-    resolution = max(1, context_len // 64) if resolution is None else int(resolution)
+    context_len = positive_int("context_len", context_len)
+    resolution = max(1, context_len // 64) if resolution is None else positive_int("resolution", resolution)
     avg = lambda cap: float(misses_per_layer(context_len, cap / context_len, k=k, mtp=mtp, trace_model=trace_model,  # noqa: E731
                                              **kwargs).mean())
     reading = check_reading(kwargs.get("reading"))

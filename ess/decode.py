@@ -169,13 +169,17 @@ def run_layer(cache, layer: int, request_ids: Sequence, wiring, *, schedule: str
             plans[r] = out[i]
         return idx
 
+    submitted = []
+
     def h2d(rows):
         def chunk(r):
             def fn():
                 cache.copy(plans[r])
                 copied[r] = True
             return fn, int(getattr(plans[r], "n_misses", 0)) * entry_bytes
-        return link.submit("h2d", layer, [chunk(r) for r in rows])
+        job = link.submit("h2d", layer, [chunk(r) for r in rows])
+        submitted.append(job)
+        return job
 
     def d2h():
         entries = wiring.new_entries()
@@ -209,6 +213,7 @@ def run_layer(cache, layer: int, request_ids: Sequence, wiring, *, schedule: str
 
     every = np.arange(B)
     idx_parts = []
+    finished = False
     try:
         if schedule == "none":
             idx_parts.append(select_and_plan(every))
@@ -238,7 +243,13 @@ def run_layer(cache, layer: int, request_ids: Sequence, wiring, *, schedule: str
             attend(b1, "all", "_b1")
             merge(b1, "_b1")
             wait(job_d, "d2h")
+        finished = True
     finally:
+        for job in submitted if not finished else ():   # after a failure, let every copy under way land before
+            try:                                        # deciding what to commit: a copy that wrote its slots
+                job.wait()                              # must be committed
+            except Exception:                           # noqa: BLE001 - its own failure is raised by the cache
+                pass
         with timer.span("commit", layer):
             steps = tuple(cache.commit(plans[r]) for r in range(B) if copied[r])
     if schedule == "da":

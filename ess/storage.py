@@ -41,7 +41,8 @@ from .metrics import MetricsLog, StepMetrics
 from .policies import ONLINE_POLICIES, SlotPlan, SlotPool, check_step_indices, make_policy
 from .specs import ModelSpec, model_spec
 
-__all__ = ["StepPlan", "PoolStep", "HostPool", "TieredCache", "ResidentCache", "TransferError", "capacity_from_budget"]
+__all__ = ["StepPlan", "PoolStep", "HostPool", "TieredCache", "ResidentCache", "Recovery", "TransferError",
+           "capacity_from_budget"]
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -166,6 +167,7 @@ class HostPool:
 
     def layer_rows(self, request_id, layer: int, *, as_torch: bool = False):
         """All rows of one layer ``(capacity_tokens, entry_bytes)``, contiguous: a transfer source."""
+        layer = validate.integer("layer", layer, lo=0, below=self.n_layers)
         if as_torch and self.pinned:
             return self._tensors[request_id][layer]
         return self._arrays[request_id][layer]
@@ -223,6 +225,28 @@ class _Pool:
 class _Request:
     block: int
     pools: list = field(default_factory=list)
+
+
+@dataclass
+class Recovery:
+    """What :meth:`TieredCache.recover` did: ``cache`` the rebuilt cache; ``recovered`` the request ids restored
+    (as of their last completed checkpoint); ``failed`` ``{request id: reason}`` for the requests left out;
+    ``degraded`` ``{request id: reason}`` for recovered requests whose device pool could not be refilled (their
+    entries are whole); ``orphans`` the disk tier's files that no checkpoint names (left in place)."""
+
+    cache: "TieredCache"
+    recovered: list
+    failed: dict
+    degraded: dict
+    orphans: list
+
+    def __str__(self) -> str:
+        lines = [f"recovered {len(self.recovered)} request(s): {self.recovered}"]
+        lines += [f"failed {rid!r}: {why}" for rid, why in self.failed.items()]
+        lines += [f"degraded {rid!r}: {why}" for rid, why in self.degraded.items()]
+        if self.orphans:
+            lines.append(f"orphan files (no checkpoint names them): {[p.name for p in self.orphans]}")
+        return "\n".join(lines)
 
 
 class TieredCache:
@@ -316,22 +340,45 @@ class TieredCache:
         return cls(model, capacity=pool_slots(model, ratio, context_len, need=need), **kwargs)
 
     @classmethod
-    def recover(cls, model, disk_dir, **kwargs) -> "TieredCache":
-        """A new cache rebuilt after a crash from every request archived in ``disk_dir`` (host and device pools
-        restored from the last checkpoint or spill). Raises :class:`CorruptBlockError` for a damaged request."""
+    def recover(cls, model, disk_dir, **kwargs) -> "Recovery":
+        """A new cache rebuilt after a crash from every request archived in ``disk_dir``, request by request:
+        each intact request gets its host and device pools back as of its last completed checkpoint or spill; a
+        request whose archive cannot be read (missing or garbage manifest, damaged blocks) is left out and
+        reported with the reason, and so are the files no checkpoint names (orphans, nothing is deleted).
+        Returns a :class:`Recovery` (``.cache``, ``.recovered``, ``.failed``, ``.degraded``, ``.orphans``)."""
         cache = cls(model, disk_dir=disk_dir, **kwargs)
-        for rid in cache.disk.list_requests():
+        scan = cache.disk.scan()
+        out = Recovery(cache, [], dict(scan.failed), {}, list(scan.orphans))
+        for rid in scan.readable:
             cache._spilled.add(rid)
-            cache.restore(rid)
-        return cache
+            try:
+                info = cache.restore(rid)
+            except TransferError as exc:                # entries back, one layer's device pool empty
+                out.recovered.append(rid)
+                out.degraded[rid] = str(exc)
+                continue
+            except (CorruptBlockError, ValueError) as exc:
+                cache._spilled.discard(rid)
+                out.failed[rid] = str(exc)
+                continue
+            out.recovered.append(rid)
+            if not info["pool_state_restored"]:
+                out.degraded[rid] = "the pool-state file is damaged or missing: the device pool starts empty"
+        return out
 
     # -- device pool memory ----------------------------------------------------------------------------------
     def _alloc_device(self, n_blocks: int):
         shape = (n_blocks * self._block_slots, self.entry_bytes)
-        if self.on_cuda:
-            import torch
-            return torch.zeros(shape, dtype=torch.uint8, device=self.device)
-        return np.zeros(shape, np.uint8)
+        try:
+            if self.on_cuda:
+                import torch
+                return torch.zeros(shape, dtype=torch.uint8, device=self.device)
+            return np.zeros(shape, np.uint8)
+        except (MemoryError, ValueError, RuntimeError) as exc:   # too large to allocate (NumPy, torch, CUDA)
+            raise ValueError(f"a device pool of {n_blocks} request(s) x {self.n_layers} layers x capacity="
+                             f"{self.capacity} slots x {self.entry_bytes} B = {shape[0] * shape[1]:,} B cannot be "
+                             f"allocated on {self.device} ({type(exc).__name__}); use a smaller capacity or "
+                             f"budget") from None
 
     def _n_blocks(self) -> int:
         return int(self._device.shape[0]) // self._block_slots

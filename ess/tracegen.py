@@ -29,7 +29,7 @@ import numpy as np
 import yaml
 
 from .specs import model_spec
-from .traces import Trace
+from .traces import Trace, _Owned
 from .validate import fraction, integer, real
 
 __all__ = ["TRACE_MODELS", "READINGS", "PAPER_WARMUP_WINDOWS", "DRIFT_CUTOFF_SIGMAS", "synthetic_trace",
@@ -786,4 +786,4 @@ def synthetic_trace(context_len: int, *, n_layers: int | None = None, k: int | N
         meta["popularity_sigma"] = d["popularity_sigma"] if popularity_sigma is None else popularity_sigma
     else:
         meta["drift_rho"] = fitted_drift_rho(reading) if drift_rho is None else drift_rho
-    return Trace(idx, context_len, k, mtp, seed, warm, meta)
+    return Trace(_Owned(idx), context_len, k, mtp, seed, None if warm is None else _Owned(warm), meta)

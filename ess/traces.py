@@ -21,6 +21,8 @@ implementation step by step. The synthetic generators and their calibration are 
 from __future__ import annotations
 
 import json
+import zipfile
+import zlib
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -31,7 +33,7 @@ import numpy as np
 from .validate import integer
 
 __all__ = ["Trace", "TraceRecorder", "load_trace", "adjacent_overlap", "union_share", "return_share",
-           "validate_trace_arrays"]
+           "validate_trace_arrays", "index_rows", "MAX_POSITIONS"]
 
 _FORMAT = "ess-trace-v2"   # v2: the warmup windows are stored as "windows"
 
@@ -57,6 +59,42 @@ def _dup_kernel():
     return first_duplicate_row
 
 
+# the kernels index int32 positions: every position, and a count of positions, must stay below 2**31
+MAX_POSITIONS = 2**31 - 1
+
+
+def index_rows(name: str, rows: Any, n_positions: int | None = None, *,
+               shape_doc: str = "(T, width)") -> tuple[np.ndarray, int]:
+    """``rows`` (R, W), one index set per row as the cache kernels read them, checked and copied: a NumPy integer
+    array (not bool, not float), -1 = padding, every valid entry in ``[0, n_positions)`` and distinct within its
+    row. ``n_positions=None`` means "one more than the largest entry". Returns ``(rows, n_positions)``: a new
+    C-contiguous int32 array (never the caller's memory, so a kernel that runs without the GIL cannot see it change)
+    and the position count as an ``int``. A ``TypeError``/``ValueError`` naming ``name`` otherwise."""
+    if not isinstance(rows, np.ndarray):
+        raise TypeError(f"{name} must be a NumPy integer array {shape_doc}, got {type(rows).__name__}")
+    if rows.dtype.kind not in "iu":
+        raise TypeError(f"{name} must hold integers {shape_doc}, got dtype {rows.dtype}")
+    if rows.ndim != 2:
+        raise ValueError(f"{name} must be a 2-D array {shape_doc}, got shape {rows.shape}")
+    hi = int(rows.max()) if rows.size else -1
+    lo = int(rows.min()) if rows.size else -1
+    if lo < -1:
+        raise ValueError(f"{name} holds {lo}: entries must be >= 0, or -1 for padding")
+    if n_positions is None:
+        n_positions = max(hi + 1, 1)
+        if n_positions > MAX_POSITIONS:
+            raise ValueError(f"{name} holds {hi}: positions must be < 2**31 - 1")
+    else:
+        n_positions = integer("n_positions", n_positions, lo=1, below=MAX_POSITIONS + 1)
+        if hi >= n_positions:
+            raise ValueError(f"{name} holds {hi} but n_positions = {n_positions}: every entry must be < n_positions")
+    out = np.array(rows, dtype=np.int32, order="C", copy=True)
+    r = _dup_kernel()(out, n_positions)
+    if r >= 0:
+        raise ValueError(f"{name}[{r}] repeats a position; each row must hold distinct entries (-1 padding aside)")
+    return out, n_positions
+
+
 def validate_trace_arrays(indices: Any, windows: Any, *, context_len: int, k: int, mtp: int) -> None:
     """Raise a clear ValueError/TypeError when ``indices``/``windows`` are not a valid trace (see module docstring)."""
     context_len = integer("context_len", context_len, lo=1)
@@ -76,6 +114,9 @@ def validate_trace_arrays(indices: Any, windows: Any, *, context_len: int, k: in
     if width > mtp * k:
         raise ValueError(f"indices width {width} exceeds mtp * k = {mtp * k} (the union of {mtp} top-{k} sets)")
     n_pos = context_len + steps * mtp
+    if n_pos > MAX_POSITIONS:
+        raise ValueError(f"context_len + steps * mtp = {n_pos} positions; the kernels index int32 positions "
+                         f"(at most 2**31 - 1)")
     lo, hi = int(indices.min()), int(indices.max())
     if lo < -1:
         raise ValueError(f"indices must be >= 0 (or -1 for padding), found {lo}")
@@ -107,9 +148,40 @@ def validate_trace_arrays(indices: Any, windows: Any, *, context_len: int, k: in
 
 
 # ----------------------------------------------------------------------------------------------------------- Trace
+class _Owned:
+    """An array handed to :class:`Trace` by the library's own constructors (generator, loader), which keep no other
+    reference to it: the trace takes it without a copy."""
+
+    def __init__(self, array: np.ndarray):
+        self.array = array
+
+
+def _private_copy(value: Any) -> Any:
+    """The trace's own copy of an array argument (an :class:`_Owned` array as is); anything else is returned for
+    the validation to refuse."""
+    if isinstance(value, _Owned):
+        return value.array
+    return np.array(value, copy=True) if isinstance(value, np.ndarray) else value
+
+
+def _read_only(a: np.ndarray) -> np.ndarray:
+    """A C-contiguous int32 array that cannot be written to: the returned view of a read-only base refuses
+    ``setflags(write=True)``."""
+    a = np.ascontiguousarray(a, dtype=np.int32)
+    a.setflags(write=False)
+    return a.view()
+
+
 @dataclass(frozen=True, eq=False)
 class Trace:
-    """Top-K index sets per (request, layer, step) with their metadata; validated on construction."""
+    """Top-K index sets per (request, layer, step) with their metadata; validated on construction.
+
+    The trace validates **its own copy** of ``indices`` and ``windows`` and keeps them read-only (``setflags(write=
+    False)``; the arrays a trace exposes refuse ``setflags(write=True)``): the caller's arrays stay writeable and
+    can change without touching the trace, and nothing can change the trace's indices after they were checked --
+    the cache kernels index memory with them. (The library's generator and loader hand over arrays they keep no
+    reference to, without a copy.)
+    """
 
     indices: np.ndarray                  # (B, n_layers, steps, width) int32, -1 padded
     context_len: int                     # tokens in the context at the first decode step
@@ -124,10 +196,10 @@ class Trace:
             integer("seed", self.seed, lo=0)
         if not isinstance(self.meta, Mapping):
             raise TypeError(f"meta must be a mapping, got {type(self.meta).__name__}")
-        validate_trace_arrays(self.indices, self.windows, context_len=self.context_len, k=self.k, mtp=self.mtp)
-        object.__setattr__(self, "indices", np.ascontiguousarray(self.indices, dtype=np.int32))
-        if self.windows is not None:
-            object.__setattr__(self, "windows", np.ascontiguousarray(self.windows, dtype=np.int32))
+        indices, windows = _private_copy(self.indices), _private_copy(self.windows)
+        validate_trace_arrays(indices, windows, context_len=self.context_len, k=self.k, mtp=self.mtp)
+        object.__setattr__(self, "indices", _read_only(indices))
+        object.__setattr__(self, "windows", None if windows is None else _read_only(windows))
 
     batch = property(lambda self: self.indices.shape[0])
     n_layers = property(lambda self: self.indices.shape[1])
@@ -168,9 +240,13 @@ def load_trace(path: str | Path) -> Trace:
         raise ValueError(f"trace file {path} does not exist")
     try:
         with np.load(path, allow_pickle=False) as z:
+            if not hasattr(z, "files"):
+                raise ValueError("not an .npz archive")
             arrays = {name: z[name] for name in z.files}
-    except (OSError, EOFError, ValueError) as exc:
-        raise ValueError(f"{path.name}: cannot read the trace ({exc})") from exc
+    except (OSError, EOFError, ValueError, KeyError, MemoryError, zipfile.BadZipFile, zlib.error) as exc:
+        # a truncated or damaged file: the zip reader, the decompressor and the .npy parser each fail their own way
+        raise ValueError(f"{path.name}: cannot read the trace, the file is damaged or not a trace "
+                         f"({type(exc).__name__}: {exc})") from None
     missing = {"indices", "windows", "metadata"} - set(arrays)
     if missing:
         raise ValueError(f"{path.name}: not an ess trace, missing arrays {sorted(missing)}")
@@ -184,8 +260,11 @@ def load_trace(path: str | Path) -> Trace:
     for key in ("context_len", "k", "mtp"):
         if key not in meta:
             raise ValueError(f"{path.name}: metadata lacks {key!r}")
-    return Trace(indices, meta["context_len"], meta["k"], meta["mtp"], meta.get("seed"),
-                 windows if windows.size else None, meta.get("meta", {}))
+    try:
+        return Trace(_Owned(indices), meta["context_len"], meta["k"], meta["mtp"], meta.get("seed"),
+                     _Owned(windows) if windows.size else None, meta.get("meta", {}))
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{path.name}: not a valid trace ({exc})") from None
 
 
 def adjacent_overlap(trace: Trace) -> np.ndarray:
@@ -335,6 +414,8 @@ class TraceRecorder:
         a = np.asarray(indices)
         if not np.issubdtype(a.dtype, np.integer):
             raise TypeError(f"{name}: indices must be integers, got dtype {a.dtype}")
+        if a.size and int(a.min()) < -1:
+            raise ValueError(f"{name}: indices must be >= 0, or -1 for padding; found {int(a.min())}")
         if a.ndim == 2:
             a = a[:, None, :]
         if a.ndim != 3 or a.shape[0] != self.batch or a.shape[2] > self.k:

@@ -196,3 +196,33 @@ def test_a_link_on_the_cpu_clock_crosses_in_the_waiters_cpu_seconds():
         assert job.end_s - job.start_s == pytest.approx(0.02)
     with pytest.raises(ValueError, match="clock"):
         EmulatedLink(1.0, clock="sundial")
+
+
+def test_an_attention_failure_during_a_copy_waits_for_it_then_commits_it():
+    """DA attends over the hits while the misses cross; if that attention fails, the copy under way still lands and
+    its plan is committed, so that no slot holds bytes its map does not know of."""
+    from ess.layout import EntryFormat
+    from ess.storage import TieredCache
+    fmt = EntryFormat("t", n_layers=1, entry_bytes=16, page_tokens=4, max_context=100, dtype="u8")
+    cache = TieredCache(fmt, capacity=4)
+    host = np.arange(20 * 16, dtype=np.uint8).reshape(1, 20, 16)
+    cache.add_request("r", host)
+    cache.step("r", 0, np.arange(4, dtype=np.int64))                 # pool full: the next misses evict
+
+    class Failing:
+        def select(self, rows):
+            return np.array([[2, 3, 10, 11]]), np.zeros((1, 4))
+
+        def attend(self, plans, rows, part):
+            raise RuntimeError("injected: attention failed")
+
+        def new_entries(self):
+            return None
+
+    with EmulatedLink(0.000005) as link:                             # 5 KB/s: the 32 missed bytes take 6 ms
+        with pytest.raises(RuntimeError, match="injected"):
+            run_layer(cache, 0, ["r"], Failing(), schedule="da", link=link)
+    slots = cache.slot_map("r", 0)
+    assert sorted(slots) == [2, 3, 10, 11]                           # the copy landed and was committed
+    toks = np.fromiter(slots, np.int64)
+    np.testing.assert_array_equal(cache.device_rows(np.fromiter(slots.values(), np.int64)), host[0][toks])

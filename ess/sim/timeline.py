@@ -47,7 +47,8 @@ import numpy as np
 from ..layout import latent_entry_bytes, pool_slots, request_cache, step_entries
 from ..memory import kv_budget_bytes
 from ..specs import link_figures, resolve
-from ..validate import number_array
+from ..validate import non_negative_int, number_array
+from ..validate import ratio as ratio_check
 from .costs import CostParams, gemm_time_s, layer_costs, lm_head_time_s
 
 __all__ = ["STRATEGIES", "LayerOps", "overlap_overhead_s", "SimResult", "simulate", "offload_overhead_s",
@@ -224,8 +225,9 @@ def ratio_for_batch(batch, context_len, *, mtp=1, model="deepseek-v3.2-exp", dep
     the result is then checked against :func:`batch_limits` (host memory, pool slots for a step of ``mtp`` query
     tokens). 1.0 when no offload is needed; NaN when no ratio fits."""
     model, dep, gpu, host = resolve(model, deployment, gpu, host)
-    B = np.asarray(batch, dtype=float)
-    L = np.asarray(context_len, dtype=np.int64)
+    B = number_array("batch", batch, whole=True, max_ndim=None)
+    L = number_array("context_len", context_len, whole=True, max_ndim=None).astype(np.int64)
+    decimals = non_negative_int("decimals", decimals)
     B, L = np.broadcast_arrays(B, L)
     budget = kv_budget_bytes(model, dep, gpu)
     Lu, inv = np.unique(L.ravel(), return_inverse=True)
@@ -304,6 +306,12 @@ def simulate(batch, context_len, ratio=1.0, *, misses=None, mtp=None, accept_rat
     if not isinstance(params, CostParams):
         raise TypeError(f"params must be a CostParams, got {type(params).__name__}")
     h2d_def, d2h_def = _default_link()
+    nl = model.n_layers
+    if misses is not None:
+        misses = number_array("misses", misses, positive=False, at_least=0, max_ndim=2)
+        if misses.ndim == 0 or misses.shape[-1] != nl:
+            raise ValueError(f"misses must have shape ({nl},) or (N, {nl}) (one value per layer of {model.name}), "
+                             f"got {misses.shape}")
     B = number_array("batch", batch, whole=True)
     L = number_array("context_len", context_len, whole=True)
     r = number_array("ratio", ratio)
@@ -315,11 +323,17 @@ def simulate(batch, context_len, ratio=1.0, *, misses=None, mtp=None, accept_rat
     acc = number_array("accept_ratio", dep.mtp_accept_ratio if accept_ratio is None else accept_ratio)
     link = number_array("h2d_GB_per_s", h2d_def if h2d_GB_per_s is None else h2d_GB_per_s, allow_inf=True)
     d2h = number_array("d2h_GB_per_s", d2h_def if d2h_GB_per_s is None else d2h_GB_per_s, allow_inf=True)
-    if misses is not None and np.ndim(misses) == 2:     # configurations may also be counted by the rows of misses
-        B = np.broadcast_to(B, np.broadcast_shapes(B.shape, (np.shape(misses)[0],)))
-    B, L, r, mtp, acc, link, d2h = np.broadcast_arrays(B, L, r, mtp, acc, link, d2h)
+    try:
+        if misses is not None and np.ndim(misses) == 2:     # configurations may also be counted by misses' rows
+            B = np.broadcast_to(B, np.broadcast_shapes(B.shape, (np.shape(misses)[0],)))
+        B, L, r, mtp, acc, link, d2h = np.broadcast_arrays(B, L, r, mtp, acc, link, d2h)
+    except ValueError:
+        shapes = {"batch": np.shape(batch), "context_len": np.shape(context_len), "ratio": np.shape(ratio),
+                  "misses (rows)": np.shape(misses)[:1] if misses is not None and np.ndim(misses) == 2 else ()}
+        raise ValueError(f"the per-configuration arguments must have one length N (or be scalars), got "
+                         f"{ {k: v for k, v in shapes.items() if v} }") from None
     B, L, r, mtp, acc, link, d2h = (np.atleast_1d(x).astype(float) for x in (B, L, r, mtp, acc, link, d2h))
-    N, nl = B.shape[0], model.n_layers
+    N = B.shape[0]
     if (acc > mtp).any() or (acc < 1).any():
         raise ValueError("accept_ratio must lie in [1, mtp] (accepted tokens per step)")
     # host DRAM shared by the node's GPUs caps each GPU's link (hosts.yaml, theoretical bandwidth)
@@ -479,6 +493,13 @@ def best_batch(context_len, ratios, *, misses_by_ratio=None, otps_floor: float |
     ``misses_by_ratio`` maps each ratio < 1 to its per-layer misses (shape (n_layers,)). Returns a dict with the
     chosen ``batch``, ``ratio``, ``throughput``, ``otps`` and ``step_ms`` (``None`` values and a ``reason`` when
     nothing qualifies)."""
+    ratios = list(ratios) if not isinstance(ratios, (int, float, np.number)) else [ratios]
+    if not ratios:
+        raise ValueError("ratios must list at least one sparse-memory ratio (1.0 = no offload)")
+    for i, ratio in enumerate(ratios):
+        ratio_check(f"ratios[{i}]", ratio)
+        if ratio < 1 and (misses_by_ratio is None or ratio not in misses_by_ratio):
+            raise ValueError(f"misses_by_ratio must give the per-layer misses of every ratio < 1; {ratio} has none")
     rows_B, rows_r, rows_m = [], [], []
     model, dep, gpu, host = resolve(kwargs.get("model", "deepseek-v3.2-exp"), kwargs.get("deployment", "paper-table1"),
                                     kwargs.get("gpu"), kwargs.get("host"))

@@ -118,8 +118,8 @@ def test_prefetch_widget(opened, measurements, out_dir):
     page, root = opened("04_prefetching")
 
     def expected(shown):
-        spec = W.checkbox(root, "speculative tier").locator("input").is_checked()
-        delayed = W.checkbox(root, "delayed tier").locator("input").is_checked()
+        spec = W.checkbox(root, "speculative class").locator("input").is_checked()
+        delayed = W.checkbox(root, "delayed class").locator("input").is_checked()
         fig, s = prefetch_view(spec, delayed, W.dropdown_value(root, "predictor"),
                                W.slider_value(root, "pool ratio"), W.slider_value(root, "link GB/s"))
         W.assert_same_figure(shown, fig)
@@ -128,9 +128,9 @@ def test_prefetch_widget(opened, measurements, out_dir):
     _move_each(page, root, "04_prefetching", [
         ("pool ratio", W.press(root, "pool ratio", "ArrowRight"), True),
         ("link GB/s", W.press(root, "link GB/s", "ArrowLeft"), True),
-        ("speculative tier", W.toggle(root, "speculative tier"), True),
-        ("delayed tier", W.toggle(root, "delayed tier"), True),
-        # with the speculative tier off the predictor is not used: the library gives the same numbers
+        ("speculative class", W.toggle(root, "speculative class"), True),
+        ("delayed class", W.toggle(root, "delayed class"), True),
+        # with the speculative class off the predictor is not used: the library gives the same numbers
         ("predictor", W.choose(root, "predictor", "none"), False),
     ], expected, measurements, out_dir)
 
@@ -223,7 +223,7 @@ def test_labels_are_readable(opened, stem):
     assert _cut_labels(root) == []
 
 
-@pytest.mark.xfail(strict=True, reason="known fault: the check-box label is cut off ('delayed tier (warmup in ba…')")
+@pytest.mark.xfail(strict=True, reason="known fault: the check-box label is cut off ('delayed class (warmup in ba…')")
 def test_prefetch_labels_are_readable(opened):
     page, root = opened("04_prefetching")
     assert _cut_labels(root) == []
