@@ -75,7 +75,10 @@ def test_model_shape_runs_the_model_at_the_real_geometry():
     from ess import tracegen as G
     real = G.synthetic_trace(2048, n_layers=2, k=128, mtp=1, steps=24, batch=1, warmup_windows=4, seed=5,
                              profile=[0.3, 0.8], trace_model="uniform", local_window=8)
-    same = loc.model_shape(real, trace_model="uniform", reading="fraction", seed=5, local_window=8)
-    assert same == pytest.approx(loc.trace_shape(real))              # the same model, seed and geometry
+    # the same model, seed and geometry (the generator's 4 sinks set, since model_shape scales them to K otherwise)
+    same = loc.model_shape(real, trace_model="uniform", reading="fraction", seed=5, local_window=8, n_sinks=4)
+    assert same == pytest.approx(loc.trace_shape(real))
+    scaled = loc.model_shape(real, trace_model="uniform", seed=5, local_window=8)      # 4 x 128 / 2,048 -> 0 sinks
+    assert scaled != pytest.approx(loc.trace_shape(real))
     other = loc.model_shape(real, trace_model="drift", drift_rho=0.0, local_window=8)
     assert other["overlap"] == pytest.approx(loc.trace_shape(real)["overlap"], abs=0.03)   # overlap level matched
