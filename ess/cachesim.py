@@ -1,7 +1,8 @@
 """Trace-driven simulation of the GPU latent pool, fast: misses per (request, layer, step) for a replacement policy.
 
 Each (request, layer) has its own pool of ``capacity`` slots (from a ratio: :func:`ess.layout.pool_slots`,
-``floor(ratio x page-padded context)``, the rule the memory model and the storage use). For one step
+``floor(ratio x page-padded context)``, the rule the memory model and the storage use; in the synthetic sweeps a
+layer whose step union needs more takes it from the others, :func:`ess.layout.layer_pool_slots`). For one step
 with valid indices ``S`` (array order; -1 padding ignored):
 
 * hits = S & pool, misses = S - pool (each miss is one entry copied host -> device);
@@ -25,10 +26,11 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from .layout import pool_slots
+from .layout import layer_pool_slots, pool_slots, step_entries
 from .policies import DEFAULT_HEAT_DECAY, POLICIES
 from .specs import model_spec
-from .tracegen import PAPER_WARMUP_WINDOWS, check_trace_model, geometry, synthetic_streams
+from .tracegen import (PAPER_WARMUP_WINDOWS, check_reading, check_trace_model, geometry, locality_profile,
+                       synthetic_streams)
 from .traces import Trace, index_rows
 from .validate import fraction, one_of, positive_int, real
 
@@ -41,6 +43,25 @@ def _capacity(ratio: Any, context_len: int, k: int) -> int:
     """Slots per pool for ``ratio`` (:func:`ess.layout.pool_slots` with DeepSeek-V3.2-Exp's cache pages), at least
     ``k`` (one step's top-K must fit)."""
     return pool_slots(model_spec(), ratio, context_len, need=k)
+
+
+def _layer_capacities(ratio: Any, context_len: int, k: int, mtp: int, overlap: np.ndarray) -> np.ndarray:
+    """Slots per layer (n_layers,): the ratio's slots shared over the layers so that each holds its step's union
+    (:func:`ess.layout.step_entries` with the layer's overlap, :func:`ess.layout.layer_pool_slots`)."""
+    model = model_spec()
+    return layer_pool_slots(model, ratio, context_len, step_entries(model, context_len, mtp, overlap=overlap, k=k))
+
+
+# A (request, layer) pool is sized from the layer's mean adjacent overlap (step_entries); a step whose query tokens
+# overlap less than the mean selects a few more entries. Up to this share more than its slots, the pool takes them
+# (it must hold the step); beyond it the ratio is too small and the simulation says so. A design choice.
+STEP_SLACK = 0.05
+
+
+def _holding_the_step(capacity: int, width: int) -> int:
+    """The slots of a pool whose largest step selects ``width`` entries: ``width`` when it exceeds ``capacity`` by
+    at most :data:`STEP_SLACK`, else ``capacity`` (then the kernel refuses the step)."""
+    return width if capacity < width <= capacity * (1 + STEP_SLACK) else capacity
 
 
 def _check_policy(policy: str, decay: float) -> None:
@@ -435,7 +456,12 @@ def sweep_synthetic(context_len: int, ratios: Sequence[float], *, policies: Iter
 
     ``trace_model`` is ``"uniform"`` or ``"drift"`` (``None`` = :func:`ess.tracegen.default_trace_model`); ``n_layers``
     and ``k`` default to DeepSeek-V3.2-Exp's (:func:`ess.tracegen.geometry`);
-    other ``generator`` keywords go to :func:`ess.tracegen.synthetic_streams`. Returns
+    other ``generator`` keywords go to :func:`ess.tracegen.synthetic_streams` (e.g. ``reading``, ``drift_rho``).
+    Each ratio's slots are shared over the layers so that every layer's pool holds its step's union of the ``mtp``
+    query tokens' sets, as the layer's overlap in ``profile`` bounds it (:func:`ess.layout.layer_pool_slots`); with
+    ``mtp`` 1, or whenever the even share suffices, every layer gets :func:`ess.layout.pool_slots`. A step whose
+    tokens overlap less than the layer's mean may select up to :data:`STEP_SLACK` more entries than that; the pool
+    takes them. Returns
     ``{(ratio, policy, warmup): misses}`` with ``misses`` of shape (n_layers, steps), the mean over the
     ``batch`` requests of misses per decode step. ``threads > 1`` simulates the configurations of one stream in
     parallel (the kernels release the GIL); the result does not depend on it.
@@ -449,7 +475,9 @@ def sweep_synthetic(context_len: int, ratios: Sequence[float], *, policies: Iter
         raise ValueError("ratios must not be empty")
     for p in policies:
         _check_policy(p, decay)
-    caps = {r: _capacity(r, context_len, k) for r in ratios}
+    reading = check_reading(generator.get("reading"))
+    overlap = locality_profile(profile, n_layers, reading if isinstance(profile, str) else None)
+    caps = {r: _layer_capacities(r, context_len, k, mtp, overlap) for r in ratios}
     out = {(r, p, w): np.zeros((n_layers, steps)) for r in ratios for p in policies for w in warmups}
     n_pos = context_len + steps * mtp
     threads = positive_int("threads", threads)
@@ -472,7 +500,7 @@ def sweep_synthetic(context_len: int, ratios: Sequence[float], *, policies: Iter
             warm_seq = np.concatenate([_pad_rows(warm, width), cold_seq]) if warm.size else cold_seq
             n_w = warm.shape[0]
             run = lambda key: _run_seq(warm_seq if key[2] else cold_seq, n_w if key[2] else 0,  # noqa: E731
-                                       caps[key[0]], key[1], n_pos, decay)
+                                       _holding_the_step(int(caps[key[0]][layer]), width), key[1], n_pos, decay)
             try:
                 results = list(pool.map(run, keys)) if pool is not None else [run(key) for key in keys]
             except ValueError as exc:
@@ -514,9 +542,10 @@ def misses_per_layer(context_len: int, ratio: float, *, n_layers: int | None = N
 def smallest_pool(context_len: int, target: float, *, resolution: int | None = None, k: int | None = None,
                   mtp: int = 2, trace_model: str | None = None, **kwargs: Any) -> dict:
     """The smallest pool (slots per request and layer) whose average misses (over layers, requests and steps, from
-    :func:`misses_per_layer` with ``kwargs``) stay below ``target``, by bisection between the largest possible
-    step union (``mtp * k``) and the whole context, to ``resolution`` slots (default context / 64); ``trace_model`` as
-    in :func:`misses_per_layer`, ``k`` the model's by default.
+    :func:`misses_per_layer` with ``kwargs``) stay below ``target``, by bisection between the mean step union of the
+    layers (:func:`ess.layout.step_entries` with the profile's overlaps; smaller pools cannot hold the steps) and
+    the whole context, to ``resolution`` slots (default context / 64); ``trace_model`` as in
+    :func:`misses_per_layer`, ``k`` the model's by default.
 
     Assumes misses do not grow with the pool (checked at both ends of the final bracket). Returns
     ``{"slots", "ratio", "misses", "below_slots", "below_misses"}``.
@@ -528,7 +557,12 @@ def smallest_pool(context_len: int, target: float, *, resolution: int | None = N
     resolution = max(1, context_len // 64) if resolution is None else positive_int("resolution", resolution)
     avg = lambda cap: float(misses_per_layer(context_len, cap / context_len, k=k, mtp=mtp, trace_model=trace_model,  # noqa: E731
                                              **kwargs).mean())
-    lo, hi = min(mtp * k, context_len), context_len
+    reading = check_reading(kwargs.get("reading"))
+    profile = kwargs.get("profile", "paper")
+    n_layers = geometry(kwargs.get("n_layers"))[0]
+    need = step_entries(model_spec(), context_len, mtp, k=k,
+                        overlap=locality_profile(profile, n_layers, reading if isinstance(profile, str) else None))
+    lo, hi = min(int(math.ceil(np.mean(need))), context_len), context_len
     at_hi = avg(hi)
     if at_hi >= target:
         raise ValueError(f"even a pool of the whole context ({context_len} slots) has {at_hi:.1f} misses >= {target}")

@@ -13,7 +13,9 @@ Layout (glossary: B batch, K top-k, L context length)::
 Context grows by ``mtp`` tokens per step: step ``t`` may read positions ``0 .. context_len + t * mtp - 1``.
 
 Here: the format and its validation, file I/O (:meth:`Trace.save`, :func:`load_trace`), the overlap metric of paper
-Fig. 2 (:func:`adjacent_overlap`) and :class:`TraceRecorder`, which collects real index sets from a sparse-attention
+Fig. 2 (:func:`adjacent_overlap`), two statistics of a trace's time structure (:func:`union_share`, how the union of
+consecutive sets grows; :func:`return_share`, how soon an entry that left the set comes back) and
+:class:`TraceRecorder`, which collects real index sets from a sparse-attention
 implementation step by step. The synthetic generators and their calibration are in :mod:`ess.tracegen`.
 """
 from __future__ import annotations
@@ -30,8 +32,8 @@ import numpy as np
 
 from .validate import integer
 
-__all__ = ["Trace", "TraceRecorder", "load_trace", "adjacent_overlap", "validate_trace_arrays", "index_rows",
-           "MAX_POSITIONS"]
+__all__ = ["Trace", "TraceRecorder", "load_trace", "adjacent_overlap", "union_share", "return_share",
+           "validate_trace_arrays", "index_rows", "MAX_POSITIONS"]
 
 _FORMAT = "ess-trace-v2"   # v2: the warmup windows are stored as "windows"
 
@@ -282,6 +284,94 @@ def adjacent_overlap(trace: Trace) -> np.ndarray:
                 if c.size:
                     vals.append(np.intersect1d(a, c, assume_unique=True).size / c.size)
         out[layer] = np.mean(vals)
+    return out
+
+
+@lru_cache(maxsize=None)
+def _shape_kernels():
+    from numba import njit
+
+    @njit(cache=True)
+    def union_sizes(rows, n_pos, window):
+        """Distinct valid entries of rows t .. t+window-1 for each t = 0 .. T-window: (T-window+1,) int64."""
+        T = rows.shape[0]
+        stamp = np.zeros(n_pos, np.int64)
+        out = np.zeros(T - window + 1, np.int64)
+        for t in range(T - window + 1):
+            n = 0
+            for i in range(t, t + window):
+                for j in range(rows.shape[1]):
+                    x = rows[i, j]
+                    if x >= 0 and stamp[x] != t + 1:
+                        stamp[x] = t + 1
+                        n += 1
+            out[t] = n
+        return out
+
+    @njit(cache=True)
+    def leave_return(rows, n_pos, within):
+        """(left, returned): entries of row t-1 missing from row t, and those of them found again in rows
+        t+1 .. t+within, summed over t = 1 .. T-1-within (steps whose whole window lies in the trace)."""
+        T = rows.shape[0]
+        next_use = np.full(n_pos, T, np.int64)        # next row (>= the current one) that holds the entry
+        left = 0
+        back = 0
+        for t in range(T - 1, -1, -1):
+            # next_use holds, for every entry, the first row > t that selects it
+            if t + 1 <= T - 1 - within:
+                for j in range(rows.shape[1]):
+                    x = rows[t, j]
+                    if x < 0:
+                        continue
+                    n = next_use[x]
+                    if n != t + 1:                    # x is in row t, not in row t + 1: it left at t + 1
+                        left += 1
+                        if n <= t + 1 + within:
+                            back += 1
+            for j in range(rows.shape[1]):
+                x = rows[t, j]
+                if x >= 0:
+                    next_use[x] = t
+        return left, back
+
+    return union_sizes, leave_return
+
+
+def _per_layer(trace: Trace, stat) -> np.ndarray:
+    out = np.zeros(trace.n_layers)
+    for layer in range(trace.n_layers):
+        out[layer] = np.mean([stat(np.ascontiguousarray(trace.indices[b, layer])) for b in range(trace.batch)])
+    return out
+
+
+def union_share(trace: Trace, window: int = 4) -> np.ndarray:
+    """How the union over consecutive steps grows, per layer: (n_layers,). For each ``t``, the distinct entries of
+    steps ``t .. t + window - 1`` divided by ``window x K`` (1 = the sets share nothing), the mean over ``t`` and the
+    requests. On a trace with one query token per step (``mtp = 1``) and ``window = 4`` it is the size of an MTP-4
+    step's union relative to four separate sets."""
+    window = integer("window", window, lo=1)
+    if trace.steps < window:
+        raise ValueError(f"union_share needs at least window = {window} steps, the trace has {trace.steps}")
+    kern = _shape_kernels()[0]
+    return _per_layer(trace, lambda rows: kern(rows, trace.n_positions, window).mean() / (window * trace.k))
+
+
+def return_share(trace: Trace, within: int = 8) -> np.ndarray:
+    """How soon an entry that leaves the set comes back, per layer: (n_layers,). Of the entries that leave at a step
+    (selected at ``t - 1``, not at ``t``), the share selected again at one of the next ``within`` steps ``t + 1 ..
+    t + within``; pooled over the steps whose window lies inside the trace and over the requests (NaN where no entry
+    leaves)."""
+    within = integer("within", within, lo=1)
+    if trace.steps < within + 2:
+        raise ValueError(f"return_share needs at least within + 2 = {within + 2} steps, the trace has {trace.steps}")
+    kern = _shape_kernels()[1]
+    out = np.zeros(trace.n_layers)
+    for layer in range(trace.n_layers):
+        left = back = 0
+        for b in range(trace.batch):
+            lb = kern(np.ascontiguousarray(trace.indices[b, layer]), trace.n_positions, within)
+            left, back = left + lb[0], back + lb[1]
+        out[layer] = back / left if left else np.nan
     return out
 
 

@@ -4,8 +4,8 @@ The operation costs are replaced by round numbers (microseconds per token of the
 time below is a sum a reader can redo: Two-Batch Overlap runs each layer for two micro-batches of B/2 requests,
 a MoE layer takes the longer of its compute lane and its all-to-all lane, a dense layer has no all-to-all to hide
 behind, MTP adds (mtp - 1) draft passes and the output heads, and the fixed time is added once per step. The
-overlap formulas themselves (none / DA / DBA) have their own worked examples; here each strategy's overhead is a
-round number too."""
+overlap formulas themselves (none / DA / DBA) have their own worked examples; here they run on the round-number
+costs, with a link speed that makes one miss cost one microsecond."""
 import numpy as np
 import pytest
 
@@ -29,25 +29,27 @@ def fake_costs(dispatch_us, combine_us):
     return layer_costs
 
 
-def install(monkeypatch, dispatch_us, combine_us, overhead_us=None):
-    """Round-number costs; the output head costs 0.5 us per row, the MTP module's 2h -> h GEMM 0.25 us per row;
-    each strategy's offload overhead per micro-batch and layer is ``overhead_us`` (and the micro-batch it is asked
-    for is recorded)."""
-    seen = {}
+def install(monkeypatch, dispatch_us, combine_us):
+    """Round-number costs; the output head costs 0.5 us per row, the MTP module's 2h -> h GEMM 0.25 us per row."""
     monkeypatch.setattr(TL, "layer_costs", fake_costs(dispatch_us, combine_us))
     monkeypatch.setattr(TL, "lm_head_time_s", lambda tokens, model, gpu: 0.5 * US * np.asarray(tokens, float))
     monkeypatch.setattr(TL, "gemm_time_s", lambda m, n, k, gpu, **kw: 0.25 * US * np.asarray(m, float))
-    if overhead_us is not None:
-        def overhead(costs, micro_batch, misses, mtp, *args, **kwargs):
-            seen["micro_batch"] = np.asarray(micro_batch).tolist()
-            return {s: np.full(np.shape(misses), v * US) for s, v in overhead_us.items()}
-        monkeypatch.setattr(TL, "offload_overhead_s", overhead)
-    return seen
+
+
+# The overlap formulas on these costs (one micro-batch of b = 2 requests, n = 4 tokens): Indexer I = 4 us,
+# PreAttn p = 8, Attn a = 12, O_proj 16, merge 2, selected entries mtp x K = 4,096 per request. A latent entry is
+# 656 B; at LINK = 1.312 GB/s a miss of each of the micro-batch's 2 requests takes 2 x 656 / 1.312e9 = 1 us, and
+# the write-back link is infinitely fast and uncapped by host memory (no D2H term). With x misses per request and layer, per micro-batch:
+#   none = x us
+#   DA   = max(x (1 + 12/4096) - (8 + 12), 0) + 2 (merge, when x > 0)      -> 2 us for 0 < x <= 19
+#   DBA  = max(x/2 - 4/2, 0) + max(x/2 - (8 + 12/2), 0)                    -> 0 for x <= 4, 3 at x = 10
+LINK = 1.312
 
 
 def step_us(**kw):
     args = dict(misses=np.zeros(MODEL.n_layers), mtp=MTP, accept_ratio=ACCEPT, check_memory=False,
-                params=CostParams(fixed_ms=0.5))
+                params=CostParams(fixed_ms=0.5), h2d_GB_per_s=LINK, d2h_GB_per_s=np.inf,
+                host_memory_cap=False)
     args.update(kw)
     r = TL.simulate(B, 32768, args.pop("ratio", 0.5), **args)
     return r, r.step_s[0] / US
@@ -78,31 +80,36 @@ def test_communication_bound_moe_layers_take_the_all_to_all(monkeypatch):
     assert step == pytest.approx(52_467)
 
 
+def test_the_worked_example_uses_the_deepseek_entry():
+    from ess.layout import latent_entry_bytes
+    from ess.specs import deployment_spec
+    assert latent_entry_bytes(MODEL, deployment_spec("paper-table1").kv_dtype) == 656
+
+
 def test_offload_overhead_counts_twice_and_hides_behind_the_all_to_all(monkeypatch):
-    seen = install(monkeypatch, dispatch_us=7, combine_us=8, overhead_us={"none": 10, "da": 6, "dba": 8})
-    r, step = step_us(strategy="best")
-    assert seen["micro_batch"] == [2.0]                  # the overhead is asked for a micro-batch of B/2
-    # best = DA, 6 us per micro-batch, two micro-batches: 12 us on every layer's compute lane (compute-bound here)
-    # layers: 3 x (160 + 12) + 58 x max(240 + 12, 120) = 516 + 14,616 = 15,132;  step = 15,132 + 127 + 500
-    assert step == pytest.approx(15_759)
-    assert r.stall_s[0] / US == pytest.approx(61 * 12)
+    install(monkeypatch, dispatch_us=7, combine_us=8)
+    ten = np.full(MODEL.n_layers, 10.0)
+    r, step = step_us(strategy="best", misses=ten)
+    # x = 10: none 10, DA 2, DBA 3 us per micro-batch -> DA, two micro-batches: 4 us on every layer's compute lane
+    # layers: 3 x (160 + 4) + 58 x max(240 + 4, 120) = 492 + 14,152 = 14,644;  step = 14,644 + 127 + 500
+    assert step == pytest.approx(15_271)
+    assert r.stall_s[0] / US == pytest.approx(61 * 4)
     assert (r.layer_strategy == TL.STRATEGIES.index("da")).all()
-    assert r.layer_overhead_s[0] / US == pytest.approx(np.full(61, 12.0))
-    _, none = step_us(strategy="none")                  # 2 x 10 = 20 us per layer, 61 layers
+    assert r.layer_overhead_s[0] / US == pytest.approx(np.full(61, 4.0))
+    _, none = step_us(strategy="none", misses=ten)      # 2 x 10 = 20 us per layer, 61 layers
     assert none - 15_027 == pytest.approx(61 * 20)
-    per_layer = ["none"] * 3 + ["dba"] * 58              # 3 x 20 + 58 x 16
-    _, mixed = step_us(strategy=per_layer)
-    assert mixed - 15_027 == pytest.approx(3 * 20 + 58 * 16)
+    per_layer = ["none"] * 3 + ["dba"] * 58              # 3 x 20 + 58 x 2 x 3
+    _, mixed = step_us(strategy=per_layer, misses=ten)
+    assert mixed - 15_027 == pytest.approx(3 * 20 + 58 * 6)
 
 
 def test_an_overhead_shorter_than_the_all_to_all_costs_only_the_dense_layers(monkeypatch):
-    install(monkeypatch, dispatch_us=50, combine_us=60, overhead_us={"none": 10, "da": 6, "dba": 8})
-    _, step = step_us(strategy="none")
+    install(monkeypatch, dispatch_us=50, combine_us=60)
+    _, step = step_us(strategy="none", misses=np.full(MODEL.n_layers, 10.0))
     # MoE layers: max(240 + 20, 880) = 880, unchanged; only the 3 dense layers pay 2 x 10: 52,467 + 60
     assert step == pytest.approx(52_467 + 60)
-    install(monkeypatch, dispatch_us=50, combine_us=60, overhead_us={"none": 400, "da": 400, "dba": 400})
-    _, step = step_us(strategy="none")
-    # now 240 + 800 = 1,040 > 880 on every MoE layer: 3 x 960 + 58 x 1,040 + 447 + 500
+    _, step = step_us(strategy="none", misses=np.full(MODEL.n_layers, 400.0))
+    # 400 misses: 2 x 400 = 800 us, and 240 + 800 = 1,040 > 880 on every MoE layer: 3 x 960 + 58 x 1,040 + 447 + 500
     assert step == pytest.approx(3 * 960 + 58 * 1_040 + 447 + 500)
 
 
@@ -129,28 +136,25 @@ def test_the_cost_parameters_scale_their_own_lanes(monkeypatch):
 
 
 def test_best_takes_the_cheapest_strategy_of_each_layer(monkeypatch):
-    """none 10 us everywhere, DA 6 us on even layers and 14 on odd ones, DBA 8: the per-layer choice is DA on the
-    31 even layers and DBA on the 30 odd ones, 2 x (31 x 6 + 30 x 8) = 852 us over both micro-batches; a fixed
-    strategy pays 2 x 61 x 10 = 1,220 (none), 2 x (31 x 6 + 30 x 14) = 1,212 (DA), 2 x 61 x 8 = 976 (DBA)."""
+    """10 misses on even layers (none 10, DA 2, DBA 3 us per micro-batch), 4 on odd ones (none 4, DA 2, DBA 0): the
+    per-layer choice is DA on the 31 even layers and DBA on the 30 odd ones, 2 x (31 x 2 + 30 x 0) = 124 us over
+    both micro-batches; a fixed strategy pays 2 x (31 x 10 + 30 x 4) = 860 (none), 2 x 61 x 2 = 244 (DA),
+    2 x (31 x 3 + 30 x 0) = 186 (DBA)."""
     install(monkeypatch, dispatch_us=7, combine_us=8)
     odd = np.arange(61) % 2 == 1
-
-    def overhead(costs, micro_batch, misses, mtp, *args, **kwargs):
-        shape = np.shape(misses)
-        return {"none": np.full(shape, 10 * US), "da": np.where(odd, 14 * US, 6 * US) * np.ones(shape),
-                "dba": np.full(shape, 8 * US)}
-    monkeypatch.setattr(TL, "offload_overhead_s", overhead)
-    r, best = step_us(strategy="best")
-    assert best - 15_027 == pytest.approx(852)
+    misses = np.where(odd, 4.0, 10.0)
+    r, best = step_us(strategy="best", misses=misses)
+    assert best - 15_027 == pytest.approx(124)
     assert r.layer_strategy[0].tolist() == [2 if o else 1 for o in odd]
-    for strategy, extra in (("none", 1_220), ("da", 1_212), ("dba", 976)):
-        assert step_us(strategy=strategy)[1] - 15_027 == pytest.approx(extra), strategy
+    for strategy, extra in (("none", 860), ("da", 244), ("dba", 186)):
+        assert step_us(strategy=strategy, misses=misses)[1] - 15_027 == pytest.approx(extra), strategy
 
 
 def test_best_breaks_ties_towards_the_simpler_strategy(monkeypatch):
     """Equal overheads: 'best' keeps none (no merge, no split batch), and between DA and DBA keeps DA."""
-    install(monkeypatch, dispatch_us=7, combine_us=8, overhead_us={"none": 5, "da": 5, "dba": 5})
-    r, _ = step_us(strategy="best")
+    install(monkeypatch, dispatch_us=7, combine_us=8)
+    r, _ = step_us(strategy="best", misses=np.zeros(MODEL.n_layers))        # none = DA = DBA = 0
     assert (r.layer_strategy == 0).all()
-    install(monkeypatch, dispatch_us=7, combine_us=8, overhead_us={"none": 9, "da": 5, "dba": 5})
-    assert (step_us(strategy="best")[0].layer_strategy == 1).all()
+    r, _ = step_us(strategy="best", misses=np.full(MODEL.n_layers, 8.0))     # none 8, DA 2, DBA 4 - 2 = 2
+    assert r.layer_overhead_s[0] / US == pytest.approx(np.full(61, 4.0))
+    assert (r.layer_strategy == 1).all()

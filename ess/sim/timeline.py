@@ -27,12 +27,20 @@ The three formulas are written once, in :func:`overlap_overhead_s`, over a layer
 (:class:`LayerOps`); :func:`offload_overhead_s` feeds it the cost model's times, and the check of the formulas
 against a real decode engine (:mod:`ess.engine.timing`) feeds it measured ones.
 
-Everything is vectorised over configurations with numpy (arrays broadcast; misses have shape ``(n_layers,)`` or
-``(N, n_layers)``).
+Everything is vectorised over configurations (arrays broadcast; misses have shape ``(n_layers,)`` or
+``(N, n_layers)``): the cost model runs once per distinct (batch, context, MTP), and the per-layer part of
+:func:`simulate` -- the three strategies' overheads, the per-layer choice, the two lanes -- is one Numba loop over
+configurations and layers, its fast path, tested against :func:`offload_overhead_s` and the lanes written with
+NumPy.
+
+With MTP a step selects the union of its query tokens' sets: the misses count it once, and the memory check wants
+the pools to hold it on average over the layers (:func:`ess.layout.step_entries` with the default locality model's
+overlaps; the layers share the ratio's slots, :func:`ess.layout.layer_pool_slots`).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -131,60 +139,91 @@ def offload_overhead_s(costs, micro_batch, misses, mtp, h2d_GB_per_s, d2h_GB_per
     return overlap_overhead_s(ops)
 
 
-def _request_rules(model, dep, L, r):
-    """The layout rules for each distinct (context, ratio) pair, evaluated once per pair with the scalar helpers of
-    :mod:`ess.layout` (page padding, per-request cache bytes, pool slots) so that the rule lives in one place.
-    Returns per-pair arrays and the inverse index that maps them back to the flattened inputs."""
-    uL, iL = np.unique(L.ravel(), return_inverse=True)            # 1-D uniques: much faster than unique(axis=0)
-    ur, ir = np.unique(r.ravel(), return_inverse=True)
-    codes, inv = np.unique(np.ravel(iL) * len(ur) + np.ravel(ir), return_inverse=True)
-    pairs = np.stack([uL[codes // len(ur)].astype(float), ur[codes % len(ur)]], axis=1)
-    n = len(pairs)
+def _codes(*cols):
+    """Group rows by the values of ``cols`` (1-D arrays of one length): ``(first, inverse)``, the index of each
+    group's first row and each row's group. Hash-based (pandas.factorize), so that grouping a million rows costs a
+    few tens of ms."""
+    import pandas as pd
+    cols = [np.ravel(c) for c in cols]
+    code = np.zeros(cols[0].size, dtype=np.int64)
+    for c in cols:
+        ci, uniq = pd.factorize(c, sort=False)
+        code = code * len(uniq) + ci
+    inv, uniq = pd.factorize(code, sort=False)
+    first = np.empty(len(uniq), dtype=np.int64)
+    first[inv[::-1]] = np.arange(inv.size - 1, -1, -1)          # the last write wins: each group's first row
+    return first, inv
+
+
+@lru_cache(maxsize=256)
+def _step_need(model, context_len: int, mtp: int) -> int:
+    """Slots per layer a request needs on average for one step's union of ``mtp`` top-K sets (the default locality
+    model's per-layer overlaps, :func:`ess.layout.step_entries`); with the layers' pools shared
+    (:func:`ess.layout.layer_pool_slots`) a ratio is feasible when its even share reaches this mean."""
+    if mtp == 1:
+        return step_entries(model, context_len)
+    from ..tracegen import locality_profile
+    need = step_entries(model, context_len, mtp, overlap=locality_profile("paper", model.n_layers))
+    return int(np.ceil(np.mean(need)))
+
+
+def _request_rules(model, dep, L, r, mtp):
+    """The layout rules for each distinct (context, ratio, MTP), evaluated once each with the scalar helpers of
+    :mod:`ess.layout` (page padding, per-request cache bytes, pool slots, a step's need) so that the rule lives in
+    one place. Returns per-group arrays and the inverse index that maps them back to the flattened inputs."""
+    first, inv = _codes(L, r, mtp)
+    Lg, rg, tg = (np.ravel(x)[first] for x in (L, r, mtp))
+    n = len(first)
     gpu_b, host_b, slots, need = np.empty(n), np.empty(n), np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
-    for i, (Li, ri) in enumerate(pairs):
+    for i, (Li, ri, ti) in enumerate(zip(Lg, rg, tg)):
         rc = request_cache(model, int(Li), float(ri), dep.kv_dtype)
         gpu_b[i], host_b[i] = rc.gpu_bytes, rc.latent_host_bytes
-        slots[i], need[i] = pool_slots(model, float(ri), int(Li)), step_entries(model, int(Li))
-    return pairs, np.ravel(inv), gpu_b, host_b, slots, need
+        slots[i], need[i] = pool_slots(model, float(ri), int(Li)), _step_need(model, int(Li), int(ti))
+    return np.stack([Lg, rg, tg], axis=1), inv, gpu_b, host_b, slots, need
 
 
-def batch_limits(context_len, ratio, *, model="deepseek-v3.2-exp", deployment="paper-table1", gpu=None, host=None):
+def batch_limits(context_len, ratio, *, mtp=1, model="deepseek-v3.2-exp", deployment="paper-table1", gpu=None,
+                 host=None):
     """Vectorised :func:`ess.memory.largest_batch`: ``(batch, reason)`` arrays (batch 0 with a reason when no
     request fits). The per-request bytes and the pool rule come from :mod:`ess.layout` (``request_cache``,
-    ``pool_slots``), once per distinct (context, ratio); only the division by the budgets is vectorised (tests
-    compare with ``largest_batch``)."""
+    ``pool_slots``), once per distinct (context, ratio, MTP); only the division by the budgets is vectorised (tests
+    compare with ``largest_batch``). With ``mtp`` > 1 a step selects the union of ``mtp`` top-K sets, and the pools
+    must hold it on average over the layers (:func:`ess.layout.step_entries`, :func:`ess.layout.layer_pool_slots`)."""
     model, dep, gpu, host = resolve(model, deployment, gpu, host)
     L = np.asarray(context_len, dtype=np.int64)
     r = np.asarray(ratio, dtype=float)
-    L, r = np.broadcast_arrays(L, r)
+    T = np.asarray(mtp, dtype=np.int64)
+    L, r, T = np.broadcast_arrays(L, r, T)
     try:
         budget = kv_budget_bytes(model, dep, gpu)
     except ValueError as exc:
         return np.zeros(L.shape, dtype=np.int64), np.full(L.shape, str(exc), dtype=object)
-    pairs, inv, gpu_b, host_b, slots, need = _request_rules(model, dep, L, r)
+    groups, inv, gpu_b, host_b, slots, need = _request_rules(model, dep, L, r, T)
     host_budget = host.memory_capacity_GB_per_gpu * 1e9
     batch_gpu = np.floor_divide(budget, gpu_b)
     batch_host = np.where(host_b > 0, np.floor_divide(host_budget, np.where(host_b > 0, host_b, 1.0)), np.inf)
     batch = np.minimum(batch_gpu, batch_host).astype(np.int64)
     few = slots < need
     batch = np.where(few, 0, batch)
-    reason = np.full(len(pairs), "", dtype=object)
+    reason = np.full(len(groups), "", dtype=object)
     for i in np.flatnonzero(few):
-        reason[i] = (f"ratio {pairs[i, 1]:g} leaves {slots[i]} GPU slots per request and layer, fewer than the "
-                     f"{need[i]} entries one step selects (K)")
+        what = ("the entries one step selects (K)" if groups[i, 2] == 1 else
+                f"the entries one step selects on average over the layers (the union of {int(groups[i, 2])} "
+                "top-K sets)")
+        reason[i] = f"ratio {groups[i, 1]:g} leaves {slots[i]} GPU slots per request and layer, fewer than {need[i]}, {what}"
     for i in np.flatnonzero((batch == 0) & ~few):
         reason[i] = (f"one request needs {gpu_b[i] / 1e9:.2f} GB of GPU memory (KV budget {budget / 1e9:.2f} GB) "
                      f"and {host_b[i] / 1e9:.2f} GB of host memory ({host_budget / 1e9:.0f} GB per GPU)")
     return batch[inv].reshape(L.shape), reason[inv].reshape(L.shape)
 
 
-def ratio_for_batch(batch, context_len, *, model="deepseek-v3.2-exp", deployment="paper-table1", gpu=None,
+def ratio_for_batch(batch, context_len, *, mtp=1, model="deepseek-v3.2-exp", deployment="paper-table1", gpu=None,
                     host=None, decimals: int = 4):
     """The largest sparse-memory ratio (rounded down to ``decimals``) at which ``batch`` requests of
     ``context_len`` tokens fit in the KV budget: ``batch x (indexer + ratio x latent) <= budget`` (the rule the
     paper's configurations follow, paper-facts.md), with the per-request bytes of :func:`ess.layout.request_cache`;
-    the result is then checked against :func:`batch_limits` (host memory, pool slots). 1.0 when no offload is
-    needed; NaN when no ratio fits."""
+    the result is then checked against :func:`batch_limits` (host memory, pool slots for a step of ``mtp`` query
+    tokens). 1.0 when no offload is needed; NaN when no ratio fits."""
     model, dep, gpu, host = resolve(model, deployment, gpu, host)
     B = number_array("batch", batch, whole=True, max_ndim=None)
     L = number_array("context_len", context_len, whole=True, max_ndim=None).astype(np.int64)
@@ -201,7 +240,7 @@ def ratio_for_batch(batch, context_len, *, model="deepseek-v3.2-exp", deployment
     r = np.where(r >= 1.0, 1.0, r)
     ok = r > 0
     r = np.where(ok, r, np.nan)
-    lim, _ = batch_limits(L, np.where(ok, r, 1.0), model=model, deployment=dep, gpu=gpu, host=host)
+    lim, _ = batch_limits(L, np.where(ok, r, 1.0), mtp=mtp, model=model, deployment=dep, gpu=gpu, host=host)
     return np.where(ok & (lim >= B), r, np.nan)
 
 
@@ -307,83 +346,144 @@ def simulate(batch, context_len, ratio=1.0, *, misses=None, mtp=None, accept_rat
         if offload.any():
             raise ValueError("misses (mean misses per request per step per layer, shape (n_layers,) or "
                              "(N, n_layers)) are required when a ratio is < 1; pass zeros for a perfect cache")
-        m = np.zeros((N, nl))
+        m = np.zeros((1, nl))
     else:
         m = np.asarray(misses, dtype=float)
         if m.ndim == 1:
-            m = np.broadcast_to(m, (N, nl))
-        if m.shape != (N, nl):
+            m = m[None, :]
+        if m.shape not in ((1, nl), (N, nl)) or (np.ndim(misses) == 2 and m.shape[0] != N):
             raise ValueError(f"misses must have shape ({nl},) or ({N}, {nl}), got {np.shape(misses)}")
-        if not np.isfinite(m).all() or (m < 0).any():
-            raise ValueError("misses must be finite and >= 0")
-    if not offload.all():
-        m = np.where(offload[:, None], m, 0.0)
+    m = np.ascontiguousarray(m)
 
-    b = B / 2.0                                                       # Two-Batch Overlap micro-batch
-    c = layer_costs(model, gpu, dep, b, L, mtp).scaled(params.compute_scale, params.comm_scale)
-    if (m > c.selected[:, None] + 1e-9).any():
-        raise ValueError("misses cannot exceed the entries selected per request and step (mtp x min(K, L))")
-
+    # The cost model runs once per distinct (batch, context, MTP): layer costs, MTP drafts and output heads.
+    first, inv = _codes(B, L, mtp)
+    Bg, Lg, Tg = B[first], L[first], mtp[first]
+    bg = Bg / 2.0                                                     # Two-Batch Overlap micro-batch
+    c = layer_costs(model, gpu, dep, bg, Lg, Tg).scaled(params.compute_scale, params.comm_scale)
+    # MTP: mtp-1 draft passes through the MTP module (one MoE block at one token per request, eh_proj 2h -> h), plus
+    # the output head for the mtp verified tokens and each draft ([DS]: one MTP module sharing the head).
+    c1 = layer_costs(model, gpu, dep, bg, Lg, np.ones_like(Tg)).scaled(params.compute_scale, params.comm_scale)
+    fp8 = "fp8" if model.weight_bytes_per_param == 1 else "bf16"
+    draft = (np.maximum(2 * (c1.attention_block + c1.moe), 2 * (c1.dispatch + c1.combine))
+             + params.compute_scale * (gemm_time_s(Bg, model.hidden_size, 2 * model.hidden_size, gpu, model=model,
+                                                   dtype=fp8)
+                                       + lm_head_time_s(Bg, model, gpu)))
+    heads = (params.compute_scale * lm_head_time_s(Bg * Tg, model, gpu) + (Tg - 1) * draft)[inv]
     entry = latent_entry_bytes(model, dep.kv_dtype)
-    over = offload_overhead_s(c, b, m, mtp, link_eff, d2h_eff, entry, offload)
+    g = lambda x: np.ascontiguousarray(np.broadcast_to(x, Bg.shape)[inv], dtype=float)       # noqa: E731
+    k_h = B / 2.0 * entry / (link_eff * 1e9)                          # seconds per miss (one micro-batch)
+    d = np.where(offload, B / 2.0 * mtp * entry / (d2h_eff * 1e9), 0.0)
+    dense = model.n_dense_layers
     if isinstance(strategy, str):
-        if strategy == "best":                      # per layer, the cheapest (ties: none, then da, then dba)
-            pick_da = over["da"] < over["none"]
-            cur = np.where(pick_da, over["da"], over["none"])
-            pick_dba = over["dba"] < cur
-            chosen = np.where(pick_dba, over["dba"], cur)
-            choice = pick_da.astype(np.int8)
-            choice[pick_dba] = 2
-        elif strategy in STRATEGIES:
-            chosen = over[strategy]
-            choice = np.full((N, nl), STRATEGIES.index(strategy), dtype=np.int8)
-        else:
+        if strategy != "best" and strategy not in STRATEGIES:
             raise ValueError(f"strategy must be one of {STRATEGIES + ('best',)} or one name per layer, "
                              f"got {strategy!r}")
+        per_layer = np.full(nl, -1 if strategy == "best" else STRATEGIES.index(strategy), dtype=np.int8)
     else:
         names = list(strategy)
         if len(names) != nl or any(s not in STRATEGIES for s in names):
             raise ValueError(f"a per-layer strategy must list {nl} names from {STRATEGIES}")
-        idx = np.array([STRATEGIES.index(s) for s in names])
-        chosen = np.stack([over[s] for s in STRATEGIES])[idx, :, np.arange(nl)].T
-        choice = np.broadcast_to(idx.astype(np.int8), (N, nl))
-    layer_over = 2.0 * chosen                                         # both micro-batches
-
-    attn_block = c.attention_block
-    dense = model.n_dense_layers
-    comp_d = 2 * (attn_block + c.ffn_dense)
-    comp_m = 2 * (attn_block + c.moe)
-    comm_m = 2 * (c.dispatch + c.combine)
-    moe_part = layer_over[:, dense:] + comp_m[:, None]
-    np.maximum(moe_part, comm_m[:, None], out=moe_part)
-    layers = dense * comp_d + layer_over[:, :dense].sum(axis=1) + moe_part.sum(axis=1)
-    layers0 = dense * comp_d + (nl - dense) * np.maximum(comp_m, comm_m)
-
-    # MTP: mtp-1 draft passes through the MTP module (one MoE block at one token per request, eh_proj 2h -> h), plus
-    # the output head for the mtp verified tokens and each draft ([DS]: one MTP module sharing the head).
-    c1 = layer_costs(model, gpu, dep, b, L, np.ones_like(mtp)).scaled(params.compute_scale, params.comm_scale)
-    fp8 = "fp8" if model.weight_bytes_per_param == 1 else "bf16"
-    draft = (np.maximum(2 * (c1.attention_block + c1.moe), 2 * (c1.dispatch + c1.combine))
-             + params.compute_scale * (gemm_time_s(B, model.hidden_size, 2 * model.hidden_size, gpu, model=model,
-                                                   dtype=fp8)
-                                       + lm_head_time_s(B, model, gpu)))
-    heads = params.compute_scale * lm_head_time_s(B * mtp, model, gpu) + (mtp - 1) * draft
+        per_layer = np.array([STRATEGIES.index(s) for s in names], dtype=np.int8)
+    layer_over = np.empty((N, nl))
+    choice = np.empty((N, nl), dtype=np.int8)
+    layers, layers0 = np.empty(N), np.empty(N)
+    bad = _timeline_kernel()(m, offload, k_h, d, g(c.indexer), g(c.pre_attn), g(c.attn), g(c.o_proj), g(c.merge),
+                             g(c.selected), g(2 * (c.attention_block + c.ffn_dense)),
+                             g(2 * (c.attention_block + c.moe)), g(2 * (c.dispatch + c.combine)), dense, per_layer,
+                             layer_over, choice, layers, layers0)
+    if bad == 1:
+        raise ValueError("misses must be finite and >= 0")
+    if bad == 2:
+        raise ValueError("misses cannot exceed the entries selected per request and step (mtp x min(K, L))")
     fixed = params.fixed_ms * 1e-3
     step = layers + heads + fixed
     step0 = layers0 + heads + fixed
 
     if check_memory:
-        lim, why = batch_limits(L.astype(np.int64), r, model=model, deployment=dep, gpu=gpu, host=host)
+        lim, why = batch_limits(L.astype(np.int64), r, mtp=mtp.astype(np.int64), model=model, deployment=dep,
+                                gpu=gpu, host=host)
         feasible = B <= lim
-        reason = np.where(lim == 0, why, np.where(feasible, "", np.char.add(
-            "batch exceeds the memory limit of ", lim.astype(str).astype(object))))
+        reason = np.full(N, "", dtype=object)
+        over = ~feasible & (lim > 0)
+        if over.any():                                                # one string per distinct limit
+            vals, idx = np.unique(lim[over], return_inverse=True)
+            reason[over] = np.array([f"batch exceeds the memory limit of {v}" for v in vals], dtype=object)[idx]
+        none_fit = ~feasible & (lim == 0)
+        reason[none_fit] = why[none_fit]
     else:
         feasible = np.ones(N, dtype=bool)
         reason = np.full(N, "", dtype=object)
     step = np.where(feasible, step, np.nan)
     step0 = np.where(feasible, step0, np.nan)
-    return SimResult(B, L, r, mtp, acc, link, step, step0, feasible, reason.astype(object), layer_over,
-                      np.asarray(choice), dep.gpus_per_node)
+    return SimResult(B, L, r, mtp, acc, link, step, step0, feasible, reason.astype(object), layer_over, choice,
+                     dep.gpus_per_node)
+
+
+@lru_cache(maxsize=None)
+def _timeline_kernel():
+    """The per-layer part of :func:`simulate`, fused over the layers of each configuration (Numba): for every row
+    ``i`` and layer ``l`` the three strategies' overheads -- the arithmetic of :func:`offload_overhead_s`, the
+    readable reference it is tested against --, the strategy (``per_layer[l]``, or -1: the cheapest, ties to none,
+    then DA, then DBA), and the layer's place on the two lanes: ``2 x overhead + compute``, against the all-to-all
+    lane on MoE layers. Writes ``layer_over`` (both micro-batches), ``choice``, and the sums over the layers with
+    and without offload. ``m`` has one row shared by every configuration or one row each. Returns 0, or 1 for a
+    negative or non-finite miss count, 2 for more misses than the entries selected."""
+    from numba import njit
+
+    @njit(cache=True, nogil=True)
+    def kernel(m, offload, k_h, d, I, p, a, o, merge, sel, comp_d, comp_m, comm_m, dense, per_layer,
+               layer_over, choice, layers, layers0):
+        N, nl = layer_over.shape
+        shared = m.shape[0] == 1
+        for i in range(N):
+            row = 0 if shared else i
+            kh, di, ai, mg, si = k_h[i], d[i], a[i], merge[i], sel[i]
+            on = offload[i]
+            # per row: the constants of the three formulas (see offload_overhead_s)
+            da_c = kh + ai / si
+            da_0 = p[i] + ai
+            da_d = max(di - o[i], 0.0)
+            kh2 = kh / 2
+            dba_1 = I[i] / 2
+            dba_2 = p[i] + ai / 2
+            dba_d = max(di - ai / 2, 0.0)
+            tot = 0.0
+            tot0 = 0.0                                # the same sum without offload, in the same order
+            for l in range(nl):
+                x = m[row, l]
+                if not (x >= 0.0 and x < np.inf):
+                    return 1
+                if not on:
+                    x = 0.0
+                elif x > si + 1e-9:
+                    return 2
+                none = x * kh + di
+                da = max(x * da_c - da_0, 0.0) + (mg if x > 0 else 0.0) + da_d
+                h2 = x * kh2
+                dba = max(h2 - dba_1, 0.0) + max(h2 - dba_2, 0.0) + dba_d
+                s = per_layer[l]
+                if s < 0:
+                    best, s = none, 0
+                    if da < best:
+                        best, s = da, 1
+                    if dba < best:
+                        best, s = dba, 2
+                else:
+                    best = none if s == 0 else (da if s == 1 else dba)
+                over = 2.0 * best
+                layer_over[i, l] = over
+                choice[i, l] = s
+                if l < dense:
+                    tot += comp_d[i] + over
+                    tot0 += comp_d[i]
+                else:
+                    tot += max(comp_m[i] + over, comm_m[i])
+                    tot0 += max(comp_m[i], comm_m[i])
+            layers[i] = tot
+            layers0[i] = tot0
+        return 0
+
+    return kernel
 
 
 def best_batch(context_len, ratios, *, misses_by_ratio=None, otps_floor: float | None = None, **kwargs):
