@@ -376,7 +376,7 @@ def decode_layer(cache, layer: int, request_ids: Sequence, q_index, index_weight
 
 
 def write_back(cache, request_ids: Sequence, new_entries) -> list[int]:
-    """Stage 6: each request's new token entry ``new_entries[b]`` (n_layers, entry_bytes) uint8, all layers, written
+    """Write back, once per step after the last layer: each request's new token entry ``new_entries[b]`` (n_layers, entry_bytes) uint8, all layers, written
     to the host pool (only that token's bytes move device -> host). Every entry is checked before the first write.
     Returns the new tokens' indices."""
     request_ids = _request_ids(request_ids)
