@@ -6,6 +6,7 @@ beside the published values.
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -16,7 +17,7 @@ from ..specs import resolve
 from .costs import CostParams, layer_costs
 from .timeline import simulate
 
-__all__ = ["MissesFn", "misses_from_cachesim", "predict_configs", "step_breakdown", "overlap_vs_misses",
+__all__ = ["MissesFn", "misses_from_cachesim", "BandInputs", "band_inputs", "predict_configs", "step_breakdown", "overlap_vs_misses",
            "overlap_bands", "band_frames", "strategy_overheads", "break_even_misses"]
 
 MissesFn = Callable[[int, float, int], np.ndarray]
@@ -113,6 +114,39 @@ def misses_from_cachesim(*, steps: int = 64, batch: int = 4, seed: int = 0, warm
     fn.config = {"steps": steps, "batch": batch, "seed": seed, "warmup": warmup, "policy": policy,
                  "profile": "paper", **locality.config()}
     return fn
+
+
+@dataclass(frozen=True)
+class BandInputs:
+    """What every banded prediction starts from: the central calibration (``params``), every equally good
+    calibration (``calibrations``, the central first), the locality models the evidence leaves open (``models``,
+    the central first) and one cached miss source per model (``misses_fns``, by model name)."""
+
+    params: CostParams
+    calibrations: list
+    models: list
+    misses_fns: dict
+
+    @property
+    def misses_fn(self) -> MissesFn:
+        """The central locality model's miss source."""
+        return self.misses_fns[self.models[0].name]
+
+
+def band_inputs(*, variant_fit: dict | None = None, cachesim_steps: int = 64, cachesim_batch: int = 4,
+                band_batch: int = 2) -> BandInputs:
+    """The calibrations of notebook 05 (:func:`ess.sim.calibrate.calibration_set` with ``variant_fit``) and the
+    locality models of notebook 04 (:func:`ess.tracegen.locality_alternatives`), each model with its cache
+    simulation (``cachesim_steps`` steps; ``cachesim_batch`` requests for the central model, ``band_batch`` for
+    the others, which only bound the band)."""
+    from ..tracegen import locality_alternatives
+    from .calibrate import calibration_set
+    cs = calibration_set(**(variant_fit or {}))
+    models = list(locality_alternatives())
+    fns = {m.name: misses_from_cachesim(steps=cachesim_steps, locality=m,
+                                        batch=cachesim_batch if i == 0 else band_batch)
+           for i, m in enumerate(models)}
+    return BandInputs(cs.params, cs.kept_params(), models, fns)
 
 
 def predict_configs(configs: pd.DataFrame, params: CostParams, misses_fn: MissesFn | None = None,

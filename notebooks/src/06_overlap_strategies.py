@@ -48,26 +48,22 @@ from IPython.display import display
 
 import ess
 from ess import viz
-from ess.sim.calibrate import calibration_set
 from ess.sim.sweep import sweep
 from ess.published import published
 from ess.specs import link_figures
 from ess.sim.timeline import STRATEGIES, simulate
 from ess.sim import scenarios
-from ess.tracegen import locality_alternatives
 from ess.viz import sim as vsim
 
 viz.use_notebook_renderer()
 rec = ess.Recorder("06_overlap_strategies", results_path, smoke=smoke)
 if smoke:
     globals().update(smoke_sizes)              # the CI sizes of the parameters cell
-cs = calibration_set(**variant_fit)            # the equally good calibrations of notebook 05, the central first
-params, calibrations = cs.params, cs.kept_params()
-ALTS = locality_alternatives()                 # the locality models of notebook 04, the central first
-misses_fns = {m.name: scenarios.misses_from_cachesim(steps=cachesim_steps, locality=m,
-                                                     batch=cachesim_batch if i == 0 else band_batch)
-              for i, m in enumerate(ALTS)}
-misses_fn = misses_fns[ALTS[0].name]
+# the equally good calibrations of notebook 05 and the locality models of notebook 04, the central first of each
+band = scenarios.band_inputs(variant_fit=variant_fit, cachesim_steps=cachesim_steps, cachesim_batch=cachesim_batch,
+                             band_batch=band_batch)
+params, calibrations, ALTS, misses_fns, misses_fn = (band.params, band.calibrations, band.models, band.misses_fns,
+                                                     band.misses_fn)
 L, B, LINK, D2H = context_len, batch, h2d_GB_per_s, d2h_GB_per_s
 for fn in misses_fns.values():                 # one cache simulation per locality model for every ratio used here
     fn.prefetch([(L, r, mtp) for r in set(offload_ratios) | {profile_ratio}])

@@ -34,24 +34,20 @@ from IPython.display import display
 import ess
 from ess import viz
 from ess.published import published
-from ess.sim.calibrate import calibration_set
 from ess.specs import link_figures
 from ess.sim import scenarios
 from ess.tables import sim as tsim
-from ess.tracegen import locality_alternatives
 from ess.viz import sim as vsim
 
 viz.use_notebook_renderer()
 rec = ess.Recorder("07_table_32k", results_path, smoke=smoke)
 if smoke:
     globals().update(smoke_sizes)              # the CI sizes of the parameters cell
-cs = calibration_set(**variant_fit)            # the equally good calibrations of notebook 05, the central first
-params, calibrations = cs.params, cs.kept_params()
-ALTS = locality_alternatives()                 # the locality models of notebook 04, the central first
-misses_fns = {m.name: scenarios.misses_from_cachesim(steps=cachesim_steps, locality=m,
-                                                     batch=cachesim_batch if i == 0 else band_batch)
-              for i, m in enumerate(ALTS)}
-misses_fn = misses_fns[ALTS[0].name]
+# the equally good calibrations of notebook 05 and the locality models of notebook 04, the central first of each
+band = scenarios.band_inputs(variant_fit=variant_fit, cachesim_steps=cachesim_steps, cachesim_batch=cachesim_batch,
+                             band_batch=band_batch)
+params, calibrations, ALTS, misses_fns, misses_fn = (band.params, band.calibrations, band.models, band.misses_fns,
+                                                     band.misses_fn)
 flashtrans = link_figures()["flashtrans"]             # the simulator's default link ([BLOG] FlashTrans)
 sim_cfg = {"params": "central calibration (notebook 05)", "strategy": "best per layer",
            "h2d_GB_per_s": flashtrans["h2d_GB_per_s"], "d2h_GB_per_s": flashtrans["d2h_GB_per_s"],
