@@ -75,33 +75,6 @@ def test_bad_config():
         F.simulate_prefetch(tr, F.PrefetchConfig(100, predictor="lstm"))
 
 
-def test_widget_logic_follows_its_controls():
-    from ess.widgets.prefetch import prefetch_view, prefetch_widget
-    fig, s = prefetch_view(speculative=False, delayed=False, predictor="none", ratio=0.2, steps=6, n_layers=2)
-    assert s["bytes_speculative"] == s["bytes_delayed"] == 0 and len(fig.data) == 2
-    box = prefetch_widget(n_layers=2, steps=6)
-    c = box.controls
-    c["speculative"].value = False
-    c["delayed"].value = False
-    c["predictor"].value = "none"
-    low = box.summary
-    assert low["bytes_speculative"] == 0 and low["bytes_delayed"] == 0
-    c["ratio"].value = 0.6
-    mid = box.summary
-    assert mid["hit_rate"] > low["hit_rate"]
-    c["link_GB_per_s"].value = 10.0
-    assert box.summary["stall_s"] > mid["stall_s"] and box.summary["hit_rate"] == mid["hit_rate"]
-    c["ratio"].value = 0.2                   # a small pool: recently used entries fall out and can be re-fetched
-    c["link_GB_per_s"].value = 37.0
-    c["predictor"].value = "heat"
-    c["speculative"].value = True
-    assert box.summary["bytes_speculative"] > 0 and "hit rate" in box.summary_label.value
-    with pytest.raises(ValueError, match="predictor"):
-        prefetch_view(predictor="oracle")
-    with pytest.raises(ValueError, match="unknown control"):
-        prefetch_widget(bandwidth=3)
-
-
 _KERNEL_CASES = [  # (ratio, speculative, delayed, warmup_mode, link GB/s, step us, spec_fraction, history)
     (0.25, False, False, "none", 37.0, 23.1, 1.0, 8),
     (0.25, False, False, "before", 37.0, 23.1, 1.0, 8),
