@@ -5,7 +5,8 @@ against a plain-Python loop calling it one configuration at a time, both measure
 
 Prints the distribution (min, median, mean, std) of configurations per second for each, their ratio, and the
 machine and library versions; writes build/benchmarks/sim_throughput.json. No wall time is asserted. The project's
-target is >= 100,000 configurations per second, so a widget redraw of a few hundred batches stays far under 100 ms.
+target is >= 1,000,000 configurations per second on one core, so a band over several calibrations and locality
+models still redraws a widget of a few hundred batches well under 100 ms.
 """
 from __future__ import annotations
 
@@ -72,10 +73,10 @@ def main() -> None:
     assert np.allclose(v, l, equal_nan=True)
     res = {"n": a.n, "loop_n": a.loop_n, "strategy": a.strategy, "vectorised_cfg_per_s": distribution(vec),
            "loop_cfg_per_s": distribution(loop), "speedup_median": statistics.median(vec) / statistics.median(loop),
-           "target_cfg_per_s": 100_000}
+           "target_cfg_per_s": 1_000_000}
     print(json.dumps(res, indent=1))
     print(f"vectorised: {statistics.median(vec):,.0f} configurations/s (median of {a.repeats}), loop: "
-          f"{statistics.median(loop):,.0f}/s -> {res['speedup_median']:.0f}x; target 100,000/s")
+          f"{statistics.median(loop):,.0f}/s -> {res['speedup_median']:.0f}x; target 1,000,000/s")
     write_report("sim_throughput", res)
 
 

@@ -8,12 +8,14 @@ Public namespace, re-exported from topic modules (layers from the ground up, see
 * kernels: :mod:`ess.kernels` (``transfer``, ``attention``; NumPy reference, Numba, torch), :mod:`ess.quant`;
 * mechanisms: :mod:`ess.memory` (weights, KV budget, largest batch, where a batch's bytes live),
   :mod:`ess.policies`, :mod:`ess.storage` (host pool, GPU pool, the tiered cache), :mod:`ess.disk` (the disk
-  tier), :mod:`ess.metrics`, :mod:`ess.traces` (format, I/O, overlap, recorder), :mod:`ess.tracegen` (synthetic
-  generators and their calibration), :mod:`ess.cachesim`;
+  tier), :mod:`ess.metrics`, :mod:`ess.link` (the host-device link a step's copies cross), :mod:`ess.traces`
+  (format, I/O, overlap, recorder), :mod:`ess.tracegen` (synthetic generators and their calibration),
+  :mod:`ess.cachesim`;
 * behaviour: :mod:`ess.attention` (indexer, top-k, sparse MLA, split/merge), :mod:`ess.predict`,
   :mod:`ess.prefetch`, :mod:`ess.sim` (costs, timeline, calibration, sweeps, scenarios);
-* wholes: :mod:`ess.decode` (one decode step through the tiered cache, stage by stage), :mod:`ess.studies` (the
-  notebooks' experiments), :mod:`ess.tables`, :mod:`ess.viz`, :mod:`ess.widgets`,
+* wholes: :mod:`ess.decode` (one decode step through the tiered cache, stage by stage, under none / DA / DBA),
+  :mod:`ess.llm` (a real pretrained model), :mod:`ess.engine` (that model decoding through the tiered cache),
+  :mod:`ess.studies` (the notebooks' experiments), :mod:`ess.tables`, :mod:`ess.viz`, :mod:`ess.widgets`,
   :mod:`ess.bench`; faces: :mod:`ess.reproduce`, the ``ess`` command.
 """
 from .attention import (indexer_scores, merge_attention, sparse_mla_decode, split_attention,  # noqa: F401

@@ -1,7 +1,8 @@
 """Trace-driven simulation of the GPU latent pool, fast: misses per (request, layer, step) for a replacement policy.
 
 Each (request, layer) has its own pool of ``capacity`` slots (from a ratio: :func:`ess.layout.pool_slots`,
-``floor(ratio x page-padded context)``, the rule the memory model and the storage use). For one step
+``floor(ratio x page-padded context)``, the rule the memory model and the storage use; in the synthetic sweeps a
+layer whose step union needs more takes it from the others, :func:`ess.layout.layer_pool_slots`). For one step
 with valid indices ``S`` (array order; -1 padding ignored):
 
 * hits = S & pool, misses = S - pool (each miss is one entry copied host -> device);
@@ -25,11 +26,12 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from .layout import pool_slots
+from .layout import layer_pool_slots, pool_slots, step_entries
 from .policies import DEFAULT_HEAT_DECAY, POLICIES
 from .specs import model_spec
-from .tracegen import PAPER_WARMUP_WINDOWS, check_trace_model, geometry, synthetic_streams
-from .traces import Trace
+from .tracegen import (PAPER_WARMUP_WINDOWS, check_reading, check_trace_model, geometry, locality_profile,
+                       synthetic_streams)
+from .traces import Trace, index_rows
 from .validate import fraction, one_of, positive_int, real
 
 __all__ = ["trace_misses", "sequence_misses", "misses_per_layer", "misses_per_step", "sweep_synthetic",
@@ -41,6 +43,25 @@ def _capacity(ratio: Any, context_len: int, k: int) -> int:
     """Slots per pool for ``ratio`` (:func:`ess.layout.pool_slots` with DeepSeek-V3.2-Exp's cache pages), at least
     ``k`` (one step's top-K must fit)."""
     return pool_slots(model_spec(), ratio, context_len, need=k)
+
+
+def _layer_capacities(ratio: Any, context_len: int, k: int, mtp: int, overlap: np.ndarray) -> np.ndarray:
+    """Slots per layer (n_layers,): the ratio's slots shared over the layers so that each holds its step's union
+    (:func:`ess.layout.step_entries` with the layer's overlap, :func:`ess.layout.layer_pool_slots`)."""
+    model = model_spec()
+    return layer_pool_slots(model, ratio, context_len, step_entries(model, context_len, mtp, overlap=overlap, k=k))
+
+
+# A (request, layer) pool is sized from the layer's mean adjacent overlap (step_entries); a step whose query tokens
+# overlap less than the mean selects a few more entries. Up to this share more than its slots, the pool takes them
+# (it must hold the step); beyond it the ratio is too small and the simulation says so. A design choice.
+STEP_SLACK = 0.05
+
+
+def _holding_the_step(capacity: int, width: int) -> int:
+    """The slots of a pool whose largest step selects ``width`` entries: ``width`` when it exceeds ``capacity`` by
+    at most :data:`STEP_SLACK`, else ``capacity`` (then the kernel refuses the step)."""
+    return width if capacity < width <= capacity * (1 + STEP_SLACK) else capacity
 
 
 def _check_policy(policy: str, decay: float) -> None:
@@ -345,25 +366,39 @@ def _pad_rows(rows: np.ndarray, width: int) -> np.ndarray:
 
 
 def sequence_misses(steps: np.ndarray, capacity: int, *, policy: str = "lru", windows: np.ndarray | None = None,
-                      n_positions: int | None = None, decay: float = DEFAULT_HEAT_DECAY) -> np.ndarray:
-    """Misses per step (steps.shape[0],) for one pool: ``steps`` (T, width) int32, ``windows`` (W, K) (the warmup
-    windows, applied first and not counted) or None."""
+                    n_positions: int | None = None, decay: float = DEFAULT_HEAT_DECAY) -> np.ndarray:
+    """Misses per step (steps.shape[0],) for one pool: ``steps`` (T, width) and ``windows`` (W, K) (the warmup
+    windows, applied first and not counted, or None) are NumPy integer arrays of positions, -1 = padding, distinct
+    within a row; ``n_positions`` (default: one more than the largest position) bounds them.
+
+    Every argument is checked before a kernel runs (the kernels index memory with the positions): a ``TypeError``
+    for a non-integer array or capacity, a ``ValueError`` for a position outside ``[-1, n_positions)``, a repeat
+    within a row, or an empty ``steps``. The kernels read a private int32 copy."""
     _check_policy(policy, decay)
-    steps = np.ascontiguousarray(steps, dtype=np.int32)
-    if steps.ndim != 2 or steps.shape[0] == 0:
-        raise ValueError(f"steps must be a non-empty (T, width) array, got shape {steps.shape}")
+    capacity = positive_int("capacity", capacity)
+    steps, n_pos = index_rows("steps", steps, n_positions)
+    if steps.shape[0] == 0:
+        raise ValueError(f"steps must hold at least one step (T >= 1), got shape {steps.shape}")
+    if windows is not None:
+        windows, n_win = index_rows("windows", windows, n_positions, shape_doc="(W, K)")
+        n_pos = max(n_pos, n_win)           # without n_positions: one more than the largest position of either
     if windows is not None and windows.shape[0]:
         width = max(steps.shape[1], windows.shape[1])
-        seq = np.concatenate([_pad_rows(np.asarray(windows, np.int32), width), _pad_rows(steps, width)])
+        seq = np.concatenate([_pad_rows(windows, width), _pad_rows(steps, width)])
         n_free = windows.shape[0]
     else:
         seq, n_free = steps, 0
-    n_pos = int(seq.max()) + 1 if n_positions is None else int(n_positions)
-    return _run_seq(seq, n_free, int(capacity), policy, max(n_pos, 1), decay)
+    return _run_seq(seq, n_free, capacity, policy, n_pos, decay)
 
 
 def _run_seq(seq: np.ndarray, n_free: int, capacity: int, policy: str, n_pos: int, decay: float) -> np.ndarray:
-    """Run one policy kernel over ``seq`` (T, W) int32 whose first ``n_free`` rows are uncounted warmup rows."""
+    """Run one policy kernel over ``seq`` (T, W) int32 whose first ``n_free`` rows are uncounted warmup rows. The
+    rows must hold distinct positions (checked by the callers: :func:`ess.traces.index_rows`); the range, which
+    every array write of the kernels depends on, is checked here again."""
+    if seq.dtype != np.int32 or seq.ndim != 2 or not seq.flags.c_contiguous:
+        raise TypeError(f"the kernels take a C-contiguous 2-D int32 array, got {seq.dtype} {seq.shape}")
+    if seq.size and (int(seq.min()) < -1 or int(seq.max()) >= n_pos):
+        raise ValueError(f"positions must lie in [-1, {n_pos}), got [{int(seq.min())}, {int(seq.max())}]")
     kern = _kernels()
     out = np.zeros(seq.shape[0] - n_free, np.int64)
     if policy in ("lru", "fifo"):
@@ -421,7 +456,12 @@ def sweep_synthetic(context_len: int, ratios: Sequence[float], *, policies: Iter
 
     ``trace_model`` is ``"uniform"`` or ``"drift"`` (``None`` = :func:`ess.tracegen.default_trace_model`); ``n_layers``
     and ``k`` default to DeepSeek-V3.2-Exp's (:func:`ess.tracegen.geometry`);
-    other ``generator`` keywords go to :func:`ess.tracegen.synthetic_streams`. Returns
+    other ``generator`` keywords go to :func:`ess.tracegen.synthetic_streams` (e.g. ``reading``, ``drift_rho``).
+    Each ratio's slots are shared over the layers so that every layer's pool holds its step's union of the ``mtp``
+    query tokens' sets, as the layer's overlap in ``profile`` bounds it (:func:`ess.layout.layer_pool_slots`); with
+    ``mtp`` 1, or whenever the even share suffices, every layer gets :func:`ess.layout.pool_slots`. A step whose
+    tokens overlap less than the layer's mean may select up to :data:`STEP_SLACK` more entries than that; the pool
+    takes them. Returns
     ``{(ratio, policy, warmup): misses}`` with ``misses`` of shape (n_layers, steps), the mean over the
     ``batch`` requests of misses per decode step. ``threads > 1`` simulates the configurations of one stream in
     parallel (the kernels release the GIL); the result does not depend on it.
@@ -435,7 +475,9 @@ def sweep_synthetic(context_len: int, ratios: Sequence[float], *, policies: Iter
         raise ValueError("ratios must not be empty")
     for p in policies:
         _check_policy(p, decay)
-    caps = {r: _capacity(r, context_len, k) for r in ratios}
+    reading = check_reading(generator.get("reading"))
+    overlap = locality_profile(profile, n_layers, reading if isinstance(profile, str) else None)
+    caps = {r: _layer_capacities(r, context_len, k, mtp, overlap) for r in ratios}
     out = {(r, p, w): np.zeros((n_layers, steps)) for r in ratios for p in policies for w in warmups}
     n_pos = context_len + steps * mtp
     threads = positive_int("threads", threads)
@@ -450,12 +492,15 @@ def sweep_synthetic(context_len: int, ratios: Sequence[float], *, policies: Iter
         for b, layer, warm, st in synthetic_streams(context_len, n_layers=n_layers, k=k, mtp=mtp, steps=steps,
                                                     batch=batch, warmup_windows=warmup_windows, profile=profile,
                                                     seed=seed, trace_model=trace_model, **generator):
+            st, _ = index_rows("steps", st, n_pos)            # the kernels' input checked once per stream
+            if warm.size:
+                warm, _ = index_rows("windows", warm, n_pos)
             width = max(int((st >= 0).sum(axis=1).max()), int((warm >= 0).sum(axis=1).max()) if warm.size else 1)
             cold_seq = np.ascontiguousarray(st[:, :width])                      # drop the all-padding columns
             warm_seq = np.concatenate([_pad_rows(warm, width), cold_seq]) if warm.size else cold_seq
             n_w = warm.shape[0]
             run = lambda key: _run_seq(warm_seq if key[2] else cold_seq, n_w if key[2] else 0,  # noqa: E731
-                                       caps[key[0]], key[1], n_pos, decay)
+                                       _holding_the_step(int(caps[key[0]][layer]), width), key[1], n_pos, decay)
             try:
                 results = list(pool.map(run, keys)) if pool is not None else [run(key) for key in keys]
             except ValueError as exc:
@@ -497,9 +542,10 @@ def misses_per_layer(context_len: int, ratio: float, *, n_layers: int | None = N
 def smallest_pool(context_len: int, target: float, *, resolution: int | None = None, k: int | None = None,
                   mtp: int = 2, trace_model: str | None = None, **kwargs: Any) -> dict:
     """The smallest pool (slots per request and layer) whose average misses (over layers, requests and steps, from
-    :func:`misses_per_layer` with ``kwargs``) stay below ``target``, by bisection between the largest possible
-    step union (``mtp * k``) and the whole context, to ``resolution`` slots (default context / 64); ``trace_model`` as
-    in :func:`misses_per_layer`, ``k`` the model's by default.
+    :func:`misses_per_layer` with ``kwargs``) stay below ``target``, by bisection between the mean step union of the
+    layers (:func:`ess.layout.step_entries` with the profile's overlaps; smaller pools cannot hold the steps) and
+    the whole context, to ``resolution`` slots (default context / 64); ``trace_model`` as in
+    :func:`misses_per_layer`, ``k`` the model's by default.
 
     Assumes misses do not grow with the pool (checked at both ends of the final bracket). Returns
     ``{"slots", "ratio", "misses", "below_slots", "below_misses"}``.
@@ -507,10 +553,16 @@ def smallest_pool(context_len: int, target: float, *, resolution: int | None = N
     real("target", target, lo=0.0, lo_open=True)
     trace_model = check_trace_model(trace_model)
     k = geometry(k=k)[1]
-    resolution = max(1, context_len // 64) if resolution is None else int(resolution)
+    context_len = positive_int("context_len", context_len)
+    resolution = max(1, context_len // 64) if resolution is None else positive_int("resolution", resolution)
     avg = lambda cap: float(misses_per_layer(context_len, cap / context_len, k=k, mtp=mtp, trace_model=trace_model,  # noqa: E731
                                              **kwargs).mean())
-    lo, hi = min(mtp * k, context_len), context_len
+    reading = check_reading(kwargs.get("reading"))
+    profile = kwargs.get("profile", "paper")
+    n_layers = geometry(kwargs.get("n_layers"))[0]
+    need = step_entries(model_spec(), context_len, mtp, k=k,
+                        overlap=locality_profile(profile, n_layers, reading if isinstance(profile, str) else None))
+    lo, hi = min(int(math.ceil(np.mean(need))), context_len), context_len
     at_hi = avg(hi)
     if at_hi >= target:
         raise ValueError(f"even a pool of the whole context ({context_len} slots) has {at_hi:.1f} misses >= {target}")

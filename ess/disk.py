@@ -1,9 +1,25 @@
-"""The disk tier of the latent cache: a cold archive of requests, one memory-mapped block file per request.
+"""The disk tier of the latent cache: a cold archive of requests, crash-consistent.
 
-Per request ``<stem>.blocks`` holds blocks of ``block_tokens`` tokens x all layers (zero-padded), each with a CRC-32
-in the manifest ``<stem>.json``, which is written last (the commit point) together with the CRC of the device-pool
-state ``<stem>.pool.npz``. :class:`ess.storage.TieredCache` spills requests here, restores them and recovers after
-a crash; this module knows files, blocks and checksums, nothing about pools.
+Per request (file stem ``req-i<int>`` or ``req-s<str>``, :func:`request_stem`) the tier keeps
+
+* ``<stem>.g<G>.blocks`` -- a block file: blocks of ``block_tokens`` tokens x all layers (zero-padded), each in a
+  slot of ``block_bytes`` bytes;
+* ``<stem>.p<S>.npz`` -- the device-pool state of checkpoint ``S``;
+* ``<stem>.json`` -- the manifest, the **commit point**: which slot of which block file holds each block, one CRC-32
+  per block, the pool file and its CRC-32, and a CRC-32 of the manifest itself.
+
+**Crash consistency.** A checkpoint never writes a byte that the current manifest points to: changed blocks go to
+slots past every slot the manifest knows (the block file grows), or, when a request is written from its first block
+(or the file holds more dead slots than live ones), to a new block file ``G + 1``; the pool state goes to a new file
+``S + 1``. Both are flushed to disk (``fsync``), then the new manifest is written to a temporary file, flushed,
+renamed over the old one and the directory flushed. Only then are the files the new manifest no longer needs
+deleted -- and only files with this tier's names for that request. A process killed at any instant therefore
+leaves either the old or the new checkpoint complete, plus at most some unreferenced files, which
+:meth:`DiskTier.scan` reports as orphans. Writes of one request are not safe against a second process writing the
+same request at the same time (one writer per request).
+
+:class:`ess.storage.TieredCache` spills requests here, restores them and recovers after a crash; this module knows
+files, blocks and checksums, nothing about pools.
 """
 from __future__ import annotations
 
@@ -11,13 +27,16 @@ import json
 import os
 import re
 import zlib
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from .validate import positive_int
+from .validate import non_negative_int, positive_int
 
-__all__ = ["DiskTier", "CorruptBlockError", "request_stem"]
+__all__ = ["DiskTier", "DiskScan", "CorruptBlockError", "ArchiveError", "request_stem", "request_id_of_stem"]
+
+_FORMAT = "ess-disk-v2"
 
 
 class CorruptBlockError(RuntimeError):
@@ -29,13 +48,25 @@ class CorruptBlockError(RuntimeError):
                          f"and no host copy is left to restore them from")
 
 
+class ArchiveError(ValueError):
+    """A request's archive cannot be read: its manifest is missing, not valid, or names a file that is not there."""
+
+    def __init__(self, request_id, reason: str):
+        self.request_id, self.reason = request_id, reason
+        super().__init__(f"request {request_id!r}: {reason}")
+
+
 _SAFE = re.compile(r"^[A-Za-z0-9_.\-]{1,100}$")
+_STEM = re.compile(r"^req-(i-?[0-9]+|s[A-Za-z0-9_.\-]{1,100})$")
+# every file name this tier creates: the manifest (and its temporary), block files, pool files
+_FILE = re.compile(r"^(?P<stem>req-(?:i-?[0-9]+|s[A-Za-z0-9_.\-]{1,100}?))"
+                   r"(?P<kind>\.json|\.json\.tmp|\.g[0-9]+\.blocks|\.p[0-9]+\.npz)$")
 
 
 def request_stem(request_id) -> str:
     """The file stem of a request's archive (``req-i<int>`` or ``req-s<str>``); a ``ValueError`` for an id that
     cannot name a file."""
-    if isinstance(request_id, (int, np.integer)) and not isinstance(request_id, bool):
+    if isinstance(request_id, (int, np.integer)) and not isinstance(request_id, (bool, np.bool_)):
         return f"req-i{int(request_id)}"
     if isinstance(request_id, str) and _SAFE.match(request_id):
         return f"req-s{request_id}"
@@ -43,122 +74,355 @@ def request_stem(request_id) -> str:
                      f"digits, '_', '.', '-'")
 
 
+def request_id_of_stem(stem: str):
+    """The request id a stem names (the inverse of :func:`request_stem`); a ``ValueError`` for another name."""
+    if not isinstance(stem, str) or not _STEM.match(stem):
+        raise ValueError(f"{stem!r} is not a request stem of the disk tier (req-i<int> or req-s<str>)")
+    return int(stem[5:]) if stem[4] == "i" else stem[5:]
+
+
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:                       # a platform without directory handles (Windows): nothing to flush
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _manifest_crc(body: dict) -> int:
+    return zlib.crc32(json.dumps(body, sort_keys=True, separators=(",", ":")).encode())
+
+
+@dataclass
+class DiskScan:
+    """What :meth:`DiskTier.scan` found: ``readable`` request ids whose manifest is valid, ``failed`` ``{request id:
+    reason}`` for requests whose archive cannot be read (missing or garbage manifest, a file it names missing),
+    ``orphans`` the tier's files that no valid manifest names (left by a crash, or by a failed request)."""
+
+    readable: list = field(default_factory=list)
+    failed: dict = field(default_factory=dict)
+    orphans: list = field(default_factory=list)
+
+
 class DiskTier:
-    """A cold archive of requests in ``directory``: per request ``<stem>.blocks`` (memory-mapped blocks of
-    ``block_tokens`` tokens x all layers, zero-padded), ``<stem>.pool.npz`` (device-pool state) and
-    ``<stem>.json`` (manifest: sizes, one CRC-32 per block, CRC of the pool file), written last and atomically."""
+    """A crash-consistent cold archive of requests in ``directory`` (see the module docstring for the files).
+
+    ``n_layers`` x ``block_tokens`` x ``entry_bytes`` bytes per block; the directory is created if needed."""
 
     def __init__(self, directory, n_layers: int, entry_bytes: int, block_tokens: int = 64):
-        block_tokens = positive_int("block_tokens", block_tokens)
+        self.n_layers = positive_int("n_layers", n_layers)
+        self.entry_bytes = positive_int("entry_bytes", entry_bytes)
+        self.block_tokens = positive_int("block_tokens", block_tokens)
+        if not isinstance(directory, (str, os.PathLike)):
+            raise TypeError(f"directory must be a path, got {type(directory).__name__}")
         self.dir = Path(directory)
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self.n_layers, self.entry_bytes, self.block_tokens = int(n_layers), int(entry_bytes), block_tokens
+        if self.dir.exists() and not self.dir.is_dir():
+            raise ValueError(f"directory {str(self.dir)!r} exists and is not a folder")
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ValueError(f"directory {str(self.dir)!r} cannot be created ({exc.strerror or exc})") from None
 
     @property
     def block_bytes(self) -> int:
         return self.n_layers * self.block_tokens * self.entry_bytes
 
-    def _paths(self, request_id):
-        stem = request_stem(request_id)
-        return self.dir / f"{stem}.blocks", self.dir / f"{stem}.pool.npz", self.dir / f"{stem}.json"
-
-    def block_path(self, request_id) -> Path:
-        """The file holding a request's memory-mapped blocks (block ``b`` at byte ``b * block_bytes``; each block
-        is ``(n_layers, block_tokens, entry_bytes)`` uint8). Raises ``ValueError`` for an id that cannot name a
-        file; the file exists once the request was written."""
-        return self._paths(request_id)[0]
+    # -- names ---------------------------------------------------------------------------------------------------
+    def _manifest_path(self, request_id) -> Path:
+        return self.dir / f"{request_stem(request_id)}.json"
 
     def has(self, request_id) -> bool:
-        return self._paths(request_id)[2].exists()
-
-    def manifest(self, request_id) -> dict:
-        return json.loads(self._paths(request_id)[2].read_text(encoding="utf-8"))
+        return self._manifest_path(request_id).exists()
 
     def list_requests(self) -> list:
+        """Ids of the requests that have a manifest (valid or not: see :meth:`scan`), in file-name order."""
         out = []
         for p in sorted(self.dir.glob("req-*.json")):
-            m = json.loads(p.read_text(encoding="utf-8"))
-            out.append(m["request_id"])
+            try:
+                out.append(request_id_of_stem(p.name[:-len(".json")]))
+            except ValueError:
+                continue
         return out
 
-    def _block_view(self, mm: np.memmap, b: int) -> np.ndarray:
-        return mm[b * self.block_bytes:(b + 1) * self.block_bytes].reshape(
-            self.n_layers, self.block_tokens, self.entry_bytes)
-
-    def write(self, request_id, entries: np.ndarray, pool_state: dict, *, from_token: int = 0) -> int:
-        """Write ``entries`` ``(n_layers, n_tokens, W)``: the blocks from the one holding ``from_token`` on
-        (earlier blocks are unchanged on disk and keep their CRC), then the pool state, then the manifest.
-        Returns the number of blocks written."""
-        blocks_path, pool_path, man_path = self._paths(request_id)
-        n_tokens = entries.shape[1]
-        n_blocks = -(-n_tokens // self.block_tokens)
-        old = self.manifest(request_id) if man_path.exists() else None
-        crcs = list(old["block_crc32"]) if old and old["entry_bytes"] == self.entry_bytes else []
-        first = min(from_token // self.block_tokens, len(crcs)) if old else 0
-        crcs = crcs[:first]
-        with open(blocks_path, "ab"):
-            pass
-        os.truncate(blocks_path, max(n_blocks, 1) * self.block_bytes)
-        mm = np.memmap(blocks_path, dtype=np.uint8, mode="r+", shape=(max(n_blocks, 1) * self.block_bytes,))
-        for b in range(first, n_blocks):
-            view = self._block_view(mm, b)
-            lo, hi = b * self.block_tokens, min((b + 1) * self.block_tokens, n_tokens)
-            view[:, :hi - lo] = entries[:, lo:hi]
-            view[:, hi - lo:] = 0
-            crcs.append(zlib.crc32(view.tobytes()))
-        mm.flush()
-        del mm
-        tmp = pool_path.with_suffix(".tmp.npz")
-        np.savez(tmp, **pool_state)
-        pool_crc = zlib.crc32(tmp.read_bytes())
-        tmp.replace(pool_path)
-        manifest = {"request_id": request_id, "n_layers": self.n_layers, "entry_bytes": self.entry_bytes,
-                    "block_tokens": self.block_tokens, "n_tokens": int(n_tokens), "block_crc32": crcs,
-                    "pool_crc32": pool_crc}
-        tmp = man_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(manifest), encoding="utf-8")
-        tmp.replace(man_path)
-        return n_blocks - first
-
-    def verify(self, request_id) -> list[int]:
-        """Blocks whose CRC-32 does not match the manifest (the pool file counts as block ``-1``)."""
-        blocks_path, pool_path, _ = self._paths(request_id)
-        m = self.manifest(request_id)
-        mm = np.memmap(blocks_path, dtype=np.uint8, mode="r")
-        bad = []
-        for b, crc in enumerate(m["block_crc32"]):
-            lo, hi = b * self.block_bytes, (b + 1) * self.block_bytes
-            if hi > mm.size or zlib.crc32(mm[lo:hi].tobytes()) != crc:
-                bad.append(b)
-        del mm
-        if not pool_path.exists() or zlib.crc32(pool_path.read_bytes()) != m["pool_crc32"]:
-            bad.append(-1)
-        return bad
-
-    def read(self, request_id) -> tuple[np.ndarray, dict, list[int]]:
-        """``(entries (n_layers, n_tokens, W), pool_state, bad_blocks)``; the rows of bad blocks are as found."""
-        blocks_path, pool_path, _ = self._paths(request_id)
-        m = self.manifest(request_id)
+    # -- the manifest --------------------------------------------------------------------------------------------
+    def manifest(self, request_id) -> dict:
+        """The request's manifest, checked: an :class:`ArchiveError` (a ``ValueError``) when it is missing, not
+        JSON, fails its own CRC-32, has another format, or describes another layout than this tier's."""
+        path = self._manifest_path(request_id)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise ArchiveError(request_id, f"no manifest {path.name} in {self.dir}") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ArchiveError(request_id, f"manifest {path.name} cannot be read ({exc})") from None
+        try:
+            doc = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ArchiveError(request_id, f"manifest {path.name} is not valid JSON ({exc.msg} at line {exc.lineno} "
+                                           f"column {exc.colno})") from None
+        if not isinstance(doc, dict) or not isinstance(doc.get("body"), dict) or "crc32" not in doc:
+            raise ArchiveError(request_id, f"manifest {path.name} is not an {_FORMAT} manifest")
+        m = doc["body"]
+        if doc["crc32"] != _manifest_crc(m):
+            raise ArchiveError(request_id, f"manifest {path.name} fails its CRC-32 check")
+        if m.get("format") != _FORMAT:
+            raise ArchiveError(request_id, f"manifest {path.name} has format {m.get('format')!r}, expected {_FORMAT!r}")
+        try:
+            n_blocks = len(m["block_crc32"])
+            ok = (m["request_id"] == request_id and len(m["block_slots"]) == n_blocks
+                  and -(-int(m["n_tokens"]) // int(m["block_tokens"])) == n_blocks
+                  and all(0 <= int(s) < int(m["next_slot"]) for s in m["block_slots"]))
+        except (KeyError, TypeError, ValueError):
+            ok = False
+        if not ok:
+            raise ArchiveError(request_id, f"manifest {path.name} is inconsistent (request id, block count, slots)")
         if (m["n_layers"], m["entry_bytes"], m["block_tokens"]) != (self.n_layers, self.entry_bytes,
                                                                     self.block_tokens):
-            raise ValueError(f"request {request_id!r} on disk has layout {m['n_layers']} layers x "
-                             f"{m['entry_bytes']} B x {m['block_tokens']}-token blocks; this tier expects "
-                             f"{self.n_layers} x {self.entry_bytes} B x {self.block_tokens}")
-        bad = self.verify(request_id)
-        n = m["n_tokens"]
-        out = np.zeros((self.n_layers, n, self.entry_bytes), np.uint8)
-        mm = np.memmap(blocks_path, dtype=np.uint8, mode="r")
-        for b in range(len(m["block_crc32"])):
-            lo, hi = b * self.block_tokens, min((b + 1) * self.block_tokens, n)
-            if (b + 1) * self.block_bytes <= mm.size:
-                out[:, lo:hi] = self._block_view(mm, b)[:, :hi - lo]
+            raise ArchiveError(request_id, f"archived with layout {m['n_layers']} layers x {m['entry_bytes']} B x "
+                                           f"{m['block_tokens']}-token blocks; this tier expects {self.n_layers} x "
+                                           f"{self.entry_bytes} B x {self.block_tokens}")
+        return m
+
+    def _commit(self, request_id, body: dict) -> None:
+        """Write ``body`` as the request's manifest: temporary file, flushed, renamed over the manifest, directory
+        flushed."""
+        path = self._manifest_path(request_id)
+        tmp = path.with_name(path.name + ".tmp")
+        data = json.dumps({"body": body, "crc32": _manifest_crc(body)}, sort_keys=True)
+        with open(tmp, "w", encoding="utf-8") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+        _fsync_dir(self.dir)
+
+    # -- locations -----------------------------------------------------------------------------------------------
+    def block_path(self, request_id) -> Path:
+        """The block file of a request's current checkpoint (a ``ValueError`` when it has none)."""
+        return self.dir / self.manifest(request_id)["blocks_file"]
+
+    def block_location(self, request_id, block: int) -> tuple[Path, int]:
+        """``(file, byte offset)`` of block ``block`` of the current checkpoint; each block is
+        ``(n_layers, block_tokens, entry_bytes)`` uint8. A request written from its first block holds block ``b``
+        at offset ``b * block_bytes``."""
+        m = self.manifest(request_id)
+        block = non_negative_int("block", block)
+        if block >= len(m["block_slots"]):
+            raise ValueError(f"block must be < {len(m['block_slots'])} (the request's blocks), got {block}")
+        return self.dir / m["blocks_file"], int(m["block_slots"][block]) * self.block_bytes
+
+    def pool_path(self, request_id) -> Path:
+        """The pool-state file of the current checkpoint."""
+        return self.dir / self.manifest(request_id)["pool_file"]
+
+    def _view(self, mm: np.ndarray, slot: int) -> np.ndarray:
+        return mm[slot * self.block_bytes:(slot + 1) * self.block_bytes].reshape(
+            self.n_layers, self.block_tokens, self.entry_bytes)
+
+    @staticmethod
+    def _map(path: Path):
+        """A read-only map of a file (``None`` when it is missing or empty)."""
+        try:
+            if path.stat().st_size == 0:
+                return None
+            return np.memmap(path, dtype=np.uint8, mode="r")
+        except FileNotFoundError:
+            return None
+
+    # -- writing -------------------------------------------------------------------------------------------------
+    def _block_bytes_of(self, entries: np.ndarray, b: int) -> bytes:
+        lo, hi = b * self.block_tokens, min((b + 1) * self.block_tokens, entries.shape[1])
+        block = np.zeros((self.n_layers, self.block_tokens, self.entry_bytes), np.uint8)
+        block[:, :hi - lo] = entries[:, lo:hi]
+        return block.tobytes()
+
+    def write(self, request_id, entries: np.ndarray, pool_state: dict, *, from_token: int = 0) -> int:
+        """Checkpoint a request: ``entries`` ``(n_layers, n_tokens, entry_bytes)`` uint8 and ``pool_state`` (arrays
+        by name). Blocks before the one holding ``from_token`` are taken as unchanged; from there on, each block
+        whose bytes differ from the checkpoint's is written to a fresh slot (see the module docstring), then the
+        pool state, then the manifest. Returns the number of blocks written."""
+        stem = request_stem(request_id)
+        entries = np.asarray(entries)
+        if entries.dtype != np.uint8 or entries.ndim != 3 or entries.shape[0] != self.n_layers \
+                or entries.shape[2] != self.entry_bytes:
+            raise ValueError(f"entries must be uint8 (n_layers={self.n_layers}, n_tokens, {self.entry_bytes}), "
+                             f"got {entries.dtype} {entries.shape}")
+        from_token = non_negative_int("from_token", from_token)
+        n_tokens = entries.shape[1]
+        n_blocks = -(-n_tokens // self.block_tokens)
+        try:
+            old = self.manifest(request_id) if self.has(request_id) else None
+        except ArchiveError:
+            old = None                       # unreadable: start a new block file, never touch the old one
+        # new files get numbers above every file of this request on disk (orphans included): nothing is overwritten
+        gens, seqs = [-1], [-1]
+        for p in self._own_files(stem):
+            kind = p.name[len(stem):]
+            if kind.endswith(".blocks"):
+                gens.append(int(kind[2:-len(".blocks")]))
+            elif kind.endswith(".npz"):
+                seqs.append(int(kind[2:-len(".npz")]))
+        seq = max(seqs) + 1
+        rewrite = True
+        if old is not None:
+            first = min(from_token // self.block_tokens, len(old["block_slots"]), n_blocks)
+            blocks_file, next_slot = old["blocks_file"], int(old["next_slot"])
+            slots = [int(s) for s in old["block_slots"][:first]]
+            crcs = [int(c) for c in old["block_crc32"][:first]]
+            dead = next_slot - len(old["block_slots"])
+            rewrite = first == 0 or dead > max(n_blocks, 4)      # many dead slots: compact into a new file
+        if rewrite:
+            blocks_file, next_slot, first, slots, crcs = f"{stem}.g{max(gens) + 1}.blocks", 0, 0, [], []
+        path = self.dir / blocks_file
+        old_map = self._map(path) if not rewrite else None
+        written = 0
+        with open(path, "r+b" if path.exists() and not rewrite else "w+b") as fh:
+            for b in range(first, n_blocks):
+                data = self._block_bytes_of(entries, b)
+                crc = zlib.crc32(data)
+                if old is not None and not rewrite and b < len(old["block_crc32"]) \
+                        and int(old["block_crc32"][b]) == crc and old_map is not None:
+                    s = int(old["block_slots"][b])
+                    if (s + 1) * self.block_bytes <= old_map.size and self._view(old_map, s).tobytes() == data:
+                        slots.append(s)                          # unchanged on disk: keep its slot
+                        crcs.append(crc)
+                        continue
+                fh.seek(next_slot * self.block_bytes)
+                fh.write(data)
+                slots.append(next_slot)
+                crcs.append(crc)
+                next_slot += 1
+                written += 1
+            fh.flush()
+            os.fsync(fh.fileno())
+        del old_map
+        pool_file = f"{stem}.p{seq}.npz"
+        with open(self.dir / pool_file, "wb") as fh:
+            np.savez(fh, **pool_state)
+            fh.flush()
+            os.fsync(fh.fileno())
+        pool_crc = zlib.crc32((self.dir / pool_file).read_bytes())
+        _fsync_dir(self.dir)                                    # the new files' names are durable ...
+        self._commit(request_id, {
+            "format": _FORMAT, "request_id": request_id, "n_layers": self.n_layers, "entry_bytes": self.entry_bytes,
+            "block_tokens": self.block_tokens, "n_tokens": int(n_tokens), "sequence": seq,
+            "blocks_file": blocks_file, "next_slot": next_slot, "block_slots": slots, "block_crc32": crcs,
+            "pool_file": pool_file, "pool_crc32": pool_crc})      # ... before the manifest that names them
+        self._remove_unreferenced(stem, {blocks_file, pool_file, f"{stem}.json"})
+        return written
+
+    def _own_files(self, stem: str) -> list[Path]:
+        """The files of this tier's naming for one request stem."""
+        out = []
+        for p in self.dir.glob(f"{stem}.*"):
+            m = _FILE.match(p.name)
+            if m and m.group("stem") == stem and p.is_file():
+                out.append(p)
+        return out
+
+    def _remove_unreferenced(self, stem: str, keep: set) -> None:
+        for p in self._own_files(stem):
+            if p.name not in keep:
+                p.unlink(missing_ok=True)
+
+    # -- reading -------------------------------------------------------------------------------------------------
+    def verify(self, request_id) -> list[int]:
+        """Blocks whose CRC-32 does not match the manifest (the pool file counts as block ``-1``); an
+        :class:`ArchiveError` when the manifest cannot be read."""
+        return self._read(request_id, want_entries=False)[2]
+
+    def _read(self, request_id, want_entries: bool):
+        m = self.manifest(request_id)
+        n = int(m["n_tokens"])
+        out = np.zeros((self.n_layers, n, self.entry_bytes), np.uint8) if want_entries else None
+        mm = self._map(self.dir / m["blocks_file"])
+        if mm is None and m["block_slots"]:
+            raise ArchiveError(request_id, f"block file {m['blocks_file']} named by the manifest is missing or empty")
+        bad = []
+        for b, (slot, crc) in enumerate(zip(m["block_slots"], m["block_crc32"])):
+            if (slot + 1) * self.block_bytes > mm.size:
+                bad.append(b)
+                continue
+            view = self._view(mm, slot)
+            if zlib.crc32(view.tobytes()) != crc:
+                bad.append(b)
+            if want_entries:
+                lo, hi = b * self.block_tokens, min((b + 1) * self.block_tokens, n)
+                out[:, lo:hi] = view[:, :hi - lo]
         del mm
+        pool_path = self.dir / m["pool_file"]
         pool = {}
-        if -1 not in bad:
-            with np.load(pool_path) as z:
+        try:
+            raw = pool_path.read_bytes()
+        except FileNotFoundError:
+            raw = None
+        if raw is None or zlib.crc32(raw) != m["pool_crc32"]:
+            bad.append(-1)
+        elif want_entries:
+            with np.load(pool_path, allow_pickle=False) as z:
                 pool = {k: z[k] for k in z.files}
         return out, pool, bad
 
+    def read(self, request_id) -> tuple[np.ndarray, dict, list[int]]:
+        """``(entries (n_layers, n_tokens, W), pool_state, bad_blocks)``; the rows of bad blocks are as found (zero
+        past the end of a short file), ``pool_state`` is empty when the pool file is bad (block ``-1``)."""
+        return self._read(request_id, want_entries=True)
+
+    # -- the whole directory -------------------------------------------------------------------------------------
+    def scan(self) -> DiskScan:
+        """Every request archived here, one by one: which manifests are readable, which requests cannot be read
+        and why (a missing manifest is found from the request's other files), and the orphan files."""
+        out = DiskScan()
+        referenced: set = set()
+        stems: dict = {}
+        for p in sorted(self.dir.iterdir()):
+            m = _FILE.match(p.name)
+            if m and p.is_file():
+                stems.setdefault(m.group("stem"), []).append(p)
+        for stem, files in stems.items():
+            rid = request_id_of_stem(stem)
+            if not any(p.name == f"{stem}.json" for p in files):
+                out.failed[rid] = (f"no manifest {stem}.json: its files "
+                                   f"{sorted(p.name for p in files)} belong to no complete checkpoint")
+                continue
+            try:
+                m = self.manifest(rid)
+            except ArchiveError as exc:
+                out.failed[rid] = exc.reason
+                continue
+            referenced |= {f"{stem}.json", m["blocks_file"], m["pool_file"]}
+            if m["block_slots"] and not (self.dir / m["blocks_file"]).is_file():
+                out.failed[rid] = f"block file {m['blocks_file']} named by the manifest is missing"
+                continue
+            out.readable.append(rid)
+        for files in stems.values():
+            out.orphans += [p for p in files if p.name not in referenced]
+        return out
+
     def remove(self, request_id) -> None:
-        for p in self._paths(request_id):
+        """Delete a request's archive: the manifest first (so no half-deleted archive looks complete), then the
+        tier's other files of that request."""
+        stem = request_stem(request_id)
+        self._manifest_path(request_id).unlink(missing_ok=True)
+        _fsync_dir(self.dir)
+        self._remove_unreferenced(stem, set())
+
+    def remove_orphans(self) -> list[Path]:
+        """Delete the orphan files :meth:`scan` reports (only files with this tier's names); returns them."""
+        orphans = self.scan().orphans
+        for p in orphans:
             p.unlink(missing_ok=True)
+        return orphans

@@ -15,18 +15,25 @@ Two caches per token and layer (DeepSeek-V3.2-Exp, FlashMLA / DeepGEMM formats):
       [128, 132)  1 x float32 scale
 
 Every size is computed from a :class:`~ess.specs.ModelSpec`, never typed in.
+
+The tiered storage and the pool-sizing rule see an entry only as bytes: an :class:`EntryFormat` (layers, bytes per
+entry, page, context limit). :func:`entry_format` derives DeepSeek's from a ``ModelSpec``; another model (the real
+model's K/V entries, :mod:`ess.engine.kv`) builds its own.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 from .specs import ModelSpec
 from . import validate
 
 __all__ = [
-    "LatentLayout", "latent_layout", "latent_entry_bytes", "indexer_entry_bytes", "token_bytes",
-    "RequestCache", "request_cache", "padded_tokens", "pool_slots", "step_entries", "check_context_len", "KV_DTYPES",
+    "EntryFormat", "entry_format", "LatentLayout", "latent_layout", "latent_entry_bytes", "indexer_entry_bytes",
+    "token_bytes", "RequestCache", "request_cache", "padded_tokens", "pool_slots", "layer_pool_slots", "step_entries",
+    "check_context_len", "KV_DTYPES",
 ]
 
 KV_DTYPES = ("fp8", "bf16")
@@ -44,6 +51,42 @@ class LatentLayout:
     n_scales: int
     rope_offset: int
     rope_bytes: int
+
+
+@dataclass(frozen=True)
+class EntryFormat:
+    """What the tiered storage needs to know of one cache entry (one token, one layer): ``entry_bytes`` per entry,
+    ``n_layers`` entries per token, ``page_tokens`` (the allocation unit a pool's context is rounded up to, and the
+    disk tier's block), ``max_context`` tokens, ``name`` (for messages) and ``dtype`` (a label of the encoding)."""
+
+    name: str
+    n_layers: int
+    entry_bytes: int
+    page_tokens: int
+    max_context: int
+    dtype: str = ""
+
+    def __post_init__(self):
+        for field_name in ("n_layers", "entry_bytes", "page_tokens", "max_context"):
+            validate.positive_int(f"EntryFormat.{field_name}", getattr(self, field_name))
+
+
+def entry_format(model, dtype: str = "fp8") -> EntryFormat:
+    """The latent-entry format of a DeepSeek-style ``model`` (a :class:`~ess.specs.ModelSpec`) in ``dtype``; an
+    :class:`EntryFormat` is returned as it is."""
+    if isinstance(model, EntryFormat):
+        return model
+    if not isinstance(model, ModelSpec):
+        raise TypeError(f"model must be a ModelSpec or an EntryFormat, got {type(model).__name__}")
+    return EntryFormat(f"{model.name} {dtype} latent", model.n_layers, latent_entry_bytes(model, dtype),
+                       model.cache_page_tokens, model.max_position_embeddings, dtype)
+
+
+def _paging(model) -> tuple[str, int, int]:
+    """``(name, page_tokens, max_context)`` of a ModelSpec or an EntryFormat."""
+    if isinstance(model, EntryFormat):
+        return model.name, model.page_tokens, model.max_context
+    return model.name, model.cache_page_tokens, model.max_position_embeddings
 
 
 def _check_dtype(dtype: str) -> None:
@@ -79,32 +122,48 @@ def token_bytes(model: ModelSpec, dtype: str = "fp8") -> int:
     return (latent_entry_bytes(model, dtype) + indexer_entry_bytes(model)) * model.n_layers
 
 
-def check_context_len(model: ModelSpec, context_len: int, name: str = "context_len") -> int:
+def check_context_len(model: ModelSpec | EntryFormat, context_len: int, name: str = "context_len") -> int:
     """``context_len`` as an int: a positive integer number of tokens within the model's maximum context."""
     context_len = validate.integer(name, context_len, lo=1)
-    if context_len > model.max_position_embeddings:
-        raise ValueError(f"{name}={context_len} exceeds the maximum context of {model.name} "
-                         f"({model.max_position_embeddings} tokens)")
+    label, _, max_context = _paging(model)
+    if context_len > max_context:
+        raise ValueError(f"{name}={context_len} exceeds the maximum context of {label} ({max_context} tokens)")
     return context_len
 
 
-def padded_tokens(model: ModelSpec, context_len: int) -> int:
+def padded_tokens(model: ModelSpec | EntryFormat, context_len: int) -> int:
     """Tokens actually allocated for a context: rounded up to whole cache pages (64 tokens)."""
-    page = model.cache_page_tokens
+    page = _paging(model)[1]
     return -(-context_len // page) * page
 
 
-def step_entries(model: ModelSpec, context_len: int, mtp: int = 1) -> int:
-    """The most entries one decode step selects per request and layer: ``min(context_len, mtp x K)`` (the union of
-    the ``mtp`` query tokens' top-K sets cannot exceed the context, nor ``mtp`` sets of K)."""
-    return min(int(context_len), int(mtp) * model.index_topk)
+def step_entries(model: ModelSpec, context_len: int, mtp: int = 1, *, overlap=None, k: int | None = None):
+    """The entries one decode step selects per request and layer: the union of its ``mtp`` query tokens' top-K
+    sets (``k`` overrides the model's K).
+
+    Without ``overlap`` (locality unknown) the most it can be, ``min(context_len, mtp x K)``. With ``overlap``, the
+    adjacent-token overlap fraction ``r`` of the layer (a number, or one per layer: then an array), each further
+    query token adds at most the ``(1 - r) K`` entries the previous one lacked:
+    ``min(context_len, K + (mtp - 1) x ceil((1 - r) K))`` -- the union's size when no entry returns within the step,
+    the pool-size need of a step with MTP (``data/locality/README.md``, "MTP")."""
+    context_len = validate.integer("context_len", context_len, lo=1)
+    mtp = validate.integer("mtp", mtp, lo=1)
+    k = validate.integer("k", model.index_topk if k is None else k, lo=1)
+    if overlap is None:
+        return min(context_len, mtp * k)
+    r = np.asarray(overlap, dtype=float)
+    if not np.all((r >= 0) & (r <= 1)):
+        raise ValueError(f"overlap must lie in [0, 1] (a fraction of K), got {overlap!r}")
+    sel = min(k, context_len)
+    out = np.minimum(context_len, sel + (mtp - 1) * np.ceil((1 - r) * sel - 1e-9).astype(np.int64))
+    return int(out) if out.ndim == 0 else out
 
 
-def pool_slots(model: ModelSpec, ratio: float, context_len: int, *, need: int | None = None) -> int:
+def pool_slots(model: ModelSpec | EntryFormat, ratio: float, context_len: int, *, need: int | None = None) -> int:
     """GPU-pool slots per (request, layer) for sparse-memory ``ratio`` and a request of ``context_len`` tokens:
     ``floor(ratio x padded_tokens(model, context_len))``, the context rounded up to whole cache pages (64 tokens for
     DeepSeek-V3.2-Exp). The one rule of the memory model, the storage, the cache simulator and the throughput
-    simulator, so that their pools agree slot for slot.
+    simulator, so that their pools agree slot for slot. ``model`` may also be an :class:`EntryFormat` (its page).
 
     ``need`` (e.g. :func:`step_entries`): raise a ``ValueError`` when the pool has fewer slots than that."""
     ratio = validate.ratio("ratio", ratio)
@@ -115,6 +174,36 @@ def pool_slots(model: ModelSpec, ratio: float, context_len: int, *, need: int | 
         raise ValueError(f"ratio {ratio} of {tokens} allocated tokens gives {slots} GPU slots per request and "
                          f"layer, fewer than the {need} entries one step selects (K); raise the ratio")
     return slots
+
+
+def layer_pool_slots(model: ModelSpec, ratio: float, context_len: int, need) -> np.ndarray:
+    """GPU-pool slots of each layer (one request) for sparse-memory ``ratio`` when the layers need different
+    amounts: the ratio is the GPU-resident share of **all** the request's latent entries (paper-facts.md, "Sparse
+    Memory Ratio"), so the request has ``n x pool_slots(model, ratio, context_len)`` slots for its ``n = len(need)``
+    layers, and each layer gets ``max(need[l], level)``, ``level`` the largest whole number of slots at which the
+    layers still fit in that total (a layer whose step needs more than the even share takes it from the others,
+    which share the rest evenly). When no layer needs more than the even share, every layer gets ``pool_slots``
+    (the uniform rule, slot for slot). ``need``: per layer, e.g. :func:`step_entries` with the layers' overlaps.
+    Raises ``ValueError`` when the needs exceed the total. Returns int64 (n,)."""
+    slots = pool_slots(model, ratio, context_len)
+    need = np.atleast_1d(np.asarray(need, dtype=np.int64))
+    if need.ndim != 1 or need.size == 0 or (need < 1).any():
+        raise ValueError(f"need must be one positive number of entries per layer, got {need!r}")
+    total = need.size * slots
+    if need.sum() > total:
+        raise ValueError(f"ratio {ratio} gives {slots} GPU slots per request and layer ({total} over {need.size} "
+                         f"layers), fewer than the {int(need.sum())} entries the layers' steps select together "
+                         f"(mean {need.mean():.0f} per layer); raise the ratio")
+    if need.max() <= slots:
+        return np.full(need.size, slots, dtype=np.int64)
+    lo, hi = 0, slots                              # the largest level with sum(max(need, level)) <= total
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if np.maximum(need, mid).sum() <= total:
+            lo = mid
+        else:
+            hi = mid - 1
+    return np.maximum(need, lo)
 
 
 @dataclass(frozen=True)

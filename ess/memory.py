@@ -166,7 +166,12 @@ def fit_mem_fraction_static(batch_limit: int, context_len: int, *, model: ModelS
     batch_limit = validate.positive_int("batch_limit", batch_limit)
     rc = request_cache(model, context_len, 1.0, deployment.kv_dtype)
     static = weights_per_gpu_bytes(model, deployment) + (batch_limit + 0.5) * rc.gpu_bytes
-    return round(static / (gpu.hbm_capacity_GiB * GiB), 3)
+    hbm = gpu.hbm_capacity_GiB * GiB
+    if static > hbm:
+        raise ValueError(f"batch_limit={batch_limit} requests of {context_len} tokens need {static / 1e9:,.0f} GB "
+                         f"(weights and caches) but {gpu.name} has {hbm / 1e9:.0f} GB: no mem_fraction_static <= 1 "
+                         f"puts the limit there")
+    return round(static / hbm, 3)
 
 
 def tier_placement(context_len: int, ratio: float, *, batch: int | None = None, model="deepseek-v3.2-exp",

@@ -8,15 +8,28 @@
 * ``"restore"`` the device pool of a request rebuilt from host memory after a restore from disk.
 
 The link utilisation of an interval is the bytes moved over the link's bandwidth times the interval.
+
+A decode engine adds two things, so that a monitoring view can follow a run while it decodes:
+
+* :class:`OpTimer` where the time of each step goes: one :class:`OpRecord` per operation, layer and step on the
+  compute lane (``indexer``, ``plan``, ``attn_hits``, ``wait_h2d`` ...), beside the link's own records
+  (:class:`ess.link.Transfer`);
+* :class:`DecodeStepMetrics` one record per decode step (hits and misses per layer, bytes both ways, link busy
+  time and utilisation, stall, step time, schedule) in a :class:`DecodeMetricsLog`, which calls every subscriber
+  (:meth:`DecodeMetricsLog.subscribe`) with each new record.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import time
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from typing import Callable
 
 from .specs import link_figures
 from .validate import integer, one_of, real
 
-__all__ = ["StepMetrics", "MetricsLog", "LinkModel", "link_model"]
+__all__ = ["StepMetrics", "MetricsLog", "LinkModel", "link_model", "OpRecord", "OpTimer", "DecodeStepMetrics",
+           "DecodeMetricsLog"]
 
 
 @dataclass(frozen=True)
@@ -120,3 +133,118 @@ def link_model(name: str = "flashtrans_h2d") -> LinkModel:
     one_of("link", name, sorted(_LINKS))
     group, field = _LINKS[name]
     return LinkModel(name, float(link_figures()[group][field]), f"data/hardware/links.yaml {group}.{field}")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# A decode engine's timing and per-step metrics
+# ----------------------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class OpRecord:
+    """One operation on the compute lane: decode ``step``, ``layer`` (-1 outside the layers), ``op`` name,
+    ``start_s`` and ``end_s`` on the timer's clock."""
+
+    step: int
+    layer: int
+    op: str
+    start_s: float
+    end_s: float
+
+
+class OpTimer:
+    """Times operations with :meth:`span` (a context manager) into ``records``; ``step`` is set by the caller.
+    ``enabled=False`` times nothing (the spans cost one attribute check). ``clock``: :func:`time.perf_counter`
+    (wall time) or another clock, e.g. :func:`time.thread_time` (the calling thread's CPU time)."""
+
+    def __init__(self, enabled: bool = True, clock=time.perf_counter):
+        self.enabled = bool(enabled)
+        self.clock = clock
+        self.step = 0
+        self.records: list[OpRecord] = []
+
+    @contextmanager
+    def span(self, op: str, layer: int = -1):
+        if not self.enabled:
+            yield
+            return
+        t0 = self.clock()
+        try:
+            yield
+        finally:
+            self.records.append(OpRecord(self.step, layer, op, t0, self.clock()))
+
+    def add(self, op: str, layer: int, start_s: float, end_s: float) -> None:
+        """Record an interval measured elsewhere (e.g. a wait)."""
+        if self.enabled:
+            self.records.append(OpRecord(self.step, layer, op, start_s, end_s))
+
+    def to_frame(self):
+        """One row per record with ``seconds`` = end - start."""
+        import pandas as pd
+        df = pd.DataFrame([asdict(r) for r in self.records], columns=["step", "layer", "op", "start_s", "end_s"])
+        df["seconds"] = df.end_s - df.start_s
+        return df
+
+
+@dataclass(frozen=True)
+class DecodeStepMetrics:
+    """One decode step of a batch: ``hits``/``misses`` per layer (summed over the batch, tuples of n_layers),
+    ``bytes_h2d``/``bytes_d2h`` moved, ``link_busy_s`` (seconds the link moved bytes during the step),
+    ``stall_s`` (seconds the compute lane waited for the link), ``step_s`` (wall time), ``schedule``."""
+
+    step: int
+    schedule: str
+    batch: int
+    context_len: int
+    step_s: float
+    stall_s: float
+    link_busy_s: float
+    bytes_h2d: int
+    bytes_d2h: int
+    hits: tuple
+    misses: tuple
+
+    @property
+    def link_utilisation(self) -> float:
+        """Share of the step the link was busy."""
+        return self.link_busy_s / self.step_s if self.step_s > 0 else 0.0
+
+
+@dataclass
+class DecodeMetricsLog:
+    """Per-step records of a decode run; every subscriber is called with each record as it is added (a live view
+    subscribes with :meth:`subscribe`)."""
+
+    records: list = field(default_factory=list)
+    subscribers: list = field(default_factory=list)
+
+    def subscribe(self, callback: Callable[[DecodeStepMetrics], None]) -> None:
+        if not callable(callback):
+            raise TypeError(f"callback must be callable, got {type(callback).__name__}")
+        self.subscribers.append(callback)
+
+    def add(self, record: DecodeStepMetrics) -> None:
+        self.records.append(record)
+        for fn in self.subscribers:
+            fn(record)
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def to_frame(self):
+        """One row per step: the scalar fields, ``link_utilisation``, and the totals of hits and misses."""
+        import pandas as pd
+        rows = []
+        for r in self.records:
+            d = asdict(r)
+            hits, misses = d.pop("hits"), d.pop("misses")
+            rows.append({**d, "hits": int(sum(hits)), "misses": int(sum(misses)),
+                         "link_utilisation": r.link_utilisation})
+        return pd.DataFrame(rows)
+
+    def per_layer(self):
+        """Hits and misses per (step, layer): one row each."""
+        import pandas as pd
+        rows = [{"step": r.step, "layer": l, "hits": int(h), "misses": int(m)}
+                for r in self.records for l, (h, m) in enumerate(zip(r.hits, r.misses))]
+        return pd.DataFrame(rows, columns=["step", "layer", "hits", "misses"])

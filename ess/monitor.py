@@ -13,7 +13,9 @@
 ``hits``, ``misses``      one int >= 0 per layer (summed over the batch's requests), same length every step
 ========================  ===========================================================================
 
-The decode engine's per-step record has them all; :class:`MonitorStep` is this module's (the trace replay's). A
+The decode engine's per-step record (:class:`ess.metrics.DecodeStepMetrics`) has them all, its steps counted from
+0; :class:`MonitorStep` is this module's (the trace replay's, counted from 1). To follow the engine, pass
+``on_step=monitor.update`` to :meth:`ess.engine.DecodeEngine.decode`. A
 *source* hands rows over in one of two ways: an iterable of rows (:meth:`StepSeries.follow` or
 :meth:`ess.widgets.monitor.LiveMonitor.follow` pull them), or a producer that calls a callback with each new row
 (pass ``series.add`` or ``monitor.update``, e.g. to a metrics log's ``subscribe``). Derived per step: link

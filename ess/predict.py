@@ -50,6 +50,8 @@ class History:
         self.t = 0                                                            # steps observed
 
     def observe(self, indices: np.ndarray) -> None:
+        """One step's index set: a 1-D NumPy integer array of positions in ``[0, n_positions)``, -1 = padding."""
+        indices = int_array("indices", indices, ndim=1, lo=-1, shape_doc="(K,), -1 = padding")
         s = indices[indices >= 0]
         if s.size and s.max() >= self.n_positions:
             raise ValueError(f"indices reach {int(s.max())}, beyond n_positions = {self.n_positions}")
@@ -238,8 +240,10 @@ def evaluate_predictor(predictor: Any, seq: np.ndarray, *, start: int = 1, seed:
     rest of the top-n (if any) is filled at random from the others, for every method alike.
     """
     seq = _check_seq(np.asarray(seq))
+    start = integer("start", start, lo=1)
+    seed = integer("seed", seed, lo=0)
     rng = np.random.default_rng(seed)
-    n_hist = history or getattr(predictor, "history", 8)
+    n_hist = getattr(predictor, "history", 8) if history is None else positive_int("history", history)
     n_pos = int(seq.max()) + 1
     hist = History(n_pos, n_hist, getattr(predictor, "decay", DEFAULT_HEAT_DECAY))
     heat = HeatScorer()

@@ -38,7 +38,7 @@ import numpy as np
 from .policies import DEFAULT_HEAT_DECAY, SlotPool, first_in_order
 from .predict import History, HeatScorer, LSTMHeatPredictor
 from .traces import Trace
-from .validate import fraction, one_of, positive_int, real
+from .validate import fraction, integer, one_of, positive_int, real
 
 __all__ = ["PrefetchConfig", "PrefetchResult", "simulate_prefetch", "PREDICTORS", "EVICTIONS", "WARMUP_MODES",
            "BACKENDS"]
@@ -248,6 +248,16 @@ def _pool(steps: np.ndarray, windows: np.ndarray | None, n_pos: int, cfg: Prefet
     return out
 
 
+def _distinct(name: str, values: Any, n: int) -> list[int]:
+    """A selection of distinct indices in ``[0, n)`` (no negative index from the end, no repeat, no bool)."""
+    if isinstance(values, (str, bytes)) or not isinstance(values, (Sequence, np.ndarray, range)):
+        raise TypeError(f"{name} must be a sequence of integers, got {type(values).__name__}")
+    out = [integer(f"{name}[{i}]", v, lo=0, below=n) for i, v in enumerate(values)]
+    if len(set(out)) != len(out):
+        raise ValueError(f"{name} must not repeat an index (each pool is counted once), got {list(values)}")
+    return out
+
+
 def simulate_prefetch(trace: Trace, config: PrefetchConfig, *, predictor: LSTMHeatPredictor | None = None,
                       requests: Sequence[int] | None = None, layers: Sequence[int] | None = None,
                       backend: str = "auto") -> PrefetchResult:
@@ -276,8 +286,8 @@ def simulate_prefetch(trace: Trace, config: PrefetchConfig, *, predictor: LSTMHe
         scorer = HeatScorer()
     else:
         scorer = None
-    requests = range(trace.batch) if requests is None else list(requests)
-    layers = range(trace.n_layers) if layers is None else list(layers)
+    requests = range(trace.batch) if requests is None else _distinct("requests", requests, trace.batch)
+    layers = range(trace.n_layers) if layers is None else _distinct("layers", layers, trace.n_layers)
     tot: dict[str, Any] = {}
     misses = np.zeros(trace.steps, np.int64)
     stalls = np.zeros(trace.steps)

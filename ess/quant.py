@@ -64,9 +64,17 @@ def _check_finite(x: np.ndarray, name: str) -> None:
         raise ValueError(f"{name} must hold finite values only (found NaN or inf)")
 
 
+def _numbers(x, name: str, dtype) -> np.ndarray:
+    """``x`` as an array of ``dtype``; a ``TypeError`` naming ``name`` for strings, bools or objects."""
+    a = np.asarray(x)
+    if a.dtype.kind not in "iuf":
+        raise TypeError(f"{name} must hold numbers, got dtype {a.dtype}")
+    return a.astype(dtype, copy=False)
+
+
 def fp8_e4m3_encode(x) -> np.ndarray:
     """Bytes (uint8, same shape) of ``x`` rounded to float8_e4m3fn: nearest, ties to even, saturating at +-448."""
-    x = np.asarray(x, dtype=np.float64)
+    x = _numbers(x, "x", np.float64)
     _check_finite(x, "x")
     a = np.minimum(np.abs(x), FP8_E4M3_MAX)
     hi = np.clip(np.searchsorted(_POS, a, side="left"), 0, 126)  # _POS[hi] >= a
@@ -122,7 +130,8 @@ def _tile_scales(amax: np.ndarray, pow2_scale: bool) -> np.ndarray:
 def quantize_fp8_tiles(x, tile: int = FP8_BLOCK, *, pow2_scale: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """Quantise the last axis of ``x`` in tiles of ``tile`` values: returns (codes uint8 (..., n), scales float32
     (..., n // tile)) with ``x ~= fp8(codes) * scale`` per tile."""
-    x = np.asarray(x, dtype=np.float32)
+    tile = validate.positive_int("tile", tile)
+    x = _numbers(x, "x", np.float32)
     _check_finite(x, "x")
     if x.ndim == 0 or x.shape[-1] % tile:
         raise ValueError(f"x: last axis ({x.shape[-1:] or 'scalar'}) must be a multiple of tile={tile}")
@@ -134,7 +143,14 @@ def quantize_fp8_tiles(x, tile: int = FP8_BLOCK, *, pow2_scale: bool = False) ->
 
 def dequantize_fp8_tiles(codes, scales, tile: int = FP8_BLOCK) -> np.ndarray:
     """Inverse of :func:`quantize_fp8_tiles` (float32)."""
+    tile = validate.positive_int("tile", tile)
     vals = fp8_e4m3_decode(codes)
+    if vals.ndim == 0 or vals.shape[-1] % tile:
+        raise ValueError(f"codes: last axis ({vals.shape[-1:] or 'scalar'}) must be a multiple of tile={tile}")
+    scales = _numbers(scales, "scales", np.float32)
+    if scales.shape != vals.shape[:-1] + (vals.shape[-1] // tile,):
+        raise ValueError(f"scales must have shape {vals.shape[:-1] + (vals.shape[-1] // tile,)} (one per tile of "
+                         f"codes), got {scales.shape}")
     tiles = vals.reshape(*vals.shape[:-1], vals.shape[-1] // tile, tile)
     return (tiles * np.asarray(scales, np.float32)[..., None]).reshape(vals.shape)
 

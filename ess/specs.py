@@ -237,11 +237,29 @@ def list_hosts() -> list[str]:
 
 
 def _check_name(kind: str, name: Any, allowed: list[str]) -> None:
-    if not isinstance(name, str) or name not in allowed:
+    if not isinstance(name, str):
+        raise TypeError(f"{kind} must be a preset name (a string; allowed: {', '.join(allowed)}), got "
+                        f"{type(name).__name__} {name!r}")
+    if name not in allowed:
         raise ValueError(f"unknown {kind} {name!r}; allowed: {', '.join(allowed)}")
 
 
-@functools.lru_cache(maxsize=None)
+def _preset(kind: str, listing):
+    """A cached preset loader that refuses a name which is not a string before the cache hashes it (an unhashable
+    name would otherwise fail inside the cache with a bare ``TypeError``); the loader checks the name itself."""
+    def wrap(load):
+        cached = functools.lru_cache(maxsize=None)(load)
+
+        @functools.wraps(load)
+        def get(name: str = load.__defaults__[0]):
+            if not isinstance(name, str):
+                _check_name(kind, name, listing())
+            return cached(name)
+        return get
+    return wrap
+
+
+@_preset("model", list_models)
 def model_spec(name: str = "deepseek-v3.2-exp") -> ModelSpec:
     """The model preset ``name`` (``"deepseek-v3.2-exp"`` or ``"tiny"``) from ``data/models/``."""
     _check_name("model", name, list_models())
@@ -249,7 +267,7 @@ def model_spec(name: str = "deepseek-v3.2-exp") -> ModelSpec:
     return _build(ModelSpec, values, sources, f"data/models/{name}.yaml")
 
 
-@functools.lru_cache(maxsize=None)
+@_preset("gpu", list_gpus)
 def gpu_spec(name: str = "H200") -> GPUSpec:
     """The GPU preset ``name`` from ``data/hardware/gpus.yaml``."""
     _check_name("gpu", name, list_gpus())
@@ -257,7 +275,7 @@ def gpu_spec(name: str = "H200") -> GPUSpec:
     return _build(GPUSpec, {"name": name, **values}, sources, f"gpus.yaml:{name}")
 
 
-@functools.lru_cache(maxsize=None)
+@_preset("host", list_hosts)
 def host_spec(name: str = "dgx-h200") -> HostSpec:
     """The host preset ``name`` from ``data/hardware/hosts.yaml``."""
     _check_name("host", name, list_hosts())
@@ -265,7 +283,7 @@ def host_spec(name: str = "dgx-h200") -> HostSpec:
     return _build(HostSpec, {"name": name, **values}, sources, f"hosts.yaml:{name}")
 
 
-@functools.lru_cache(maxsize=None)
+@_preset("deployment", list_deployments)
 def deployment_spec(name: str = "paper-table1") -> DeploymentSpec:
     """The deployment preset ``name`` from ``data/deployments/``."""
     _check_name("deployment", name, list_deployments())

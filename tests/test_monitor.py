@@ -1,12 +1,10 @@
 """ess.monitor (the per-step row protocol, StepSeries, the trace replay as a source), TieredCache.replay_trace, the
 monitor figure and the live widget."""
-from dataclasses import dataclass
-
 import numpy as np
 import pytest
 
 from ess.layout import latent_entry_bytes
-from ess.metrics import LinkModel
+from ess.metrics import DecodeStepMetrics, LinkModel
 from ess.monitor import ROW_FIELDS, MonitorStep, StepSeries, check_row, replay_steps
 from ess.specs import model_spec
 from ess.storage import TieredCache
@@ -27,24 +25,8 @@ def _replay_setup(steps=5, seed=0):
     return trace, cache, new
 
 
-@dataclass(frozen=True)
-class EngineLikeRow:
-    """A row as a decode engine hands it over: the protocol's fields and more."""
-    step: int
-    schedule: str
-    batch: int
-    context_len: int
-    step_s: float
-    stall_s: float
-    link_busy_s: float
-    bytes_h2d: int
-    bytes_d2h: int
-    hits: tuple
-    misses: tuple
-
-
 def test_a_row_is_any_object_with_the_fields_and_is_checked():
-    r = check_row(EngineLikeRow(0, "da", 2, 100, 0.02, 0.001, 0.005, 1312, 656, (3, 1), (1, 3)))
+    r = check_row(DecodeStepMetrics(0, "da", 2, 100, 0.02, 0.001, 0.005, 1312, 656, (3, 1), (1, 3)))
     assert r == MonitorStep(0, 0.02, 0.001, 0.005, 1312, 656, (3, 1), (1, 3))
     assert r.link_utilisation == pytest.approx(0.25) and r.hit_rate == 0.5           # 0.005 / 0.02, 4 of 8
     with pytest.raises(TypeError, match=r"lacks \['stall_s', 'link_busy_s'\]"):
@@ -134,3 +116,25 @@ def test_monitor_figure_and_live_widget():
     assert slow.redraws == 2 and slow.progress.value == 6
     with pytest.raises(ValueError, match="total_steps"):
         LiveMonitor(0)
+
+
+def test_live_monitor_follows_the_engine_while_it_decodes():
+    """The decode engine's per-step records (ess.metrics.DecodeStepMetrics) are rows of the protocol: the monitor
+    subscribes with ``on_step`` and sees each step as it is decoded, the same counts the run logs."""
+    from engine_helpers import prompts, small_engine
+    from ess.widgets.monitor import LiveMonitor
+    eng = small_engine()
+    pre = eng.prefill(prompts([80, 60], 2), max_new_tokens=5)
+    mon = LiveMonitor(4)
+    progress = []
+    run = eng.decode(pre, 4, ratio=0.25, schedule="da", link_GB_per_s=0.01, topk=8,
+                     on_step=lambda row: (mon.update(row), progress.append(mon.progress.value)))
+    assert progress == [1, 2, 3, 4]                              # one row per step, while the run went on
+    df = run.metrics.to_frame()
+    np.testing.assert_array_equal(mon.series.misses_by_layer(), np.array([r.misses for r in run.metrics.records]).T)
+    t = mon.series.totals()
+    assert t["bytes_h2d"] == df.bytes_h2d.sum() > 0 and t["stall_s"] == pytest.approx(df.stall_s.sum())
+    assert t["link_utilisation"] == pytest.approx(df.link_busy_s.sum() / df.step_s.sum())
+    fig = mon.figure()
+    assert list(fig.data[0].x) == [0, 1, 2, 3] and list(fig.layout.xaxis.range) == [-0.5, 3.5]   # the engine counts from 0
+    assert fig.data[3].z.shape == (eng.config.n_layers, 4)

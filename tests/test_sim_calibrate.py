@@ -58,3 +58,40 @@ def test_calibration_variants_differ_but_all_fit():
     assert len(v) == 4
     assert all(c.rms_rel_error < 0.08 for c in v.values())
     assert len({round(c.params.fixed_ms, 3) for c in v.values()}) > 1
+
+
+def test_cost_growth_evidence_worked_example():
+    from ess.sim.calibrate import cost_growth_evidence
+    # 0.25 - 0.15 = 0.10 USD per million tokens at 2 USD per GPU hour: 0.10e-6 USD / (2 / 3600 USD per s)
+    # = 0.18e-3 s = 0.18 ms per token; reading precision 0.01 + 0.02 -> 0.07 .. 0.13 USD -> 0.126 .. 0.234 ms
+    ev = cost_growth_evidence()
+    assert ev["central"] == pytest.approx(0.18) and ev["low"] == pytest.approx(0.126)
+    assert ev["high"] == pytest.approx(0.234) and ev["machine"] == "H800"
+    assert (ev["short_position"], ev["long_position"]) == (4096, 131072)
+
+
+def test_compute_scale_from_cost_inverts_the_growth():
+    from ess.sim.calibrate import compute_scale_from_cost, cost_growth_ms
+    from ess.sim.costs import CostParams
+    s = compute_scale_from_cost(0.18)
+    assert cost_growth_ms(CostParams(s, 1.0, 0.0)) == pytest.approx(0.18, rel=1e-3)
+    # the growth is the indexer's scan: it rises with the scale, and the fixed time cancels in the difference
+    assert cost_growth_ms(CostParams(1.2 * s, 1.0, 0.0)) > 0.18
+    assert cost_growth_ms(CostParams(s, 1.0, 50.0)) == pytest.approx(0.18, rel=1e-3)
+    with pytest.raises(ValueError, match="no compute_scale"):
+        compute_scale_from_cost(100.0)
+
+
+def test_calibration_set_keeps_the_equally_good_fits():
+    from ess.sim.calibrate import EQUALLY_GOOD_RMS_PP, calibration_set
+    cs = calibration_set(grid=10, refine=1)
+    df = cs.to_frame()
+    pinned = df[df["compute scale"] == "pinned"]
+    assert len(pinned) == 12 and set(np.round(pinned.compute_scale, 6)) == {round(v, 6) for v in
+                                                                         cs.compute_scales.values()}
+    limit = pinned.rms_rel_error.min() + EQUALLY_GOOD_RMS_PP / 100
+    assert (df[df.kept].rms_rel_error <= limit + 1e-12).all()
+    assert not df[(df["compute scale"] == "pinned") & (df.rms_rel_error > limit)].kept.any()
+    assert df[df.kept & (df["compute scale"] == "free")].compute_scale_in_C3_range.all()
+    assert cs.central in cs.kept and list(cs.kept_params())[0] == cs.central
+    assert cs.params.compute_scale == pytest.approx(cs.compute_scales["central"])

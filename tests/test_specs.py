@@ -42,8 +42,15 @@ def test_hosts(name):
 @pytest.mark.parametrize("name", specs.list_deployments())
 def test_deployments(name):
     d = specs.deployment_spec(name)
-    assert d.n_gpus == d.nodes * d.gpus_per_node
+    assert d.ep <= d.n_gpus                       # the experts are spread over the deployment's own GPUs
     assert d.sources["mem_fraction_static"]
+
+
+def test_paper_deployment_is_table_1():
+    """[ARX] Table 1: 4 nodes of 8 GPUs, EP 32, TP 1, MTP 2 at accept ratio 1.7: the 32 GPUs are the EP group."""
+    d = specs.deployment_spec("paper-table1")
+    assert (d.nodes, d.gpus_per_node, d.n_gpus, d.ep, d.tp, d.mtp, d.mtp_accept_ratio) == (4, 8, 32, 32, 1, 2, 1.7)
+    assert d.replace(nodes=8).n_gpus == 64 and d.replace(gpus_per_node=4, ep=16).n_gpus == 16
 
 
 @pytest.mark.parametrize("loader,kind", [(specs.model_spec, "model"), (specs.gpu_spec, "gpu"),

@@ -273,7 +273,9 @@ def test_crash_recovery_rebuilds_pools(tmp_path):
     c.checkpoint("b")
     r0, rb = c.resident(0, 0).tolist(), c.resident("b", 1).tolist()
     del c                                                   # "crash": only the disk survives
-    d = TieredCache.recover(TINY, tmp_path, capacity=3, policy="fifo")
+    rec = TieredCache.recover(TINY, tmp_path, capacity=3, policy="fifo")
+    d = rec.cache
+    assert sorted(map(str, rec.recovered)) == ["0", "b"] and rec.failed == {} and rec.orphans == []
     assert sorted(map(str, d.requests())) == ["0", "b"]
     assert d.resident(0, 0).tolist() == r0 and d.resident("b", 1).tolist() == rb
     check_resident_bytes(d, 0, e0)
@@ -294,8 +296,8 @@ def test_corrupt_block_is_repaired_from_host(tmp_path):
     e = entries(10)
     c.add_request(5, e)
     c.checkpoint(5)
-    block_bytes = c.disk.block_bytes
-    _flip_byte(tmp_path / "req-i5.blocks", block_bytes + 17)     # damage block 1
+    path, offset = c.disk.block_location(5, 1)
+    _flip_byte(path, offset + 17)                                  # damage block 1
     assert c.verify_disk(5) == [1]
     assert c.repair_disk(5) == [1]
     assert c.verify_disk(5) == []
@@ -309,13 +311,14 @@ def test_corrupt_block_without_host_copy_is_reported(tmp_path):
     c.add_request(5, entries(10))
     c.spill(5)
     before = c.snapshot()
-    _flip_byte(tmp_path / "req-i5.blocks", 2 * c.disk.block_bytes + 3)   # damage block 2
+    path, offset = c.disk.block_location(5, 2)
+    _flip_byte(path, offset + 3)                                # damage block 2
     with pytest.raises(CorruptBlockError, match=r"block\(s\) \[2\]") as info:
         c.restore(5)
     assert info.value.blocks == [2]
     assert same(before, c.snapshot())                           # nothing restored, nothing half-changed
-    _flip_byte(tmp_path / "req-i5.blocks", 2 * c.disk.block_bytes + 3)   # undo: the block is whole again
-    _flip_byte(tmp_path / "req-i5.pool.npz", 40)                        # now only the pool state is damaged
+    _flip_byte(path, offset + 3)                                # undo: the block is whole again
+    _flip_byte(c.disk.pool_path(5), 40)                         # now only the pool state is damaged
     assert c.verify_disk(5) == [-1]
     info = c.restore(5)                                                 # entries back, device pool empty
     assert info["pool_state_restored"] is False and info["resident"] == 0

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 import ess.storage as S
+from ess.disk import request_id_of_stem, request_stem
 from ess.layout import latent_entry_bytes
 from ess.policies import simulate_misses
 from ess.specs import model_spec
@@ -145,9 +146,10 @@ def test_block_path_is_the_file_the_blocks_live_in(tmp_path):
     cache = TieredCache(TINY, capacity=TINY.index_topk, disk_dir=tmp_path, block_tokens=16)
     e = np.random.default_rng(3).integers(0, 256, (4, 40, W), dtype=np.uint8)
     cache.add_request("req.0", e)
-    path = cache.disk.block_path("req.0")
-    assert not path.exists()
+    with pytest.raises(ValueError, match="no manifest"):                  # nothing archived yet
+        cache.disk.block_path("req.0")
     cache.spill("req.0")
+    path = cache.disk.block_path("req.0")
     assert path.exists() and path.parent == tmp_path
     assert path.stat().st_size == 3 * cache.disk.block_bytes                # 40 tokens in 16-token blocks
     mm = np.fromfile(path, np.uint8).reshape(3, 4, 16, W)
@@ -158,7 +160,8 @@ def test_block_path_is_the_file_the_blocks_live_in(tmp_path):
         fh.seek(2 * cache.disk.block_bytes + 7)
         fh.write(bytes([b[0] ^ 0xFF]))
     assert cache.disk.verify("req.0") == [2]
-    assert cache.disk.block_path(7).name != cache.disk.block_path("7").name   # int and str ids do not collide
+    assert request_stem(7) != request_stem("7")                             # int and str ids do not collide
+    assert request_id_of_stem(request_stem(7)) == 7 and request_id_of_stem(request_stem("7")) == "7"
     with pytest.raises(ValueError, match="cannot name a disk file"):
         cache.disk.block_path("../evil")
 

@@ -1,17 +1,36 @@
-"""The studies the notebooks run: the rule that chose the default trace model, and its hit rate."""
+"""The studies the notebooks run: the rule that chooses the locality model, its distances, and the statistics it
+rests on."""
+import numpy as np
 import pytest
 
-from ess.studies.locality import VLLM_BUFFER_2K_HIT_RATE, buffer_hit_rate, choose_trace_model
+from ess.studies import locality as loc
+from ess.studies.locality import VLLM_BUFFER_2K_HIT_RATE, buffer_hit_rate
 
 
-def test_choose_trace_model_worked_examples():
-    # the recorded result of data/locality/README.md: uniform 0.634 is 0.166 below 0.80, drift 0.769 is 0.031 below
-    chosen, dist = choose_trace_model({"uniform": 0.634, "drift": 0.769})
-    assert chosen == "drift" and dist["uniform"] == pytest.approx(0.166) and dist["drift"] == pytest.approx(0.031)
-    assert choose_trace_model({"uniform": 0.85, "drift": 0.95})[0] == "uniform"       # inside the band: distance 0
-    # a tie keeps uniform (band and rates exact in binary: 0.25 below and 0.25 above)
-    assert choose_trace_model({"uniform": 0.25, "drift": 1.0}, band=(0.5, 0.75))[0] == "uniform"
-    assert VLLM_BUFFER_2K_HIT_RATE == (0.80, 0.90)
+def test_range_distance_and_evidence_distances_worked_examples():
+    assert loc.range_distance(0.7, (0.8, 0.9)) == pytest.approx(0.1)          # below: distance to the low end
+    assert loc.range_distance(0.85, (0.8, 0.9)) == 0.0                         # inside
+    assert loc.range_distance(0.95, (0.8, 0.9)) == pytest.approx(0.05)        # above
+    # hit rate 0.77 is 0.03 below vLLM's 0.80; GVR deep mean 0.60 is 0.10 above 0.50, shallow 0.40 is 0.38 above
+    # 0.02; without real traces d_E4 is None and the score is 0.03 + 0.48 = 0.51
+    d = loc.evidence_distances(0.77, {"deep": 0.60, "shallow": 0.40})
+    assert d["d_E2"] == pytest.approx(0.03) and d["d_E3"] == pytest.approx(0.48) and d["d_E4"] is None
+    assert d["score"] == pytest.approx(0.51)
+    # with real traces: |0.85-0.88| = 0.03, |0.60-0.50| = 0.10, |0.20-0.30| = 0.10 -> mean 0.0767
+    d = loc.evidence_distances(0.85, {"deep": 0.45, "shallow": 0.015}, {"hit_2k": 0.85, "union4": 0.6, "return8": 0.2},
+                               {"hit_2k": 0.88, "union4": 0.5, "return8": 0.3})
+    assert d["d_E2"] == 0 and d["d_E3"] == 0 and d["d_E4"] == pytest.approx(0.23 / 3)
+    assert VLLM_BUFFER_2K_HIT_RATE == (0.80, 0.90) and loc.FIT_HIT_RATE["central"] == 0.85
+
+
+def test_choose_locality_worked_examples():
+    scores = {("uniform", "fraction"): 0.68, ("drift", "fraction"): 0.55, ("drift", "jaccard"): 0.72}
+    assert loc.choose_locality(scores) == ("drift", "fraction")
+    # another candidate lower by more than the tie: it wins
+    assert loc.choose_locality({("drift", "fraction"): 0.55, ("drift", "jaccard"): 0.54}, tie=0.005) == \
+        ("drift", "jaccard")
+    # lower by less than the tie: the earlier default is kept
+    assert loc.choose_locality({("drift", "fraction"): 0.55, ("drift", "jaccard"): 0.548}) == ("drift", "fraction")
 
 
 def test_buffer_hit_rate_follows_the_locality():
@@ -21,3 +40,45 @@ def test_buffer_hit_rate_follows_the_locality():
     high = buffer_hit_rate(16384, profile=1.0, **kw)
     low = buffer_hit_rate(16384, profile=0.0, **kw)
     assert high > 0.95 and low < 0.2, (high, low)
+
+
+def test_fit_drift_rho_bisects_a_falling_hit_rate_and_reports_unreachable_targets():
+    kw = dict(steps=8, batch=1, n_layers=2, profile=0.5, context_len=8192)
+    seen = {}
+    ends = (loc.fit_drift_rho(0.0, reading="fraction", evaluated=seen, **kw),
+            loc.fit_drift_rho(1.0, reading="fraction", evaluated=seen, **kw))
+    h0, h95 = seen[0.0], seen[0.95]
+    assert h0 > h95                                                   # more drift correlation, fewer returns
+    assert ends[0]["rho"] == 0.95 and ends[1]["rho"] == 0.0 and not ends[0]["reachable"]
+    mid = 0.5 * (h0 + h95)
+    f = loc.fit_drift_rho(mid, reading="fraction", evaluated=seen, tol=0.01, **kw)
+    assert f["reachable"] and 0 < f["rho"] < 0.95
+    assert abs(f["hit_rate"] - mid) <= 0.5 * (h0 - h95)
+
+
+def test_trace_shape_statistics_on_a_hand_trace():
+    from ess.traces import Trace
+    # K = 2, context 8, one request and layer: sets {0,1} {0,1} {2,3} {0,1} {0,1} {0,1} (mtp 1)
+    idx = np.array([[[[0, 1], [0, 1], [2, 3], [0, 1], [0, 1], [0, 1]]]], np.int32)
+    tr = Trace(idx, 8, 2, windows=np.array([[[[0, 1]]]], np.int32))
+    s = loc.trace_shape(tr, return_within=2)
+    # union of 4 consecutive sets: t=0 {0,1,2,3} 4, t=1 {0,1,2,3} 4, t=2 {0,1,2,3} 4 -> 4 / 8 = 0.5
+    assert s["union4"] == pytest.approx(0.5)
+    # leaving (within 2, t = 1..3): t=2: 0 and 1 leave, both back at t=3 -> 2/2; t=3: 2 and 3 leave, not back -> 2/4
+    assert s["return8"] == pytest.approx(0.5)
+    # pool 4 (2 x K) with the window {0,1}: steps 3..5 (second half) all hit -> hit rate 1
+    assert s["hit_2k"] == pytest.approx(1.0)
+    assert s["overlap"] == pytest.approx((1 + 0 + 0 + 1 + 1) / 5)
+
+
+def test_model_shape_runs_the_model_at_the_real_geometry():
+    from ess import tracegen as G
+    real = G.synthetic_trace(2048, n_layers=2, k=128, mtp=1, steps=24, batch=1, warmup_windows=4, seed=5,
+                             profile=[0.3, 0.8], trace_model="uniform", local_window=8)
+    # the same model, seed and geometry (the generator's 4 sinks set, since model_shape scales them to K otherwise)
+    same = loc.model_shape(real, trace_model="uniform", reading="fraction", seed=5, local_window=8, n_sinks=4)
+    assert same == pytest.approx(loc.trace_shape(real))
+    scaled = loc.model_shape(real, trace_model="uniform", seed=5, local_window=8)      # 4 x 128 / 2,048 -> 0 sinks
+    assert scaled != pytest.approx(loc.trace_shape(real))
+    other = loc.model_shape(real, trace_model="drift", drift_rho=0.0, local_window=8)
+    assert other["overlap"] == pytest.approx(loc.trace_shape(real)["overlap"], abs=0.03)   # overlap level matched

@@ -8,7 +8,7 @@ from ess.widgets import memory_budget_view, memory_budget_widget
 def test_memory_wall_claims():
     df = tables.memory_wall_claims().set_index("claim")
     assert df.loc["no-offload batch limit at 32K", "status"] == "calibrated"      # fitted there: not evidence
-    assert df.loc["no-offload batch limit at 128K", "status"] == "reproduced"
+    assert df.loc["no-offload batch limit at 128K", "status"] == "implied by the 32K fit"   # 4 x 32K = 128K
     assert df.loc["KV cache per sample at 32K", "status"] == "not reproduced"
     assert df.loc["batch 32 at 32K on dual Xeon 8380", "status"] == "reproduced"
     assert (df.reason.str.len() > 0).all() and (df.source.str.len() > 0).all()
@@ -143,7 +143,7 @@ def test_prefetch_widget_follows_its_controls():
 @pytest.fixture(scope="module")
 def quick_misses():
     from ess.widgets.sim import CachesimMisses
-    return CachesimMisses(ratios=[0.05, 0.1, 0.2, 0.25, 0.5, 1.0], steps=4, batch=1)
+    return CachesimMisses(ratios=[0.05, 0.08, 0.2, 0.25, 0.5, 1.0], steps=4, batch=1)
 
 
 @pytest.fixture(scope="module")
@@ -153,16 +153,18 @@ def params():
 
 
 def test_cachesim_misses_are_the_libraries_and_say_why_a_pool_fails(quick_misses):
-    from ess.cachesim import misses_per_layer
+    from ess.sim.scenarios import misses_from_cachesim
     row = quick_misses.row(32768, 2)
     assert quick_misses.has_row(32768, 2) and not quick_misses.has_row(32768, 3)
+    fn = misses_from_cachesim(steps=4, batch=1)             # the simulator's own misses, same settings
     for r in (0.2, 0.5):                                    # one sweep for the row = one call per ratio
-        np.testing.assert_array_equal(row[r], misses_per_layer(32768, r, mtp=2, steps=4, batch=1))
+        np.testing.assert_array_equal(row[r], fn(32768, r, 2))
     assert row[0.2].mean() > row[0.5].mean() > 0 and not row[1.0].any()      # ratio 1: no offload, no misses
     assert "fewer than the 2048 entries" in row[0.05]                        # below K: known without a trace
-    assert "union" in row[0.1]             # 3,276 slots hold K but not one step's union of two top-K sets
-    with pytest.raises(ValueError, match="union"):
-        quick_misses(32768, 0.1, 2)
+    # 2,621 slots hold K but not what the layers' steps select together (two top-K sets per step with MTP 2)
+    assert "select together" in row[0.08]
+    with pytest.raises(ValueError, match="select together"):
+        quick_misses(32768, 0.08, 2)
     assert quick_misses(32768, 0.2, 2) is row[0.2]                            # kept, not simulated again
 
 
@@ -176,7 +178,7 @@ def test_simulator_view_takes_the_misses_it_is_told(quick_misses, params):
     assert zero["misses_mean"] == 0 and sim["misses_mean"] == pytest.approx(quick_misses(32768, 0.25, 2).mean())
     # the link speed matters exactly when entries miss
     assert slow["throughput"] < sim["throughput"] < zero["throughput"] == zero_slow["throughput"]
-    fig, bad = sim_budget_view("H200", 0.1, 32768, 2, 1.7, 37.0, misses="cachesim", **kw)
+    fig, bad = sim_budget_view("H200", 0.08, 32768, 2, 1.7, 37.0, misses="cachesim", **kw)
     assert bad["throughput"] is None and fig.layout.title.text.startswith("infeasible: the cache simulation")
     fig, bad = sim_budget_view("H200", 0.05, 32768, 2, 1.7, 37.0, misses="cachesim", **kw)
     assert bad["batch"] == 0 and "infeasible" in fig.layout.title.text and not fig.data

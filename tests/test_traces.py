@@ -161,7 +161,7 @@ def test_drift_model_reproduces_the_paper_profile_per_layer():
     L = 32768
     tr = G.synthetic_trace(L, n_layers=61, k=2048, mtp=1, steps=12, batch=1, warmup_windows=0, seed=3,
                            trace_model="drift")
-    assert tr.meta["trace_model"] == "drift" and tr.meta["drift_rho"] == 0.5
+    assert tr.meta["trace_model"] == "drift" and tr.meta["drift_rho"] == G.fitted_drift_rho(tr.meta["reading"])
     prof = G.locality_profile("paper", 61)
     floor = G.drift_calibration(0.0, L, 2048)["floor"]       # sinks + shifted window + chance at c = 0
     want = np.maximum(prof, floor)
@@ -264,3 +264,36 @@ def test_unknown_trace_model_and_misplaced_options_raise():
     with pytest.raises(ValueError, match="larger than the context"):
         G.drift_calibration(0.5, 16, 32)
     assert G.default_trace_model() in G.TRACE_MODELS
+
+
+def test_the_jaccard_reading_turns_fig2_into_overlap_fractions():
+    # J = |A & B| / |A | B| for two K-sets is the fraction r = 2J / (1 + J): 0.475 -> 0.95 / 1.475 = 0.6441,
+    # 0.8 -> 1.6 / 1.8 = 0.8889, 0.3 -> 0.6 / 1.3 = 0.4615, 0 -> 0
+    frac = G.locality_profile("paper", 61, "fraction")
+    jac = G.locality_profile("paper", 61, "jaccard")
+    assert frac[30] == 0.475 and jac[30] == pytest.approx(0.6441, abs=1e-4)
+    assert frac[5] == 0.8 and jac[5] == pytest.approx(0.8889, abs=1e-4)
+    assert jac[18] == pytest.approx(0.4615, abs=1e-4) and jac[0] == 0.0
+    assert (jac >= frac).all()
+    with pytest.raises(ValueError, match="reading"):
+        G.locality_profile("paper", 61, "cosine")
+    with pytest.raises(ValueError, match="applies to profile='paper' only"):
+        G.locality_profile(0.5, 3, "jaccard")
+
+
+def test_locality_models_from_the_fit_file():
+    c = G.default_locality()
+    alts = G.locality_alternatives()
+    assert alts[0] == c and len({(m.trace_model, m.reading, m.drift_rho) for m in alts}) == len(alts)
+    assert {m.reading for m in alts} == set(G.READINGS)                  # the other reading is an alternative
+    if c.trace_model == "drift":
+        assert c.drift_rho == G.fitted_drift_rho(c.reading)
+        rhos = {G.fitted_drift_rho(c.reading, at) for at in ("at_80", "at_90")}
+        assert rhos <= {m.drift_rho for m in alts if m.reading == c.reading}
+    assert c.kwargs()["reading"] == c.reading and "locality" in c.config()
+    with pytest.raises(ValueError, match="drift_rho"):
+        G.LocalityModel("x", "uniform", "fraction", 0.3)
+    with pytest.raises(ValueError, match="reading"):
+        G.LocalityModel("x", "drift", "both", 0.3)
+    with pytest.raises(ValueError, match="at must be one of"):
+        G.fitted_drift_rho("fraction", "at_95")

@@ -5,6 +5,7 @@
 """
 from __future__ import annotations
 
+import hashlib
 import sys
 from pathlib import Path
 
@@ -36,6 +37,10 @@ def build(src: Path, dst: Path) -> None:
         else:
             lines.append(line)
     flush()
+    seen: dict = {}                             # stable ids from the cell's text: rebuilding changes nothing, and
+    for cell in cells:                          # inserting a cell elsewhere leaves the other ids (and merges) alone
+        n = seen[cell.source] = seen.get(cell.source, 0) + 1
+        cell["id"] = hashlib.sha1(f"{src.stem}:{n}:{cell.source}".encode()).hexdigest()[:12]
     nb = nbformat.v4.new_notebook(cells=cells)
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3 (ess)", "language": "python"}
     nb.metadata["language_info"] = {"name": "python"}

@@ -11,6 +11,13 @@ else in the cost model comes from the specs and the measured kernel points. The 
 squared relative step-time errors (relative throughput errors, to first order); Table 2's first row, an exact
 number, is weighted like ``table2_weight`` chart points. The scales are found by a coarse-to-fine grid search and
 ``fixed_ms`` in closed form for each pair (weighted least squares, clipped at 0); nothing held back is used.
+
+Throughput alone cannot tell a slow kernel from a fixed time per step, so ``compute_scale`` is pinned by public
+per-operation evidence (``data/calibration/README.md``, "The operation split"): DeepSeek's decode cost against the
+token's position (``data/calibration/decode_cost.yaml``), whose growth from 4K to 128K is the indexer's O(L) scan
+(:func:`cost_growth_evidence`, :func:`cost_growth_ms`, :func:`compute_scale_from_cost`); ``comm_scale`` and
+``fixed_ms`` are then fitted on the throughput data with ``compute_scale`` fixed. :func:`calibration_set` returns
+the equally good calibrations behind every prediction's band and the central one (:func:`calibrated_params`).
 """
 from __future__ import annotations
 
@@ -20,11 +27,16 @@ import numpy as np
 import pandas as pd
 
 from ..published import published
-from .costs import CostParams
+from .costs import CostParams, calibration_data
 from .timeline import simulate
 
 __all__ = ["CalibrationPoint", "calibration_points", "Calibration", "calibrate", "predict_points",
-           "calibration_variants", "calibrated_params"]
+           "calibration_variants", "calibrated_params", "cost_growth_evidence", "cost_growth_ms",
+           "compute_scale_from_cost", "CalibrationSet", "calibration_set", "EQUALLY_GOOD_RMS_PP"]
+
+# RMS differences below 1 percentage point are within the precision of a chart read by eye: such fits are equally
+# good (a choice, data/calibration/README.md, "The operation split")
+EQUALLY_GOOD_RMS_PP = 1.0
 
 
 @dataclass(frozen=True)
@@ -84,9 +96,11 @@ def predict_points(points, params: CostParams, **kw) -> np.ndarray:
 
 
 def calibrate(points: list[CalibrationPoint] | None = None, *, table2_weight: float = 5.0,
-              scale_range: tuple[float, float] = (0.1, 5.0), grid: int = 24, refine: int = 2, **kw) -> Calibration:
+              scale_range: tuple[float, float] = (0.1, 5.0), grid: int = 24, refine: int = 2,
+              compute_scale: float | None = None, **kw) -> Calibration:
     """Fit ``compute_scale``, ``comm_scale`` and ``fixed_ms`` on the calibration points; return them with the
-    residuals (relative throughput errors, ``(predicted - published) / published``)."""
+    residuals (relative throughput errors, ``(predicted - published) / published``). A given ``compute_scale``
+    is held fixed (pinned by other evidence, :func:`compute_scale_from_cost`) and only the other two are fitted."""
     points = list(points) if points is not None else calibration_points()
     if len(points) < 3:
         raise ValueError(f"calibrate needs at least 3 calibration points, got {len(points)}")
@@ -108,9 +122,11 @@ def calibrate(points: list[CalibrationPoint] | None = None, *, table2_weight: fl
 
     lo, hi = np.log(scale_range[0]), np.log(scale_range[1])
     lo_c, hi_c, lo_m, hi_m = lo, hi, lo, hi
+    if compute_scale is not None:
+        lo_c = hi_c = float(np.log(compute_scale))
     best = (np.inf, 1.0, 1.0, 0.0)
     for _ in range(refine + 1):
-        for sc in np.exp(np.linspace(lo_c, hi_c, grid)):
+        for sc in np.exp(np.linspace(lo_c, hi_c, grid if compute_scale is None else 1)):
             for sm in np.exp(np.linspace(lo_m, hi_m, grid)):
                 loss, f = evaluate(sc, sm)
                 if loss < best[0]:
@@ -120,10 +136,13 @@ def calibrate(points: list[CalibrationPoint] | None = None, *, table2_weight: fl
         lo_c, hi_c = np.log(best[1]) - 2 * step_c, np.log(best[1]) + 2 * step_c
         lo_m, hi_m = np.log(best[2]) - 2 * step_m, np.log(best[2]) + 2 * step_m
     _, sc, sm, f = best
+    if compute_scale is not None:
+        sc = float(compute_scale)
+    pinned = "" if compute_scale is None else f"; compute_scale {compute_scale:.4g} held fixed"
     params = CostParams(float(sc), float(sm), float(f) * 1e3,
                         fitted_on=f"{sum(p.read_from_chart for p in points)} paper Fig. 1 chart points + "
                                   f"{sum(not p.read_from_chart for p in points)} Table 2 rows (paper-facts.md, "
-                                  f"Calibration data); Table 2 weight {table2_weight:g}")
+                                  f"Calibration data); Table 2 weight {table2_weight:g}{pinned}")
     pred = predict_points(points, params, **kw)
     obs = np.array([p.throughput for p in points])
     rel = (pred - obs) / obs
@@ -133,21 +152,131 @@ def calibrate(points: list[CalibrationPoint] | None = None, *, table2_weight: fl
     return Calibration(params, df, float(np.sqrt(np.mean(rel ** 2))), float(np.max(np.abs(rel))))
 
 
-_CACHE: dict = {}
-
-
-def calibrated_params() -> CostParams:
-    """The parameters of :func:`calibrate` with its defaults (computed once per process)."""
-    if "params" not in _CACHE:
-        _CACHE["params"] = calibrate().params
-    return _CACHE["params"]
-
-
 def calibration_variants(**kw) -> dict[str, Calibration]:
     """The fit under other defensible choices, to show how much the choices move the predictions: the default,
-    Fig. 1 alone, Table 2's row weighted like one chart point, and like twenty."""
+    Fig. 1 alone, Table 2's row weighted like one chart point, and like twenty (``kw`` go to :func:`calibrate`,
+    e.g. a pinned ``compute_scale``)."""
     pts = calibration_points()
     return {"default (Table 2 weight 5)": calibrate(pts, **kw),
             "Fig. 1 only": calibrate([p for p in pts if p.read_from_chart], **kw),
             "Table 2 weight 1": calibrate(pts, table2_weight=1.0, **kw),
             "Table 2 weight 20": calibrate(pts, table2_weight=20.0, **kw)}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Per-operation evidence: DeepSeek's decode cost against the token's position
+# ----------------------------------------------------------------------------------------------------------------
+
+def cost_growth_evidence() -> dict:
+    """GPU time per output token that DeepSeek's V3.2-Exp decode cost adds between its short and long positions
+    (``data/calibration/decode_cost.yaml``): ``(cost_long - cost_short) x 1e-6 USD / (USD per GPU-hour / 3600 s)``
+    in ms, ``central`` from the values read, ``low`` and ``high`` from the reading precision (the short value read
+    high and the long low, and the reverse). Also the positions and the machine."""
+    d = calibration_data("decode_cost")
+    v = {k: e["value"] for k, e in d.items()}
+    per_usd_ms = 3600.0 / v["gpu_hour_usd"] * 1e-6 * 1e3          # ms of GPU time per USD-per-million-tokens
+    grow = v["v32_decode_long_usd_per_mtok"] - v["v32_decode_short_usd_per_mtok"]
+    slack = v["long_reading_precision_usd_per_mtok"] + v["short_reading_precision_usd_per_mtok"]
+    return {"central": grow * per_usd_ms, "low": (grow - slack) * per_usd_ms, "high": (grow + slack) * per_usd_ms,
+            "short_position": int(v["v32_decode_short_position"]), "long_position": int(v["v32_decode_long_position"]),
+            "machine": v["machine"]}
+
+
+def cost_growth_ms(params: CostParams, *, model="deepseek-v3.2-exp", deployment="paper-table1") -> float:
+    """The simulator's counterpart of :func:`cost_growth_evidence`: GPU time per output token added between the
+    short and the long position, ``(step(long) - step(short)) / (batch x accept ratio)`` in ms, on the evidence's
+    machine (H800), without offload, memory not checked, at Table 2 row 1's batch and the deployment's MTP and
+    accept ratio (``data/calibration/README.md``, C3)."""
+    ev = cost_growth_evidence()
+    row = published("paper_table2")["t2_32k_mtp2_b52_r1"]
+    B, acc = int(row["batch"]), float(row["accept_ratio"])
+    r = simulate(B, [ev["short_position"], ev["long_position"]], 1.0, mtp=int(row["mtp"]), accept_ratio=acc,
+                 params=params, gpu=ev["machine"], check_memory=False, model=model, deployment=deployment)
+    return float((r.step_s[1] - r.step_s[0]) / (B * acc) * 1e3)
+
+
+def compute_scale_from_cost(target_ms: float, *, lo: float = 0.05, hi: float = 5.0, **kw) -> float:
+    """The ``compute_scale`` at which :func:`cost_growth_ms` (``comm_scale`` 1, ``fixed_ms`` 0: the fixed time
+    cancels in the difference) equals ``target_ms``, by bisection to 1e-4 relative (the growth rises with the
+    scale)."""
+    f = lambda s: cost_growth_ms(CostParams(s, 1.0, 0.0), **kw) - target_ms        # noqa: E731
+    if f(lo) > 0 or f(hi) < 0:
+        raise ValueError(f"no compute_scale in [{lo}, {hi}] gives a growth of {target_ms:.4f} ms per token")
+    while hi / lo > 1 + 1e-4:
+        mid = np.sqrt(lo * hi)
+        lo, hi = (mid, hi) if f(mid) < 0 else (lo, mid)
+    return float(np.sqrt(lo * hi))
+
+
+@dataclass(frozen=True)
+class CalibrationSet:
+    """The calibrations of ``data/calibration/README.md`` ("The operation split"): ``fits`` by name (compute
+    scale pinned at each of ``compute_scales`` x the four fitting choices), ``free`` the four fits with a free
+    compute scale, ``kept`` the names of the equally good ones (RMS at most the lowest of the pinned fits plus
+    :data:`EQUALLY_GOOD_RMS_PP`; a free fit also needs its compute scale inside the evidence's range),
+    ``central`` the name of the central one."""
+
+    fits: dict
+    kept: tuple
+    central: str
+    compute_scales: dict
+    growth_evidence: dict
+    free: dict
+
+    @property
+    def params(self) -> CostParams:
+        return self.fits[self.central].params
+
+    def kept_params(self) -> dict:
+        """``{name: CostParams}`` of the equally good calibrations, the central first."""
+        every = {**self.fits, **self.free}
+        return {n: every[n].params for n in (self.central,) + tuple(k for k in self.kept if k != self.central)}
+
+    def to_frame(self) -> pd.DataFrame:
+        rows = []
+        lo, hi = self.compute_scales["low"], self.compute_scales["high"]
+        for group, fits in (("pinned", self.fits), ("free", self.free)):
+            for name, c in fits.items():
+                q = c.params
+                rows.append({"fit": name, "compute scale": group, "compute_scale": q.compute_scale,
+                             "comm_scale": q.comm_scale, "fixed_ms": q.fixed_ms, "rms_rel_error": c.rms_rel_error,
+                             "max_abs_rel_error": c.max_abs_rel_error,
+                             "compute_scale_in_C3_range": lo - 1e-9 <= q.compute_scale <= hi + 1e-9,
+                             "kept": name in self.kept, "central": name == self.central})
+        return pd.DataFrame(rows).set_index("fit")
+
+
+_CACHE: dict = {}
+
+
+def calibration_set(**kw) -> CalibrationSet:
+    """The calibrations behind every prediction (``data/calibration/README.md``): ``compute_scale`` from DeepSeek's
+    decode cost (:func:`compute_scale_from_cost` at the evidence's central value and the ends of its reading
+    precision), ``comm_scale`` and ``fixed_ms`` fitted on Fig. 1 and Table 2 row 1 with it fixed, under each of the
+    four fitting choices (:func:`calibration_variants`); ``kw`` go to :func:`calibrate` (e.g. a coarser ``grid``).
+    Cached per keyword set within a process."""
+    key = ("set", tuple(sorted(kw.items())))
+    if key in _CACHE:
+        return _CACHE[key]
+    ev = cost_growth_evidence()
+    scales = {at: compute_scale_from_cost(ev[at]) for at in ("low", "central", "high")}
+    fits = {}
+    for at, sc in scales.items():
+        for name, c in calibration_variants(compute_scale=sc, **kw).items():
+            fits[f"compute {at} ({sc:.3f}), {name}"] = c
+    central = f"compute central ({scales['central']:.3f}), default (Table 2 weight 5)"
+    limit = min(c.rms_rel_error for c in fits.values()) + EQUALLY_GOOD_RMS_PP / 100
+    free = {f"free compute ({c.params.compute_scale:.3f}), {name}": c for name, c in calibration_variants(**kw).items()}
+    in_range = lambda c: scales["low"] - 1e-9 <= c.params.compute_scale <= scales["high"] + 1e-9     # noqa: E731
+    kept = tuple(n for n, c in fits.items() if c.rms_rel_error <= limit)
+    kept += tuple(n for n, c in free.items() if c.rms_rel_error <= limit and in_range(c))
+    if central not in kept:
+        kept = (central,) + kept
+    out = CalibrationSet(fits, kept, central, scales, ev, free)
+    _CACHE[key] = out
+    return out
+
+
+def calibrated_params() -> CostParams:
+    """The central calibration (:func:`calibration_set`; computed once per process)."""
+    return calibration_set().params

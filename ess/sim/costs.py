@@ -25,6 +25,7 @@ import yaml
 from ..layout import indexer_entry_bytes, latent_entry_bytes
 from ..memory import fp8_weight_bytes
 from ..specs import DATA_DIR, DeploymentSpec, GPUSpec, ModelSpec, gpu_spec
+from ..validate import number_array, positive_int, real
 
 __all__ = ["KernelPoints", "kernel_points", "calibration_data", "CostParams", "Efficiencies", "efficiencies",
            "fp8_weight_bytes_per_param", "gemm_time_s", "memory_time_s", "LayerCosts", "layer_costs", "lm_head_time_s"]
@@ -133,20 +134,26 @@ class CostParams:
 
     def __post_init__(self) -> None:
         for name in ("compute_scale", "comm_scale"):
-            v = getattr(self, name)
-            if not (isinstance(v, (int, float)) and np.isfinite(v) and v > 0):
-                raise ValueError(f"CostParams.{name} must be a finite number > 0, got {v!r}")
-        if not (isinstance(self.fixed_ms, (int, float)) and np.isfinite(self.fixed_ms) and self.fixed_ms >= 0):
-            raise ValueError(f"CostParams.fixed_ms must be a finite number >= 0, got {self.fixed_ms!r}")
+            real(f"CostParams.{name}", getattr(self, name), lo=0.0, lo_open=True)
+        real("CostParams.fixed_ms", self.fixed_ms, lo=0.0)
+        if not isinstance(self.fitted_on, str):
+            raise TypeError(f"CostParams.fitted_on must be a string, got {type(self.fitted_on).__name__}")
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # Rooflines
 # ----------------------------------------------------------------------------------------------------------------
 
+def _gpu(gpu) -> GPUSpec:
+    if not isinstance(gpu, GPUSpec):
+        raise TypeError(f"gpu must be a GPUSpec (ess.specs.gpu_spec), got {type(gpu).__name__}")
+    return gpu
+
+
 def memory_time_s(nbytes, gpu: GPUSpec):
-    """A streaming (memory-bound) kernel: ``bytes / (HBM bandwidth x measured fraction)``."""
-    return np.asarray(nbytes, dtype=float) / (gpu.hbm_bandwidth_GB_per_s * 1e9 * efficiencies().memory_bound)
+    """A streaming (memory-bound) kernel: ``bytes / (HBM bandwidth x measured fraction)``; ``nbytes >= 0``."""
+    nbytes = number_array("nbytes", nbytes, positive=False, at_least=0, max_ndim=None)
+    return nbytes / (_gpu(gpu).hbm_bandwidth_GB_per_s * 1e9 * efficiencies().memory_bound)
 
 
 def gemm_time_s(m, n: int, k: int, gpu: GPUSpec, *, model: ModelSpec, groups: int = 1, dtype: str = "fp8"):
@@ -160,7 +167,9 @@ def gemm_time_s(m, n: int, k: int, gpu: GPUSpec, *, model: ModelSpec, groups: in
         raise ValueError(f"dtype must be 'fp8' or 'bf16', got {dtype!r}")
     if not isinstance(model, ModelSpec):
         raise TypeError(f"model must be a ModelSpec, got {type(model).__name__}")
-    m = np.asarray(m, dtype=float)
+    m = number_array("m", m, positive=False, at_least=0, max_ndim=None)
+    n, k, groups = positive_int("n", n), positive_int("k", k), positive_int("groups", groups)
+    _gpu(gpu)
     eff = efficiencies()
     wbytes = fp8_weight_bytes_per_param(model) if dtype == "fp8" else 2.0
     abytes = 1.0 if dtype == "fp8" else 2.0
@@ -173,7 +182,8 @@ def gemm_time_s(m, n: int, k: int, gpu: GPUSpec, *, model: ModelSpec, groups: in
 
 
 def lm_head_time_s(tokens, model: ModelSpec, gpu: GPUSpec):
-    """The output head for ``tokens`` rows (BF16 weights, [DS] embeddings and head kept in bf16)."""
+    """The output head for ``tokens`` rows (BF16 weights, [DS] embeddings and head kept in bf16); ``tokens >= 0``."""
+    tokens = number_array("tokens", tokens, positive=False, at_least=0, max_ndim=None)
     return gemm_time_s(tokens, model.vocab_size, model.hidden_size, gpu, model=model, dtype="bf16")
 
 
@@ -216,10 +226,15 @@ class LayerCosts:
 def layer_costs(model: ModelSpec, gpu: GPUSpec, deployment: DeploymentSpec, micro_batch, context_len, mtp,
                 ) -> LayerCosts:
     """Operation costs of one layer for a micro-batch of ``micro_batch`` requests, ``context_len`` tokens of
-    context and ``mtp`` query tokens per request (arrays broadcast). Geometry from [DS]."""
-    b = np.asarray(micro_batch, dtype=float)
-    L = np.asarray(context_len, dtype=float)
-    mtp = np.asarray(mtp, dtype=float)
+    context and ``mtp`` query tokens per request (arrays broadcast). Geometry from [DS]. ``micro_batch > 0`` (half a
+    request is a micro-batch of a batch of one), ``context_len >= 1``, ``mtp`` a whole number >= 1."""
+    for name, spec, cls in (("model", model, ModelSpec), ("gpu", gpu, GPUSpec), ("deployment", deployment,
+                                                                                DeploymentSpec)):
+        if not isinstance(spec, cls):
+            raise TypeError(f"{name} must be a {cls.__name__}, got {type(spec).__name__}")
+    b = number_array("micro_batch", micro_batch, max_ndim=None)
+    L = number_array("context_len", context_len, at_least=1, max_ndim=None)
+    mtp = number_array("mtp", mtp, whole=True, at_least=1, max_ndim=None)
     n = b * mtp                                                   # tokens in the micro-batch
     h, H = model.hidden_size, model.n_heads
     fp8 = "fp8" if model.weight_bytes_per_param == 1 else "bf16"

@@ -23,23 +23,36 @@ D2H ``d = b mtp 656 B / d2h``), relative to the no-offload sequence ``Indexer ->
 * ``best``: per layer, the cheapest of the three (the offline per-layer choice); or a sequence of names, one per
   layer.
 
-Everything is vectorised over configurations with numpy (arrays broadcast; misses have shape ``(n_layers,)`` or
-``(N, n_layers)``).
+The three formulas are written once, in :func:`overlap_overhead_s`, over a layer's operation times
+(:class:`LayerOps`); :func:`offload_overhead_s` feeds it the cost model's times, and the check of the formulas
+against a real decode engine (:mod:`ess.engine.timing`) feeds it measured ones.
+
+Everything is vectorised over configurations (arrays broadcast; misses have shape ``(n_layers,)`` or
+``(N, n_layers)``): the cost model runs once per distinct (batch, context, MTP), and the per-layer part of
+:func:`simulate` -- the three strategies' overheads, the per-layer choice, the two lanes -- is one Numba loop over
+configurations and layers, its fast path, tested against :func:`offload_overhead_s` and the lanes written with
+NumPy.
+
+With MTP a step selects the union of its query tokens' sets: the misses count it once, and the memory check wants
+the pools to hold it on average over the layers (:func:`ess.layout.step_entries` with the default locality model's
+overlaps; the layers share the ratio's slots, :func:`ess.layout.layer_pool_slots`).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
 from ..layout import latent_entry_bytes, pool_slots, request_cache, step_entries
 from ..memory import kv_budget_bytes
 from ..specs import link_figures, resolve
-from ..validate import number_array
+from ..validate import non_negative_int, number_array
+from ..validate import ratio as ratio_check
 from .costs import CostParams, gemm_time_s, layer_costs, lm_head_time_s
 
-__all__ = ["STRATEGIES", "SimResult", "simulate", "offload_overhead_s", "batch_limits", "ratio_for_batch",
-           "best_batch"]
+__all__ = ["STRATEGIES", "LayerOps", "overlap_overhead_s", "SimResult", "simulate", "offload_overhead_s",
+           "batch_limits", "ratio_for_batch", "best_batch"]
 
 STRATEGIES = ("none", "da", "dba")
 
@@ -49,94 +62,172 @@ def _default_link() -> tuple[float, float]:
     return ft["h2d_GB_per_s"], ft["d2h_GB_per_s"]
 
 
+@dataclass(frozen=True)
+class LayerOps:
+    """Seconds of the operations of one layer (one micro-batch) that the overlap strategies rearrange: numbers or
+    arrays that broadcast together. The one input of :func:`overlap_overhead_s`, built from the cost model for
+    DeepSeek (:func:`offload_overhead_s`) and from measured operation times for the real model
+    (:mod:`ess.engine.timing`).
+
+    ``indexer`` (I) selection over the batch (indexer scan and top-K, with the plan where a caller counts it);
+    ``pre_attn`` (p) work after the selection and before attention, which the copies can hide behind (DeepSeek's
+    PreAttn; 0 for a model whose indexer needs the attention queries first); ``attn`` (a) attention over every
+    selected entry in one pass; ``attn_hit`` the part of attention over the hits that can run while the misses are
+    copied (DA's Attn0); ``o_proj`` (o) work after attention that the write-back can hide behind; ``merge`` DA's
+    extra cost over ``attn`` for attending in two parts (0 without misses); ``h2d`` and ``d2h`` the host -> device
+    copy of the misses and the device -> host write-back. DBA splits the batch into halves B0 and B1:
+    ``indexer_b1`` (I1), ``attn_b0`` (a0), ``attn_b1`` (a1), ``h2d_b0`` (h0), ``h2d_b1`` (h1), by default half of
+    ``indexer``, ``attn`` and ``h2d`` each."""
+
+    indexer: np.ndarray
+    pre_attn: np.ndarray
+    attn: np.ndarray
+    attn_hit: np.ndarray
+    o_proj: np.ndarray
+    merge: np.ndarray
+    h2d: np.ndarray
+    d2h: np.ndarray
+    indexer_b1: np.ndarray | None = None
+    attn_b0: np.ndarray | None = None
+    attn_b1: np.ndarray | None = None
+    h2d_b0: np.ndarray | None = None
+    h2d_b1: np.ndarray | None = None
+
+
+def overlap_overhead_s(ops: LayerOps) -> dict:
+    """Extra seconds each strategy adds to one layer's serial compute ``I + p + a + o``, from its operation times
+    (paper's strategies, paper-facts.md "Overlap strategies"; see the module docstring):
+
+    * ``none``  ``h + d`` (the copies run between the indexer and attention, fully serial);
+    * ``da``    ``max(0, h - p - a_hit) + merge + max(0, d - o)`` (the copy is issued after the selection and
+      overlaps p and the attention over the hits; the write-back overlaps o);
+    * ``dba``   ``max(0, h0 - I1) + max(0, h1 - p - a0) + max(0, d - a1)`` (B0's copy overlaps B1's indexer,
+      B1's copy overlaps p and B0's attention, the write-back overlaps B1's attention).
+
+    Returns ``{"none", "da", "dba"}``, each the broadcast shape of the inputs."""
+    if not isinstance(ops, LayerOps):
+        raise TypeError(f"ops must be a LayerOps, got {type(ops).__name__}")
+    f = lambda x: np.asarray(x, dtype=float)                                       # noqa: E731
+    I, p, a, o, h, d = f(ops.indexer), f(ops.pre_attn), f(ops.attn), f(ops.o_proj), f(ops.h2d), f(ops.d2h)
+    half = lambda x, default: default / 2 if x is None else f(x)                   # noqa: E731
+    I1, h0, h1 = half(ops.indexer_b1, I), half(ops.h2d_b0, h), half(ops.h2d_b1, h)
+    a0, a1 = half(ops.attn_b0, a), half(ops.attn_b1, a)
+    none = h + d
+    da = np.maximum(h - p - f(ops.attn_hit), 0.0) + f(ops.merge) + np.maximum(d - o, 0.0)
+    dba = np.maximum(h0 - I1, 0.0) + np.maximum(h1 - p - a0, 0.0) + np.maximum(d - a1, 0.0)
+    return {"none": none, "da": da, "dba": dba}
+
+
 def offload_overhead_s(costs, micro_batch, misses, mtp, h2d_GB_per_s, d2h_GB_per_s, entry_bytes: int,
                        offload=True):
     """Extra compute-lane seconds of one micro-batch for each strategy: dict ``{name: array}`` shaped like
     ``misses`` (N, n_layers); per-configuration inputs have shape (N,). ``offload`` (bool or (N,)) switches the
-    write-back off for rows without offload. Pure arithmetic on the costs (see the module docstring), written as
-    ``h = m x k_h`` with ``k_h = b x entry / link`` and ``Attn_hit = Attn (1 - m / selected)``."""
+    write-back off for rows without offload. The cost model's operations as a :class:`LayerOps` for
+    :func:`overlap_overhead_s`: ``h = m x b x entry / link``, ``d = b x mtp x entry / d2h``, ``Attn_hit = Attn (1 -
+    m / selected)`` (FlashMLA attends over the hits in full, then the merge), the merge only where ``m > 0``, the
+    DBA halves half of each."""
     b = np.asarray(micro_batch, dtype=float)
     mtp = np.asarray(mtp, dtype=float)
     m = np.asarray(misses, dtype=float)
-    k_h = b * entry_bytes / (np.asarray(h2d_GB_per_s, dtype=float) * 1e9)          # seconds per miss
+    col = lambda x: np.broadcast_to(np.asarray(x, dtype=float), m.shape[:1])[:, None]   # noqa: E731
+    k_h = b * entry_bytes / (np.asarray(h2d_GB_per_s, dtype=float) * 1e9)                # seconds per miss
     d = np.where(offload, b * mtp * entry_bytes / (np.asarray(d2h_GB_per_s, dtype=float) * 1e9), 0.0)
-    I, p, a, o = (np.asarray(x, dtype=float) for x in (costs.indexer, costs.pre_attn, costs.attn, costs.o_proj))
-    merge = np.asarray(costs.merge, dtype=float)
-    sel = np.asarray(costs.selected, dtype=float)
-    col = lambda x: np.broadcast_to(x, m.shape[:1])[:, None]                           # noqa: E731
-    none = m * col(k_h)
-    none += col(d)
-    da = m * col(k_h + a / sel)
-    da -= col(p + a)
-    np.maximum(da, 0.0, out=da)
-    da += (m > 0) * col(merge)
-    da += col(np.maximum(d - o, 0.0))
-    h2 = m * col(k_h / 2)
-    dba = np.maximum(h2 - col(I / 2), 0.0)
-    h2 -= col(p + a / 2)
-    np.maximum(h2, 0.0, out=h2)
-    dba += h2
-    dba += col(np.maximum(d - a / 2, 0.0))
-    return {"none": none, "da": da, "dba": dba}
+    a = col(costs.attn)
+    ops = LayerOps(indexer=col(costs.indexer), pre_attn=col(costs.pre_attn), attn=a,
+                   attn_hit=a * (1.0 - m / col(costs.selected)), o_proj=col(costs.o_proj),
+                   merge=(m > 0) * col(costs.merge), h2d=m * col(k_h), d2h=col(d))
+    return overlap_overhead_s(ops)
 
 
-def _request_rules(model, dep, L, r):
-    """The layout rules for each distinct (context, ratio) pair, evaluated once per pair with the scalar helpers of
-    :mod:`ess.layout` (page padding, per-request cache bytes, pool slots) so that the rule lives in one place.
-    Returns per-pair arrays and the inverse index that maps them back to the flattened inputs."""
-    uL, iL = np.unique(L.ravel(), return_inverse=True)            # 1-D uniques: much faster than unique(axis=0)
-    ur, ir = np.unique(r.ravel(), return_inverse=True)
-    codes, inv = np.unique(np.ravel(iL) * len(ur) + np.ravel(ir), return_inverse=True)
-    pairs = np.stack([uL[codes // len(ur)].astype(float), ur[codes % len(ur)]], axis=1)
-    n = len(pairs)
+def _codes(*cols):
+    """Group rows by the values of ``cols`` (1-D arrays of one length): ``(first, inverse)``, the index of each
+    group's first row and each row's group. Hash-based (pandas.factorize), so that grouping a million rows costs a
+    few tens of ms."""
+    import pandas as pd
+    cols = [np.ravel(c) for c in cols]
+    code = np.zeros(cols[0].size, dtype=np.int64)
+    for c in cols:
+        ci, uniq = pd.factorize(c, sort=False)
+        code = code * len(uniq) + ci
+    inv, uniq = pd.factorize(code, sort=False)
+    first = np.empty(len(uniq), dtype=np.int64)
+    first[inv[::-1]] = np.arange(inv.size - 1, -1, -1)          # the last write wins: each group's first row
+    return first, inv
+
+
+@lru_cache(maxsize=256)
+def _step_need(model, context_len: int, mtp: int) -> int:
+    """Slots per layer a request needs on average for one step's union of ``mtp`` top-K sets (the default locality
+    model's per-layer overlaps, :func:`ess.layout.step_entries`); with the layers' pools shared
+    (:func:`ess.layout.layer_pool_slots`) a ratio is feasible when its even share reaches this mean."""
+    if mtp == 1:
+        return step_entries(model, context_len)
+    from ..tracegen import locality_profile
+    need = step_entries(model, context_len, mtp, overlap=locality_profile("paper", model.n_layers))
+    return int(np.ceil(np.mean(need)))
+
+
+def _request_rules(model, dep, L, r, mtp):
+    """The layout rules for each distinct (context, ratio, MTP), evaluated once each with the scalar helpers of
+    :mod:`ess.layout` (page padding, per-request cache bytes, pool slots, a step's need) so that the rule lives in
+    one place. Returns per-group arrays and the inverse index that maps them back to the flattened inputs."""
+    first, inv = _codes(L, r, mtp)
+    Lg, rg, tg = (np.ravel(x)[first] for x in (L, r, mtp))
+    n = len(first)
     gpu_b, host_b, slots, need = np.empty(n), np.empty(n), np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
-    for i, (Li, ri) in enumerate(pairs):
+    for i, (Li, ri, ti) in enumerate(zip(Lg, rg, tg)):
         rc = request_cache(model, int(Li), float(ri), dep.kv_dtype)
         gpu_b[i], host_b[i] = rc.gpu_bytes, rc.latent_host_bytes
-        slots[i], need[i] = pool_slots(model, float(ri), int(Li)), step_entries(model, int(Li))
-    return pairs, np.ravel(inv), gpu_b, host_b, slots, need
+        slots[i], need[i] = pool_slots(model, float(ri), int(Li)), _step_need(model, int(Li), int(ti))
+    return np.stack([Lg, rg, tg], axis=1), inv, gpu_b, host_b, slots, need
 
 
-def batch_limits(context_len, ratio, *, model="deepseek-v3.2-exp", deployment="paper-table1", gpu=None, host=None):
+def batch_limits(context_len, ratio, *, mtp=1, model="deepseek-v3.2-exp", deployment="paper-table1", gpu=None,
+                 host=None):
     """Vectorised :func:`ess.memory.largest_batch`: ``(batch, reason)`` arrays (batch 0 with a reason when no
     request fits). The per-request bytes and the pool rule come from :mod:`ess.layout` (``request_cache``,
-    ``pool_slots``), once per distinct (context, ratio); only the division by the budgets is vectorised (tests
-    compare with ``largest_batch``)."""
+    ``pool_slots``), once per distinct (context, ratio, MTP); only the division by the budgets is vectorised (tests
+    compare with ``largest_batch``). With ``mtp`` > 1 a step selects the union of ``mtp`` top-K sets, and the pools
+    must hold it on average over the layers (:func:`ess.layout.step_entries`, :func:`ess.layout.layer_pool_slots`)."""
     model, dep, gpu, host = resolve(model, deployment, gpu, host)
     L = np.asarray(context_len, dtype=np.int64)
     r = np.asarray(ratio, dtype=float)
-    L, r = np.broadcast_arrays(L, r)
+    T = np.asarray(mtp, dtype=np.int64)
+    L, r, T = np.broadcast_arrays(L, r, T)
     try:
         budget = kv_budget_bytes(model, dep, gpu)
     except ValueError as exc:
         return np.zeros(L.shape, dtype=np.int64), np.full(L.shape, str(exc), dtype=object)
-    pairs, inv, gpu_b, host_b, slots, need = _request_rules(model, dep, L, r)
+    groups, inv, gpu_b, host_b, slots, need = _request_rules(model, dep, L, r, T)
     host_budget = host.memory_capacity_GB_per_gpu * 1e9
     batch_gpu = np.floor_divide(budget, gpu_b)
     batch_host = np.where(host_b > 0, np.floor_divide(host_budget, np.where(host_b > 0, host_b, 1.0)), np.inf)
     batch = np.minimum(batch_gpu, batch_host).astype(np.int64)
     few = slots < need
     batch = np.where(few, 0, batch)
-    reason = np.full(len(pairs), "", dtype=object)
+    reason = np.full(len(groups), "", dtype=object)
     for i in np.flatnonzero(few):
-        reason[i] = (f"ratio {pairs[i, 1]:g} leaves {slots[i]} GPU slots per request and layer, fewer than the "
-                     f"{need[i]} entries one step selects (K)")
+        what = ("the entries one step selects (K)" if groups[i, 2] == 1 else
+                f"the entries one step selects on average over the layers (the union of {int(groups[i, 2])} "
+                "top-K sets)")
+        reason[i] = f"ratio {groups[i, 1]:g} leaves {slots[i]} GPU slots per request and layer, fewer than {need[i]}, {what}"
     for i in np.flatnonzero((batch == 0) & ~few):
         reason[i] = (f"one request needs {gpu_b[i] / 1e9:.2f} GB of GPU memory (KV budget {budget / 1e9:.2f} GB) "
                      f"and {host_b[i] / 1e9:.2f} GB of host memory ({host_budget / 1e9:.0f} GB per GPU)")
     return batch[inv].reshape(L.shape), reason[inv].reshape(L.shape)
 
 
-def ratio_for_batch(batch, context_len, *, model="deepseek-v3.2-exp", deployment="paper-table1", gpu=None,
+def ratio_for_batch(batch, context_len, *, mtp=1, model="deepseek-v3.2-exp", deployment="paper-table1", gpu=None,
                     host=None, decimals: int = 4):
     """The largest sparse-memory ratio (rounded down to ``decimals``) at which ``batch`` requests of
     ``context_len`` tokens fit in the KV budget: ``batch x (indexer + ratio x latent) <= budget`` (the rule the
     paper's configurations follow, paper-facts.md), with the per-request bytes of :func:`ess.layout.request_cache`;
-    the result is then checked against :func:`batch_limits` (host memory, pool slots). 1.0 when no offload is
-    needed; NaN when no ratio fits."""
+    the result is then checked against :func:`batch_limits` (host memory, pool slots for a step of ``mtp`` query
+    tokens). 1.0 when no offload is needed; NaN when no ratio fits."""
     model, dep, gpu, host = resolve(model, deployment, gpu, host)
-    B = np.asarray(batch, dtype=float)
-    L = np.asarray(context_len, dtype=np.int64)
+    B = number_array("batch", batch, whole=True, max_ndim=None)
+    L = number_array("context_len", context_len, whole=True, max_ndim=None).astype(np.int64)
+    decimals = non_negative_int("decimals", decimals)
     B, L = np.broadcast_arrays(B, L)
     budget = kv_budget_bytes(model, dep, gpu)
     Lu, inv = np.unique(L.ravel(), return_inverse=True)
@@ -149,7 +240,7 @@ def ratio_for_batch(batch, context_len, *, model="deepseek-v3.2-exp", deployment
     r = np.where(r >= 1.0, 1.0, r)
     ok = r > 0
     r = np.where(ok, r, np.nan)
-    lim, _ = batch_limits(L, np.where(ok, r, 1.0), model=model, deployment=dep, gpu=gpu, host=host)
+    lim, _ = batch_limits(L, np.where(ok, r, 1.0), mtp=mtp, model=model, deployment=dep, gpu=gpu, host=host)
     return np.where(ok & (lim >= B), r, np.nan)
 
 
@@ -215,6 +306,12 @@ def simulate(batch, context_len, ratio=1.0, *, misses=None, mtp=None, accept_rat
     if not isinstance(params, CostParams):
         raise TypeError(f"params must be a CostParams, got {type(params).__name__}")
     h2d_def, d2h_def = _default_link()
+    nl = model.n_layers
+    if misses is not None:
+        misses = number_array("misses", misses, positive=False, at_least=0, max_ndim=2)
+        if misses.ndim == 0 or misses.shape[-1] != nl:
+            raise ValueError(f"misses must have shape ({nl},) or (N, {nl}) (one value per layer of {model.name}), "
+                             f"got {misses.shape}")
     B = number_array("batch", batch, whole=True)
     L = number_array("context_len", context_len, whole=True)
     r = number_array("ratio", ratio)
@@ -226,11 +323,17 @@ def simulate(batch, context_len, ratio=1.0, *, misses=None, mtp=None, accept_rat
     acc = number_array("accept_ratio", dep.mtp_accept_ratio if accept_ratio is None else accept_ratio)
     link = number_array("h2d_GB_per_s", h2d_def if h2d_GB_per_s is None else h2d_GB_per_s, allow_inf=True)
     d2h = number_array("d2h_GB_per_s", d2h_def if d2h_GB_per_s is None else d2h_GB_per_s, allow_inf=True)
-    if misses is not None and np.ndim(misses) == 2:     # configurations may also be counted by the rows of misses
-        B = np.broadcast_to(B, np.broadcast_shapes(B.shape, (np.shape(misses)[0],)))
-    B, L, r, mtp, acc, link, d2h = np.broadcast_arrays(B, L, r, mtp, acc, link, d2h)
+    try:
+        if misses is not None and np.ndim(misses) == 2:     # configurations may also be counted by misses' rows
+            B = np.broadcast_to(B, np.broadcast_shapes(B.shape, (np.shape(misses)[0],)))
+        B, L, r, mtp, acc, link, d2h = np.broadcast_arrays(B, L, r, mtp, acc, link, d2h)
+    except ValueError:
+        shapes = {"batch": np.shape(batch), "context_len": np.shape(context_len), "ratio": np.shape(ratio),
+                  "misses (rows)": np.shape(misses)[:1] if misses is not None and np.ndim(misses) == 2 else ()}
+        raise ValueError(f"the per-configuration arguments must have one length N (or be scalars), got "
+                         f"{ {k: v for k, v in shapes.items() if v} }") from None
     B, L, r, mtp, acc, link, d2h = (np.atleast_1d(x).astype(float) for x in (B, L, r, mtp, acc, link, d2h))
-    N, nl = B.shape[0], model.n_layers
+    N = B.shape[0]
     if (acc > mtp).any() or (acc < 1).any():
         raise ValueError("accept_ratio must lie in [1, mtp] (accepted tokens per step)")
     # host DRAM shared by the node's GPUs caps each GPU's link (hosts.yaml, theoretical bandwidth)
@@ -243,83 +346,144 @@ def simulate(batch, context_len, ratio=1.0, *, misses=None, mtp=None, accept_rat
         if offload.any():
             raise ValueError("misses (mean misses per request per step per layer, shape (n_layers,) or "
                              "(N, n_layers)) are required when a ratio is < 1; pass zeros for a perfect cache")
-        m = np.zeros((N, nl))
+        m = np.zeros((1, nl))
     else:
         m = np.asarray(misses, dtype=float)
         if m.ndim == 1:
-            m = np.broadcast_to(m, (N, nl))
-        if m.shape != (N, nl):
+            m = m[None, :]
+        if m.shape not in ((1, nl), (N, nl)) or (np.ndim(misses) == 2 and m.shape[0] != N):
             raise ValueError(f"misses must have shape ({nl},) or ({N}, {nl}), got {np.shape(misses)}")
-        if not np.isfinite(m).all() or (m < 0).any():
-            raise ValueError("misses must be finite and >= 0")
-    if not offload.all():
-        m = np.where(offload[:, None], m, 0.0)
+    m = np.ascontiguousarray(m)
 
-    b = B / 2.0                                                       # Two-Batch Overlap micro-batch
-    c = layer_costs(model, gpu, dep, b, L, mtp).scaled(params.compute_scale, params.comm_scale)
-    if (m > c.selected[:, None] + 1e-9).any():
-        raise ValueError("misses cannot exceed the entries selected per request and step (mtp x min(K, L))")
-
+    # The cost model runs once per distinct (batch, context, MTP): layer costs, MTP drafts and output heads.
+    first, inv = _codes(B, L, mtp)
+    Bg, Lg, Tg = B[first], L[first], mtp[first]
+    bg = Bg / 2.0                                                     # Two-Batch Overlap micro-batch
+    c = layer_costs(model, gpu, dep, bg, Lg, Tg).scaled(params.compute_scale, params.comm_scale)
+    # MTP: mtp-1 draft passes through the MTP module (one MoE block at one token per request, eh_proj 2h -> h), plus
+    # the output head for the mtp verified tokens and each draft ([DS]: one MTP module sharing the head).
+    c1 = layer_costs(model, gpu, dep, bg, Lg, np.ones_like(Tg)).scaled(params.compute_scale, params.comm_scale)
+    fp8 = "fp8" if model.weight_bytes_per_param == 1 else "bf16"
+    draft = (np.maximum(2 * (c1.attention_block + c1.moe), 2 * (c1.dispatch + c1.combine))
+             + params.compute_scale * (gemm_time_s(Bg, model.hidden_size, 2 * model.hidden_size, gpu, model=model,
+                                                   dtype=fp8)
+                                       + lm_head_time_s(Bg, model, gpu)))
+    heads = (params.compute_scale * lm_head_time_s(Bg * Tg, model, gpu) + (Tg - 1) * draft)[inv]
     entry = latent_entry_bytes(model, dep.kv_dtype)
-    over = offload_overhead_s(c, b, m, mtp, link_eff, d2h_eff, entry, offload)
+    g = lambda x: np.ascontiguousarray(np.broadcast_to(x, Bg.shape)[inv], dtype=float)       # noqa: E731
+    k_h = B / 2.0 * entry / (link_eff * 1e9)                          # seconds per miss (one micro-batch)
+    d = np.where(offload, B / 2.0 * mtp * entry / (d2h_eff * 1e9), 0.0)
+    dense = model.n_dense_layers
     if isinstance(strategy, str):
-        if strategy == "best":                      # per layer, the cheapest (ties: none, then da, then dba)
-            pick_da = over["da"] < over["none"]
-            cur = np.where(pick_da, over["da"], over["none"])
-            pick_dba = over["dba"] < cur
-            chosen = np.where(pick_dba, over["dba"], cur)
-            choice = pick_da.astype(np.int8)
-            choice[pick_dba] = 2
-        elif strategy in STRATEGIES:
-            chosen = over[strategy]
-            choice = np.full((N, nl), STRATEGIES.index(strategy), dtype=np.int8)
-        else:
+        if strategy != "best" and strategy not in STRATEGIES:
             raise ValueError(f"strategy must be one of {STRATEGIES + ('best',)} or one name per layer, "
                              f"got {strategy!r}")
+        per_layer = np.full(nl, -1 if strategy == "best" else STRATEGIES.index(strategy), dtype=np.int8)
     else:
         names = list(strategy)
         if len(names) != nl or any(s not in STRATEGIES for s in names):
             raise ValueError(f"a per-layer strategy must list {nl} names from {STRATEGIES}")
-        idx = np.array([STRATEGIES.index(s) for s in names])
-        chosen = np.stack([over[s] for s in STRATEGIES])[idx, :, np.arange(nl)].T
-        choice = np.broadcast_to(idx.astype(np.int8), (N, nl))
-    layer_over = 2.0 * chosen                                         # both micro-batches
-
-    attn_block = c.attention_block
-    dense = model.n_dense_layers
-    comp_d = 2 * (attn_block + c.ffn_dense)
-    comp_m = 2 * (attn_block + c.moe)
-    comm_m = 2 * (c.dispatch + c.combine)
-    moe_part = layer_over[:, dense:] + comp_m[:, None]
-    np.maximum(moe_part, comm_m[:, None], out=moe_part)
-    layers = dense * comp_d + layer_over[:, :dense].sum(axis=1) + moe_part.sum(axis=1)
-    layers0 = dense * comp_d + (nl - dense) * np.maximum(comp_m, comm_m)
-
-    # MTP: mtp-1 draft passes through the MTP module (one MoE block at one token per request, eh_proj 2h -> h), plus
-    # the output head for the mtp verified tokens and each draft ([DS]: one MTP module sharing the head).
-    c1 = layer_costs(model, gpu, dep, b, L, np.ones_like(mtp)).scaled(params.compute_scale, params.comm_scale)
-    fp8 = "fp8" if model.weight_bytes_per_param == 1 else "bf16"
-    draft = (np.maximum(2 * (c1.attention_block + c1.moe), 2 * (c1.dispatch + c1.combine))
-             + params.compute_scale * (gemm_time_s(B, model.hidden_size, 2 * model.hidden_size, gpu, model=model,
-                                                   dtype=fp8)
-                                       + lm_head_time_s(B, model, gpu)))
-    heads = params.compute_scale * lm_head_time_s(B * mtp, model, gpu) + (mtp - 1) * draft
+        per_layer = np.array([STRATEGIES.index(s) for s in names], dtype=np.int8)
+    layer_over = np.empty((N, nl))
+    choice = np.empty((N, nl), dtype=np.int8)
+    layers, layers0 = np.empty(N), np.empty(N)
+    bad = _timeline_kernel()(m, offload, k_h, d, g(c.indexer), g(c.pre_attn), g(c.attn), g(c.o_proj), g(c.merge),
+                             g(c.selected), g(2 * (c.attention_block + c.ffn_dense)),
+                             g(2 * (c.attention_block + c.moe)), g(2 * (c.dispatch + c.combine)), dense, per_layer,
+                             layer_over, choice, layers, layers0)
+    if bad == 1:
+        raise ValueError("misses must be finite and >= 0")
+    if bad == 2:
+        raise ValueError("misses cannot exceed the entries selected per request and step (mtp x min(K, L))")
     fixed = params.fixed_ms * 1e-3
     step = layers + heads + fixed
     step0 = layers0 + heads + fixed
 
     if check_memory:
-        lim, why = batch_limits(L.astype(np.int64), r, model=model, deployment=dep, gpu=gpu, host=host)
+        lim, why = batch_limits(L.astype(np.int64), r, mtp=mtp.astype(np.int64), model=model, deployment=dep,
+                                gpu=gpu, host=host)
         feasible = B <= lim
-        reason = np.where(lim == 0, why, np.where(feasible, "", np.char.add(
-            "batch exceeds the memory limit of ", lim.astype(str).astype(object))))
+        reason = np.full(N, "", dtype=object)
+        over = ~feasible & (lim > 0)
+        if over.any():                                                # one string per distinct limit
+            vals, idx = np.unique(lim[over], return_inverse=True)
+            reason[over] = np.array([f"batch exceeds the memory limit of {v}" for v in vals], dtype=object)[idx]
+        none_fit = ~feasible & (lim == 0)
+        reason[none_fit] = why[none_fit]
     else:
         feasible = np.ones(N, dtype=bool)
         reason = np.full(N, "", dtype=object)
     step = np.where(feasible, step, np.nan)
     step0 = np.where(feasible, step0, np.nan)
-    return SimResult(B, L, r, mtp, acc, link, step, step0, feasible, reason.astype(object), layer_over,
-                      np.asarray(choice), dep.gpus_per_node)
+    return SimResult(B, L, r, mtp, acc, link, step, step0, feasible, reason.astype(object), layer_over, choice,
+                     dep.gpus_per_node)
+
+
+@lru_cache(maxsize=None)
+def _timeline_kernel():
+    """The per-layer part of :func:`simulate`, fused over the layers of each configuration (Numba): for every row
+    ``i`` and layer ``l`` the three strategies' overheads -- the arithmetic of :func:`offload_overhead_s`, the
+    readable reference it is tested against --, the strategy (``per_layer[l]``, or -1: the cheapest, ties to none,
+    then DA, then DBA), and the layer's place on the two lanes: ``2 x overhead + compute``, against the all-to-all
+    lane on MoE layers. Writes ``layer_over`` (both micro-batches), ``choice``, and the sums over the layers with
+    and without offload. ``m`` has one row shared by every configuration or one row each. Returns 0, or 1 for a
+    negative or non-finite miss count, 2 for more misses than the entries selected."""
+    from numba import njit
+
+    @njit(cache=True, nogil=True)
+    def kernel(m, offload, k_h, d, I, p, a, o, merge, sel, comp_d, comp_m, comm_m, dense, per_layer,
+               layer_over, choice, layers, layers0):
+        N, nl = layer_over.shape
+        shared = m.shape[0] == 1
+        for i in range(N):
+            row = 0 if shared else i
+            kh, di, ai, mg, si = k_h[i], d[i], a[i], merge[i], sel[i]
+            on = offload[i]
+            # per row: the constants of the three formulas (see offload_overhead_s)
+            da_c = kh + ai / si
+            da_0 = p[i] + ai
+            da_d = max(di - o[i], 0.0)
+            kh2 = kh / 2
+            dba_1 = I[i] / 2
+            dba_2 = p[i] + ai / 2
+            dba_d = max(di - ai / 2, 0.0)
+            tot = 0.0
+            tot0 = 0.0                                # the same sum without offload, in the same order
+            for l in range(nl):
+                x = m[row, l]
+                if not (x >= 0.0 and x < np.inf):
+                    return 1
+                if not on:
+                    x = 0.0
+                elif x > si + 1e-9:
+                    return 2
+                none = x * kh + di
+                da = max(x * da_c - da_0, 0.0) + (mg if x > 0 else 0.0) + da_d
+                h2 = x * kh2
+                dba = max(h2 - dba_1, 0.0) + max(h2 - dba_2, 0.0) + dba_d
+                s = per_layer[l]
+                if s < 0:
+                    best, s = none, 0
+                    if da < best:
+                        best, s = da, 1
+                    if dba < best:
+                        best, s = dba, 2
+                else:
+                    best = none if s == 0 else (da if s == 1 else dba)
+                over = 2.0 * best
+                layer_over[i, l] = over
+                choice[i, l] = s
+                if l < dense:
+                    tot += comp_d[i] + over
+                    tot0 += comp_d[i]
+                else:
+                    tot += max(comp_m[i] + over, comm_m[i])
+                    tot0 += max(comp_m[i], comm_m[i])
+            layers[i] = tot
+            layers0[i] = tot0
+        return 0
+
+    return kernel
 
 
 def best_batch(context_len, ratios, *, misses_by_ratio=None, otps_floor: float | None = None, **kwargs):
@@ -329,6 +493,13 @@ def best_batch(context_len, ratios, *, misses_by_ratio=None, otps_floor: float |
     ``misses_by_ratio`` maps each ratio < 1 to its per-layer misses (shape (n_layers,)). Returns a dict with the
     chosen ``batch``, ``ratio``, ``throughput``, ``otps`` and ``step_ms`` (``None`` values and a ``reason`` when
     nothing qualifies)."""
+    ratios = list(ratios) if not isinstance(ratios, (int, float, np.number)) else [ratios]
+    if not ratios:
+        raise ValueError("ratios must list at least one sparse-memory ratio (1.0 = no offload)")
+    for i, ratio in enumerate(ratios):
+        ratio_check(f"ratios[{i}]", ratio)
+        if ratio < 1 and (misses_by_ratio is None or ratio not in misses_by_ratio):
+            raise ValueError(f"misses_by_ratio must give the per-layer misses of every ratio < 1; {ratio} has none")
     rows_B, rows_r, rows_m = [], [], []
     model, dep, gpu, host = resolve(kwargs.get("model", "deepseek-v3.2-exp"), kwargs.get("deployment", "paper-table1"),
                                     kwargs.get("gpu"), kwargs.get("host"))

@@ -1,20 +1,30 @@
 """Locality studies of notebook 04: a trace recorded from the real lightning indexer on synthetic activations, and the
-rule that chose the default synthetic trace model (the LRU hit rate with a buffer of 2 x K against vLLM's figure)."""
+locality model grounded in the evidence of ``data/locality/README.md``: each piece of evidence as a statistic of a
+model (:func:`buffer_hit_rate` for vLLM's hit rate, :func:`gvr_overlaps` for GVR's, :func:`trace_shape` /
+:func:`model_shape` for the real traces' shape), the drift model's ``rho`` fitted on vLLM's range
+(:func:`fit_drift_rho`), and the rule that chooses the default model and reading (:func:`evidence_distances`,
+:func:`choose_locality`)."""
 from __future__ import annotations
 
-from typing import Any, Mapping
+from pathlib import Path
+from typing import Any, Iterable, Mapping
 
 import numpy as np
 
 from ..attention import indexer_scores, topk_indices
-from ..cachesim import misses_per_step
+from ..cachesim import misses_per_step, trace_misses
 from ..quant import encode_indexer_keys
-from ..specs import ModelSpec, model_spec
-from ..tracegen import _check_generator_args, geometry
-from ..traces import Trace, TraceRecorder
+from ..specs import DATA_DIR, ModelSpec, model_spec
+from ..tracegen import READINGS, TRACE_MODELS, LocalityModel, _check_generator_args, geometry, synthetic_trace
+from ..traces import Trace, TraceRecorder, adjacent_overlap, load_trace, return_share, union_share
 from ..validate import real
 
-__all__ = ["record_indexer_trace", "VLLM_BUFFER_2K_HIT_RATE", "buffer_hit_rate", "choose_trace_model"]
+__all__ = ["record_indexer_trace", "VLLM_BUFFER_2K_HIT_RATE", "GVR_DEEP_OVERLAP", "GVR_SHALLOW_OVERLAP",
+           "GVR_SHALLOW_LAYERS", "FIT_HIT_RATE", "range_distance", "buffer_hit_rate", "fit_drift_rho", "gvr_overlaps",
+           "trace_shape", "model_shape", "real_traces", "evidence_distances", "choose_locality", "candidates",
+           "measure_evidence", "SHAPE_STATS"]
+
+SHAPE_STATS = ("hit_2k", "union4", "return8")
 
 
 def record_indexer_trace(model: Any = "tiny", *, context_len: int = 1024, steps: int = 16, batch: int = 2,
@@ -73,8 +83,20 @@ def record_indexer_trace(model: Any = "tiny", *, context_len: int = 1024, steps:
 
 
 # vLLM RFC #48203 via paper-facts.md: 80-90 % hit rate on DeepSeek-V3.2 with a GPU buffer of 2 x top-k per request
-# (an independent figure, not calibration data: nothing is fitted to it)
+# (an independent figure, not calibration data of the simulator: E2 of data/locality/README.md)
 VLLM_BUFFER_2K_HIT_RATE = (0.80, 0.90)
+# the hit rates rho is fitted to: the middle of vLLM's range (central) and its ends (the band), data/locality/README.md
+FIT_HIT_RATE = {"central": 0.85, "at_80": 0.80, "at_90": 0.90}
+# NVIDIA's GVR paper via paper-facts.md: consecutive-step top-2048 overlap 35-50 % in deep layers, ~1-2 % in layers 0-1
+GVR_DEEP_OVERLAP = (0.35, 0.50)
+GVR_SHALLOW_OVERLAP = (0.01, 0.02)
+GVR_SHALLOW_LAYERS = 2          # layers 0-1; "deep" is every later layer (data/locality/README.md, E3)
+
+
+def range_distance(x: float, band: tuple[float, float]) -> float:
+    """Distance of ``x`` to the range ``band = (low, high)``: 0 inside it, else the distance to the nearer end."""
+    low, high = band
+    return float(max(low - x, x - high, 0.0))
 
 
 def buffer_hit_rate(context_len: int, *, buffer_k: int = 2, steps: int = 128, batch: int = 2, seed: int = 0,
@@ -82,18 +104,171 @@ def buffer_hit_rate(context_len: int, *, buffer_k: int = 2, steps: int = 128, ba
     """LRU hit rate of a synthetic trace with a pool of ``buffer_k`` x K entries per (request, layer): 1 - misses / K
     over the second half of ``steps`` decode steps, MTP 1 (one top-K selection per step), LRU with the warmup
     windows, every layer of the model (:func:`ess.tracegen.geometry`), mean over layers and ``batch`` requests.
-    ``generator`` keywords go to :func:`ess.tracegen.synthetic_streams` (e.g. ``drift_rho``)."""
+    ``generator`` keywords go to :func:`ess.tracegen.synthetic_streams` (e.g. ``reading``, ``drift_rho``).
+    With the defaults at 32K it is the statistic h2K of ``data/locality/README.md`` (setting S)."""
     k = geometry()[1]
     m = misses_per_step(context_len, buffer_k * k / context_len, mtp=1, steps=steps, batch=batch, seed=seed,
                         trace_model=trace_model, **generator)                         # (n_layers, steps)
     return float(1 - m[:, steps // 2:].mean() / k)
 
 
-def choose_trace_model(hit_rates: Mapping[str, float],
-                       band: tuple[float, float] = VLLM_BUFFER_2K_HIT_RATE) -> tuple[str, dict]:
-    """The selection rule of ``data/locality/README.md``, fixed before either model was measured: the default trace
-    model is the one whose 2 x K hit rate (:func:`buffer_hit_rate`) is closer to ``band`` (distance 0 inside it, else
-    to the nearer end); a tie keeps ``"uniform"``. Returns ``(chosen, {model: distance})``."""
-    low, high = band
-    distance = {m: max(low - h, h - high, 0.0) for m, h in hit_rates.items()}
-    return ("drift" if distance["drift"] < distance["uniform"] else "uniform"), distance
+def fit_drift_rho(target: float, *, reading: str, context_len: int = 32768, lo: float = 0.0, hi: float = 0.95,
+                  tol: float = 0.005, evaluated: dict | None = None, **hit_kw: Any) -> dict:
+    """The drift model's ``rho`` at which :func:`buffer_hit_rate` (``hit_kw``; setting S by default) equals
+    ``target``, by bisection on ``[lo, hi]`` to ``tol``; the hit rate falls as rho grows (the two ends are
+    evaluated, and a rise between them raises). When ``target`` lies outside the hit rates of the two ends, the end
+    nearer to it is returned with ``reachable`` False. ``evaluated`` (a dict ``{rho: hit rate}``) is read and
+    filled, so fits to several targets share their evaluations. Returns ``{"rho", "hit_rate", "reachable",
+    "evaluations"}``."""
+    target = real("target", target, lo=0.0, hi=1.0)
+    evaluated = {} if evaluated is None else evaluated
+
+    def hit(rho: float) -> float:
+        rho = round(float(rho), 6)
+        if rho not in evaluated:
+            evaluated[rho] = buffer_hit_rate(context_len, trace_model="drift", reading=reading, drift_rho=rho,
+                                             **hit_kw)
+        return evaluated[rho]
+
+    h_lo, h_hi = hit(lo), hit(hi)
+    if h_hi > h_lo:
+        raise ValueError(f"the hit rate rises with rho ({h_lo:.4f} at {lo}, {h_hi:.4f} at {hi}); bisection needs it "
+                         "to fall")
+    if target >= h_lo or target <= h_hi:
+        end = lo if target >= h_lo else hi
+        return {"rho": end, "hit_rate": hit(end), "reachable": target == hit(end), "evaluations": dict(evaluated)}
+    a, b = lo, hi
+    while b - a > tol:
+        mid = 0.5 * (a + b)
+        if hit(mid) > target:
+            a = mid
+        else:
+            b = mid
+    rho = min((a, b), key=lambda x: abs(hit(x) - target))
+    return {"rho": round(rho, 6), "hit_rate": hit(rho), "reachable": True, "evaluations": dict(evaluated)}
+
+
+def gvr_overlaps(context_len: int = 32768, *, steps: int = 16, seed: int = 1, **model: Any) -> dict:
+    """GVR's statistics of a synthetic model (E3 of ``data/locality/README.md``): the measured adjacent overlap per
+    layer (MTP 1, ``steps`` decode steps, one request, no warmup, ``seed``; ``model`` = the generator's keywords,
+    e.g. ``LocalityModel.kwargs()``), its mean over layers 2 and later (``deep``) and over layers 0-1
+    (``shallow``)."""
+    tr = synthetic_trace(context_len, mtp=1, steps=steps, batch=1, warmup_windows=0, seed=seed, **model)
+    per_layer = adjacent_overlap(tr)
+    return {"per_layer": per_layer, "deep": float(per_layer[GVR_SHALLOW_LAYERS:].mean()),
+            "shallow": float(per_layer[:GVR_SHALLOW_LAYERS].mean())}
+
+
+def trace_shape(trace: Trace, *, buffer_k: int = 2, union_window: int = 4, return_within: int = 8) -> dict:
+    """The shape statistics of E4 (``data/locality/README.md``) of a trace with one query token per step, means over
+    requests, layers and steps: ``hit_2k`` LRU hit rate with a pool of ``buffer_k`` x K (warmup windows, second half
+    of the steps); ``union4`` the share of distinct entries among ``union_window`` consecutive sets
+    (:func:`ess.traces.union_share`); ``return8`` the share of entries leaving the set that come back within
+    ``return_within`` steps (:func:`ess.traces.return_share`). Also ``overlap``, the mean adjacent overlap."""
+    if trace.mtp != 1:
+        raise ValueError(f"trace_shape needs a trace with one query token per step (mtp 1), got mtp {trace.mtp}")
+    m = trace_misses(trace, "lru", capacity=buffer_k * trace.k, warmup=trace.windows is not None)
+    return {"hit_2k": float(1 - m[:, :, trace.steps // 2:].mean() / trace.k),
+            "union4": float(union_share(trace, union_window).mean()),
+            "return8": float(np.nanmean(return_share(trace, return_within))),
+            "overlap": float(adjacent_overlap(trace).mean())}
+
+
+def model_shape(real_trace: Trace, *, seed: int = 0, **model: Any) -> dict:
+    """:func:`trace_shape` of a synthetic model run at ``real_trace``'s geometry (context, K, layers, steps,
+    requests, warmup windows) with ``real_trace``'s own measured per-layer overlap as its profile (``model``: the
+    generator's keywords, e.g. ``trace_model`` and ``drift_rho``; a reading does not apply), so that the comparison
+    tests the model's time structure, not its overlap level. The generator's structure (attention sinks, local
+    window: 4 and 64 entries of DeepSeek's K = 2,048) is scaled to the trace's K unless ``model`` sets it, so that
+    it keeps its share of the set (at K = 64 the unscaled window alone would fill it)."""
+    from ..tracegen import generator_defaults
+    model = {k: v for k, v in model.items() if k != "reading"}
+    tr = real_trace
+    d, k_ref = generator_defaults(), geometry()[1]
+    model.setdefault("n_sinks", int(round(d["n_sinks"] * tr.k / k_ref)))
+    model.setdefault("local_window", int(round(d["local_window"] * tr.k / k_ref)))
+    syn = synthetic_trace(tr.context_len, n_layers=tr.n_layers, k=tr.k, mtp=1, steps=tr.steps, batch=tr.batch,
+                          warmup_windows=tr.n_windows, profile=np.clip(adjacent_overlap(tr), 0.0, 1.0), seed=seed,
+                          **model)
+    return trace_shape(syn)
+
+
+def real_traces(folder: str | Path | None = None) -> dict[str, Trace]:
+    """The recorded real-model traces with one query token per step (``mtp`` 1) in ``data/traces/`` (or
+    ``folder``), by file name; empty when there are none."""
+    folder = Path(folder) if folder is not None else DATA_DIR / "traces"
+    out = {}
+    for path in sorted(folder.glob("*.npz")) if folder.is_dir() else []:
+        tr = load_trace(path)
+        if tr.mtp == 1:
+            out[path.stem] = tr
+    return out
+
+
+def candidates(rho: Mapping[str, float]) -> list[LocalityModel]:
+    """The four candidates of the rule: (``uniform``, ``drift``) x :data:`ess.tracegen.READINGS`, the drift model
+    with ``rho[reading]`` (its fitted ``rho*``)."""
+    return [LocalityModel(f"{tm}/{rd}", tm, rd, float(rho[rd]) if tm == "drift" else None)
+            for tm in TRACE_MODELS for rd in READINGS]
+
+
+def evidence_distances(hit_2k: float, gvr: Mapping[str, float], shape: Mapping[str, float] | None = None,
+                       real_shape: Mapping[str, float] | None = None) -> dict:
+    """The distances of one candidate to the evidence (``data/locality/README.md``, "The rule"): ``d_E2`` of its
+    2 x K hit rate to vLLM's range; ``d_E3`` of GVR's deep and shallow means to their ranges (summed); ``d_E4`` the
+    mean absolute difference of the three shape statistics from the real traces' (None without real traces);
+    ``score`` their sum."""
+    d2 = range_distance(hit_2k, VLLM_BUFFER_2K_HIT_RATE)
+    d3 = range_distance(gvr["deep"], GVR_DEEP_OVERLAP) + range_distance(gvr["shallow"], GVR_SHALLOW_OVERLAP)
+    d4 = None
+    if shape is not None and real_shape is not None:
+        d4 = float(np.mean([abs(shape[s] - real_shape[s]) for s in SHAPE_STATS]))
+    return {"d_E2": d2, "d_E3": d3, "d_E4": d4, "score": d2 + d3 + (d4 or 0.0)}
+
+
+def choose_locality(scores: Mapping[tuple[str, str], float], *, tie: float = 0.005,
+                    keep: tuple[str, str] = ("drift", "fraction")) -> tuple[str, str]:
+    """The rule of ``data/locality/README.md``: the candidate ``(trace model, reading)`` with the smallest score;
+    a score within ``tie`` of the smallest counts as a tie, which keeps ``keep`` (the earlier default) when it is
+    among the tied candidates."""
+    best = min(scores, key=scores.get)
+    return keep if keep in scores and scores[keep] <= scores[best] + tie else best
+
+
+def measure_evidence(models: Iterable[LocalityModel], *, context_len: int = 32768, probe_steps: int = 16,
+                     probe_seed: int = 1, hit_rates: Mapping[str, float] | None = None,
+                     real: Mapping[str, Trace] | None = None, **hit_kw: Any):
+    """Each model against every piece of evidence of ``data/locality/README.md``: one row per model (by
+    ``name``) with ``hit_2k`` (E2; taken from ``hit_rates[name]`` when given, else :func:`buffer_hit_rate` with
+    ``hit_kw``), ``gvr_deep`` / ``gvr_shallow`` (E3, :func:`gvr_overlaps` with ``probe_steps`` and ``probe_seed``),
+    ``e1_max_error`` (E1: the largest ``|measured - target|`` over the layers on the same probe, the target raised to
+    the model's floor where it lies below it), the mean shape statistics of the model at each real trace's
+    geometry (E4, :func:`model_shape`; ``real`` = :func:`real_traces` by default) and the real traces' own, the
+    distances and the score (:func:`evidence_distances`). Returns a DataFrame and the probes' per-layer overlaps."""
+    import pandas as pd
+    from ..tracegen import drift_calibration, generator_defaults, locality_profile
+    real = real_traces() if real is None else dict(real)
+    real_mean = ({s: float(np.mean([trace_shape(tr)[s] for tr in real.values()])) for s in SHAPE_STATS}
+                 if real else None)
+    rows, per_layer = [], {}
+    k, n_layers = geometry()[1], geometry()[0]
+    d = generator_defaults()
+    for m in models:
+        kw = m.kwargs()
+        h = hit_rates[m.name] if hit_rates and m.name in hit_rates else buffer_hit_rate(context_len, **kw, **hit_kw)
+        gvr = gvr_overlaps(context_len, steps=probe_steps, seed=probe_seed, **kw)
+        target = locality_profile("paper", n_layers, m.reading)
+        floor = ((d["n_sinks"] + d["local_window"] - 1) / k if m.trace_model == "uniform" else
+                 drift_calibration(0.0, context_len, k, rho=m.drift_rho)["floor"])
+        e1 = float(np.abs(gvr["per_layer"] - np.maximum(target, floor)).max())
+        shape = None
+        if real:
+            shapes = [model_shape(tr, **kw) for tr in real.values()]
+            shape = {s: float(np.mean([x[s] for x in shapes])) for s in SHAPE_STATS}
+        dist = evidence_distances(h, gvr, shape, real_mean)
+        per_layer[m.name] = gvr["per_layer"]
+        rows.append({"name": m.name, "trace_model": m.trace_model, "reading": m.reading, "drift_rho": m.drift_rho,
+                     "hit_2k": h, "gvr_deep": gvr["deep"], "gvr_shallow": gvr["shallow"], "e1_max_error": e1,
+                     "floor": floor, **{f"model_{s}": (shape or {}).get(s) for s in SHAPE_STATS},
+                     **{f"real_{s}": (real_mean or {}).get(s) for s in SHAPE_STATS}, **dist})
+    return pd.DataFrame(rows).set_index("name"), per_layer

@@ -3,8 +3,9 @@ table rebuilt row by row, the 128K claim, the article's deployment benefits (sec
 
 The predictions come from :mod:`ess.sim.scenarios`; published values from ``data/published/`` with their source;
 held-back values are never filled in (``published`` is ``None``). Every row carries its configuration. The MTP 4
-accept ratios (2.8 and 3.4) are not published results: they are the settings of the paper's Table 2 MTP 4 rows
-(its configuration column), configurations to predict for, so the MTP 4 rows are a sweep over them and carry ``accept_ratio_source`` saying so.
+accept ratios (2.8 and 3.4) are not results: they are settings the paper's Table 2 lists for its MTP 4 rows (its
+configuration column), without saying which row ran at which, so the MTP 4 rows are predicted at each and carry
+``accept_ratio_source`` saying so.
 """
 from __future__ import annotations
 
@@ -18,11 +19,15 @@ from ..memory import largest_batch
 from ..published import published
 from ..specs import resolve
 from ..sim.costs import CostParams, calibration_data
-from ..sim.scenarios import MissesFn, predict_configs
+from ..sim.scenarios import MissesFn, band_frames, predict_configs
 from ..sim.timeline import ratio_for_batch, simulate
 
-__all__ = ["table2_predictions", "article_table_32k", "claim_128k", "deployment_benefits", "section12_claims",
-           "deployment_assumptions"]
+__all__ = ["table2_predictions", "table2_bands", "band_over", "BAND_COLUMNS", "article_table_32k", "claim_128k",
+           "deployment_benefits", "section12_claims", "deployment_assumptions"]
+
+# the predicted columns of table2_predictions that get a band
+BAND_COLUMNS = ("throughput", "otps", "step_ms", "stall_ms", "misses_per_step", "gain_pct", "throughput_no_miss",
+                "gain_no_miss_pct")
 
 
 def table2_predictions(params: CostParams, misses_fn: MissesFn | None = None, *, strategy="best",
@@ -41,12 +46,25 @@ def table2_predictions(params: CostParams, misses_fn: MissesFn | None = None, *,
             continue
         if f"{e['context_len'] // 1024}k" not in contexts:
             continue
+        memory = {}                              # per tag: the batch rule and which limit binds
         if "batches" in e:
             B = np.array(e["batches"])
-            points = [(f"b{b}", int(b), float(ri)) for b, ri in zip(B, ratio_for_batch(B, e["context_len"], **dep_kw))]
+            points = [(f"b{b}", int(b), float(ri))
+                      for b, ri in zip(B, ratio_for_batch(B, e["context_len"], mtp=e["mtp"], **dep_kw))]
         elif "ratios" in e:
-            points = [(f"r{ri:g}", largest_batch(e["context_len"], ri, **dep_kw).batch, float(ri))
-                      for ri in e["ratios"]]
+            points = []
+            for ri in e["ratios"]:
+                lim = largest_batch(e["context_len"], ri, **dep_kw)
+                host_cap = lim.batch_host is not None and lim.batch_host < lim.batch_gpu
+                binds = ("host memory (ess's assumed host)" if host_cap else "GPU memory (KV budget)")
+                points.append((f"r{ri:g}", lim.batch_gpu, float(ri)))
+                memory[f"r{ri:g}"] = {"batch_rule": "paper: batch x (indexer + ratio x latent) = KV budget",
+                                      "batch_gpu_rule": lim.batch_gpu, "batch_host_limit": lim.batch_host,
+                                      "limit_binds": binds, "check_memory": not host_cap}
+                if host_cap:                      # ess's host memory caps the paper's batch: show both
+                    points.append((f"r{ri:g}_host_capped", lim.batch_host, float(ri)))
+                    memory[f"r{ri:g}_host_capped"] = {**memory[f"r{ri:g}"], "check_memory": True,
+                                                      "batch_rule": "ess: the host memory per GPU caps the batch"}
         else:
             points = [("", int(e["batch"]), float(e["ratio"]))]
         accepts = e["accept_ratios"] if "accept_ratios" in e else [e["accept_ratio"]]
@@ -56,11 +74,14 @@ def table2_predictions(params: CostParams, misses_fn: MissesFn | None = None, *,
                 cfg.append({"row": row, "key": key, "batch": b, "ratio": ri, "context_len": e["context_len"],
                             "mtp": e["mtp"], "accept_ratio": float(acc), "role": e["role"],
                             "published": e["value"] if e["role"] == "calibration" else None, "source": e["source"],
-                            "accept_ratio_source": e.get("accept_ratio_source", e["source"])})
+                            "accept_ratio_source": e.get("accept_ratio_source", e["source"]),
+                            "batch_rule": "paper: batch x (indexer + ratio x latent) = KV budget",
+                            "check_memory": True, **memory.get(tag, {})})
     cfg = pd.DataFrame(cfg)
     pred = predict_configs(cfg, params, misses_fn, strategy=strategy, **kw)
-    out = pd.concat([cfg[["row", "role", "published", "source", "accept_ratio_source"]].reset_index(drop=True), pred],
-                    axis=1)
+    extra = ["row", "role", "published", "source", "accept_ratio_source", "batch_rule", "batch_gpu_rule",
+             "batch_host_limit", "limit_binds"]
+    out = pd.concat([cfg[[c for c in extra if c in cfg]].reset_index(drop=True), pred], axis=1)
     ref = pd.Series(np.nan, index=out.index)
     for L, part in out.groupby("context_len"):
         cal = part[part.role == "calibration"]
@@ -73,14 +94,42 @@ def table2_predictions(params: CostParams, misses_fn: MissesFn | None = None, *,
     return out
 
 
+def table2_bands(calibrations, misses_fns, *, strategy="best", contexts=("32k", "128k"), **kw) -> tuple:
+    """:func:`table2_predictions` for every calibration (``{name: CostParams}``) crossed with every locality model
+    (``{name: misses_fn}``); the first of each is the central one. Returns ``(t2, frames)``: ``t2`` the central frame
+    with ``<column>_low`` / ``<column>_high`` for each of :data:`BAND_COLUMNS` (the lowest and highest value over
+    the combinations; NaN where none is feasible), ``band_size`` (the combinations) and ``band_infeasible`` (how many
+    of them are infeasible for the row); ``frames`` every combination's frame by ``(calibration, locality)``."""
+    if not calibrations or not misses_fns:
+        raise ValueError("calibrations and misses_fns must each hold at least one entry (the central one first)")
+    frames = {(cn, ln): table2_predictions(p, fn, strategy=strategy, contexts=contexts, **kw)
+              for ln, fn in misses_fns.items() for cn, p in calibrations.items()}
+    t2 = band_frames(frames, BAND_COLUMNS)
+    t2["band_infeasible"] = np.sum([(f.status == "infeasible").to_numpy() for f in frames.values()], axis=0)
+    return t2, frames
+
+
+def band_over(values, central=None) -> tuple:
+    """``(central, low, high)`` of one number computed under several combinations (``{key: value}``, e.g. a claim
+    derived from each frame of :func:`table2_bands`): ``central`` the value of the ``central`` key (default: the
+    first), ``low`` / ``high`` the smallest and largest of the values that are numbers (None and NaN left out;
+    ``(central, None, None)`` when none is)."""
+    keys = list(values)
+    c = values[keys[0] if central is None else central]
+    finite = [float(v) for v in values.values() if v is not None and np.isfinite(v)]
+    if not finite:
+        return c, None, None
+    return c, min(finite), max(finite)
+
+
 def article_table_32k(t2: pd.DataFrame, *, mtp4_accepts=None) -> pd.DataFrame:
     """The article's 32K table rebuilt: each row, the paper configuration it maps to, the article's numbers, the
     paper's given numbers (Table 2 row 1, [BLOG] percentages) and ours, with the difference explained.
 
-    The paper's MTP 4 accept ratio is held back, so the MTP=4, ESS and offload-contribution rows are given once per
-    accept ratio of ``mtp4_accepts`` (default: the configurations of ``paper_table2.yaml``, 2.8 and 3.4, the
-    settings of the paper's Table 2 MTP 4 rows, its configuration column), in column ``mtp4_accept_ratio`` with
-    ``accept_ratio_status`` saying it is a configuration, not a published value."""
+    The paper's Table 2 lists two MTP 4 accept ratios among its settings (its configuration column: 2.8 and 3.4,
+    ``paper_table2.yaml``) without saying which row ran at which, so the MTP=4, ESS and offload-contribution rows
+    are given once per accept ratio of ``mtp4_accepts`` (default: those two), in column ``mtp4_accept_ratio`` with
+    ``accept_ratio_status`` saying it is a configuration, not a result."""
     pub = published("paper_table2")
     art = {k: pub[k] for k in ("article_baseline", "article_mtp4", "article_ess", "article_offload_contribution")}
     m4 = pub["t2_32k_mtp4"]
@@ -88,7 +137,7 @@ def article_table_32k(t2: pd.DataFrame, *, mtp4_accepts=None) -> pd.DataFrame:
     base = t2[t2.role == "calibration"].iloc[0]
     blog_mtp, blog_all = pub["blog_mtp_alone"]["value"], pub["blog_mtp_plus_ess"]["value"]
     a_base, a_ess, a_off = art["article_baseline"], art["article_ess"], art["article_offload_contribution"]
-    acc_status = f"configuration to predict for, not published ({m4['accept_ratio_source']})"
+    acc_status = f"a setting to predict for, not a result ({m4['accept_ratio_source']})"
     rows = [{"row": "Baseline", "mtp4_accept_ratio": np.nan, "accept_ratio_status": "",
              "maps_to": f"Table 2 row 1: MTP {base.mtp}, accept {base.accept_ratio:g}, batch {base.batch}, "
                         f"ratio 1 (no offload)",
@@ -121,8 +170,8 @@ def article_table_32k(t2: pd.DataFrame, *, mtp4_accepts=None) -> pd.DataFrame:
              "ours_tok_s": mtp4_b.throughput, "ours_pct": ours_mtp, "ours_pct_no_miss": ours_mtp,
              "explanation": f"prediction at accept ratio {acc:g}: accepted tokens rise {acc / base.accept_ratio:.2f}x "
                             f"while the step grows {mtp4_b.step_ms / base.step_ms:.2f}x ({m4['mtp']} query "
-                            f"tokens, {m4['mtp'] - 1} draft passes); the paper's accept ratio for this row "
-                            "is held back, so the row is a sweep over the accept ratio"},
+                            f"tokens, {m4['mtp'] - 1} draft passes); Table 2 lists 2.8 and 3.4 among its MTP 4 "
+                            "settings without saying which row ran at which, so the row is given at each"},
             {"row": "ESS Architecture", **common,
              "maps_to": (f"MTP {m4['mtp']}, accept {acc:g} (a configuration), offload, batch "
                          f"{int(ess_best.batch)}, ratio {ess_best.ratio:.3f}" if ess_best is not None else
@@ -148,9 +197,12 @@ def article_table_32k(t2: pd.DataFrame, *, mtp4_accepts=None) -> pd.DataFrame:
 
 
 def claim_128k(t2: pd.DataFrame) -> dict:
-    """The 128K claim (+123 % with MTP 2): our best 128K offload row against the 128K no-offload row."""
+    """The 128K claim (+123 % with MTP 2): our best 128K offload row at the paper's batches (the memory rule it
+    keeps; rows capped by ess's host memory are left out) against the 128K no-offload row."""
     pub = published("paper_table2")["claim_128k_gain"]
     sub = t2[t2.context_len == pub["context_len"]]
+    if "row" in sub:
+        sub = sub[~sub.row.str.endswith("_host_capped")]
     base = sub[sub.ratio == 1.0].iloc[0]
     off = sub[(sub.ratio < 1) & (sub.status == "predicted")]
     best = off.loc[off.throughput.idxmax()] if len(off) else None
@@ -170,9 +222,12 @@ def deployment_assumptions() -> dict:
 
 
 def _smallest_ratio_for_step(model, context_len: int, mtp: int, step: float = 0.01) -> float:
-    """The smallest ratio on a grid of ``step`` whose pool (:func:`ess.layout.pool_slots`) holds one step's selected
-    entries of a request (:func:`ess.layout.step_entries`, ``mtp`` query tokens); 1.0 if none below 1 does."""
-    need = step_entries(model, context_len, mtp)
+    """The smallest ratio on a grid of ``step`` whose pools (:func:`ess.layout.pool_slots`) hold one step's union of
+    the ``mtp`` query tokens' sets on average over the layers (:func:`ess.layout.step_entries` with the default
+    locality model's overlaps; the layers share the ratio's slots); 1.0 if none below 1 does."""
+    from ..tracegen import locality_profile
+    need = int(np.ceil(np.mean(step_entries(model, context_len, mtp,
+                                            overlap=locality_profile("paper", model.n_layers)))))
     for r in np.arange(step, 1.0, step):
         r = round(float(r), 6)
         if pool_slots(model, r, context_len) >= need:
@@ -187,8 +242,8 @@ def deployment_benefits(params: CostParams, misses_fn: MissesFn | None, *, ratio
     """Article section 3.3 (a customer-service deployment; no configuration given), rebuilt under stated
     assumptions: the context is the one (on a grid of ``context_grid_tokens``) at which a node holds the article's
     1,200 sessions without offload (or ``context_len``), offload uses ``ratio`` (default: the smallest ratio, in
-    steps of 0.01, whose pool holds one step's ``mtp x K`` entries) at its memory-limited batch, node power is
-    constant.
+    steps of 0.01, whose pools hold one step's union of ``mtp`` top-K sets) at its memory-limited batch, node power
+    is constant.
 
     When the context is chosen that way, the "before" sessions per node match the article **by construction**: the
     column ``status_before`` says "fitted by construction" for that value (it is not a reproduction); the other

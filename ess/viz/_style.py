@@ -21,3 +21,30 @@ def fig_message(text: str, *, height: int | None = None, line_chars: int = 90) -
                       template=TEMPLATE, height=height or top + 20, margin={"t": top, "b": 10, "l": 20, "r": 20},
                       xaxis={"visible": False}, yaxis={"visible": False})
     return fig
+
+
+# one colour per series, shared by a line and its band (plotly's default sequence)
+COLORS = ("#636efa", "#ef553b", "#00cc96", "#ab63fa", "#ffa15a", "#19d3f3", "#ff6692", "#b6e880", "#ff97ff",
+          "#fecb52")
+
+
+def _rgba(color: str, alpha: float) -> str:
+    h = color.lstrip("#")
+    return f"rgba({int(h[0:2], 16)}, {int(h[2:4], 16)}, {int(h[4:6], 16)}, {alpha})"
+
+
+def add_band(fig: go.Figure, x, low, high, *, name: str, color: str, group: str | None = None,
+             show_legend: bool = False, **trace_kw) -> go.Figure:
+    """Draw the band ``[low, high]`` over ``x`` as a shaded area (the same ``color`` as its central line, faded),
+    legend entry ``name`` grouped with its line by ``group``; points where either end is missing are skipped.
+    ``trace_kw`` go to the trace (e.g. ``secondary_y`` placement is not supported). Returns ``fig``."""
+    import numpy as np
+    x, low, high = (np.asarray(v, dtype=float) for v in (x, low, high))
+    ok = np.isfinite(x) & np.isfinite(low) & np.isfinite(high)
+    if not ok.any():
+        return fig
+    x, low, high = x[ok], low[ok], high[ok]
+    fig.add_scatter(x=np.r_[x, x[::-1]], y=np.r_[high, low[::-1]], fill="toself", mode="lines",
+                    line={"width": 0}, fillcolor=_rgba(color, 0.2), hoverinfo="skip", name=name,
+                    legendgroup=group, showlegend=show_legend, **trace_kw)
+    return fig

@@ -16,9 +16,10 @@ def fig_monitor(df, misses_by_layer, *, total_steps: int | None = None, layer_la
     """Four panels over the decode steps so far: host-to-device link utilisation, hit rate, stall (ms) and misses per
     layer (a heat map). ``df`` one row per step (columns ``step``, ``link_utilisation``, ``hit_rate``,
     ``stall_s``, as :meth:`ess.monitor.StepSeries.frame`), ``misses_by_layer`` (layers, steps); the step axes run
-    to ``total_steps`` so that a live view fills from the left."""
+    from the first step to ``total_steps`` steps on, so that a live view fills from the left."""
     steps = np.asarray(df.step)
-    last = max(int(total_steps or 0), int(steps.max()) if steps.size else 1)
+    first = int(steps.min()) if steps.size else 1                  # a replay counts from 1, an engine from 0
+    last = max(first + int(total_steps or 1) - 1, int(steps.max()) if steps.size else 1)
     fig = make_subplots(rows=2, cols=2, vertical_spacing=0.16, horizontal_spacing=0.1,
                         subplot_titles=("link utilisation, host to device", "hit rate", "stall per step",
                                         "misses per layer"))
@@ -30,7 +31,7 @@ def fig_monitor(df, misses_by_layer, *, total_steps: int | None = None, layer_la
     labels = list(layer_labels) if layer_labels is not None else [str(i) for i in range(m.shape[0])]
     fig.add_heatmap(x=steps, y=labels, z=m, name="misses", colorscale="Blues", zmin=0,
                     colorbar={"title": "misses", "len": 0.42, "y": 0.2}, row=2, col=2)
-    span = [0.5, last + 0.5]
+    span = [first - 0.5, last + 0.5]
     for row, col in ((1, 1), (1, 2), (2, 1), (2, 2)):
         fig.update_xaxes(range=span, title_text="decode step" if row == 2 else None, row=row, col=col)
     fig.update_yaxes(rangemode="tozero", title_text="busy / step time", row=1, col=1)

@@ -6,7 +6,7 @@ from typing import Mapping, Sequence
 import numpy as np
 import plotly.graph_objects as go
 
-from ._style import TEMPLATE as _TEMPLATE, LEGEND
+from ._style import COLORS, TEMPLATE as _TEMPLATE, LEGEND, add_band
 
 __all__ = ["fig_misses_per_layer", "fig_warmup_curve", "fig_misses_vs_context", "fig_policies",
            "fig_prefetch_classes", "fig_prefetch_steps", "fig_locality_profile", "fig_hit_rate_against_range"]
@@ -28,21 +28,33 @@ def fig_locality_profile(profile: Sequence[float],
     return fig
 
 
-def fig_misses_per_layer(per_ratio: Mapping[float, Sequence[float]], *, title: str = "") -> go.Figure:
-    """Mean misses per request and decode step in each layer, one line per ratio."""
+def fig_misses_per_layer(per_ratio: Mapping[float, Sequence[float]], *, title: str = "",
+                         bands: Mapping[float, tuple] | None = None) -> go.Figure:
+    """Mean misses per request and decode step in each layer, one line per ratio; ``bands`` maps a ratio to its
+    ``(low, high)`` per layer (drawn as a shaded band around the line)."""
     fig = go.Figure()
-    for ratio, m in per_ratio.items():
-        fig.add_scatter(x=np.arange(len(m)), y=m, mode="lines", name=f"ratio {ratio:g}")
+    for i, (ratio, m) in enumerate(per_ratio.items()):
+        color = COLORS[i % len(COLORS)]
+        if bands and ratio in bands:
+            add_band(fig, np.arange(len(m)), *bands[ratio], name=f"ratio {ratio:g}: band", color=color,
+                     group=f"r{ratio:g}")
+        fig.add_scatter(x=np.arange(len(m)), y=m, mode="lines", name=f"ratio {ratio:g}", line={"color": color},
+                        legendgroup=f"r{ratio:g}")
     fig.update_layout(template=_TEMPLATE, title=title or "Misses per layer",
                       xaxis={"title": "layer"}, yaxis={"title": "misses per request per step"}, legend=LEGEND)
     return fig
 
 
-def fig_warmup_curve(curves: Mapping[str, Sequence[float]], *, title: str = "") -> go.Figure:
-    """Misses per decode step (mean over layers and requests), one line per setting (e.g. with / without warmup)."""
+def fig_warmup_curve(curves: Mapping[str, Sequence[float]], *, title: str = "",
+                     bands: Mapping[str, tuple] | None = None) -> go.Figure:
+    """Misses per decode step (mean over layers and requests), one line per setting (e.g. with / without warmup);
+    ``bands`` maps a setting to its ``(low, high)`` per step (a shaded band around the line)."""
     fig = go.Figure()
-    for name, y in curves.items():
-        fig.add_scatter(x=np.arange(len(y)), y=y, mode="lines", name=name)
+    for i, (name, y) in enumerate(curves.items()):
+        color = COLORS[i % len(COLORS)]
+        if bands and name in bands:
+            add_band(fig, np.arange(len(y)), *bands[name], name=f"{name}: band", color=color, group=name)
+        fig.add_scatter(x=np.arange(len(y)), y=y, mode="lines", name=name, line={"color": color}, legendgroup=name)
     fig.update_layout(template=_TEMPLATE, title=title or "Misses over the first decode steps",
                       xaxis={"title": "decode step"}, yaxis={"title": "misses per request per layer", "type": "log"},
                       legend=LEGEND)

@@ -6,7 +6,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from ._style import TEMPLATE as _TEMPLATE, LEGEND, LEGEND_LOW
+from ._style import COLORS, TEMPLATE as _TEMPLATE, LEGEND, LEGEND_LOW, add_band
 
 __all__ = ["fig_calibration", "fig_residuals", "fig_step_breakdown", "fig_table2", "fig_overlap_vs_misses",
            "fig_sim_misses_per_layer", "fig_deployment", "fig_batch_sweep"]
@@ -59,20 +59,28 @@ def fig_step_breakdown(df) -> go.Figure:
 
 
 def fig_table2(t2, context_len: int) -> go.Figure:
-    """Predicted node throughput against batch for each MTP setting (solid: cache-simulated misses; dotted: no
-    misses, write-back only). An accept ratio that is a configuration rather than a published value (its
-    ``accept_ratio_source`` differs from the row's ``source``) is labelled so."""
+    """Predicted node throughput against batch for each MTP setting (solid: cache-simulated misses, with the band
+    of ``throughput_low`` / ``throughput_high`` shaded where the frame has it; dotted: no misses, write-back only).
+    An accept ratio that is a configuration rather than a published value (its ``accept_ratio_source`` differs from
+    the row's ``source``) is labelled so."""
     sub = t2[t2.context_len == context_len]
+    if "row" in sub:                                  # one line per MTP setting: the paper's batch rule only
+        sub = sub[~sub.row.str.endswith("_host_capped")]
     fig = go.Figure()
-    for (mtp, acc), part in sub.groupby(["mtp", "accept_ratio"]):
+    for i, ((mtp, acc), part) in enumerate(sub.groupby(["mtp", "accept_ratio"])):
         part = part.sort_values("batch")
+        color = COLORS[i % len(COLORS)]
         name = f"MTP {mtp}, accept {acc:g}"
         if "accept_ratio_source" in part and (part.accept_ratio_source != part.source).any():
             name += " (a configuration)"
         if "throughput" in part:
-            fig.add_scatter(x=part.batch, y=part.throughput, mode="lines+markers", name=name + " (simulated misses)")
-        fig.add_scatter(x=part.batch, y=part.throughput_no_miss, mode="lines", line={"dash": "dot"},
-                        name=name + " (no misses)")
+            if "throughput_low" in part:
+                add_band(fig, part.batch, part.throughput_low, part.throughput_high, name=name + " (band)",
+                         color=color, group=name, show_legend=True)
+            fig.add_scatter(x=part.batch, y=part.throughput, mode="lines+markers", name=name + " (simulated misses)",
+                            line={"color": color}, legendgroup=name)
+        fig.add_scatter(x=part.batch, y=part.throughput_no_miss, mode="lines", line={"dash": "dot", "color": color},
+                        name=name + " (no misses)", legendgroup=name)
     pub = sub[sub.published.notna()]
     fig.add_scatter(x=pub.batch, y=pub.published, mode="markers", marker={"symbol": "x", "size": 12, "color": "black"},
                     name="paper Table 2 row 1 (calibration)")
@@ -83,21 +91,31 @@ def fig_table2(t2, context_len: int) -> go.Figure:
 
 
 def fig_overlap_vs_misses(df, title: str = "Offload overhead against misses") -> go.Figure:
-    """Overhead (% of the no-offload step) per strategy against mean misses per request, step and layer."""
+    """Overhead (% of the no-offload step) per strategy against mean misses per request, step and layer, with the
+    band of ``overhead_pct_low`` / ``overhead_pct_high`` shaded where the frame has it."""
     fig = go.Figure()
-    for s, part in df.groupby("strategy", sort=False):
-        fig.add_scatter(x=part.misses_per_layer, y=part.overhead_pct, mode="lines+markers", name=s)
+    for i, (s, part) in enumerate(df.groupby("strategy", sort=False)):
+        color = COLORS[i % len(COLORS)]
+        if "overhead_pct_low" in part:
+            add_band(fig, part.misses_per_layer, part.overhead_pct_low, part.overhead_pct_high, name=f"{s} (band)",
+                     color=color, group=s)
+        fig.add_scatter(x=part.misses_per_layer, y=part.overhead_pct, mode="lines+markers", name=s,
+                        line={"color": color}, legendgroup=s)
     fig.update_layout(template=_TEMPLATE, title=title, xaxis={"title": "misses per request, step and layer"},
                       yaxis={"title": "step-time overhead, %"}, legend=LEGEND)
     return fig
 
 
-def fig_sim_misses_per_layer(misses: dict) -> go.Figure:
-    """Per-layer miss counts behind the simulator's offload rows, one line per label (named apart from
-    ``ess.viz.prefetch.fig_misses_per_layer``, which takes ratios as keys)."""
+def fig_sim_misses_per_layer(misses: dict, bands: dict | None = None) -> go.Figure:
+    """Per-layer miss counts behind the simulator's offload rows, one line per label, with ``bands[label] = (low,
+    high)`` shaded around it where given (named apart from ``ess.viz.prefetch.fig_misses_per_layer``, which takes
+    ratios as keys)."""
     fig = go.Figure()
-    for label, m in misses.items():
-        fig.add_scatter(x=np.arange(len(m)), y=m, mode="lines", name=label)
+    for i, (label, m) in enumerate(misses.items()):
+        color = COLORS[i % len(COLORS)]
+        if bands and label in bands:
+            add_band(fig, np.arange(len(m)), *bands[label], name=f"{label}: band", color=color, group=label)
+        fig.add_scatter(x=np.arange(len(m)), y=m, mode="lines", name=label, line={"color": color}, legendgroup=label)
     fig.update_layout(template=_TEMPLATE, title="Misses per request and step, by layer (cache simulation)",
                       xaxis={"title": "layer"}, yaxis={"title": "misses"}, legend=LEGEND)
     return fig

@@ -45,36 +45,41 @@ def link_choices() -> dict[float, str]:
 
 class CachesimMisses:
     """Mean misses per request, decode step and layer from the cache simulation
-    (:func:`ess.cachesim.sweep_synthetic`: synthetic traces with the paper's locality profile, the pool of each
-    ratio, ``policy`` with or without LRU-Warmup), the same numbers as :func:`ess.cachesim.misses_per_layer` for the
-    same settings. A (context, MTP) row is computed for every ratio of ``ratios`` at once (the trace is generated
-    once for all of them) on first use and kept; ratio 1 is no offload (no misses).
+    (:func:`ess.cachesim.sweep_synthetic`: synthetic traces of the locality model ``locality``, default
+    :func:`ess.tracegen.default_locality`, the pool of each ratio, ``policy`` with or without LRU-Warmup), the same
+    numbers as :func:`ess.sim.scenarios.misses_from_cachesim` gives for the same settings. A (context, MTP) row is
+    computed for every ratio of ``ratios`` at once (the trace is generated once for all of them) on first use and
+    kept; ratio 1 is no offload (no misses). :meth:`from_fn` takes the settings of a ``misses_from_cachesim``
+    function."""
 
-    ``config`` as :func:`ess.sim.scenarios.misses_from_cachesim` gives it (``steps``, ``batch``, ``seed``,
-    ``warmup``, ``policy``, ``trace_model``); :meth:`from_fn` takes one of its functions."""
-
-    _KEYS = ("steps", "batch", "seed", "warmup", "policy", "trace_model")
+    _KEYS = ("steps", "batch", "seed", "warmup", "policy")
 
     def __init__(self, ratios=RATIOS, *, steps: int = 64, batch: int = 4, seed: int = 0, warmup: bool = True,
-                 policy: str = "lru", trace_model: str | None = None):
-        from ..tracegen import default_trace_model
+                 policy: str = "lru", locality=None):
+        from ..tracegen import LocalityModel, default_locality
+        locality = default_locality() if locality is None else locality
+        if not isinstance(locality, LocalityModel):
+            raise TypeError(f"locality must be an ess.tracegen.LocalityModel, got {type(locality).__name__}")
         self.ratios = sorted({round(float(r), 6) for r in ratios})
+        self.locality = locality
         self.config = {"steps": int(steps), "batch": int(batch), "seed": int(seed), "warmup": bool(warmup),
-                       "policy": policy, "trace_model": trace_model or default_trace_model()}
+                       "policy": policy, **locality.config()}
         self._rows: dict[tuple[int, int], dict[float, object]] = {}
 
     @classmethod
     def from_fn(cls, misses_fn, ratios=RATIOS) -> "CachesimMisses":
         """The grid for the settings of ``misses_fn`` (a :func:`ess.sim.scenarios.misses_from_cachesim` function)."""
         config = getattr(misses_fn, "config", None)
-        if not isinstance(config, dict):
-            raise TypeError("misses_fn must be a function of ess.sim.scenarios.misses_from_cachesim (it has .config)")
-        return cls(ratios, **{k: config[k] for k in cls._KEYS if k in config})
+        if not isinstance(config, dict) or not hasattr(misses_fn, "locality"):
+            raise TypeError("misses_fn must be a function of ess.sim.scenarios.misses_from_cachesim (it has .config "
+                            "and .locality)")
+        return cls(ratios, locality=misses_fn.locality, **{k: config[k] for k in cls._KEYS if k in config})
 
     def describe(self) -> str:
         c = self.config
         return (f"cache simulation ({c['policy'].upper()}{' + warmup' if c['warmup'] else ''}, "
-                f"{c['trace_model']} trace model, {c['steps']} steps x {c['batch']} requests, seed {c['seed']})")
+                f"{c['locality']} locality model {self.locality.label}, {c['steps']} steps x {c['batch']} requests, "
+                f"seed {c['seed']})")
 
     def has_row(self, context_len: int, mtp: int) -> bool:
         return (int(context_len), int(mtp)) in self._rows
@@ -99,11 +104,11 @@ class CachesimMisses:
                 todo.remove(r)
         c = self.config
         while todo:
-            # a pool too small for one step's union of the MTP sets fails the sweep (the smallest ratio first:
+            # a pool too small for what the layers' steps select together fails the sweep (the smallest ratio first:
             # misses cannot fit a smaller pool if a larger one fails), so the smallest is set apart and the rest tried
             try:
                 res = sweep_synthetic(key[0], todo, policies=[c["policy"]], warmups=[c["warmup"]], mtp=key[1],
-                                      steps=c["steps"], batch=c["batch"], seed=c["seed"], trace_model=c["trace_model"])
+                                      steps=c["steps"], batch=c["batch"], seed=c["seed"], **self.locality.kwargs())
             except ValueError as exc:
                 row[todo.pop(0)] = str(exc)
                 continue
@@ -160,7 +165,7 @@ def sim_budget_view(gpu: str = "H200", ratio: float = 0.2, context_len: int = 32
                 raise TypeError("misses='cachesim' needs cachesim=, a CachesimMisses")
             try:
                 mis = cachesim(context_len, ratio, mtp)
-            except ValueError as exc:               # the pool cannot hold one step's union of the MTP sets
+            except ValueError as exc:               # the pool cannot hold what one step selects
                 return _infeasible(f"the cache simulation cannot run this pool: {exc}")
         else:
             mis = np.zeros(model.n_layers)

@@ -164,8 +164,9 @@ def test_prefetch_widget_explains_the_delayed_class(opened):
 
 @pytest.fixture(scope="module")
 def calibrated():
-    from ess.sim.calibrate import calibrate
-    return calibrate().params                     # as notebook 08 gives its widget
+    """The central calibration notebook 08 gives its widget, at the smoke sizes the browser runs it with."""
+    from ess.sim.calibrate import calibration_set
+    return calibration_set(**W.notebook_parameters("08_128k_and_deployment")["variant_fit"]).params
 
 
 @pytest.fixture(scope="module")

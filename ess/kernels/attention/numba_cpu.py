@@ -110,7 +110,27 @@ def _indexer(q, w, keys, lengths, lut, out):
             out[b, t] = -np.inf
 
 
+def _require(ok: bool, what: str) -> None:
+    if not ok:
+        raise ValueError(f"attention kernel arguments: {what}")
+
+
+def _arrays(**arrays) -> None:
+    for name, (a, dtype, ndim) in arrays.items():
+        if not isinstance(a, np.ndarray) or a.dtype != dtype or a.ndim != ndim or not a.flags.c_contiguous:
+            raise TypeError(f"attention kernel arguments: {name} must be a C-contiguous {ndim}-D {np.dtype(dtype)} "
+                            f"array")
+
+
 def indexer_scores(q, w, keys, lengths, out) -> None:
+    """Shapes as in :mod:`.reference`; checked here because the kernel runs without bounds checks."""
+    _arrays(q=(q, np.float32, 3), w=(w, np.float32, 2), keys=(keys, np.uint8, 3), lengths=(lengths, np.int64, 1),
+            out=(out, np.float32, 2))
+    B, Hi, D = q.shape
+    _require(w.shape == (B, Hi), f"w must have shape {(B, Hi)}, got {w.shape}")
+    _require(keys.shape[0] == B and keys.shape[2] == D + 4, f"keys must have shape (B={B}, L, D + 4 = {D + 4}), "
+                                                             f"got {keys.shape}")
+    _require(lengths.shape == (B,) and out.shape == (B, keys.shape[1]), "lengths must be (B,) and out (B, L)")
     _indexer(q, w, keys, lengths, _LUT, out)
 
 
@@ -304,6 +324,21 @@ def compact_indices(indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def sparse_mla_decode(q, pool, indices, sm_scale, fp8, kv_rank, rope_dim, tile, out, lse) -> None:
+    """Shapes as in :mod:`.reference`; checked here (the entry layout against ``pool``'s row width, every index
+    against ``pool``'s rows) because the kernels run without bounds checks."""
+    _arrays(q=(q, np.float32, 3), pool=(pool, np.uint8, 2), indices=(indices, np.int64, 2), out=(out, np.float32, 3),
+            lse=(lse, np.float32, 2))
+    B, H, Dqk = q.shape
+    _require(kv_rank > 0 and rope_dim >= 0 and tile > 0 and kv_rank % tile == 0,
+             f"kv_rank ({kv_rank}) must be a positive multiple of tile ({tile}), rope_dim >= 0")
+    entry = kv_rank + 4 * (kv_rank // tile) + 2 * rope_dim if fp8 else 2 * (kv_rank + rope_dim)
+    _require(pool.shape[1] == entry, f"pool rows must be {entry} B for this layout, got {pool.shape[1]}")
+    _require(Dqk == kv_rank + rope_dim, f"q's last axis must be kv_rank + rope_dim = {kv_rank + rope_dim}, got {Dqk}")
+    _require(indices.shape[0] == B and out.shape == (B, H, kv_rank) and lse.shape == (B, H),
+             "indices must be (B, K), out (B, H, kv_rank) and lse (B, H)")
+    if indices.size:
+        lo, hi = int(indices.min()), int(indices.max())
+        _require(lo >= -1 and hi < pool.shape[0], f"indices must lie in [-1, {pool.shape[0]}), got [{lo}, {hi}]")
     B, K = indices.shape
     comp, nvalid = compact_indices(indices)
     kv = _workspace((B, K, kv_rank + rope_dim))

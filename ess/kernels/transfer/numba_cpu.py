@@ -13,7 +13,7 @@ import functools
 
 import numpy as np
 
-__all__ = ["copy_rows", "PREFETCH_ROWS", "PARALLEL_MIN_BYTES"]
+__all__ = ["copy_rows", "check_bounds", "PREFETCH_ROWS", "PARALLEL_MIN_BYTES"]
 
 # rows prefetched ahead of the copy: 2..16 gave the same rate on one thread of the CI machine (within 5 %); 8 is a
 # design choice in that plateau
@@ -96,12 +96,35 @@ def _kernels(with_prefetch: bool = True):
     return copy_rows_par, copy_rows_seq
 
 
+def check_bounds(src: np.ndarray, src_idx: np.ndarray, dst: np.ndarray, dst_idx: np.ndarray) -> None:
+    """What the kernels need to stay inside their arrays (they run without bounds checks): 2-D uint8 ``src`` and
+    writeable ``dst`` of one row width, 1-D integer indices of one length, ``src_idx`` in ``[-1, len(src))`` and
+    ``dst_idx`` in ``[-1, len(dst))``. O(K) on the indices, negligible next to the rows moved; a ``ValueError`` or
+    ``TypeError`` otherwise. (:func:`ess.kernels.transfer.copy_rows` also checks repeated destinations.)"""
+    for name, a in (("src", src), ("dst", dst)):
+        if not isinstance(a, np.ndarray) or a.dtype != np.uint8 or a.ndim != 2 or not a.flags.c_contiguous:
+            raise TypeError(f"{name} must be a C-contiguous 2-D uint8 array")
+    if src.shape[1] != dst.shape[1]:
+        raise ValueError(f"src rows are {src.shape[1]} B but dst rows are {dst.shape[1]} B")
+    if not dst.flags.writeable:
+        raise ValueError("dst must be writeable")
+    for name, idx, n in (("src_idx", src_idx, src.shape[0]), ("dst_idx", dst_idx, dst.shape[0])):
+        if not isinstance(idx, np.ndarray) or idx.dtype.kind not in "iu" or idx.ndim != 1:
+            raise TypeError(f"{name} must be a 1-D NumPy integer array")
+        if idx.size and (int(idx.min()) < -1 or int(idx.max()) >= n):
+            raise ValueError(f"{name} must lie in [-1, {n}), got [{int(idx.min())}, {int(idx.max())}]")
+    if src_idx.shape != dst_idx.shape:
+        raise ValueError(f"src_idx and dst_idx must have the same length, got {src_idx.size} and {dst_idx.size}")
+
+
 def copy_rows(src: np.ndarray, src_idx: np.ndarray, dst: np.ndarray, dst_idx: np.ndarray, *,
               parallel: bool | None = None, prefetch_rows: int = PREFETCH_ROWS) -> np.ndarray:
     """``dst[dst_idx[i]] = src[src_idx[i]]`` for every pair where both indices are >= 0; returns ``dst``.
 
     ``parallel=None`` uses the threads when the pairs move at least :data:`PARALLEL_MIN_BYTES`;
-    ``prefetch_rows=0`` turns the software prefetch off."""
+    ``prefetch_rows=0`` turns the software prefetch off. The shapes and index ranges are checked first
+    (:func:`check_bounds`): the kernels themselves run without bounds checks."""
+    check_bounds(src, src_idx, dst, dst_idx)
     s, d = src, dst
     if src.shape[1] % 8 == 0 and src.ctypes.data % 8 == 0 and dst.ctypes.data % 8 == 0:
         s, d = src.view(np.uint64), dst.view(np.uint64)

@@ -55,6 +55,9 @@ def copy_rows(src, src_idx, dst, dst_idx, *, mode: str = "auto"):
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     s_idx, d_idx = _valid_pairs(src_idx, dst_idx)
+    for name, idx, n in (("src_idx", s_idx, src.shape[0]), ("dst_idx", d_idx, dst.shape[0])):
+        if idx.numel() and int(idx.max()) >= n:          # on CUDA an index past the end is a device-side assert
+            raise ValueError(f"{name} must be < {n} (the rows), got {int(idx.max())}")
     if mode == "per_row":
         s_list, d_list = s_idx.tolist(), d_idx.tolist()
         non_blocking = src.device != dst.device

