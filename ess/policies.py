@@ -39,11 +39,25 @@ from .validate import fraction, int_array, one_of, positive_int
 
 __all__ = ["POLICIES", "ONLINE_POLICIES", "DEFAULT_HEAT_DECAY", "EvictionPolicy", "LRUPolicy", "FIFOPolicy",
            "HeatPolicy", "BeladyPolicy", "make_policy", "SlotPlan", "SlotPool", "check_step_indices",
-           "simulate_misses", "next_uses"]
+           "simulate_misses", "next_uses", "first_in_order"]
 
 POLICIES = ("lru", "fifo", "heat", "belady")
 ONLINE_POLICIES = ("lru", "fifo", "heat")         # Belady needs the future: simulations over a whole sequence only
 DEFAULT_HEAT_DECAY = 0.5   # design choice: a step's access weighs half the one after it (heat halves every step)
+
+
+def first_in_order(keys: tuple, n: int) -> np.ndarray:
+    """``np.lexsort(keys)[:n]`` (the last key most significant, ties by the keys before it, then by position)
+    without sorting everything: the first ``n`` all have a most significant key at most its ``n``-th smallest
+    value, so only those are sorted (every tie at that value included, so their order is the full sort's)."""
+    top = np.asarray(keys[-1])
+    n = min(int(n), top.size)
+    if 0 < n < top.size // 2:
+        kth = np.partition(top, n - 1)[n - 1]
+        if kth == kth:                                          # not NaN (NaN sorts last; then sort everything)
+            near = np.flatnonzero(top <= kth)
+            return near[np.lexsort(tuple(np.asarray(k)[near] for k in keys))[:n]]
+    return np.lexsort(keys)[:n]
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -76,8 +90,7 @@ class EvictionPolicy:
         if n > candidates.size:
             raise ValueError(f"{n} victims needed but only {candidates.size} evictable slots")
         keys = tuple(k[candidates] for k in self._keys())
-        order = np.lexsort((candidates,) + keys)
-        return candidates[order[:n]].astype(np.int64)
+        return candidates[first_in_order((candidates,) + keys, n)].astype(np.int64)
 
     def touch(self, slots: np.ndarray) -> None:
         """Make ``slots`` the most recent, in array order (a later position is more recent)."""

@@ -602,19 +602,32 @@ class TieredCache:
 
     def run_trace(self, trace, request_id, *, batch_index: int = 0, warmup: bool = True, new_tokens=None,
                   verify: bool = False):
-        """Replay one request of an :class:`ess.traces.Trace` through this cache and return the metrics records the
-        replay added (a DataFrame with the columns of :meth:`ess.metrics.MetricsLog.to_frame`).
+        """Replay one request of an :class:`ess.traces.Trace` through this cache (:meth:`replay_trace`, to the end)
+        and return the metrics records the replay added (a DataFrame with the columns of
+        :meth:`ess.metrics.MetricsLog.to_frame`)."""
+        start = len(self.metrics)
+        for _ in self.replay_trace(trace, request_id, batch_index=batch_index, warmup=warmup, new_tokens=new_tokens,
+                                   verify=verify):
+            pass
+        return self.metrics.to_frame(start)
+
+    def replay_trace(self, trace, request_id, *, batch_index: int = 0, warmup: bool = True, new_tokens=None,
+                     verify: bool = False):
+        """Replay one request of an :class:`ess.traces.Trace` through this cache, one decode step at a time: an
+        iterator that yields, after each step, the :class:`ess.metrics.StepMetrics` records that step added (one
+        ``"step"`` record per layer, then the ``"append"`` records of its new tokens), so that a caller can follow
+        the replay while it runs.
 
         Layer ``l`` of the trace drives layer ``l`` of the cache; the trace's request ``batch_index`` drives
         ``request_id``, whose token count must be the trace's ``context_len``. With ``warmup`` the trace's LRU-Warmup
-        windows are fed first (:meth:`warmup`). Then every decode step calls :meth:`step` on every layer and writes
-        back the step's ``trace.mtp`` new tokens (:meth:`append_token`) from ``new_tokens``
-        ``(steps * mtp, n_layers, entry_bytes)`` uint8 (``None``: nothing is appended, then no step may select a
-        token past the prefill). ``verify=True`` compares the rows each step loaded with their host copies and
-        raises ``RuntimeError`` on a difference.
+        windows are fed first (:meth:`warmup`; their records are logged, not yielded). Then every decode step calls
+        :meth:`step` on every layer and writes back the step's ``trace.mtp`` new tokens (:meth:`append_token`) from
+        ``new_tokens`` ``(steps * mtp, n_layers, entry_bytes)`` uint8 (``None``: nothing is appended, then no step
+        may select a token past the prefill). ``verify=True`` compares the rows each step loaded with their host
+        copies and raises ``RuntimeError`` on a difference.
 
-        Every argument is checked before anything changes; a transfer that fails part-way (``TransferError``) leaves
-        the steps before it done."""
+        Every argument is checked here, before anything changes (and before the first step is asked for); a transfer
+        that fails part-way (``TransferError``) leaves the steps before it done."""
         from .traces import Trace
         if not isinstance(trace, Trace):
             raise TypeError(f"trace must be an ess.traces.Trace, got {type(trace).__name__}")
@@ -647,11 +660,15 @@ class TieredCache:
                 raise ValueError(f"new_tokens must hold steps * mtp = {n_new} tokens, got {new_tokens.shape[0]}")
         if not isinstance(verify, bool) or not isinstance(warmup, bool):
             raise TypeError("warmup and verify must be True or False")
-        start = len(self.metrics)
-        if warmup:
+        return self._replay(request_id, steps, windows if warmup else None, trace, new_tokens, verify)
+
+    def _replay(self, request_id, steps, windows, trace, new_tokens, verify):
+        """The steps of :meth:`replay_trace`, its arguments checked (``windows`` None: no warmup)."""
+        if windows is not None:
             for layer in range(self.n_layers):
                 self.warmup(request_id, layer, windows[layer])
         for t in range(trace.steps):
+            n0 = len(self.metrics)
             for layer in range(self.n_layers):
                 res = self.step(request_id, layer, steps[layer, t])
                 if verify and res.n_misses:
@@ -663,7 +680,7 @@ class TieredCache:
             if new_tokens is not None:
                 for j in range(trace.mtp):
                     self.append_token(request_id, new_tokens[t * trace.mtp + j])
-        return self.metrics.to_frame(start)
+            yield self.metrics.records[n0:]
 
     # -- reading ---------------------------------------------------------------------------------------------
     def device_rows(self, slots: np.ndarray) -> np.ndarray:

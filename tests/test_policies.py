@@ -294,3 +294,17 @@ def test_touch_and_touch_cold_set_the_lru_order():
     assert pol.choose_victims(np.arange(5), 5).tolist() == [3, 2, 0, 1, 4]
     pol.touch_cold(np.array([1]))                      # a later cold load goes below the earlier ones
     assert pol.choose_victims(np.arange(5), 5).tolist() == [1, 3, 2, 0, 4]
+
+
+def test_first_in_order_is_the_head_of_the_full_sort():
+    from ess.policies import first_in_order
+    rng = np.random.default_rng(0)
+    for size, n, span in ((50, 3, 5), (1000, 17, 40), (1000, 400, 3), (8, 8, 2), (9, 0, 3), (200, 2, 1)):
+        a = rng.integers(0, span, size)                          # many ties at the cut
+        b = rng.integers(0, span, size)
+        assert first_in_order((a,), n).tolist() == np.argsort(a, kind="stable")[:n].tolist()
+        assert first_in_order((b, a), n).tolist() == np.lexsort((b, a))[:n].tolist()
+    f = rng.random(100)
+    f[[3, 50, 70]] = np.nan                                      # NaN sorts last, as in the full sort
+    for n in (2, 30, 99):
+        assert first_in_order((f,), n).tolist() == np.argsort(f, kind="stable")[:n].tolist()

@@ -75,28 +75,46 @@ def test_bad_config():
         F.simulate_prefetch(tr, F.PrefetchConfig(100, predictor="lstm"))
 
 
-def test_widget_logic_follows_its_controls():
-    from ess.widgets.prefetch import prefetch_view, prefetch_widget
-    fig, s = prefetch_view(speculative=False, delayed=False, predictor="none", ratio=0.2, steps=6, n_layers=2)
-    assert s["bytes_speculative"] == s["bytes_delayed"] == 0 and len(fig.data) == 2
-    box = prefetch_widget(n_layers=2, steps=6)
-    c = box.controls
-    c["speculative"].value = False
-    c["delayed"].value = False
-    c["predictor"].value = "none"
-    low = box.summary
-    assert low["bytes_speculative"] == 0 and low["bytes_delayed"] == 0
-    c["ratio"].value = 0.6
-    mid = box.summary
-    assert mid["hit_rate"] > low["hit_rate"]
-    c["link_GB_per_s"].value = 10.0
-    assert box.summary["stall_s"] > mid["stall_s"] and box.summary["hit_rate"] == mid["hit_rate"]
-    c["ratio"].value = 0.2                   # a small pool: recently used entries fall out and can be re-fetched
-    c["link_GB_per_s"].value = 37.0
-    c["predictor"].value = "heat"
-    c["speculative"].value = True
-    assert box.summary["bytes_speculative"] > 0 and "hit rate" in box.summary_label.value
-    with pytest.raises(ValueError, match="predictor"):
-        prefetch_view(predictor="oracle")
-    with pytest.raises(ValueError, match="unknown control"):
-        prefetch_widget(bandwidth=3)
+_KERNEL_CASES = [  # (ratio, speculative, delayed, warmup_mode, link GB/s, step us, spec_fraction, history)
+    (0.25, False, False, "none", 37.0, 23.1, 1.0, 8),
+    (0.25, False, False, "before", 37.0, 23.1, 1.0, 8),
+    (0.25, True, False, "before", 37.0, 23.1, 1.0, 8),          # speculative over a full pool: swaps
+    (0.25, False, True, "delayed", 20.0, 10.0, 1.0, 8),         # delayed only
+    (0.25, True, True, "delayed", 20.0, 10.0, 0.5, 3),          # both classes share the budget
+    (0.6, True, True, "delayed", 60.0, 40.0, 0.05, 8),          # a roomy pool: free slots for both classes
+    (0.12, True, True, "delayed", 5.0, 23.1, 0.3, 2),           # a tight pool and a slow link
+]
+
+
+@pytest.mark.parametrize("case", _KERNEL_CASES)
+@pytest.mark.parametrize("seed", [9, 4])
+def test_numba_kernel_equals_the_reference_miss_for_miss(case, seed):
+    """The Numba pool against :func:`ess.prefetch._pool` (NumPy on SlotPool) on odd sizes: the same misses and stall
+    at every step, the same bytes per class, hits and link time. A kernel that broke the LRU order, took candidates
+    in another order, sent the delayed queue from the wrong end or counted unused prefetches differently would
+    part from the reference here."""
+    ratio, spec, delayed, warmup, link, step_us, frac, hist = case
+    tr = G.synthetic_trace(3000, n_layers=3, k=111, mtp=2, steps=13, batch=2, warmup_windows=5, seed=seed,
+                           local_window=7)
+    cap = max(2 * tr.k + 1, int(ratio * tr.context_len))
+    cfg = F.PrefetchConfig(cap, speculative=spec, delayed=delayed, predictor="heat" if spec or delayed else "none",
+                           warmup_mode=warmup, link_GB_per_s=link, step_time_us=step_us, spec_fraction=frac,
+                           history=hist)
+    ref = F.simulate_prefetch(tr, cfg, backend="reference")
+    fast = F.simulate_prefetch(tr, cfg, backend="numba")
+    assert ref.misses_per_step.sum() > 0                                 # the case exercises the miss path ...
+    assert (ref.bytes_speculative > 0) == spec and (ref.bytes_delayed > 0) == delayed      # ... and its classes
+    np.testing.assert_array_equal(fast.misses_per_step, ref.misses_per_step)
+    np.testing.assert_allclose(fast.stall_per_step_s, ref.stall_per_step_s, rtol=1e-12)
+    for k in ("accesses", "hits", "bytes_immediate", "bytes_speculative", "bytes_delayed", "bytes_prefetched_unused"):
+        assert getattr(fast, k) == getattr(ref, k), k
+    for k in ("stall_s", "elapsed_s", "link_busy_s"):
+        assert getattr(fast, k) == pytest.approx(getattr(ref, k), rel=1e-12), k
+
+
+def test_backend_choice():
+    tr = G.synthetic_trace(1024, n_layers=1, k=64, mtp=1, steps=3, batch=1, warmup_windows=2, seed=1)
+    with pytest.raises(ValueError, match="backend"):
+        F.simulate_prefetch(tr, F.PrefetchConfig(200), backend="cuda")
+    with pytest.raises(ValueError, match="use 'reference'"):     # the kernel has no predictor-ranked eviction
+        F.simulate_prefetch(tr, F.PrefetchConfig(200, eviction="predictor"), backend="numba")

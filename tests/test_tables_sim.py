@@ -180,16 +180,10 @@ def test_widget_view_reports_batch_and_infeasible():
     assert s["throughput"] is None and "slots" in s["reason"]
 
 
-def test_widget_hbm_override_and_controls():
+def test_widget_hbm_override():
     _, small = sim_budget_view("H200", 1.0, 32768, hbm_GiB=120, params=P)
     _, big = sim_budget_view("H200", 1.0, 32768, hbm_GiB=160, params=P)
-    assert small["batch"] < 52 < big["batch"]
-    from ess.widgets.sim import sim_budget_widget
-    w = sim_budget_widget(params=P)
-    w.controls["ratio"].value = 0.5
-    assert "batch" in w.summary_label.value
-    w.controls["gpu"].value = "H100"
-    assert w.controls["hbm_GiB"].value == 80
+    assert small["batch"] < 52 < big["batch"]           # the widget's controls: tests/test_tables_and_widgets.py
 
 
 def test_table2_figure_labels_configured_accept_ratios(t2_zero):

@@ -39,20 +39,48 @@ def fig_batch_limits(df, context_len: int) -> go.Figure:
 
 
 def fig_batch_vs_context(df, gpu: str, published: dict | None = None) -> go.Figure:
-    """Largest batch against context length for one GPU, a line per ratio; ``published`` marks
-    ``{label: (context_len, batch)}`` points."""
+    """Largest batch against context length for one GPU, a line per ratio, both axes logarithmic; ``published`` marks
+    ``{label: (context_len, batch)}`` points. A context where a ratio fits no request (batch 0: the pool cannot
+    hold one step's K entries, or the weights do not fit) has no point (a log axis has no 0); the legend names
+    those contexts. Ticks only at the contexts drawn and at 1-2-5 steps of the batch."""
     sub = df[df.gpu == gpu]
     fig = go.Figure()
     for ratio, part in sub.groupby("ratio", sort=False):
         label = "no offload" if ratio == 1.0 else f"ratio {ratio:g}"
-        fig.add_scatter(x=part.context_len, y=part.batch, mode="lines+markers", name=label)
+        ok = part[part.batch > 0]
+        none = part[part.batch <= 0]
+        if len(none):
+            label += f" (no request fits at {', '.join(_k(L) for L in none.context_len)})"
+        fig.add_scatter(x=ok.context_len, y=ok.batch, mode="lines+markers", name=label,
+                        hovertemplate="L = %{x}: batch %{y}")
     for label, (L, b) in (published or {}).items():
         fig.add_scatter(x=[L], y=[b], mode="markers", marker={"symbol": "x", "size": 12, "color": "black"},
                         name=label)
+    contexts = sorted(set(sub.context_len) | {L for L, _ in (published or {}).values()})
+    batches = [b for b in list(sub.batch) + [b for _, b in (published or {}).values()] if b > 0]
     fig.update_layout(template=_TEMPLATE, title=f"Largest batch per GPU, {gpu}",
-                      xaxis={"title": "context length L (tokens)", "type": "log"},
-                      yaxis={"title": "requests per GPU", "type": "log"}, legend=LEGEND)
+                      xaxis={"title": "context length L (tokens)", "type": "log", "tickvals": contexts,
+                             "ticktext": [_k(L) for L in contexts], "minor": {"showgrid": False}},
+                      yaxis={"title": "requests per GPU", "type": "log", "tickvals": _one_two_five(batches),
+                             "minor": {"showgrid": False}},
+                      legend=LEGEND)
     return fig
+
+
+def _k(tokens: int) -> str:
+    return f"{tokens // 1024}K" if tokens % 1024 == 0 else str(tokens)
+
+
+def _one_two_five(values) -> list[int]:
+    """1, 2, 5, 10, 20, 50 ... from below the smallest of ``values`` to above the largest."""
+    if not values:
+        return []
+    lo, hi = min(values), max(values)
+    out, decade = [], 1
+    while decade <= 10 * hi:
+        out += [m * decade for m in (1, 2, 5) if lo / 2 <= m * decade <= 2 * hi]
+        decade *= 10
+    return out
 
 
 def fig_gpu_memory(parts: dict, gpu: str, *, title: str = "") -> go.Figure:

@@ -7,6 +7,7 @@ from ..layout import request_cache
 from ..memory import GiB, largest_batch
 from ..specs import list_gpus, resolve
 from ..viz.memory import fig_gpu_memory
+from ._controls import LABEL, redraw
 
 __all__ = ["memory_budget_view", "memory_budget_widget"]
 
@@ -35,20 +36,19 @@ def memory_budget_view(gpu: str = "H200", context_len: int = 32768, ratio: float
 
 def memory_budget_widget(gpu: str = "H200", context_len: int = 32768, ratio: float = 0.2) -> W.VBox:
     """Dropdown (GPU), context and ratio sliders -> the :func:`memory_budget_view` figure and summary."""
-    gpu_w = W.Dropdown(options=list_gpus(), value=gpu, description="GPU")
+    gpu_w = W.Dropdown(options=list_gpus(), value=gpu, description="GPU", style=LABEL)
     ctx_w = W.SelectionSlider(options=[(f"{c // 1024}K", c) for c in CONTEXTS], value=context_len,
-                              description="context L")
-    ratio_w = W.FloatSlider(value=ratio, min=0.05, max=1.0, step=0.05, description="ratio")
+                              description="context L", style=LABEL)
+    ratio_w = W.FloatSlider(value=ratio, min=0.05, max=1.0, step=0.05, description="ratio", style=LABEL)
     label = W.HTML()
     out = W.Output()
 
     def update(_=None):
         fig, s = memory_budget_view(gpu_w.value, ctx_w.value, ratio_w.value)
         label.value = (f"<b>batch {s['batch']}</b> per GPU (no offload {s['batch_no_offload']}), bounded by "
-                       f"{s['limited_by']}; host memory {s['host_GB_per_gpu']:.0f} GB per GPU {s['reason']}")
-        out.clear_output(wait=True)
-        with out:
-            fig.show()
+                       f"{s['limited_by']}; host memory {s['host_GB_per_gpu']:.0f} GB per GPU"
+                       + (f"<br><b>no request fits</b>: {s['reason']}" if s["batch"] == 0 else ""))
+        redraw(out, fig)
 
     for w in (gpu_w, ctx_w, ratio_w):
         w.observe(update, names="value")

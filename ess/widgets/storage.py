@@ -7,6 +7,7 @@ from ..specs import list_gpus
 from ..memory import tier_placement
 from ..viz import fig_message
 from ..viz.storage import fig_tier_bytes
+from ._controls import LABEL, redraw
 
 __all__ = ["storage_budget_view", "storage_budget_widget"]
 
@@ -33,11 +34,11 @@ def storage_budget_view(gpu: str = "H200", context_len: int = 32768, ratio: floa
 
 def storage_budget_widget(gpu: str = "H200", context_len: int = 32768, ratio: float = 0.2) -> W.VBox:
     """GPU dropdown, context, ratio and paused-request sliders -> :func:`storage_budget_view`."""
-    gpu_w = W.Dropdown(options=list_gpus(), value=gpu, description="GPU")
+    gpu_w = W.Dropdown(options=list_gpus(), value=gpu, description="GPU", style=LABEL)
     ctx_w = W.SelectionSlider(options=[(f"{c // 1024}K", c) for c in CONTEXTS], value=context_len,
-                              description="context L")
-    ratio_w = W.FloatSlider(value=ratio, min=0.05, max=1.0, step=0.05, description="ratio")
-    spill_w = W.IntSlider(value=0, min=0, max=64, description="paused")
+                              description="context L", style=LABEL)
+    ratio_w = W.FloatSlider(value=ratio, min=0.05, max=1.0, step=0.05, description="ratio", style=LABEL)
+    spill_w = W.IntSlider(value=0, min=0, max=64, description="paused", style=LABEL)
     label = W.HTML()
     out = W.Output()
 
@@ -49,9 +50,7 @@ def storage_budget_widget(gpu: str = "H200", context_len: int = 32768, ratio: fl
                            f"{s['latent_pool_GB']:.1f} GB on the GPU, {s['host_latent_GB']:.0f} GB in host memory")
         else:
             label.value = f"<b>infeasible</b>: {s['reason']}"
-        out.clear_output(wait=True)
-        with out:
-            fig.show()
+        redraw(out, fig)
 
     for w in (gpu_w, ctx_w, ratio_w, spill_w):
         w.observe(update, names="value")

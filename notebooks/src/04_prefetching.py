@@ -481,8 +481,9 @@ pd.DataFrame(summaries).T[["hit_rate", "stall_s", "bytes_moved", "bytes_speculat
                            "bytes_prefetched_unused", "link_use"]].round(4)
 
 # %% [markdown]
-# ## Try it: prefetch classes, predictor, pool and link
-# Needs a running kernel; the default view is drawn below.
+# ## Try it: the speculative class, where the warmup windows go, pool and link
+# The note under the summary says what the warmup setting does to the first steps. Needs a running kernel; the
+# default view is drawn below.
 
 # %%
 fig, s = prefetch_view()

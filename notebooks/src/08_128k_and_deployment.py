@@ -41,7 +41,7 @@ from ess.specs import link_figures
 from ess.sim import scenarios
 from ess.tables import sim as tsim
 from ess.viz import sim as vsim
-from ess.widgets.sim import sim_budget_view, sim_budget_widget
+from ess.widgets.sim import CachesimMisses, sim_budget_view, sim_budget_widget
 
 viz.use_notebook_renderer()
 rec = ess.Recorder("08_128k_and_deployment", results_path, smoke=smoke)
@@ -195,13 +195,17 @@ assert s12.ours.iloc[0] == round((1 - latent_entry_bytes(model, "fp8") / latent_
 # %% [markdown]
 # ## Try it: the memory-budget simulator
 # GPU, ratio, context, MTP, accept ratio and link bandwidth -> the largest batch, then throughput and OTPS at
-# every batch up to it (zero misses: the perfect-cache bound). Needs a running kernel; the default view is drawn.
+# every batch up to it. The misses come from this notebook's cache simulation at the chosen context, ratio and MTP
+# (a context and MTP not met before are simulated for every ratio at once, in seconds), or are set to none (the
+# perfect-cache bound). Needs a running kernel; the default view is drawn.
 
 # %%
-fig, summary = sim_budget_view(dep.gpu, compare_ratio, compare_context_len, params=params)   # deployment's MTP, link
+widget_misses = CachesimMisses.from_fn(misses_fn)          # the settings of misses_fn, a (context, MTP) row at a time
+fig, summary = sim_budget_view(dep.gpu, compare_ratio, compare_context_len, params=params, misses="cachesim",
+                               cachesim=widget_misses)      # the deployment's MTP and accept ratio, FlashTrans link
 fig.show()
 print(summary)
-sim_budget_widget(params=params)
+sim_budget_widget(params=params, misses=widget_misses)
 
 # %%
 saved = rec.save()

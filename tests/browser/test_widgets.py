@@ -1,11 +1,13 @@
 """Every notebook with a widget, run in JupyterLab in a real browser (smoke sizes): each control is moved with the
 keyboard, mouse or a selection, and the page must then show what the library's pure view function gives for the
-new setting — the plotly figure's data read from its DOM element, and the summary text. The time from the control's
-event to the new figure drawn is measured and written to ``build/screenshots/timings.json`` (the goal is 200 ms;
-it is reported, never asserted).
+new setting — the plotly figure's data read from its DOM element, and the summary and note text. The time from the
+control's event to the new figure drawn is measured and written to ``build/screenshots/timings.json`` (the goal is
+200 ms; it is reported, never asserted). The live monitor of notebook 02 is watched while its cell runs: its figure
+must grow step by step and its progress bar reach the end.
 
-Known faults of the widgets are checked as they should behave and marked ``xfail(strict=True)``: they flip to
-failures (XPASS) when the widgets are fixed, so the marks come off then."""
+The faults these tests once marked as known (a link slider that changed nothing, a log slider that snapped 37 to
+39.8, an accept ratio above MTP silently replaced, an empty plot for an infeasible setting, a cut-off label) are
+checked as the widgets now behave."""
 from __future__ import annotations
 
 import json
@@ -15,29 +17,39 @@ import pytest
 import widget_notebooks as W
 from ess.widgets.memory import CONTEXTS as MEMORY_CONTEXTS
 from ess.widgets.memory import memory_budget_view
-from ess.widgets.prefetch import prefetch_view
+from ess.widgets.prefetch import SPECULATIVE_CHOICES, WARMUP_CHOICES, prefetch_view
 from ess.widgets.sim import CONTEXTS as SIM_CONTEXTS
-from ess.widgets.sim import sim_budget_view
+from ess.widgets.sim import MISSES_SOURCES, CachesimMisses, sim_budget_view
 from ess.widgets.storage import CONTEXTS as STORAGE_CONTEXTS
 from ess.widgets.storage import storage_budget_view
 
 COVERED = {"01_memory_wall": "memory_budget_widget", "02_tiered_storage": "storage_budget_widget",
            "04_prefetching": "prefetch_widget", "08_128k_and_deployment": "sim_budget_widget"}
+MONITORED = {"02_tiered_storage"}            # notebooks that show a LiveMonitor
+
+
+def _key(choices: dict, label: str) -> str:
+    """The value behind a dropdown's shown label."""
+    return {v: k for k, v in choices.items()}[label]
 
 
 def test_every_widget_notebook_is_covered():
     assert W.widget_notebooks() == COVERED, "a notebook shows a widget these tests do not drive: add its checks"
+    shown = {p.stem for p in (W.ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb") if "LiveMonitor(" in p.read_text()}
+    assert shown == MONITORED, "a notebook shows a live monitor these tests do not watch: add its checks"
 
 
 @pytest.fixture(scope="session")
 def opened(browser, lab):
     """``opened(stem) -> (page, widget root)``: the notebook opened in JupyterLab and run, once per session; the
-    sliders' readouts as first shown are in ``opened.first[stem]``."""
+    sliders' readouts as first shown are in ``opened.first[stem]``. Each page records how a live monitor grows
+    (:data:`widget_notebooks.MONITOR_RECORDER`)."""
     pages, contexts = {}, []
 
     def get(stem):
         if stem not in pages:
             context = browser.new_context(viewport={"width": 1400, "height": 1000})
+            context.add_init_script(W.MONITOR_RECORDER)
             contexts.append(context)
             page = context.new_page()
             W.open_and_run(page, lab, stem)
@@ -118,98 +130,132 @@ def test_prefetch_widget(opened, measurements, out_dir):
     page, root = opened("04_prefetching")
 
     def expected(shown):
-        spec = W.checkbox(root, "speculative class").locator("input").is_checked()
-        delayed = W.checkbox(root, "delayed class").locator("input").is_checked()
-        fig, s = prefetch_view(spec, delayed, W.dropdown_value(root, "predictor"),
-                               W.slider_value(root, "pool ratio"), W.slider_value(root, "link GB/s"))
+        spec = _key(SPECULATIVE_CHOICES, W.dropdown_value(root, "speculative class"))
+        warmup = _key(WARMUP_CHOICES, W.dropdown_value(root, "warmup windows"))
+        fig, s = prefetch_view(spec, warmup, W.slider_value(root, "pool ratio"), W.slider_value(root, "link GB/s"))
         W.assert_same_figure(shown, fig)
-        assert f"hit rate {s['hit_rate']:.3f}, stall {s['stall_s'] * 1e3:.2f} ms" in shown["label"]
+        assert f"hit rate {s['hit_rate']:.3f}, stall " in shown["label"]
+        assert s["explain"] in shown["texts"], "the note says what the warmup setting does to the first steps"
 
     _move_each(page, root, "04_prefetching", [
         ("pool ratio", W.press(root, "pool ratio", "ArrowRight"), True),
         ("link GB/s", W.press(root, "link GB/s", "ArrowLeft"), True),
-        ("speculative class", W.toggle(root, "speculative class"), True),
-        ("delayed class", W.toggle(root, "delayed class"), True),
-        # with the speculative class off the predictor is not used: the library gives the same numbers
-        ("predictor", W.choose(root, "predictor", "none"), False),
+        ("speculative class: off", W.choose(root, "speculative class", SPECULATIVE_CHOICES["off"]), True),
+        ("warmup windows: delayed class", W.choose(root, "warmup windows", WARMUP_CHOICES["delayed"]), True),
+        ("warmup windows: not loaded", W.choose(root, "warmup windows", WARMUP_CHOICES["none"]), True),
+        ("speculative class: heat", W.choose(root, "speculative class", SPECULATIVE_CHOICES["heat"]), True),
+        ("speculative class: LSTM (trained on first use)",
+         W.choose(root, "speculative class", SPECULATIVE_CHOICES["lstm"]), True),
     ], expected, measurements, out_dir)
+
+
+def test_prefetch_widget_explains_the_delayed_class(opened):
+    """Sending the warmup windows with the delayed class lowers the hit rate against loading them before decoding;
+    the page says why (the first step finds an empty pool)."""
+    page, root = opened("04_prefetching")
+    rates = {}
+    for warmup in ("before", "delayed"):
+        W.select_to(page, root, "warmup windows", WARMUP_CHOICES[warmup])
+        shown = W.state(root)
+        rates[warmup] = float(shown["label"].split("hit rate ")[1].split(",")[0])
+    assert rates["delayed"] < rates["before"]
+    assert any("the pool starts empty" in t and "step 0 misses" in t for t in shown["texts"]), shown["texts"]
 
 
 @pytest.fixture(scope="module")
 def calibrated():
-    from ess.sim.calibrate import calibrate
-    return calibrate().params                     # as notebook 08 gives its widget
+    """The central calibration notebook 08 gives its widget, at the smoke sizes the browser runs it with."""
+    from ess.sim.calibrate import calibration_set
+    return calibration_set(**W.notebook_parameters("08_128k_and_deployment")["variant_fit"]).params
 
 
-def _sim_expected(root, calibrated):
+@pytest.fixture(scope="module")
+def sim_misses():
+    """The cache simulation notebook 08 gives its widget, at the smoke sizes the browser runs it with."""
+    p = W.notebook_parameters("08_128k_and_deployment")
+    return CachesimMisses(steps=p["cachesim_steps"], batch=p["cachesim_batch"])
+
+
+def _sim_expected(root, calibrated, sim_misses):
     def expected(shown):
-        mtp = int(W.slider_value(root, "MTP"))
         fig, s = sim_budget_view(W.dropdown_value(root, "GPU"), W.slider_value(root, "ratio"),
-                                 SIM_CONTEXTS[int(W.slider_position(root, "context"))], mtp,
-                                 min(W.slider_value(root, "accept"), mtp),
-                                 10 ** W.slider_position(root, "H2D GB/s"), hbm_GiB=W.slider_value(root, "HBM GiB"),
+                                 SIM_CONTEXTS[int(W.slider_position(root, "context"))], int(W.slider_value(root, "MTP")),
+                                 W.slider_value(root, "accept"), W.slider_value(root, "H2D GB/s"),
+                                 hbm_GiB=W.slider_value(root, "HBM GiB"),
+                                 misses=_key(MISSES_SOURCES, W.dropdown_value(root, "misses")), cachesim=sim_misses,
                                  params=calibrated)
         W.assert_same_figure(shown, fig)
         if s["throughput"] is None:
             assert f"infeasible: {s['reason']}" in shown["label"]
         else:
             assert f"batch {s['batch']} ({s['limited_by']}), {s['throughput']:,.0f} tokens/s per node" in shown["label"]
+            assert "-0.00" not in shown["label"]
     return expected
 
 
-def test_simulator_widget(opened, measurements, out_dir, calibrated):
+def test_simulator_widget(opened, measurements, out_dir, calibrated, sim_misses):
     page, root = opened("08_128k_and_deployment")
     _move_each(page, root, "08_128k_and_deployment", [
         ("ratio", W.press(root, "ratio", "ArrowRight"), True),
-        ("context", W.press(root, "context", "ArrowRight"), True),
-        ("MTP", W.press(root, "MTP", "ArrowRight"), True),
+        ("context (a new context: its cache simulation runs once)", W.press(root, "context", "ArrowRight"), True),
+        ("MTP (a new MTP: its cache simulation runs once)", W.press(root, "MTP", "ArrowRight"), True),
         ("accept", W.press(root, "accept", "ArrowRight"), True),
         ("HBM GiB", W.press(root, "HBM GiB", "End"), True),
         ("GPU (sets HBM GiB)", W.choose(root, "GPU", "H100"), True),
-        # H2D is timed and checked against the library here; whether it changes anything is the known fault below
-        ("H2D GB/s", W.press(root, "H2D GB/s", "ArrowLeft"), None),
-    ], _sim_expected(root, calibrated), measurements, out_dir)
+        ("H2D GB/s", W.press(root, "H2D GB/s", "ArrowLeft"), True),
+        ("misses: none", W.choose(root, "misses", MISSES_SOURCES["zero"]), True),
+        ("misses: cache simulation", W.choose(root, "misses", MISSES_SOURCES["cachesim"]), True),
+        ("MTP back (simulated before: no new simulation)", W.press(root, "MTP", "ArrowLeft"), True),
+        ("context back (simulated before: no new simulation)", W.press(root, "context", "ArrowLeft"), True),
+    ], _sim_expected(root, calibrated, sim_misses), measurements, out_dir)
 
 
-@pytest.mark.xfail(strict=True, reason="known fault: the simulator widget is built with zero misses, so the link "
-                                       "speed changes nothing (every H2D GB/s gives the same tokens/s)")
-def test_simulator_link_speed_changes_the_prediction(opened, calibrated):
+def test_simulator_link_speed_changes_the_prediction(opened):
     page, root = opened("08_128k_and_deployment")
     W.select_to(page, root, "GPU", "H200")
+    W.select_to(page, root, "misses", MISSES_SOURCES["cachesim"])
     W.step_to(page, root, "ratio", 0.25)               # a pool that misses
     before = W.state(root)
     for _ in range(3):
         W.redraw(page, root, W.press(root, "H2D GB/s", "ArrowLeft"))
     assert not W.same_numbers(before, W.state(root)), "a slower link must lower throughput when entries miss"
+    # with no misses nothing crosses the link host to device: the slider is disabled and the page says why
+    W.redraw(page, root, W.choose(root, "misses", MISSES_SOURCES["zero"]))
+    assert W.slider(root, "H2D GB/s").locator(".noUi-target").get_attribute("disabled") is not None
+    assert any("H2D speed does not matter" in t for t in W.state(root)["texts"])
+    W.redraw(page, root, W.choose(root, "misses", MISSES_SOURCES["cachesim"]))
 
 
-@pytest.mark.xfail(strict=True, reason="known fault: the log slider snaps the FlashTrans 37 GB/s to 10^1.6 = 39.8")
 def test_simulator_link_slider_starts_at_the_links_value(opened):
     from ess.specs import link_figures
 
     opened("08_128k_and_deployment")
     assert float(opened.first["08_128k_and_deployment"]["H2D GB/s"]) == link_figures()["flashtrans"]["h2d_GB_per_s"]
+    assert opened.first["08_128k_and_deployment"]["accept"] == "1.70"             # the deployment's, exactly
 
 
-@pytest.mark.xfail(strict=True, reason="known fault: an accept ratio above the MTP count is silently replaced by "
-                                       "the MTP count (the slider says 4.00, the model uses 2)")
 def test_simulator_accept_ratio_above_mtp_is_refused_or_explained(opened):
     page, root = opened("08_128k_and_deployment")
+    W.select_to(page, root, "GPU", "H200")
     W.step_to(page, root, "ratio", 0.2)
-    W.step_to(page, root, "MTP", 2)
-    W.step_to(page, root, "accept", 4.0)
+    W.step_to(page, root, "MTP", 3)
+    W.step_to(page, root, "accept", 3.0)
+    handle = W.slider(root, "accept").locator(".noUi-handle")
+    assert float(handle.get_attribute("aria-valuemax")) == 3, "the accept slider ends at MTP"
+    W.redraw(page, root, W.press(root, "MTP", "ArrowLeft"))               # MTP 2, below the accept ratio 3
     shown, accept = W.state(root), float(W.readout(root, "accept"))
-    assert accept <= 2 or "accept" in shown["label"], f"accept {accept} with MTP 2: {shown['label']!r}"
+    assert accept == 2.0 and float(handle.get_attribute("aria-valuemax")) == 2
+    assert any("accept ratio lowered from 3 to 2" in t for t in shown["texts"]), shown["texts"]
 
 
-@pytest.mark.xfail(strict=True, reason="known fault: an infeasible setting draws an empty full-size plot; the reason "
-                                       "is only in the summary line")
 def test_simulator_infeasible_setting_shows_the_reason_in_the_figure(opened):
     page, root = opened("08_128k_and_deployment")
     W.step_to(page, root, "ratio", 0.05)                               # fewer slots than K
     shown = W.state(root)
     assert "infeasible" in shown["label"]
-    assert shown["traces"] or "infeasible" in shown["title"], "an empty plot with no word of why"
+    assert not shown["traces"] and shown["title"].startswith("infeasible"), "an empty plot with no word of why"
+    assert shown["height"] < 200, "a message, not an empty full-size plot"
+    W.step_to(page, root, "ratio", 0.2)
 
 
 def _cut_labels(root) -> list[str]:
@@ -217,16 +263,34 @@ def _cut_labels(root) -> list[str]:
         .filter(e => e.offsetParent !== null && e.scrollWidth > e.clientWidth + 1).map(e => e.textContent)""")
 
 
-@pytest.mark.parametrize("stem", ["01_memory_wall", "02_tiered_storage", "08_128k_and_deployment"])
+@pytest.mark.parametrize("stem", sorted(COVERED))
 def test_labels_are_readable(opened, stem):
     page, root = opened(stem)
     assert _cut_labels(root) == []
 
 
-@pytest.mark.xfail(strict=True, reason="known fault: the check-box label is cut off ('delayed class (warmup in ba…')")
-def test_prefetch_labels_are_readable(opened):
-    page, root = opened("04_prefetching")
-    assert _cut_labels(root) == []
+def test_live_monitor_grew_step_by_step(opened, out_dir):
+    """Notebook 02's replay, watched while its cell ran: every figure the page drew held more steps than the one
+    before, there were several, the last held them all, the progress bar reached its end, and the live view's last
+    figure is the plain figure the notebook draws next (the one the book shows)."""
+    page, _ = opened("02_tiered_storage")
+    steps = W.notebook_parameters("02_tiered_storage")["trace_steps"]
+    seen = W.monitor_record(page)
+    lengths = seen["lengths"]
+    assert len(lengths) >= 3, f"the page drew the monitor only {len(lengths)} times: {lengths}"
+    assert all(a < b for a, b in zip(lengths, lengths[1:])), lengths
+    assert lengths[-1] == steps and seen["progress"][-1] == "100%", seen
+    monitor = page.locator(".ess-monitor")
+    monitor.scroll_into_view_if_needed()
+    assert _cut_labels(monitor) == []
+    assert f"step {steps} of {steps}" in monitor.inner_text()
+    live = W.figure_state(monitor.locator(".plotly-graph-div").first)
+    figures = page.locator(".jp-OutputArea-output .plotly-graph-div").all()
+    static = [f for f in figures if not f.evaluate("gd => !!gd.closest('.ess-monitor')")
+              and W.figure_state(f)["title"] == live["title"]]
+    assert len(static) == 1, "the notebook draws the whole run once more as a plain figure"
+    assert W.figure_state(static[0])["traces"] == live["traces"]
+    monitor.screenshot(path=str(out_dir / "02_tiered_storage-monitor.png"))
 
 
 def test_autosaved_notebook_size_and_what_git_commits(opened, lab, measurements):

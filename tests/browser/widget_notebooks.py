@@ -24,6 +24,18 @@ def widget_notebooks() -> dict[str, str]:
     return found
 
 
+def notebook_parameters(stem: str, smoke: bool = True) -> dict:
+    """The values of the notebook's parameters cell (literals only), with its ``smoke_sizes`` applied when
+    ``smoke`` (what the copies :func:`prepare` writes run with)."""
+    nb = json.loads((ROOT / "notebooks" / f"{stem}.ipynb").read_text())
+    cell = next(c for c in nb["cells"] if "parameters" in c["metadata"].get("tags", []))
+    values: dict = {}
+    exec("".join(cell["source"]), {}, values)
+    if smoke:
+        values.update(values.get("smoke_sizes", {}), smoke=True)
+    return values
+
+
 def prepare(root: Path) -> None:
     """Copies of the widget notebooks with ``smoke = True`` in their parameters cell (CI sizes), into ``root``."""
     root.mkdir(parents=True)
@@ -83,20 +95,28 @@ def widget(page):
     return root
 
 
-_STATE = """(root) => {
-    const html = root.querySelector('.widget-html .widget-html-content');
-    const gd = root.querySelector('.widget-output .plotly-graph-div');
+# one plotly figure element -> its title and traces: names as given (gd.data); numbers as plotly.js decoded them
+# (gd._fullData: arrays arrive base64-encoded)
+_FIGURE = """(gd) => {
     const arr = v => (v === undefined || v === null) ? null : Array.from(v);
     const title = gd && gd.layout && gd.layout.title;
     return {
-        label: html ? html.innerText : '',
         title: title ? (typeof title === 'string' ? title : (title.text || '')) : '',
-        // names as given (gd.data); numbers as plotly.js decoded them (gd._fullData: arrays arrive base64-encoded)
         traces: gd ? gd.data.map((t, i) => ({name: t.name === undefined ? null : t.name,
                                              x: arr(gd._fullData[i].x), y: arr(gd._fullData[i].y)})) : [],
         height: gd ? gd.getBoundingClientRect().height : 0,
     };
 }"""
+_STATE = f"""(root) => {{
+    const html = root.querySelector('.widget-html .widget-html-content');
+    const gd = root.querySelector('.widget-output .plotly-graph-div');
+    return {{
+        label: html ? html.innerText : '',
+        // every text line of the widget (summary, notes), in page order
+        texts: [...root.querySelectorAll('.widget-html .widget-html-content')].map(e => e.innerText),
+        ...({_FIGURE})(gd),
+    }};
+}}"""
 
 
 def state(root) -> dict:
@@ -242,3 +262,39 @@ def readouts(root) -> dict[str, str]:
     """Every slider's readout, by its label."""
     return root.evaluate("""(root) => Object.fromEntries([...root.querySelectorAll('.widget-slider')].map(s =>
         [s.querySelector('.widget-label').textContent.trim(), s.querySelector('.widget-readout').textContent.trim()]))""")
+
+
+# -- the live monitor -----------------------------------------------------------------------------------------------
+
+# Installed in the page before the notebook runs (an init script): while a monitor (.ess-monitor) exists, every
+# 20 ms it notes each newly drawn figure's number of steps (the points of its first trace) and each new width of
+# the progress bar, so a test can see afterwards how the view grew while the cell ran.
+MONITOR_RECORDER = """
+window.__essMonitor = {lengths: [], progress: []};
+(() => {
+    let last = null;
+    setInterval(() => {
+        const root = document.querySelector('.ess-monitor');
+        if (!root) return;
+        const rec = window.__essMonitor;
+        const gd = root.querySelector('.widget-output .plotly-graph-div');
+        if (gd && gd !== last && gd._fullData && gd.querySelector('.main-svg')) {
+            last = gd;
+            const x = gd._fullData[0].x;
+            rec.lengths.push(x ? x.length : 0);
+        }
+        const bar = root.querySelector('.progress-bar');
+        if (bar && rec.progress[rec.progress.length - 1] !== bar.style.width) rec.progress.push(bar.style.width);
+    }, 20);
+})();
+"""
+
+
+def monitor_record(page) -> dict:
+    """What :data:`MONITOR_RECORDER` saw: ``lengths`` (steps in each drawn figure) and ``progress`` (bar widths)."""
+    return page.evaluate("() => ({lengths: window.__essMonitor.lengths, progress: window.__essMonitor.progress})")
+
+
+def figure_state(element) -> dict:
+    """The title and traces of one plotly figure element (as :func:`state` reads a widget's)."""
+    return element.evaluate(_FIGURE)
