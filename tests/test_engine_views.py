@@ -71,11 +71,20 @@ def test_the_widget_redraws_on_every_control():
     box = engine_widget(ENGINE, pre, steps=2)
     before = box.summary_label.value
     assert "identical to" in before
+    assert box.controls["link_GB_per_s"].value == 0.02          # shown exactly, not snapped to a log step
+    assert box.controls["link_GB_per_s"].label == "0.02"
     box.controls["schedule"].value = "dba"
     box.controls["ratio"].value = 0.05                    # 0.05 x 256 = 12 slots < K = 16: said so
     assert "not possible" in box.summary_label.value
     box.controls["ratio"].value = 0.5
     assert "identical to" in box.summary_label.value
+
+
+def test_the_widget_says_why_dba_is_missing_for_one_request():
+    one = ENGINE.prefill(prompts([256], 4), max_new_tokens=2)
+    box = engine_widget(ENGINE, one, steps=2)
+    assert "dba" not in box.controls["schedule"].options
+    assert "needs a batch of 2 or more" in box.children[3].value
 
 
 def test_sparse_against_dense_report(pre):

@@ -6,7 +6,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-__all__ = ["engine_view", "engine_widget"]
+__all__ = ["engine_view", "engine_widget", "LINKS_GB_PER_S"]
+
+#: the emulated link speeds the widget offers (GB/s): this CPU's engine moves a few MB per step, so speeds around
+#: 0.01-0.1 GB/s make a copy last as long as a layer's compute (what the overlap schedules are about)
+LINKS_GB_PER_S = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
 
 
 def engine_view(engine, pre, ratio: float = 0.25, policy: str = "lru", schedule: str = "da",
@@ -46,7 +50,11 @@ def engine_widget(engine, pre, *, steps: int = 4):
     policy_w = W.Dropdown(options=["lru", "fifo", "heat"], value="lru", description="policy")
     schedules = ["none", "da", "dba"] if pre.batch >= 2 else ["none", "da"]
     sched_w = W.Dropdown(options=schedules, value="da", description="schedule")
-    link_w = W.FloatLogSlider(value=0.02, base=10, min=-3, max=0, description="link GB/s")
+    # a SelectionSlider shows each value exactly (a log slider would snap 0.02 to 10^-1.7)
+    link_w = W.SelectionSlider(options=[(f"{v:g}", v) for v in LINKS_GB_PER_S], value=0.02,
+                               description="link GB/s")
+    note = W.HTML("" if pre.batch >= 2 else "<i>DBA splits the batch in halves: it needs a batch of 2 or more "
+                                             "requests, so it is not offered for this batch of 1.</i>")
     label, out = W.HTML(), W.Output()
 
     def update(_=None):
@@ -65,7 +73,7 @@ def engine_widget(engine, pre, *, steps: int = 4):
     for w in (ratio_w, policy_w, sched_w, link_w):
         w.observe(update, names="value")
     update()
-    box = W.VBox([W.HBox([ratio_w, policy_w]), W.HBox([sched_w, link_w]), label, out])
+    box = W.VBox([W.HBox([ratio_w, policy_w]), W.HBox([sched_w, link_w]), label, note, out])
     box.controls = {"ratio": ratio_w, "policy": policy_w, "schedule": sched_w, "link_GB_per_s": link_w}
     box.summary_label = label
     return box

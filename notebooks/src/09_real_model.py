@@ -70,7 +70,7 @@ from ess.widgets.engine import engine_view, engine_widget
 
 viz.use_notebook_renderer()
 torch.set_num_threads(threads)
-rec = ess.Recorder("09_real_model", results_path)
+rec = ess.Recorder("09_real_model", results_path, smoke=smoke)
 if smoke:
     globals().update(smoke_sizes)              # the CI sizes of the parameters cell
 eng = DecodeEngine.load()

@@ -24,7 +24,8 @@ from ess.widgets.storage import CONTEXTS as STORAGE_CONTEXTS
 from ess.widgets.storage import storage_budget_view
 
 COVERED = {"01_memory_wall": "memory_budget_widget", "02_tiered_storage": "storage_budget_widget",
-           "04_prefetching": "prefetch_widget", "08_128k_and_deployment": "sim_budget_widget"}
+           "04_prefetching": "prefetch_widget", "08_128k_and_deployment": "sim_budget_widget",
+           "09_real_model": "engine_widget"}
 MONITORED = {"02_tiered_storage"}            # notebooks that show a LiveMonitor
 
 
@@ -256,6 +257,30 @@ def test_simulator_infeasible_setting_shows_the_reason_in_the_figure(opened):
     assert not shown["traces"] and shown["title"].startswith("infeasible"), "an empty plot with no word of why"
     assert shown["height"] < 200, "a message, not an empty full-size plot"
     W.step_to(page, root, "ratio", 0.2)
+
+
+def test_engine_widget(opened, measurements, out_dir):
+    """The real model decodes for real on every change, so its step times differ from any rerun: the page must show
+    the settings chosen (the figure's title names ratio, policy, schedule and link) and say, each time, that the
+    output is identical to the all-resident run."""
+    page, root = opened("09_real_model")
+    first = opened.first["09_real_model"]
+    assert (first["ratio"], first["link GB/s"]) == ("0.25", "0.02"), first      # shown exactly
+    assert W.dropdown_value(root, "policy") == "lru" and W.dropdown_value(root, "schedule") == "da"
+
+    def expected(shown):
+        ratio, link = W.readout(root, "ratio"), W.readout(root, "link GB/s")
+        policy, schedule = W.dropdown_value(root, "policy"), W.dropdown_value(root, "schedule")
+        assert shown["title"].startswith(f"ratio {float(ratio):g} ("), shown["title"]
+        assert f"{policy}, {schedule}, {float(link):g} GB/s" in shown["title"], shown["title"]
+        assert "identical to all-resident" in shown["label"], shown["label"]
+
+    _move_each(page, root, "09_real_model", [
+        ("ratio", W.press(root, "ratio", "ArrowRight"), None),
+        ("policy", W.choose(root, "policy", "fifo"), None),
+        ("schedule", W.choose(root, "schedule", "none"), None),
+        ("link GB/s", W.press(root, "link GB/s", "ArrowLeft"), None),
+    ], expected, measurements, out_dir)
 
 
 def _cut_labels(root) -> list[str]:
