@@ -11,7 +11,7 @@ Attainable rates on an H200 (data/hardware/gpus.yaml: 4,800 GB/s, 989 BF16 / 1,9
 import numpy as np
 import pytest
 
-from ess.sim.costs import gemm_time_s, layer_costs, lm_head_time_s, memory_time_s
+from ess.sim.costs import CostParams, LayerCosts, gemm_time_s, layer_costs, lm_head_time_s, memory_time_s
 from ess.specs import deployment_spec, gpu_spec, model_spec
 
 M = model_spec("deepseek-v3.2-exp")
@@ -139,3 +139,19 @@ def test_negative_or_meaningless_sizes_are_refused(call, err, match):
     with pytest.raises(err, match=match):
         call()
     assert np.isfinite(float(memory_time_s(0, H200)))          # zero bytes is a valid (free) kernel
+
+
+def test_the_attention_block_and_the_scales_by_hand():
+    """Indexer 1 + PreAttn 2 + Attn 3 + O_proj 4 = an attention block of 10; a compute scale of 2 doubles every
+    kernel (merge 0.5 -> 1), a communication scale of 0.5 halves dispatch 7 and combine 8, the selected entries stay."""
+    c = LayerCosts(*(np.array(v) for v in (1.0, 2.0, 3.0, 4.0, 10.0, 20.0, 7.0, 8.0, 0.5, 4096.0)))
+    assert float(c.attention_block) == 10.0
+    s = c.scaled(2.0, 0.5)
+    assert [float(getattr(s, f)) for f in ("indexer", "pre_attn", "attn", "o_proj", "ffn_dense", "moe", "merge")] == \
+        [2.0, 4.0, 6.0, 8.0, 20.0, 40.0, 1.0]
+    assert (float(s.dispatch), float(s.combine), float(s.selected)) == (3.5, 4.0, 4096.0)
+
+
+def test_cost_params_name_what_they_were_fitted_on():
+    with pytest.raises(TypeError, match="fitted_on must be a string"):
+        CostParams(fitted_on=3)

@@ -69,6 +69,8 @@ def test_compute_bound_step_without_offload_by_hand(monkeypatch):
     # 4 requests x 8 GPUs x 1.7 accepted tokens / 15.027 ms
     assert r.throughput[0] == pytest.approx(4 * 8 * 1.7 / 15_027e-6)
     assert r.otps[0] == pytest.approx(1.7 / 15_027e-6)
+    row = r.to_frame().iloc[0]                           # the frame speaks milliseconds
+    assert (row.step_ms, row.stall_ms) == (pytest.approx(15.027), pytest.approx(0.0, abs=1e-12))
 
 
 def test_communication_bound_moe_layers_take_the_all_to_all(monkeypatch):
@@ -94,6 +96,7 @@ def test_offload_overhead_counts_twice_and_hides_behind_the_all_to_all(monkeypat
     # layers: 3 x (160 + 4) + 58 x max(240 + 4, 120) = 492 + 14,152 = 14,644;  step = 14,644 + 127 + 500
     assert step == pytest.approx(15_271)
     assert r.stall_s[0] / US == pytest.approx(61 * 4)
+    assert r.to_frame().stall_ms[0] == pytest.approx(0.244)
     assert (r.layer_strategy == TL.STRATEGIES.index("da")).all()
     assert r.layer_overhead_s[0] / US == pytest.approx(np.full(61, 4.0))
     _, none = step_us(strategy="none", misses=ten)      # 2 x 10 = 20 us per layer, 61 layers

@@ -201,7 +201,7 @@ def test_fused_timeline_matches_the_readable_reference(strategy, shared):
     r = rng.choice([1.0, 0.5, 0.2, 0.1], n)
     mtp = rng.choice([1, 2, 3, 4], n).astype(float)
     link = rng.choice([4.0, 37.0, 300.0, np.inf], n)
-    d2h = rng.choice([8.0, 43.0, np.inf], n)
+    d2h = rng.choice([0.05, 8.0, 43.0, np.inf], n)       # 0.05: a write-back longer than what hides it
     sel = mtp * np.minimum(2048, L)
     misses = (rng.uniform(0, 1, (1 if shared else n, NL)) * (sel.min() if shared else sel[:, None]))
     misses[:, ::7] = 0.0
@@ -237,6 +237,8 @@ def test_best_batch_uses_the_misses_of_each_offload_ratio():
     """With zero misses at ratio 0.5, offload admits more than the no-offload 52 requests at 32K and wins."""
     got = best_batch(32768, [1.0, 0.5], misses_by_ratio={0.5: np.zeros(NL)})
     assert got["ratio"] == 0.5 and got["batch"] > 52
+    again = simulate(got["batch"], 32768, 0.5, misses=np.zeros(NL))
+    assert got["step_ms"] == pytest.approx(again.step_s[0] * 1e3) and got["otps"] == pytest.approx(again.otps[0])
     with pytest.raises(ValueError, match="misses_by_ratio must give"):
         best_batch(32768, [1.0, 0.5], misses_by_ratio={0.4: np.zeros(NL)})
 
