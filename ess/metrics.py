@@ -28,7 +28,7 @@ from typing import Callable
 from .specs import link_figures
 from .validate import integer, one_of, real
 
-__all__ = ["StepMetrics", "MetricsLog", "LinkModel", "link_model", "OpRecord", "OpTimer", "DecodeStepMetrics",
+__all__ = ["StepMetrics", "MetricsLog", "LinkModel", "link_model", "OpRecord", "OpTimer", "StepRow", "DecodeStepMetrics",
            "DecodeMetricsLog"]
 
 
@@ -187,15 +187,13 @@ class OpTimer:
 
 
 @dataclass(frozen=True)
-class DecodeStepMetrics:
-    """One decode step of a batch: ``hits``/``misses`` per layer (summed over the batch, tuples of n_layers),
-    ``bytes_h2d``/``bytes_d2h`` moved, ``link_busy_s`` (seconds the link moved bytes during the step),
-    ``stall_s`` (seconds the compute lane waited for the link), ``step_s`` (wall time), ``schedule``."""
+class StepRow:
+    """One decode step of a batch, what a live view follows (:mod:`ess.monitor`): ``step`` (its number),
+    ``step_s`` (seconds it took), ``stall_s`` (seconds the compute lane waited for the link), ``link_busy_s``
+    (seconds the link moved bytes during the step), ``bytes_h2d``/``bytes_d2h`` moved, ``hits``/``misses`` per
+    layer (summed over the batch, tuples of n_layers)."""
 
     step: int
-    schedule: str
-    batch: int
-    context_len: int
     step_s: float
     stall_s: float
     link_busy_s: float
@@ -208,6 +206,21 @@ class DecodeStepMetrics:
     def link_utilisation(self) -> float:
         """Share of the step the link was busy."""
         return self.link_busy_s / self.step_s if self.step_s > 0 else 0.0
+
+    @property
+    def hit_rate(self) -> float:
+        """Hits over the entries read, all layers (1 when nothing was read)."""
+        n = sum(self.hits) + sum(self.misses)
+        return sum(self.hits) / n if n else 1.0
+
+
+@dataclass(frozen=True)
+class DecodeStepMetrics(StepRow):
+    """A :class:`StepRow` of the decode engine, with its ``schedule``, ``batch`` and ``context_len``."""
+
+    schedule: str = ""
+    batch: int = 0
+    context_len: int = 0
 
 
 @dataclass

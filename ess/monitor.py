@@ -13,8 +13,8 @@
 ``hits``, ``misses``      one int >= 0 per layer (summed over the batch's requests), same length every step
 ========================  ===========================================================================
 
-The decode engine's per-step record (:class:`ess.metrics.DecodeStepMetrics`) has them all, its steps counted from
-0; :class:`MonitorStep` is this module's (the trace replay's, counted from 1). To follow the engine, pass
+:class:`ess.metrics.StepRow` is the row; the decode engine's per-step record (:class:`ess.metrics.DecodeStepMetrics`)
+is one, its steps counted from 0 (the trace replay's from 1). To follow the engine, pass
 ``on_step=monitor.update`` to :meth:`ess.engine.DecodeEngine.decode`. A
 *source* hands rows over in one of two ways: an iterable of rows (:meth:`StepSeries.follow` or
 :meth:`ess.widgets.monitor.LiveMonitor.follow` pull them), or a producer that calls a callback with each new row
@@ -27,15 +27,14 @@ bandwidth) and a compute time per layer, with no overlap of the copies with comp
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Iterable, Iterator
 
 import numpy as np
 
-from .metrics import LinkModel, link_model
+from .metrics import LinkModel, StepRow, link_model
 from .validate import real
 
-__all__ = ["ROW_FIELDS", "MonitorStep", "StepSeries", "check_row", "replay_steps", "COMPUTE_S_PER_LAYER"]
+__all__ = ["ROW_FIELDS", "StepRow", "StepSeries", "check_row", "replay_steps", "COMPUTE_S_PER_LAYER"]
 
 ROW_FIELDS = ("step", "step_s", "stall_s", "link_busy_s", "bytes_h2d", "bytes_d2h", "hits", "misses")
 # [derived] compute time of one step of one (request, layer): 73.3 ms step / 61 layers / batch 52 (paper Table 2,
@@ -43,31 +42,8 @@ ROW_FIELDS = ("step", "step_s", "stall_s", "link_busy_s", "bytes_h2d", "bytes_d2
 COMPUTE_S_PER_LAYER = 23.1e-6
 
 
-@dataclass(frozen=True)
-class MonitorStep:
-    """One decode step, as :data:`ROW_FIELDS` describes (``hits`` and ``misses`` tuples per layer)."""
-
-    step: int
-    step_s: float
-    stall_s: float
-    link_busy_s: float
-    bytes_h2d: int
-    bytes_d2h: int
-    hits: tuple
-    misses: tuple
-
-    @property
-    def link_utilisation(self) -> float:
-        return self.link_busy_s / self.step_s
-
-    @property
-    def hit_rate(self) -> float:
-        n = sum(self.hits) + sum(self.misses)
-        return sum(self.hits) / n if n else 1.0
-
-
-def check_row(row, n_layers: int | None = None) -> MonitorStep:
-    """``row`` as a :class:`MonitorStep`, checked: ``TypeError`` when an attribute of :data:`ROW_FIELDS` is missing
+def check_row(row, n_layers: int | None = None) -> StepRow:
+    """``row`` as a :class:`StepRow`, checked: ``TypeError`` when an attribute of :data:`ROW_FIELDS` is missing
     or not a number, ``ValueError`` for a value out of range or ``n_layers`` per-layer counts not matching."""
     missing = [f for f in ROW_FIELDS if not hasattr(row, f)]
     if missing:
@@ -82,7 +58,7 @@ def check_row(row, n_layers: int | None = None) -> MonitorStep:
                          f"got {len(hits)} and {len(misses)}")
     if min(hits + misses, default=0) < 0:
         raise ValueError("a metrics row's hits and misses must be >= 0")
-    out = MonitorStep(int(row.step), real("step_s", row.step_s, lo=0.0, lo_open=True),
+    out = StepRow(int(row.step), real("step_s", row.step_s, lo=0.0, lo_open=True),
                       real("stall_s", row.stall_s, lo=0.0), real("link_busy_s", row.link_busy_s, lo=0.0),
                       int(row.bytes_h2d), int(row.bytes_d2h), hits, misses)
     if out.bytes_h2d < 0 or out.bytes_d2h < 0:
@@ -97,12 +73,12 @@ class StepSeries:
     def __init__(self, total_steps: int | None = None, n_layers: int | None = None):
         self.total_steps = total_steps
         self.n_layers = n_layers
-        self.rows: list[MonitorStep] = []
+        self.rows: list[StepRow] = []
 
     def __len__(self) -> int:
         return len(self.rows)
 
-    def add(self, row) -> MonitorStep:
+    def add(self, row) -> StepRow:
         """Append one row (checked; its step must follow the last one's). A callback for a producer."""
         r = check_row(row, self.n_layers)
         if self.rows and r.step <= self.rows[-1].step:
@@ -111,7 +87,7 @@ class StepSeries:
         self.rows.append(r)
         return r
 
-    def follow(self, rows: Iterable) -> Iterator[MonitorStep]:
+    def follow(self, rows: Iterable) -> Iterator[StepRow]:
         """Add each row of ``rows`` as it comes, yielding it (a generator: the caller redraws between rows)."""
         for row in rows:
             yield self.add(row)
@@ -143,9 +119,9 @@ class StepSeries:
 
 def replay_steps(cache, trace, request_id, *, h2d: LinkModel | None = None, d2h: LinkModel | None = None,
                  compute_s_per_layer: float = COMPUTE_S_PER_LAYER, batch_index: int = 0, warmup: bool = True,
-                 new_tokens=None, verify: bool = False) -> Iterator[MonitorStep]:
+                 new_tokens=None, verify: bool = False) -> Iterator[StepRow]:
     """A source of rows: one request of ``trace`` replayed through ``cache`` (:meth:`ess.storage.TieredCache.replay_trace`,
-    whose arguments these are and which checks them here, before anything runs), one :class:`MonitorStep` per decode
+    whose arguments these are and which checks them here, before anything runs), one :class:`StepRow` per decode
     step as it finishes.
 
     Timing is modelled, not measured: the misses cross the ``h2d`` link (default FlashTrans host to device,
@@ -164,7 +140,7 @@ def replay_steps(cache, trace, request_id, *, h2d: LinkModel | None = None, d2h:
     return _rows(steps, cache.n_layers, h2d, d2h, compute)
 
 
-def _rows(steps, n_layers: int, h2d: LinkModel, d2h: LinkModel, compute: float) -> Iterator[MonitorStep]:
+def _rows(steps, n_layers: int, h2d: LinkModel, d2h: LinkModel, compute: float) -> Iterator[StepRow]:
     for t, records in enumerate(steps, start=1):
         hits, misses = [0] * n_layers, [0] * n_layers
         b_h2d = b_d2h = 0
@@ -175,5 +151,5 @@ def _rows(steps, n_layers: int, h2d: LinkModel, d2h: LinkModel, compute: float) 
             b_h2d += r.bytes_h2d
             b_d2h += r.bytes_d2h
         stall = h2d.transfer_s(b_h2d)
-        yield MonitorStep(t, n_layers * compute + stall + d2h.transfer_s(b_d2h), stall, stall, b_h2d, b_d2h,
+        yield StepRow(t, n_layers * compute + stall + d2h.transfer_s(b_d2h), stall, stall, b_h2d, b_d2h,
                           tuple(hits), tuple(misses))

@@ -5,7 +5,8 @@ import pytest
 
 from ess.layout import latent_entry_bytes
 from ess.metrics import DecodeStepMetrics, LinkModel
-from ess.monitor import ROW_FIELDS, MonitorStep, StepSeries, check_row, replay_steps
+from ess.metrics import StepRow
+from ess.monitor import ROW_FIELDS, StepSeries, check_row, replay_steps
 from ess.specs import model_spec
 from ess.storage import TieredCache
 from ess.tracegen import synthetic_trace
@@ -26,8 +27,9 @@ def _replay_setup(steps=5, seed=0):
 
 
 def test_a_row_is_any_object_with_the_fields_and_is_checked():
-    r = check_row(DecodeStepMetrics(0, "da", 2, 100, 0.02, 0.001, 0.005, 1312, 656, (3, 1), (1, 3)))
-    assert r == MonitorStep(0, 0.02, 0.001, 0.005, 1312, 656, (3, 1), (1, 3))
+    r = check_row(DecodeStepMetrics(0, 0.02, 0.001, 0.005, 1312, 656, (3, 1), (1, 3), schedule="da", batch=2,
+                                    context_len=100))
+    assert r == StepRow(0, 0.02, 0.001, 0.005, 1312, 656, (3, 1), (1, 3))
     assert r.link_utilisation == pytest.approx(0.25) and r.hit_rate == 0.5           # 0.005 / 0.02, 4 of 8
     with pytest.raises(TypeError, match=r"lacks \['stall_s', 'link_busy_s'\]"):
         check_row(type("Partial", (), {f: 0 for f in ROW_FIELDS if f not in ("stall_s", "link_busy_s")})())
@@ -35,25 +37,25 @@ def test_a_row_is_any_object_with_the_fields_and_is_checked():
     for bad, err in (({"step_s": 0.0}, ValueError), ({"stall_s": -1e-3}, ValueError), ({"bytes_h2d": -1}, ValueError),
                      ({"hits": (1, 2)}, ValueError), ({"misses": 3}, TypeError), ({"misses": (-1,)}, ValueError)):
         with pytest.raises(err):
-            check_row(MonitorStep(**{**good, **bad}))
+            check_row(StepRow(**{**good, **bad}))
     with pytest.raises(ValueError, match="each of the 2 layers"):
-        check_row(MonitorStep(**good), n_layers=2)
+        check_row(StepRow(**good), n_layers=2)
 
 
 def test_step_series_worked_example():
     s = StepSeries(total_steps=3)
     # step 1: 6 hits, 2 misses in 10 ms, link busy 2 ms; step 2: 8 hits, 0 misses in 10 ms, idle link
-    s.add(MonitorStep(1, 0.010, 0.002, 0.002, 2 * 656, 656, (4, 2), (0, 2)))
-    s.add(MonitorStep(2, 0.010, 0.0, 0.0, 0, 656, (4, 4), (0, 0)))
+    s.add(StepRow(1, 0.010, 0.002, 0.002, 2 * 656, 656, (4, 2), (0, 2)))
+    s.add(StepRow(2, 0.010, 0.0, 0.0, 0, 656, (4, 4), (0, 0)))
     with pytest.raises(ValueError, match="does not follow"):
-        s.add(MonitorStep(2, 0.010, 0.0, 0.0, 0, 656, (4, 4), (0, 0)))
+        s.add(StepRow(2, 0.010, 0.0, 0.0, 0, 656, (4, 4), (0, 0)))
     t = s.totals()
     assert t["hit_rate"] == pytest.approx(14 / 16) and t["link_utilisation"] == pytest.approx(0.002 / 0.020)
     assert (t["bytes_h2d"], t["bytes_d2h"], t["steps"]) == (1312, 1312, 2)
     df = s.frame()
     assert df.hit_rate.tolist() == [0.75, 1.0] and df.misses.tolist() == [2, 0]
     np.testing.assert_array_equal(s.misses_by_layer(), [[0, 0], [2, 0]])             # (layers, steps)
-    rows = [MonitorStep(3, 0.01, 0.0, 0.0, 0, 0, (1, 1), (0, 0))]
+    rows = [StepRow(3, 0.01, 0.0, 0.0, 0, 0, (1, 1), (0, 0))]
     assert [r.step for r in s.follow(iter(rows))] == [3] and len(s) == 3
 
 
@@ -103,7 +105,7 @@ def test_monitor_figure_and_live_widget():
     assert mon.progress.value == mon.progress.max == 6 and mon.redraws == 6 and "step 6 of 6" in mon.label.value
     assert totals == mon.series.totals() and totals["steps"] == 6
     with pytest.raises(ValueError, match="has them all"):
-        mon.update(MonitorStep(7, 0.01, 0.0, 0.0, 0, 0, (1,) * 4, (0,) * 4))
+        mon.update(StepRow(7, 0.01, 0.0, 0.0, 0, 0, (1,) * 4, (0,) * 4))
     fig = mon.figure()
     assert [len(t.x) for t in fig.data] == [6, 6, 6, 6] and list(fig.data[3].y) == ["a", "b", "c", "d"]
     np.testing.assert_array_equal(np.asarray(fig.data[3].z), mon.series.misses_by_layer())

@@ -405,8 +405,8 @@ class DecodeEngine:
                 if logprobs is not None:
                     lp = torch.log_softmax(logits.double(), -1).cpu()
                     logprobs[:, t] = lp[torch.arange(B), torch.as_tensor(nxt)].numpy()
-                log.add(DecodeStepMetrics(t, "dense", B, max(pre.lengths) + t, step_s, 0.0, 0.0, 0, 0,
-                                          (), ()))
+                log.add(DecodeStepMetrics(t, step_s, 0.0, 0.0, 0, 0, (), (), schedule="dense", batch=B,
+                                          context_len=max(pre.lengths) + t))
         return DecodeRun(tokens, torch.stack(kept, 1) if kept is not None else None, logprobs, log, timer, [],
                          None, None, {"mode": "dense", "batch": B, "context_len": max(pre.lengths), "steps": steps,
                                       "clock": clock})
@@ -496,10 +496,10 @@ class DecodeSession:
             lp = torch.log_softmax(logits.double(), dim=-1).cpu()
             self.logprobs[:, t] = lp[torch.arange(B), torch.as_tensor(nxt)].numpy()
         self.hits[t], self.misses[t] = hits, misses
-        rec = DecodeStepMetrics(t, self.schedule, B, self.context_len + t, step_s, stall,
-                                self.link.busy_s(n_link) if self.offload else 0.0, int(misses.sum()) * E,
-                                B * nl * E if self.offload else 0, tuple(hits.sum(1).tolist()),
-                                tuple(misses.sum(1).tolist()))
+        rec = DecodeStepMetrics(t, step_s, stall, self.link.busy_s(n_link) if self.offload else 0.0,
+                                int(misses.sum()) * E, B * nl * E if self.offload else 0,
+                                tuple(hits.sum(1).tolist()), tuple(misses.sum(1).tolist()),
+                                schedule=self.schedule, batch=B, context_len=self.context_len + t)
         self.t += 1
         self.log.add(rec)
         return rec
