@@ -28,7 +28,8 @@ from typing import Callable
 from .specs import link_figures
 from .validate import integer, one_of, real
 
-__all__ = ["StepMetrics", "MetricsLog", "LinkModel", "link_model", "OpRecord", "OpTimer", "StepRow", "DecodeStepMetrics",
+__all__ = ["StepMetrics", "MetricsLog", "LinkModel", "link_model", "OpRecord", "OpTimer", "StepRow",
+           "DecodeStepMetrics",
            "DecodeMetricsLog"]
 
 
