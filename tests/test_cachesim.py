@@ -204,3 +204,15 @@ def test_layers_share_the_ratio_so_an_mtp_step_fits():
         want[layer] = C.sequence_misses(st, C._holding_the_step(int(caps[layer]), width), windows=warm,
                                         n_positions=32768 + 12)
     np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("policy", ["lru", "fifo", "heat", "belady"])
+def test_a_single_step_misses_everything_it_selects(policy):
+    """One step into an empty pool: every selected entry misses (a trace of one step is a valid trace)."""
+    assert C.sequence_misses(np.array([[0, 5, 9, -1]]), 4, policy=policy).tolist() == [3]
+
+
+def test_a_step_larger_than_the_pool_is_refused_with_its_size():
+    """Position 0 counts as an entry (only -1 is padding)."""
+    with pytest.raises(ValueError, match=r"smaller than the 3 entries of step 1"):
+        C.sequence_misses(np.array([[1, -1, -1], [0, 1, 2]]), 2)
