@@ -13,15 +13,20 @@ __all__ = ["fig_engine_steps", "fig_engine_layers", "fig_engine_breakdown", "fig
 
 
 def fig_engine_steps(df, title: str = "") -> go.Figure:
-    """Per decode step (a :meth:`ess.metrics.DecodeMetricsLog.to_frame`): misses and host-to-device MB (left),
-    stall and step time in ms (right)."""
-    fig = make_subplots(rows=1, cols=2, subplot_titles=("misses and bytes copied", "step time and stall"))
+    """Per decode step (a :meth:`ess.metrics.DecodeMetricsLog.to_frame`): misses, and the kB they moved host to
+    device on their own axis (left), stall and step time in ms (right)."""
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("misses and bytes copied", "step time and stall"),
+                        specs=[[{"secondary_y": True}, {}]])
     fig.add_scatter(x=df.step, y=df.misses, name="misses (all layers)", mode="lines+markers", row=1, col=1)
-    fig.add_scatter(x=df.step, y=df.bytes_h2d / 1e6, name="MB host to device", mode="lines", row=1, col=1)
+    fig.add_scatter(x=df.step, y=df.bytes_h2d / 1e3, name="kB host to device (right axis)", mode="lines",
+                    line={"dash": "dot"}, row=1, col=1, secondary_y=True)
     fig.add_scatter(x=df.step, y=df.step_s * 1e3, name="step ms", mode="lines+markers", row=1, col=2)
     fig.add_scatter(x=df.step, y=df.stall_s * 1e3, name="stall ms (waiting for the link)", mode="lines",
                     row=1, col=2)
     fig.update_xaxes(title_text="decode step")
+    fig.update_yaxes(title_text="misses", row=1, col=1, secondary_y=False)
+    fig.update_yaxes(title_text="kB", row=1, col=1, secondary_y=True, showgrid=False)
+    fig.update_yaxes(title_text="ms", row=1, col=2)
     fig.update_layout(template=TEMPLATE, height=360, title=title or "Each decode step", legend=LEGEND)
     return fig
 
