@@ -49,3 +49,14 @@ def test_renames_map_names_and_scoped_config_keys(tmp_path):
     assert dict(res["renamed_keys"]) == {"warmup -> warmup_mode": 1, "trace.model -> trace_model": 1}
     unscoped = C.compare(before, after, names=[("^tiers_", "classes_"), ("importance", "heat")])
     assert [r[1] for r in unscoped["text"]] == ["classes_x"]        # configs differ without the key rules
+
+
+def test_results_files_of_the_current_format_compare_with_the_first(tmp_path):
+    """A tree written by today's Recorder ({"format", "run", "records", "figures"}) against one of bare lists."""
+    recs = {"01_x": [_rec("a", 1.5), _rec("b", 2.0)]}
+    old = _tree(tmp_path / "old", recs)
+    new = tmp_path / "new"
+    new.mkdir()
+    (new / "01_x.json").write_text(json.dumps({"format": "ess-results/2", "run": {"smoke": False},
+                                               "records": [_rec("a", 1.5), _rec("b", 2.5)], "figures": []}))
+    assert [r[1] for r in C.compare(old, new)["differ"]] == ["b"]

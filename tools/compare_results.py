@@ -84,10 +84,12 @@ def rename_keys(obj: Any, rules: list, used: Counter, parent: str | None = None)
 
 
 def load(tree: Path) -> dict[str, dict[str, dict]]:
-    """``{notebook: {record name: record}}`` of every ``NN_name.json`` in ``tree``."""
+    """``{notebook: {record name: record}}`` of every ``NN_name.json`` in ``tree`` (a results file of the current
+    format, ``{"format": "ess-results/2", "run": ..., "records": [...]}``, or of the first, a bare list of records)."""
     out = {}
     for path in sorted(tree.glob("[0-9][0-9]_*.json")):
-        records = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8"))
+        records = data["records"] if isinstance(data, dict) else data
         names = [r["name"] for r in records]
         dup = [n for n, c in Counter(names).items() if c > 1]
         if dup:
