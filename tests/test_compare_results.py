@@ -60,3 +60,7 @@ def test_results_files_of_the_current_format_compare_with_the_first(tmp_path):
     (new / "01_x.json").write_text(json.dumps({"format": "ess-results/2", "run": {"smoke": False},
                                                "records": [_rec("a", 1.5), _rec("b", 2.5)], "figures": []}))
     assert [r[1] for r in C.compare(old, new)["differ"]] == ["b"]
+    for tree, n in ((old, 2), (new, 3)):                 # the indexes disagree on 01_x's record count
+        index = {"format": "ess-index/1", "run": {}, "notebooks": {"01_x": {"records": n}}}
+        (tree / "index.json").write_text(json.dumps(index))
+    assert ("index.json", "01_x", "records 2 -> 3") in C.compare(old, new)["differ"]

@@ -156,7 +156,8 @@ def compare(before: Path, after: Path, *, keys: list[str] | None = None,
                                                         for f in txt)))
     bi, ai = before / "index.json", after / "index.json"
     if bi.exists() and ai.exists():
-        b_idx, a_idx = json.loads(bi.read_text()), json.loads(ai.read_text())
+        # the index lists the notebooks under "notebooks" (format ess-index/1) or at its top level (before it)
+        b_idx, a_idx = (_index_notebooks(json.loads(p.read_text())) for p in (bi, ai))
         for nb in sorted(set(b_idx) | set(a_idx)):
             rb, ra = b_idx.get(nb, {}).get("records"), a_idx.get(nb, {}).get("records")
             if rb != ra:
@@ -164,6 +165,13 @@ def compare(before: Path, after: Path, *, keys: list[str] | None = None,
     res["renamed_keys"] = sorted(used_keys.items())
     res["renamed_names"] = sorted(used_names.items())
     return res
+
+
+def _index_notebooks(index: dict) -> dict:
+    """``{notebook: entry}`` of an ``index.json``, whichever format."""
+    if index.get("format") == "ess-index/1":
+        return index.get("notebooks", {})
+    return {k: v for k, v in index.items() if isinstance(v, dict)}
 
 
 def report(res: dict, out=sys.stdout, verbose: bool = False) -> bool:
