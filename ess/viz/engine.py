@@ -23,7 +23,7 @@ def fig_engine_steps(df, title: str = "") -> go.Figure:
     fig.add_scatter(x=df.step, y=df.step_s * 1e3, name="step ms", mode="lines+markers", row=1, col=2)
     fig.add_scatter(x=df.step, y=df.stall_s * 1e3, name="stall ms (waiting for the link)", mode="lines",
                     row=1, col=2)
-    fig.update_xaxes(title_text="decode step")
+    fig.update_xaxes(title_text="decode step", dtick=1)                 # whole steps, even for two of them
     fig.update_yaxes(title_text="misses", row=1, col=1, secondary_y=False)
     fig.update_yaxes(title_text="kB", row=1, col=1, secondary_y=True, showgrid=False)
     fig.update_yaxes(title_text="ms", row=1, col=2)
