@@ -45,6 +45,8 @@ def engine_widget(engine, pre, *, steps: int = 4):
     """Controls for :func:`engine_view` (needs a running kernel; each change decodes ``steps`` steps)."""
     import ipywidgets as W
 
+    from ._controls import redraw
+
     baseline = engine.decode(pre, steps, offload=False, keep_logits=True)
     ratio_w = W.FloatSlider(value=0.25, min=0.05, max=1.0, step=0.05, description="ratio")
     policy_w = W.Dropdown(options=["lru", "fifo", "heat"], value="lru", description="policy")
@@ -66,9 +68,7 @@ def engine_widget(engine, pre, *, steps: int = 4):
             label.value = (f"step {s['step_ms']:.0f} ms, stall {s['stall_ms']:.1f} ms, {s['misses_per_step']:.0f} "
                            f"misses ({s['MB_per_step']:.2f} MB) per step, link busy {s['link_utilisation']:.0%}; "
                            f"output {'identical to' if s['lossless'] else '<b>DIFFERENT from</b>'} all-resident")
-        out.clear_output(wait=True)
-        with out:
-            fig.show()
+        redraw(out, fig)
 
     for w in (ratio_w, policy_w, sched_w, link_w):
         w.observe(update, names="value")
