@@ -393,6 +393,20 @@ def _drift_kernel():
 
     emit, token_geometry = _emit_kernel()
 
+    @njit(cache=True, inline="always")
+    def collect(cand, j0, j1, a, base, cn, noise, lo, buf_idx, buf_val):
+        """Score the candidates cand[j0:j1] with their current noise; keep those >= lo in buf_idx/buf_val (in
+        position order). Returns how many were kept."""
+        cnt = 0
+        for j in range(j0, j1):
+            x = cand[j]
+            s = a * base[x] + cn * noise[x]
+            if s >= lo:
+                buf_idx[cnt] = x
+                buf_val[cnt] = s
+                cnt += 1
+        return cnt
+
     @njit(cache=True, nogil=True)
     def gen_drift(seed, base, noise, cand, context_len, k, mtp, steps, n_warm, pi, rho, n_sinks, window,
                   table, warm_out, step_out):
@@ -449,26 +463,13 @@ def _drift_kernel():
                             buf_val[cnt] = s
                             cnt += 1
                 else:
-                    for j in range(j0, j1):
-                        x = cand[j]
-                        s = a * base[x] + cn * noise[x]
-                        if s >= lo:
-                            buf_idx[cnt] = x
-                            buf_val[cnt] = s
-                            cnt += 1
+                    cnt = collect(cand, j0, j1, a, base, cn, noise, lo, buf_idx, buf_val)
                 while cnt < need:                 # too few above lo: widen and rescan (no noise update)
                     if j1 - j0 < need:
                         return -np.inf            # fewer candidates than free entries: the caller falls back
                     delta = 2.0 * delta if delta > 0 else 0.05
                     lo = theta - delta
-                    cnt = 0
-                    for j in range(j0, j1):
-                        x = cand[j]
-                        s = a * base[x] + cn * noise[x]
-                        if s >= lo:
-                            buf_idx[cnt] = x
-                            buf_val[cnt] = s
-                            cnt += 1
+                    cnt = collect(cand, j0, j1, a, base, cn, noise, lo, buf_idx, buf_val)
                 if cnt > need:
                     cut = np.partition(buf_val[:cnt], cnt - need)[cnt - need]
                     n_above = 0
