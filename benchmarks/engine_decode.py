@@ -40,15 +40,13 @@ import torch  # noqa: E402
 
 from ess.bench import distribution, write_report  # noqa: E402
 from ess.engine import DecodeEngine  # noqa: E402
+from ess.engine.timing import measured_breakdown  # noqa: E402
 from ess.llm import reference_text_ids  # noqa: E402
 
 
 def per_op_ms(run) -> dict:
-    """ms per step of each operation (steps from 1 on), summed over layers."""
-    df = run.timer.to_frame()
-    df = df[df.step >= 1]
-    ops = df.groupby(df.op.str.replace(r"_b[01]$", "", regex=True)).seconds.sum() / max(run.config["steps"] - 1, 1)
-    return {k: round(v * 1e3, 3) for k, v in ops.sort_values(ascending=False).items()}
+    """ms per step of each timed operation (steps from 1 on), summed over layers (:func:`measured_breakdown`)."""
+    return {k: round(v * 1e3, 3) for k, v in measured_breakdown(run).items() if k != "other"}
 
 
 def main(argv=None) -> dict:

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from ess.engine.timing import FAMILIES, OpCosts, fit_op_costs, predict_run
+from ess.engine.timing import FAMILIES, OpCosts, fit_op_costs, measured_breakdown, predict_run
 from ess.metrics import OpTimer
 
 MS = 1e-3
@@ -97,3 +97,23 @@ def test_the_fit_recovers_the_costs_it_was_given():
 def test_a_fit_needs_runs():
     with pytest.raises(ValueError, match="at least one"):
         fit_op_costs([])
+
+
+def test_the_measured_breakdown_by_hand():
+    """Three steps, the first left out: step 1 has attn_b0 2 ms + attn_b1 3 ms + indexer 1 ms, step 2 attn 4 ms +
+    indexer 1 ms; per step attn (2 + 3 + 4) / 2 = 4.5 ms, indexer 1 ms; steps of 10 and 8 ms leave
+    9 - 5.5 = 3.5 ms outside every span."""
+    timer = OpTimer()
+    timer.step = 0
+    timer.add("attn", 0, 0.0, 0.050)                          # step 0: not counted
+    timer.step = 1
+    timer.add("attn_b0", 0, 0.0, 0.002)
+    timer.add("attn_b1", 0, 0.002, 0.005)
+    timer.add("indexer", 0, 0.005, 0.006)
+    timer.step = 2
+    timer.add("attn", 0, 0.0, 0.004)
+    timer.add("indexer", 0, 0.004, 0.005)
+    run = SimpleNamespace(config={"steps": 3}, timer=timer, step_times=lambda: np.array([0.1, 0.010, 0.008]))
+    got = measured_breakdown(run)
+    assert list(got) == ["attn", "indexer", "other"]
+    assert got == pytest.approx({"attn": 4.5 * MS, "indexer": 1 * MS, "other": 3.5 * MS})

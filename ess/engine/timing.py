@@ -50,8 +50,8 @@ import numpy as np
 
 from ..sim.timeline import LayerOps, overlap_overhead_s
 
-__all__ = ["FAMILIES", "op_samples", "link_samples", "OpCosts", "fit_op_costs", "predict_run", "check_runs",
-           "run_configs"]
+__all__ = ["FAMILIES", "op_samples", "link_samples", "measured_breakdown", "OpCosts", "fit_op_costs", "predict_run",
+           "check_runs", "run_configs"]
 
 #: family -> the features its time is linear in (besides a constant)
 FAMILIES = {
@@ -126,6 +126,19 @@ def op_samples(run, skip_steps: int = 1):
             rows.append({"step": t, "layer": -1, "family": "other", "seconds": step_s - spans.get(t, 0.0),
                          **_sizes(run, t, 0, every)})
     return pd.DataFrame(rows)
+
+
+def measured_breakdown(run, skip_steps: int = 1) -> dict:
+    """Seconds per step of each timed operation of ``run`` (steps from ``skip_steps`` on, summed over the layers;
+    a DBA half's ``_b0``/``_b1`` counted with its operation), the largest first, and ``other``: the mean step time
+    outside every timed span."""
+    df = run.timer.to_frame()
+    df = df[df.step >= skip_steps]
+    n = max(run.config["steps"] - skip_steps, 1)
+    ops = df.groupby(df.op.str.replace(r"_b[01]$", "", regex=True)).seconds.sum() / n
+    out = {k: float(v) for k, v in ops.sort_values(ascending=False).items()}
+    out["other"] = float(run.step_times()[skip_steps:].mean()) - sum(out.values())
+    return out
 
 
 def link_samples(run, skip_steps: int = 1):

@@ -207,11 +207,8 @@ for run in held_runs:
     name = f"{c['schedule']} {c['link_GB_per_s']:g} GB/s"
     if c["context_len"] != held_out_contexts[0] or c["batch"] != held_out_batches[0]:
         continue
-    ops = run.timer.to_frame()
-    ops = ops[ops.step >= 1]
-    per_op = ops.groupby(ops.op.str.replace(r"_b[01]$", "", regex=True)).seconds.sum() / (c["steps"] - 1)
-    per_op["other"] = run.step_times()[1:].mean() - per_op.sum()
-    parts += [{"config": f"measured: {name}", "part": k, "ms": v * 1e3} for k, v in per_op.items()]
+    parts += [{"config": f"measured: {name}", "part": k, "ms": v * 1e3}
+              for k, v in timing.measured_breakdown(run).items()]
     pred = timing.predict_run(costs, run)["breakdown_s"]
     parts += [{"config": f"predicted: {name}", "part": k, "ms": v * 1e3} for k, v in pred.items()]
 vengine.fig_engine_breakdown(pd.DataFrame(parts), f"Where a step's time goes ({check_clock} clock), L = "
