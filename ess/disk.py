@@ -32,6 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .atomic import fsync_dir, write_text_atomic
 from .validate import non_negative_int, positive_int
 
 __all__ = ["DiskTier", "DiskScan", "CorruptBlockError", "ArchiveError", "request_stem", "request_id_of_stem"]
@@ -58,9 +59,10 @@ class ArchiveError(ValueError):
 
 _SAFE = re.compile(r"^[A-Za-z0-9_.\-]{1,100}$")
 _STEM = re.compile(r"^req-(i-?[0-9]+|s[A-Za-z0-9_.\-]{1,100})$")
-# every file name this tier creates: the manifest (and its temporary), block files, pool files
-_FILE = re.compile(r"^(?P<stem>req-(?:i-?[0-9]+|s[A-Za-z0-9_.\-]{1,100}?))"
-                   r"(?P<kind>\.json|\.json\.tmp|\.g[0-9]+\.blocks|\.p[0-9]+\.npz)$")
+# every file name this tier creates: the manifest (and its temporaries, ".<stem>.json.<random>.tmp" from
+# ess.atomic), block files, pool files
+_FILE = re.compile(r"^\.?(?P<stem>req-(?:i-?[0-9]+|s[A-Za-z0-9_.\-]{1,100}?))"
+                   r"(?P<kind>\.json|\.json\.[A-Za-z0-9_]+\.tmp|\.g[0-9]+\.blocks|\.p[0-9]+\.npz)$")
 
 
 def request_stem(request_id) -> str:
@@ -79,27 +81,6 @@ def request_id_of_stem(stem: str):
     if not isinstance(stem, str) or not _STEM.match(stem):
         raise ValueError(f"{stem!r} is not a request stem of the disk tier (req-i<int> or req-s<str>)")
     return int(stem[5:]) if stem[4] == "i" else stem[5:]
-
-
-def _fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    except OSError:                       # a platform without directory handles (Windows): nothing to flush
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def _manifest_crc(body: dict) -> int:
@@ -199,15 +180,8 @@ class DiskTier:
     def _commit(self, request_id, body: dict) -> None:
         """Write ``body`` as the request's manifest: temporary file, flushed, renamed over the manifest, directory
         flushed."""
-        path = self._manifest_path(request_id)
-        tmp = path.with_name(path.name + ".tmp")
-        data = json.dumps({"body": body, "crc32": _manifest_crc(body)}, sort_keys=True)
-        with open(tmp, "w", encoding="utf-8") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-        _fsync_dir(self.dir)
+        write_text_atomic(self._manifest_path(request_id),
+                          json.dumps({"body": body, "crc32": _manifest_crc(body)}, sort_keys=True))
 
     # -- locations -----------------------------------------------------------------------------------------------
     def block_path(self, request_id) -> Path:
@@ -315,7 +289,7 @@ class DiskTier:
             fh.flush()
             os.fsync(fh.fileno())
         pool_crc = zlib.crc32((self.dir / pool_file).read_bytes())
-        _fsync_dir(self.dir)                                    # the new files' names are durable ...
+        fsync_dir(self.dir)                                    # the new files' names are durable ...
         self._commit(request_id, {
             "format": _FORMAT, "request_id": request_id, "n_layers": self.n_layers, "entry_bytes": self.entry_bytes,
             "block_tokens": self.block_tokens, "n_tokens": int(n_tokens), "sequence": seq,
@@ -417,7 +391,7 @@ class DiskTier:
         tier's other files of that request."""
         stem = request_stem(request_id)
         self._manifest_path(request_id).unlink(missing_ok=True)
-        _fsync_dir(self.dir)
+        fsync_dir(self.dir)
         self._remove_unreferenced(stem, set())
 
     def remove_orphans(self) -> list[Path]:

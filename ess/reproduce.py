@@ -38,7 +38,8 @@ from pathlib import Path
 from typing import Callable
 
 from .builddir import ROOT, BuildDir, BuildDirError, ReproduceError
-from .results import load_results, utc_now, write_json_atomic, write_text_atomic
+from .atomic import write_json_atomic, write_text_atomic
+from .results import load_results, utc_now
 
 __all__ = ["ROOT", "ReproduceError", "BuildDirError", "RunInterrupted", "NotebookRun", "list_notebooks",
            "run_notebook", "run_all", "build_book", "stage_book", "CELL_TIMEOUT_S", "INDEX_FORMAT"]

@@ -26,15 +26,15 @@ import datetime as _dt
 import json
 import math
 import numbers
-import os
 import re
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from .atomic import write_json_atomic, write_text_atomic
+
 __all__ = ["Record", "Recorder", "Results", "load_records", "load_results", "relative_error", "record_status",
-           "write_json_atomic", "write_text_atomic", "utc_now", "RESULTS_FORMAT", "STATUSES"]
+           "utc_now", "RESULTS_FORMAT", "STATUSES"]
 
 RESULTS_FORMAT = "ess-results/2"
 _FIGURE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -43,38 +43,6 @@ _FIGURE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 def utc_now() -> str:
     """The current time, UTC, ISO 8601 to the second (``2026-01-31T12:00:00Z``)."""
     return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def write_json_atomic(path: str | Path, data: Any) -> Path:
-    """Write ``data`` as JSON to ``path`` atomically (see :func:`write_text_atomic`)."""
-    return write_text_atomic(path, json.dumps(data, indent=1))
-
-
-def write_text_atomic(path: str | Path, text: str) -> Path:
-    """Write ``text`` to ``path`` so that a crash at any instant leaves the old file or the new one, never a torn
-    one: write a temporary file in the same folder, flush and fsync it, rename it over ``path``, fsync the
-    folder."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.fchmod(fd, 0o666 & ~umask)                    # as an ordinary new file, not mkstemp's 0600
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-    return path
 
 
 def _plain(value: Any) -> Any:

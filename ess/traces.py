@@ -30,6 +30,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from .atomic import atomic_path
 from .validate import integer
 
 __all__ = ["Trace", "TraceRecorder", "load_trace", "adjacent_overlap", "union_share", "return_share",
@@ -222,14 +223,15 @@ class Trace:
                 "meta": dict(self.meta)}
 
     def save(self, path: str | Path) -> Path:
-        """Write a compressed ``.npz`` (indices, windows, JSON metadata)."""
+        """Write a compressed ``.npz`` (indices, windows, JSON metadata), atomically (:func:`ess.atomic.atomic_path`:
+        an interrupted save leaves the file as it was)."""
         path = Path(path)
         if path.suffix != ".npz":
             raise ValueError(f"path must end in .npz, got {path.name!r}")
-        path.parent.mkdir(parents=True, exist_ok=True)
         windows = self.windows if self.windows is not None else np.zeros((0, 0, 0, 0), np.int32)
-        np.savez_compressed(path, indices=self.indices, windows=windows,
-                            metadata=np.array(json.dumps(self.metadata())))
+        with atomic_path(path, suffix=".npz") as tmp:
+            np.savez_compressed(tmp, indices=self.indices, windows=windows,
+                                metadata=np.array(json.dumps(self.metadata())))
         return path
 
 

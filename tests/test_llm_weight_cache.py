@@ -97,15 +97,15 @@ def test_interrupted_write_leaves_the_old_cache(source, tmp_path, monkeypatch):
     cache = tmp_path / "cache"
     good, _ = load_cached(source, cache)
     before = cache_path(source, cache).read_bytes()
-    import ess.llm.weight_cache as wc
+    import ess.atomic
 
-    real_fsync = wc.os.fsync
+    real_fsync = ess.atomic.os.fsync
 
     def fail(fd):
         raise OSError(28, "No space left on device")
-    monkeypatch.setattr(wc.os, "fsync", fail)
+    monkeypatch.setattr(ess.atomic.os, "fsync", fail)            # the flush before the rename fails
     with pytest.raises(OSError, match="No space"):
         write_cache(good, source, cache_path(source, cache))
-    monkeypatch.setattr(wc.os, "fsync", real_fsync)
+    monkeypatch.setattr(ess.atomic.os, "fsync", real_fsync)
     assert cache_path(source, cache).read_bytes() == before
     assert [p.name for p in cache.iterdir()] == [cache_path(source).name]

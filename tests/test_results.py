@@ -1,12 +1,11 @@
 import json
 import math
-import os
 
 import numpy as np
 import pytest
 
 from ess import results as R
-from ess.results import Record, Recorder, load_records, load_results, record_status, write_json_atomic
+from ess.results import Record, Recorder, load_records, load_results, record_status
 
 
 def test_roundtrip(tmp_path):
@@ -113,30 +112,6 @@ def test_record_requires_a_name():
 def test_record_status_reads_the_notes_standing(note, published, status):
     rec = Record("x", 1.0, "", published=published, source="s" if published is not None else None, note=note)
     assert record_status(rec) == status
-
-
-def test_an_interrupted_write_leaves_the_old_file(tmp_path, monkeypatch):
-    path = tmp_path / "f.json"
-    write_json_atomic(path, {"v": 1})
-    os.chmod(path, 0o644)
-
-    def boom(src, dst):
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(R.os, "replace", boom)
-    with pytest.raises(KeyboardInterrupt):
-        write_json_atomic(path, {"v": 2})
-    assert json.loads(path.read_text()) == {"v": 1}
-    assert [p.name for p in tmp_path.iterdir()] == ["f.json"], "the temporary file is removed"
-
-
-def test_written_files_get_ordinary_permissions(tmp_path):
-    umask = os.umask(0o022)
-    try:
-        path = write_json_atomic(tmp_path / "f.json", [])
-    finally:
-        os.umask(umask)
-    assert path.stat().st_mode & 0o777 == 0o644
 
 
 def test_figures_are_kept_next_to_the_results(tmp_path):

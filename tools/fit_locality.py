@@ -12,7 +12,6 @@ file is written atomically (a temporary file, then a rename).
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from pathlib import Path
@@ -22,6 +21,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from ess.atomic import write_text_atomic  # noqa: E402
 from ess.studies import locality as loc  # noqa: E402
 from ess.tracegen import DATA_DIR, READINGS  # noqa: E402
 
@@ -88,9 +88,7 @@ def main(argv=None) -> None:
     text = ("# The synthetic locality models fitted and chosen on the evidence by the rule of data/locality/README.md.\n"
             "# Written by tools/fit_locality.py; notebook 04 recomputes these numbers and checks them.\n"
             + yaml.safe_dump(doc, sort_keys=False, width=120))
-    tmp = args.out.with_name(f".{args.out.name}.partial-{os.getpid()}")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, args.out)
+    write_text_atomic(args.out, text)
     print(f"default {tm} / {rd}; wrote {args.out} in {time.perf_counter() - t0:.0f} s")
 
 

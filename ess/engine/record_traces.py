@@ -19,7 +19,6 @@ Writes atomically (a temporary file, then a rename), shows a progress bar, print
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from pathlib import Path
@@ -87,16 +86,6 @@ def record(engine, *, context: int, steps: int, batch: int = 1, topk: int | None
     return trace
 
 
-def _save_atomic(trace, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.stem}.partial-{os.getpid()}.npz")
-    try:
-        trace.save(tmp)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
 def main(argv=None) -> list:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--context", type=int, required=True, help="prompt tokens (the context at the first step)")
@@ -124,7 +113,7 @@ def main(argv=None) -> list:
     if args.mtp == 2:
         out.append((args.out.with_name(args.out.stem + "_mtp2.npz"), mtp_union(trace, 2)))
     for path, tr in out:
-        _save_atomic(tr, path)
+        tr.save(path)
         print(f"wrote {path} ({path.stat().st_size / 1e6:.2f} MB): context {tr.context_len}, {tr.steps} steps of "
               f"mtp {tr.mtp}, K {tr.k}, batch {tr.batch}; recorded in {trace.meta['seconds']:.0f} s")
     return [p for p, _ in out]

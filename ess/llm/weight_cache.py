@@ -7,20 +7,20 @@ GGUF file and keyed by its size and modification time (nanoseconds) and this mod
     b"ESSGGUFC" | u64 header length | header (UTF-8 JSON) | payload (tensors, 64-byte aligned) | SHA-256 (32 bytes)
 
 The header holds the key, the metadata and each tensor's name, shape, GGML type, offset and size; the trailing
-digest covers header and payload. It is written to a temporary file in the same folder and swapped in with
-``os.replace``, so a reader sees the old file, the new file, or none — never half of one. A file that fails any
+digest covers header and payload. It is written through :func:`ess.atomic.atomic_path` (a temporary file in the same
+folder, swapped in by a rename), so a reader sees the old file, the new file, or none — never half of one. A file that fails any
 check (magic, key, sizes, digest) is not trusted: it is rebuilt from the GGUF file.
 """
 from __future__ import annotations
 
 import hashlib
 import json
-import os
 import struct
 from pathlib import Path
 
 import numpy as np
 
+from ..atomic import atomic_path
 from .gguf_file import GGUFContents, read_gguf
 
 __all__ = ["CACHE_DIR", "FORMAT_VERSION", "cache_path", "load_cached", "write_cache", "read_cache",
@@ -50,9 +50,8 @@ def cache_path(source: str | Path, cache_dir: str | Path = CACHE_DIR) -> Path:
 
 
 def write_cache(contents: GGUFContents, source: str | Path, path: str | Path) -> Path:
-    """Write ``contents`` (decoded from ``source``) to ``path`` atomically (temporary file, fsync, ``os.replace``)."""
+    """Write ``contents`` (decoded from ``source``) to ``path`` atomically (:func:`ess.atomic.atomic_path`)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     entries, offset = [], 0
     for name, arr in contents.tensors.items():
         offset = -(-offset // _ALIGN) * _ALIGN
@@ -63,24 +62,16 @@ def write_cache(contents: GGUFContents, source: str | Path, path: str | Path) ->
                          "payload_bytes": offset}).encode()
     header += b" " * (-(len(MAGIC) + 8 + len(header)) % _ALIGN)      # the payload starts 64-byte aligned
     digest = hashlib.sha256(header)
-    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(MAGIC + struct.pack("<Q", len(header)) + header)
-            written = 0
-            for e in entries:                                   # stream the tensors: no second copy in memory
-                chunks = (bytes(e["offset"] - written), memoryview(contents.tensors[e["name"]]).cast("B"))
-                for chunk in chunks:
-                    digest.update(chunk)
-                    f.write(chunk)
-                written = e["offset"] + e["nbytes"]
-            f.write(digest.digest())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        f.write(MAGIC + struct.pack("<Q", len(header)) + header)
+        written = 0
+        for e in entries:                                       # stream the tensors: no second copy in memory
+            chunks = (bytes(e["offset"] - written), memoryview(contents.tensors[e["name"]]).cast("B"))
+            for chunk in chunks:
+                digest.update(chunk)
+                f.write(chunk)
+            written = e["offset"] + e["nbytes"]
+        f.write(digest.digest())
     return path
 
 
