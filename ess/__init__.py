@@ -11,7 +11,7 @@ Public namespace, re-exported from topic modules (layers from the ground up, see
   tier), :mod:`ess.metrics`, :mod:`ess.link` (the host-device link a step's copies cross), :mod:`ess.traces`
   (format, I/O, overlap, recorder), :mod:`ess.tracegen` (synthetic generators and their calibration),
   :mod:`ess.cachesim`;
-* behaviour: :mod:`ess.attention` (indexer, top-k, sparse MLA, split/merge), :mod:`ess.predict`,
+* behaviour: :mod:`ess.attention` (indexer, top-k, sparse MLA, split/merge), :mod:`ess.heat_predictor`,
   :mod:`ess.prefetch`, :mod:`ess.sim` (costs, timeline, calibration, sweeps, scenarios);
 * wholes: :mod:`ess.decode` (one decode step through the tiered cache, stage by stage, under none / DA / DBA),
   :mod:`ess.llm` (a real pretrained model), :mod:`ess.engine` (that model decoding through the tiered cache),

@@ -36,7 +36,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .policies import DEFAULT_HEAT_DECAY, SlotPool, first_in_order
-from .predict import History, HeatScorer, LSTMHeatPredictor
+from .heat_predictor import History, HeatScorer, LSTMHeatPredictor
 from .traces import Trace
 from .validate import fraction, integer, one_of, positive_int, real
 

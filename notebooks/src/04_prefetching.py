@@ -15,7 +15,7 @@
 #
 # **Prerequisites.** Notebook 01 (ratio, byte layouts). The trace models are in `ess.tracegen` (fitted models in
 # `data/locality/fit.yaml`, written by `tools/fit_locality.py`), the evidence statistics in
-# `ess.studies.locality`, the simulation in `ess.cachesim`, the predictor in `ess.predict`, the prefetch classes in
+# `ess.studies.locality`, the simulation in `ess.cachesim`, the predictor in `ess.heat_predictor`, the prefetch classes in
 # `ess.prefetch`. Every miss count here is a **prediction** of `ess` from a synthetic trace model, not a
 # measurement on DeepSeek-V3.2-Exp.
 
@@ -61,7 +61,7 @@ from IPython.display import display
 
 import ess
 from ess import viz
-from ess import cachesim, policies, predict, prefetch, tracegen, traces
+from ess import cachesim, heat_predictor, policies, prefetch, tracegen, traces
 from ess.studies import locality as loc
 from ess.viz import prefetch as pviz
 from ess.widgets.prefetch import prefetch_view, prefetch_widget
@@ -412,9 +412,9 @@ ptr_train = tracegen.synthetic_trace(context_len, n_layers=4, k=K, mtp=mtp, step
                                      seed=seed + 1000, **CENTRAL.kwargs())
 ptr_test = tracegen.synthetic_trace(context_len, n_layers=4, k=K, mtp=mtp, steps=lstm_test_steps, batch=1,
                                     seed=seed, **CENTRAL.kwargs())
-lstm = predict.LSTMHeatPredictor(history=8, hidden=16, seed=seed).fit(
+lstm = heat_predictor.LSTMHeatPredictor(history=8, hidden=16, seed=seed).fit(
     [ptr_train.indices[0, l] for l in range(4)], epochs=lstm_epochs, max_samples=lstm_samples)
-reports = {l: predict.evaluate_predictor(lstm, ptr_test.indices[0, l], start=8) for l in range(4)}
+reports = {l: heat_predictor.evaluate_predictor(lstm, ptr_test.indices[0, l], start=8) for l in range(4)}
 depth = tracegen.locality_profile("paper", 4, CENTRAL.reading)
 pred_df = pd.DataFrame([{"layer (of 4, spread over 61)": l, "profile r": depth[l], "LSTM": r.precision,
                          "heat": r.heat_precision, "random": r.random_precision} for l, r in reports.items()])
