@@ -123,26 +123,32 @@ class BatchLimit:
     mtp: int = 1
 
 
-@dataclass(frozen=True)
-class BatchLimits:
-    """The largest decode batch per GPU for many configurations at once (arrays of one shape, the broadcast shape of
-    the arguments of :func:`batch_limits`), and what bounds each: ``limited_by`` ``"gpu"``, ``"host"`` or
-    ``"infeasible"`` (batch 0, with ``reason``). ``batch_host`` is -1 where nothing lives in host memory (ratio 1).
-    ``kv_budget_bytes`` is NaN when the weights alone do not fit (every configuration is then infeasible).
-    :meth:`at` gives one configuration as a :class:`BatchLimit`."""
+_PER_CONFIGURATION = ("batch", "limited_by", "reason", "context_len", "ratio", "mtp", "gpu_bytes_per_request",
+                      "host_bytes_per_request", "batch_gpu", "batch_host")
 
-    batch: np.ndarray                     # int64
-    limited_by: np.ndarray                # object: "gpu", "host", "infeasible"
-    reason: np.ndarray                    # object: "" or why no request fits
-    context_len: np.ndarray               # int64
-    ratio: np.ndarray                     # float64
-    mtp: np.ndarray                       # int64
-    gpu_bytes_per_request: np.ndarray
-    host_bytes_per_request: np.ndarray
-    batch_gpu: np.ndarray                 # int64
-    batch_host: np.ndarray                # int64, -1: no host bytes
+
+@dataclass(frozen=True, eq=False)
+class BatchLimits:
+    """The largest decode batch per GPU for many configurations at once, and what bounds each: arrays of one shape
+    (``shape``, the broadcast shape of the arguments of :func:`batch_limits`) read as attributes -- ``batch``
+    (int64), ``limited_by`` (``"gpu"``, ``"host"`` or ``"infeasible"``: batch 0, with ``reason``), ``reason``,
+    ``context_len``, ``ratio``, ``mtp``, ``gpu_bytes_per_request``, ``host_bytes_per_request``, ``batch_gpu`` and
+    ``batch_host`` (-1 where nothing lives in host memory: ratio 1). The rule is evaluated once per distinct
+    (context, ratio, MTP): ``groups`` holds each array per distinct configuration and ``inverse`` maps every
+    configuration to its group, so an attribute is built when it is read. ``kv_budget_bytes`` is NaN when the
+    weights alone do not fit (every configuration is then infeasible). :meth:`at` gives one configuration as a
+    :class:`BatchLimit`."""
+
+    groups: dict
+    inverse: np.ndarray
+    shape: tuple
     kv_budget_bytes: float
     host_budget_bytes: float
+
+    def __getattr__(self, name):
+        if name in _PER_CONFIGURATION:
+            return self.groups[name][np.ravel(self.inverse)].reshape(self.shape)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     @property
     def weights_fit(self) -> bool:
@@ -150,12 +156,14 @@ class BatchLimits:
 
     def at(self, index=()) -> BatchLimit:
         """Configuration ``index`` (default: the only one of a scalar call) as a :class:`BatchLimit`."""
-        host = int(self.batch_host[index])
-        return BatchLimit(int(self.batch[index]), str(self.limited_by[index]), int(self.context_len[index]),
-                          float(self.ratio[index]), float(self.gpu_bytes_per_request[index]),
-                          float(self.host_bytes_per_request[index]), float(self.kv_budget_bytes),
-                          float(self.host_budget_bytes), int(self.batch_gpu[index]), None if host < 0 else host,
-                          str(self.reason[index]), int(self.mtp[index]))
+        index = index if isinstance(index, tuple) else (index,)
+        i = int(np.ravel(self.inverse)[np.ravel_multi_index(index, self.shape) if self.shape else 0])
+        g = {k: v[i] for k, v in self.groups.items()}
+        host = int(g["batch_host"])
+        return BatchLimit(int(g["batch"]), str(g["limited_by"]), int(g["context_len"]), float(g["ratio"]),
+                          float(g["gpu_bytes_per_request"]), float(g["host_bytes_per_request"]),
+                          float(self.kv_budget_bytes), float(self.host_budget_bytes), int(g["batch_gpu"]),
+                          None if host < 0 else host, str(g["reason"]), int(g["mtp"]))
 
 
 @lru_cache(maxsize=256)
@@ -235,9 +243,10 @@ def _limits(model: ModelSpec, dep: DeploymentSpec, gpu: GPUSpec, host: HostSpec,
         else:
             reason[i] = (f"one request needs {host_b[i] / 1e9:.2f} GB of host memory, the host holds "
                          f"{host_budget / 1e9:.0f} GB per GPU")
-    g = lambda x: x[inv].reshape(shape)                           # noqa: E731  per group -> per configuration
-    return BatchLimits(g(batch), g(limited_by), g(reason), L, r, T, g(gpu_b), g(host_b), g(batch_gpu),
-                       g(batch_host), budget, host_budget)
+    groups = dict(batch=batch, limited_by=limited_by, reason=reason, context_len=Lg, ratio=rg, mtp=Tg,
+                  gpu_bytes_per_request=gpu_b, host_bytes_per_request=host_b, batch_gpu=batch_gpu,
+                  batch_host=batch_host)
+    return BatchLimits(groups, inv.reshape(shape), shape, budget, host_budget)
 
 
 def batch_limits(context_len, ratio=1.0, *, mtp=1, model: ModelSpec | str = DEFAULT_MODEL,

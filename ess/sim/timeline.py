@@ -47,6 +47,7 @@ from functools import lru_cache
 import numpy as np
 
 from ..layout import latent_entry_bytes
+from ..memory import _limits as limits_of_validated
 from ..memory import batch_limits, group_rows
 from ..validate import number_array
 from ..validate import ratio as ratio_check
@@ -290,8 +291,8 @@ def simulate(batch, context_len, ratio=1.0, *, misses=None, scenario: Scenario |
     step0 = layers0 + heads + fixed
 
     if sc.check_memory:
-        limits = batch_limits(L.astype(np.int64), r, mtp=mtp.astype(np.int64), model=model, deployment=dep, gpu=gpu,
-                              host=host)
+        # ess.memory's rule on the arrays validated above (batch_limits would check them again)
+        limits = limits_of_validated(model, dep, gpu, host, L.astype(np.int64), r, mtp.astype(np.int64))
         lim, why = limits.batch, limits.reason
         feasible = B <= lim
         reason = np.full(N, "", dtype=object)
