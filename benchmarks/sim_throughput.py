@@ -18,6 +18,7 @@ import time
 import numpy as np
 
 from ess.bench import distribution, write_report
+from ess.sim import Scenario
 from ess.sim.calibrate import calibrated_params
 from ess.sim.timeline import simulate
 from ess.specs import model_spec
@@ -33,16 +34,16 @@ def configs(n: int, seed: int = 0):
 
 def run_vectorised(c, params, strategy):
     return simulate(c["batch"], c["context_len"], c["ratio"], misses=c["misses"], mtp=c["mtp"],
-                    accept_ratio=1.0, h2d_GB_per_s=c["h2d_GB_per_s"], strategy=strategy, params=params,
-                    check_memory=True)
+                    accept_ratio=1.0, h2d_GB_per_s=c["h2d_GB_per_s"],
+                    scenario=Scenario(strategy=strategy, params=params, check_memory=True))
 
 
 def run_loop(c, params, strategy, n):
     out = []
+    sc = Scenario(strategy=strategy, params=params)
     for i in range(n):
         r = simulate(int(c["batch"][i]), int(c["context_len"][i]), float(c["ratio"][i]), misses=c["misses"][i],
-                     mtp=int(c["mtp"][i]), accept_ratio=1.0, h2d_GB_per_s=float(c["h2d_GB_per_s"][i]),
-                     strategy=strategy, params=params)
+                     mtp=int(c["mtp"][i]), accept_ratio=1.0, h2d_GB_per_s=float(c["h2d_GB_per_s"][i]), scenario=sc)
         out.append(r.step_s[0])
     return out
 

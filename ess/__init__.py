@@ -11,8 +11,9 @@ Public namespace, re-exported from topic modules (layers from the ground up, see
   tier), :mod:`ess.metrics`, :mod:`ess.link` (the host-device link a step's copies cross), :mod:`ess.traces`
   (format, I/O, overlap, recorder), :mod:`ess.tracegen` (synthetic generators and their calibration),
   :mod:`ess.cachesim`;
-* behaviour: :mod:`ess.attention` (indexer, top-k, sparse MLA, split/merge), :mod:`ess.predict`,
-  :mod:`ess.prefetch`, :mod:`ess.sim` (costs, timeline, calibration, sweeps, scenarios);
+* behaviour: :mod:`ess.attention` (indexer, top-k, sparse MLA, split/merge), :mod:`ess.heat_predictor`,
+  :mod:`ess.prefetch`, :mod:`ess.sim` (the Scenario configuration, costs, timeline, calibration, sweeps, the miss
+  table, banded predictions);
 * wholes: :mod:`ess.decode` (one decode step through the tiered cache, stage by stage, under none / DA / DBA),
   :mod:`ess.llm` (a real pretrained model), :mod:`ess.engine` (that model decoding through the tiered cache),
   :mod:`ess.studies` (the notebooks' experiments), :mod:`ess.tables`, :mod:`ess.viz`, :mod:`ess.widgets`,

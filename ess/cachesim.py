@@ -74,21 +74,8 @@ def _check_policy(policy: str, decay: float) -> None:
 def _kernels():
     from numba import njit
 
-    # ---- doubly linked list over positions 0..n_pos-1 with sentinel H = n_pos (nxt[H] oldest, prv[H] newest)
-    @njit(cache=True, inline="always")
-    def _unlink(prv, nxt, x):
-        a = prv[x]
-        b = nxt[x]
-        nxt[a] = b
-        prv[b] = a
-
-    @njit(cache=True, inline="always")
-    def _push_newest(prv, nxt, H, x):
-        a = prv[H]
-        nxt[a] = x
-        prv[x] = a
-        nxt[x] = H
-        prv[H] = x
+    # the LRU order: a doubly linked list over positions 0..n_pos-1, sentinel H = n_pos (ess.lru_list)
+    from .lru_list import empty, push_newest, unlink
 
     @njit(cache=True, inline="always")
     def _mark_step(seq, t, mark, res, n_res, capacity):
@@ -108,12 +95,9 @@ def _kernels():
     @njit(cache=True, nogil=True)
     def lru(seq, n_free, capacity, n_pos, out):
         """seq (T, W): rows 0..n_free-1 are warmup (not counted). out (T - n_free,) misses. Returns -1 or bad row."""
-        prv = np.empty(n_pos + 1, np.int32)
-        nxt = np.empty(n_pos + 1, np.int32)
+        prv, nxt = empty(n_pos, np.int32)
         res = np.zeros(n_pos, np.bool_)
         H = n_pos                                     # sentinel: nxt[H] = least recent, prv[H] = most recent
-        prv[H] = H
-        nxt[H] = H
         n_res = 0
         T, W = seq.shape
         for t in range(T):
@@ -126,14 +110,14 @@ def _kernels():
                 size += 1
                 if res[x]:
                     hits += 1
-                    _unlink(prv, nxt, x)
+                    unlink(prv, nxt, x)
             if size > capacity:
                 return t
             misses = size - hits
             evict = n_res + misses - capacity
             while evict > 0:                          # the list now holds only residents not in S
                 v = nxt[H]
-                _unlink(prv, nxt, v)
+                unlink(prv, nxt, v)
                 res[v] = False
                 n_res -= 1
                 evict -= 1
@@ -141,7 +125,7 @@ def _kernels():
                 x = seq[t, j]
                 if x < 0:
                     continue
-                _push_newest(prv, nxt, H, x)
+                push_newest(prv, nxt, H, x)
                 if not res[x]:
                     res[x] = True
                     n_res += 1
@@ -151,13 +135,10 @@ def _kernels():
 
     @njit(cache=True, nogil=True)
     def fifo(seq, n_free, capacity, n_pos, out):
-        prv = np.empty(n_pos + 1, np.int64)
-        nxt = np.empty(n_pos + 1, np.int64)
+        prv, nxt = empty(n_pos, np.int64)
         res = np.zeros(n_pos, np.bool_)
         mark = np.zeros(n_pos, np.int64)
         H = n_pos
-        prv[H] = H
-        nxt[H] = H
         n_res = 0
         T, W = seq.shape
         for t in range(T):
@@ -168,7 +149,7 @@ def _kernels():
             while evict > 0:
                 w = nxt[v]
                 if mark[v] != t + 1:
-                    _unlink(prv, nxt, v)
+                    unlink(prv, nxt, v)
                     res[v] = False
                     n_res -= 1
                     evict -= 1
@@ -177,7 +158,7 @@ def _kernels():
                 x = seq[t, j]
                 if x < 0 or res[x]:
                     continue
-                _push_newest(prv, nxt, H, x)
+                push_newest(prv, nxt, H, x)
                 res[x] = True
                 n_res += 1
             if t >= n_free:

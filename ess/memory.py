@@ -8,19 +8,26 @@ The model of one decode GPU (attention data-parallel, experts split over ``ep`` 
     host memory per GPU       >=  B x latent cache                                  (offload only, ratio < 1)
 
 ``mem_fraction_static`` is the serving engine's share of HBM for weights plus caches; the rest holds activations,
-CUDA graphs and workspace. The offload pool must also hold one step's K selected entries per request and layer.
+CUDA graphs and workspace. The offload pool must also hold what one step selects per request and layer: K entries,
+or with MTP the union of the query tokens' top-K sets (on average over the layers, which share the ratio's slots).
+:func:`batch_limits` is that rule for many configurations at once; :func:`largest_batch` is one configuration of it.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
 
 from . import validate
 from .layout import (check_context_len, latent_entry_bytes, padded_tokens, pool_slots, request_cache,
                      step_entries)
-from .specs import DeploymentSpec, GPUSpec, HostSpec, ModelSpec, gpu_spec, model_spec, resolve
+from .specs import (DEFAULT_DEPLOYMENT, DEFAULT_MODEL, DeploymentSpec, GPUSpec, HostSpec, ModelSpec, gpu_spec,
+                    model_spec, resolve)
 
 __all__ = [
-    "GiB", "param_counts", "fp8_weight_bytes", "weights_per_gpu_bytes", "kv_budget_bytes", "BatchLimit", "largest_batch",
+    "GiB", "param_counts", "fp8_weight_bytes", "weights_per_gpu_bytes", "kv_budget_bytes", "BatchLimit", "BatchLimits",
+    "batch_limits", "largest_batch", "step_slots_needed", "group_rows", "ratio_for_batch", "smallest_step_ratio",
     "host_memory_needed_bytes", "fit_mem_fraction_static", "tier_placement",
 ]
 
@@ -100,7 +107,7 @@ def kv_budget_bytes(model: ModelSpec, deployment: DeploymentSpec, gpu: GPUSpec |
 @dataclass(frozen=True)
 class BatchLimit:
     """The largest decode batch per GPU and what bounds it (``limited_by``: ``"gpu"``, ``"host"`` or, when no
-    request fits, ``"infeasible"`` with ``reason``)."""
+    request fits, ``"infeasible"`` with ``reason``): one configuration of :class:`BatchLimits`."""
 
     batch: int
     limited_by: str
@@ -113,42 +120,226 @@ class BatchLimit:
     batch_gpu: int
     batch_host: int | None
     reason: str = ""
+    mtp: int = 1
 
 
-def largest_batch(context_len: int, ratio: float = 1.0, *, model: ModelSpec | str = "deepseek-v3.2-exp",
-                  deployment: DeploymentSpec | str = "paper-table1", gpu: GPUSpec | str | None = None,
+_PER_CONFIGURATION = ("batch", "limited_by", "reason", "context_len", "ratio", "mtp", "gpu_bytes_per_request",
+                      "host_bytes_per_request", "batch_gpu", "batch_host")
+
+
+@dataclass(frozen=True, eq=False)
+class BatchLimits:
+    """The largest decode batch per GPU for many configurations at once, and what bounds each: arrays of one shape
+    (``shape``, the broadcast shape of the arguments of :func:`batch_limits`) read as attributes -- ``batch``
+    (int64), ``limited_by`` (``"gpu"``, ``"host"`` or ``"infeasible"``: batch 0, with ``reason``), ``reason``,
+    ``context_len``, ``ratio``, ``mtp``, ``gpu_bytes_per_request``, ``host_bytes_per_request``, ``batch_gpu`` and
+    ``batch_host`` (-1 where nothing lives in host memory: ratio 1). The rule is evaluated once per distinct
+    (context, ratio, MTP): ``groups`` holds each array per distinct configuration and ``inverse`` maps every
+    configuration to its group, so an attribute is built when it is read. ``kv_budget_bytes`` is NaN when the
+    weights alone do not fit (every configuration is then infeasible). :meth:`at` gives one configuration as a
+    :class:`BatchLimit`."""
+
+    groups: dict
+    inverse: np.ndarray
+    shape: tuple
+    kv_budget_bytes: float
+    host_budget_bytes: float
+
+    def __getattr__(self, name):
+        if name in _PER_CONFIGURATION:
+            return self.groups[name][np.ravel(self.inverse)].reshape(self.shape)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    @property
+    def weights_fit(self) -> bool:
+        return not np.isnan(self.kv_budget_bytes)
+
+    def at(self, index=()) -> BatchLimit:
+        """Configuration ``index`` (default: the only one of a scalar call) as a :class:`BatchLimit`."""
+        index = index if isinstance(index, tuple) else (index,)
+        i = int(np.ravel(self.inverse)[np.ravel_multi_index(index, self.shape) if self.shape else 0])
+        g = {k: v[i] for k, v in self.groups.items()}
+        host = int(g["batch_host"])
+        return BatchLimit(int(g["batch"]), str(g["limited_by"]), int(g["context_len"]), float(g["ratio"]),
+                          float(g["gpu_bytes_per_request"]), float(g["host_bytes_per_request"]),
+                          float(self.kv_budget_bytes), float(self.host_budget_bytes), int(g["batch_gpu"]),
+                          None if host < 0 else host, str(g["reason"]), int(g["mtp"]))
+
+
+@lru_cache(maxsize=256)
+def step_slots_needed(model: ModelSpec, context_len: int, mtp: int = 1) -> int:
+    """Slots per layer a request needs, on average over the layers, for one step's union of ``mtp`` top-K sets: with
+    one query token ``min(K, L)``; with MTP, :func:`ess.layout.step_entries` under the default locality model's
+    per-layer overlaps (paper Fig. 2, ``data/locality/``), averaged and rounded up. The layers share the ratio's
+    slots (:func:`ess.layout.layer_pool_slots`), so a ratio is feasible when its even share reaches this mean."""
+    if mtp == 1:
+        return step_entries(model, context_len)
+    from .tracegen import locality_profile
+    need = step_entries(model, context_len, mtp, overlap=locality_profile("paper", model.n_layers))
+    return int(np.ceil(np.mean(need)))
+
+
+def group_rows(*cols):
+    """Group rows by the values of ``cols`` (1-D arrays of one length): ``(first, inverse)``, the index of each
+    group's first row and each row's group. Hash-based (pandas.factorize), so that grouping a million rows costs a
+    few tens of ms. The memory rule evaluates the layout once per group; the simulator prices each group once."""
+    import pandas as pd
+    cols = [np.ravel(c) for c in cols]
+    code = np.zeros(cols[0].size, dtype=np.int64)
+    for c in cols:
+        ci, uniq = pd.factorize(c, sort=False)
+        code = code * len(uniq) + ci
+    inv, uniq = pd.factorize(code, sort=False)
+    first = np.empty(len(uniq), dtype=np.int64)
+    first[inv[::-1]] = np.arange(inv.size - 1, -1, -1)          # the last write wins: each group's first row
+    return first, inv
+
+
+def _limits(model: ModelSpec, dep: DeploymentSpec, gpu: GPUSpec, host: HostSpec, L, r, T) -> BatchLimits:
+    """The rule of :func:`batch_limits` on validated, broadcast arrays (``L``, ``T`` int64, ``r`` float64). The
+    layout rules (page padding, per-request bytes, pool slots, a step's need) are evaluated once per distinct
+    (context, ratio, MTP) with the scalar helpers of :mod:`ess.layout`; only the divisions by the budgets are
+    vectorised."""
+    shape = L.shape
+    host_budget = host.memory_capacity_GB_per_gpu * 1e9
+    try:
+        budget = kv_budget_bytes(model, dep, gpu)
+        weights_reason = ""
+    except ValueError as exc:                                     # the weights alone do not fit
+        budget, weights_reason = float("nan"), str(exc)
+    first, inv = group_rows(L, r, T)
+    Lg, rg, Tg = (np.ravel(x)[first] for x in (L, r, T))
+    n = len(first)
+    gpu_b, host_b = np.empty(n), np.empty(n)
+    slots, need = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
+    for i, (Li, ri, Ti) in enumerate(zip(Lg, rg, Tg)):
+        rc = request_cache(model, int(Li), float(ri), dep.kv_dtype)
+        gpu_b[i], host_b[i] = rc.gpu_bytes, rc.latent_host_bytes
+        slots[i], need[i] = pool_slots(model, float(ri), int(Li)), step_slots_needed(model, int(Li), int(Ti))
+    if weights_reason:
+        batch_gpu = np.zeros(n, dtype=np.int64)
+    else:
+        batch_gpu = np.floor_divide(budget, gpu_b).astype(np.int64)
+    offload = host_b > 0
+    batch_host = np.where(offload, np.floor_divide(host_budget, np.where(offload, host_b, 1.0)), -1).astype(np.int64)
+    host_binds = offload & (batch_host < batch_gpu)
+    batch = np.where(host_binds, batch_host, batch_gpu)
+    few = slots < need
+    batch = np.where(few, 0, batch)
+    limited_by = np.where(host_binds, "host", "gpu").astype(object)
+    limited_by[batch == 0] = "infeasible"
+    reason = np.full(n, "", dtype=object)
+    for i in np.flatnonzero(batch == 0):                          # one string per distinct configuration
+        if weights_reason:
+            reason[i] = weights_reason
+        elif few[i]:
+            what = ("one step selects (K)" if Tg[i] == 1 else
+                    f"one step selects on average over the layers (the union of {int(Tg[i])} top-K sets)")
+            reason[i] = (f"ratio {rg[i]:g} leaves {slots[i]} GPU slots per request and layer, fewer than the "
+                         f"{need[i]} entries {what}")
+        elif batch_gpu[i] == 0:
+            reason[i] = (f"one request needs {gpu_b[i] / 1e9:.2f} GB of GPU memory, the KV budget is "
+                         f"{budget / 1e9:.2f} GB")
+        else:
+            reason[i] = (f"one request needs {host_b[i] / 1e9:.2f} GB of host memory, the host holds "
+                         f"{host_budget / 1e9:.0f} GB per GPU")
+    groups = dict(batch=batch, limited_by=limited_by, reason=reason, context_len=Lg, ratio=rg, mtp=Tg,
+                  gpu_bytes_per_request=gpu_b, host_bytes_per_request=host_b, batch_gpu=batch_gpu,
+                  batch_host=batch_host)
+    return BatchLimits(groups, inv.reshape(shape), shape, budget, host_budget)
+
+
+def batch_limits(context_len, ratio=1.0, *, mtp=1, model: ModelSpec | str = DEFAULT_MODEL,
+                 deployment: DeploymentSpec | str = DEFAULT_DEPLOYMENT, gpu: GPUSpec | str | None = None,
+                 host: HostSpec | str | None = None) -> BatchLimits:
+    """The largest batch per GPU for ``context_len`` tokens per request, sparse-memory ``ratio`` and ``mtp`` query
+    tokens per request and step, for every configuration at once (arguments broadcast; see the module docstring):
+
+    * ``batch_gpu = floor(KV budget / GPU bytes per request)`` (the indexer cache and ``ratio`` of the latent cache,
+      :func:`ess.layout.request_cache`);
+    * with offload (``ratio < 1``) ``batch_host = floor(host memory per GPU / latent bytes per request)``, and the
+      batch is the smaller of the two (``limited_by`` says which);
+    * infeasible (batch 0, with the reason) when the pool of a (request, layer) -- :func:`ess.layout.pool_slots` --
+      cannot hold what one step selects (:func:`step_slots_needed`: K, or with MTP the union of the query tokens'
+      sets on average over the layers), when one request does not fit, or when the weights alone do not fit.
+
+    ``ratio == 1`` is the no-offload baseline (everything on the GPU). :func:`largest_batch` is one configuration of
+    this rule."""
+    model, dep, gpu, host = resolve(model, deployment, gpu, host)
+    L = validate.number_array("context_len", context_len, whole=True, max_ndim=None)
+    r = validate.number_array("ratio", ratio, max_ndim=None)
+    T = validate.number_array("mtp", mtp, whole=True, max_ndim=None)
+    if (r > 1).any():
+        raise ValueError(f"ratio must be in (0, 1], got {ratio!r}")
+    if (L > model.max_position_embeddings).any():
+        raise ValueError(f"context_len must not exceed the maximum context of {model.name} "
+                         f"({model.max_position_embeddings} tokens), got {context_len!r}")
+    try:
+        L, r, T = np.broadcast_arrays(L, r, T)
+    except ValueError:
+        raise ValueError(f"context_len, ratio and mtp must broadcast to one shape, got {np.shape(L)}, "
+                         f"{np.shape(r)} and {np.shape(T)}") from None
+    return _limits(model, dep, gpu, host, L.astype(np.int64), r.astype(float), T.astype(np.int64))
+
+
+def largest_batch(context_len: int, ratio: float = 1.0, *, mtp: int = 1, model: ModelSpec | str = DEFAULT_MODEL,
+                  deployment: DeploymentSpec | str = DEFAULT_DEPLOYMENT, gpu: GPUSpec | str | None = None,
                   host: HostSpec | str | None = None) -> BatchLimit:
-    """The largest batch per GPU for ``context_len`` tokens per request and sparse-memory ``ratio``.
-
-    ``ratio == 1`` is the no-offload baseline (everything on the GPU); ``ratio < 1`` keeps the indexer cache and
-    ``ratio`` of the latent cache on the GPU and the whole latent cache in host memory.
-    """
+    """The largest batch per GPU for one configuration: :func:`batch_limits` for scalars, as a
+    :class:`BatchLimit`. Raises ``ValueError`` when the weights alone do not fit (:func:`kv_budget_bytes`)."""
     model, deployment, gpu, host = resolve(model, deployment, gpu, host)
     context_len = check_context_len(model, context_len)
     ratio = validate.ratio("ratio", ratio)
-    rc = request_cache(model, context_len, ratio, deployment.kv_dtype)
-    budget = kv_budget_bytes(model, deployment, gpu)
-    host_budget = host.memory_capacity_GB_per_gpu * 1e9
-    batch_gpu = int(budget // rc.gpu_bytes)
-    batch_host = int(host_budget // rc.latent_host_bytes) if rc.latent_host_bytes else None
-    slots = pool_slots(model, ratio, context_len)
-    need = step_entries(model, context_len)
-    common = dict(context_len=context_len, ratio=ratio, gpu_bytes_per_request=rc.gpu_bytes,
-                  host_bytes_per_request=rc.latent_host_bytes, kv_budget_bytes=budget,
-                  host_budget_bytes=host_budget, batch_gpu=batch_gpu, batch_host=batch_host)
-    if slots < need:
-        return BatchLimit(0, "infeasible", reason=f"ratio {ratio} leaves {slots} GPU slots per request and layer, "
-                          f"fewer than the {need} entries one step selects (K)", **common)
-    batch, limited_by = batch_gpu, "gpu"
-    if batch_host is not None and batch_host < batch_gpu:
-        batch, limited_by = batch_host, "host"
-    if batch == 0:
-        return BatchLimit(0, "infeasible", reason=f"one request needs {rc.gpu_bytes / 1e9:.2f} GB of GPU memory, "
-                          f"the KV budget is {budget / 1e9:.2f} GB", **common)
-    return BatchLimit(batch, limited_by, **common)
+    mtp = validate.positive_int("mtp", mtp)
+    lim = batch_limits(context_len, ratio, mtp=mtp, model=model, deployment=deployment, gpu=gpu, host=host)
+    if not lim.weights_fit:
+        raise ValueError(str(lim.reason[()]))
+    return lim.at()
 
 
-def host_memory_needed_bytes(batch: int, context_len: int, *, model: ModelSpec | str = "deepseek-v3.2-exp",
+def ratio_for_batch(batch, context_len, *, mtp=1, model: ModelSpec | str = DEFAULT_MODEL,
+                    deployment: DeploymentSpec | str = DEFAULT_DEPLOYMENT, gpu=None, host=None,
+                    decimals: int = 4):
+    """The largest sparse-memory ratio (rounded down to ``decimals``) at which ``batch`` requests of
+    ``context_len`` tokens fit in the KV budget: ``batch x (indexer + ratio x latent) <= budget`` (the rule the
+    paper's configurations follow, paper-facts.md), with the per-request bytes of :func:`ess.layout.request_cache`;
+    the result is then checked against :func:`batch_limits` (host memory, pool slots for a step of ``mtp`` query
+    tokens). 1.0 when no offload is needed; NaN when no ratio fits."""
+    model, dep, gpu, host = resolve(model, deployment, gpu, host)
+    B = validate.number_array("batch", batch, whole=True, max_ndim=None)
+    L = validate.number_array("context_len", context_len, whole=True, max_ndim=None).astype(np.int64)
+    decimals = validate.non_negative_int("decimals", decimals)
+    B, L = np.broadcast_arrays(B, L)
+    budget = kv_budget_bytes(model, dep, gpu)
+    Lu, inv = np.unique(L.ravel(), return_inverse=True)
+    caches = [request_cache(model, int(x), 1.0, dep.kv_dtype) for x in Lu]
+    idx = np.array([c.indexer_bytes for c in caches], dtype=float)[np.ravel(inv)].reshape(L.shape)
+    lat = np.array([c.latent_bytes for c in caches], dtype=float)[np.ravel(inv)].reshape(L.shape)
+    with np.errstate(divide="ignore"):
+        r = (budget / B - idx) / lat
+    r = np.floor(r * 10 ** decimals) / 10 ** decimals
+    r = np.where(r >= 1.0, 1.0, r)
+    ok = r > 0
+    r = np.where(ok, r, np.nan)
+    lim = batch_limits(L, np.where(ok, r, 1.0), mtp=mtp, model=model, deployment=dep, gpu=gpu, host=host)
+    return np.where(ok & (lim.batch >= B), r, np.nan)
+
+
+def smallest_step_ratio(context_len: int, mtp: int = 1, *, model: ModelSpec | str = DEFAULT_MODEL,
+                        step: float = 0.01) -> float:
+    """The smallest ratio on a grid of ``step`` whose pools (:func:`ess.layout.pool_slots`) hold one step
+    (:func:`step_slots_needed`: K, or the union of ``mtp`` top-K sets on average over the layers); 1.0 if none
+    below 1 does."""
+    model = model_spec(model) if isinstance(model, str) else model
+    need = step_slots_needed(model, check_context_len(model, context_len), validate.positive_int("mtp", mtp))
+    for r in np.arange(step, 1.0, step):
+        r = round(float(r), 6)
+        if pool_slots(model, r, context_len) >= need:
+            return r
+    return 1.0
+
+
+def host_memory_needed_bytes(batch: int, context_len: int, *, model: ModelSpec | str = DEFAULT_MODEL,
                              dtype: str = "fp8") -> int:
     """Host bytes that hold the whole latent cache of ``batch`` requests of ``context_len`` tokens."""
     model = model_spec(model) if isinstance(model, str) else model
@@ -157,8 +348,8 @@ def host_memory_needed_bytes(batch: int, context_len: int, *, model: ModelSpec |
     return batch * padded_tokens(model, context_len) * latent_entry_bytes(model, dtype) * model.n_layers
 
 
-def fit_mem_fraction_static(batch_limit: int, context_len: int, *, model: ModelSpec | str = "deepseek-v3.2-exp",
-                            deployment: DeploymentSpec | str = "paper-table1") -> float:
+def fit_mem_fraction_static(batch_limit: int, context_len: int, *, model: ModelSpec | str = DEFAULT_MODEL,
+                            deployment: DeploymentSpec | str = DEFAULT_DEPLOYMENT) -> float:
     """The ``mem_fraction_static`` that puts the no-offload memory limit at ``batch_limit`` requests of
     ``context_len`` tokens: the budget is set halfway between ``batch_limit`` and ``batch_limit + 1`` requests,
     rounded to 3 decimals (as SGLang rounds it). A calibration: use it only on calibration data."""
@@ -174,8 +365,8 @@ def fit_mem_fraction_static(batch_limit: int, context_len: int, *, model: ModelS
     return round(static / hbm, 3)
 
 
-def tier_placement(context_len: int, ratio: float, *, batch: int | None = None, model="deepseek-v3.2-exp",
-                   deployment="paper-table1", gpu=None, host=None, n_spilled: int = 0):
+def tier_placement(context_len: int, ratio: float, *, batch: int | None = None, model=DEFAULT_MODEL,
+                   deployment=DEFAULT_DEPLOYMENT, gpu=None, host=None, n_spilled: int = 0):
     """Bytes per GPU in each tier for a decode batch: a DataFrame with columns ``tier`` (``"GPU"``, ``"host"``,
     ``"disk"``), ``part`` and ``bytes``, plus ``.attrs`` with the batch, the pool capacity per (request, layer)
     and what bounds the batch.

@@ -36,7 +36,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .policies import DEFAULT_HEAT_DECAY, SlotPool, first_in_order
-from .predict import History, HeatScorer, LSTMHeatPredictor
+from .heat_predictor import History, HeatScorer, LSTMHeatPredictor
 from .traces import Trace
 from .validate import fraction, integer, one_of, positive_int, real
 
@@ -343,35 +343,11 @@ def _pool_numba(steps: np.ndarray, windows: np.ndarray | None, n_pos: int, cfg: 
 def _kernel():
     from numba import njit
 
-    # The LRU order is a doubly linked list over the slots 0..C-1 with the sentinel H = C (nxt[H] the least recent,
-    # prv[H] the most recent; prv[x] = -1: slot x is not in the list). It is the order of the reference's stamps
-    # (unique among resident slots: touch counts up, touch_cold counts down below all), kept in O(1) per move.
-    @njit(cache=True, inline="always")
-    def unlink(prv, nxt, x):
-        if prv[x] >= 0:
-            nxt[prv[x]] = nxt[x]
-            prv[nxt[x]] = prv[x]
-            prv[x] = -1
-
-    @njit(cache=True, inline="always")
-    def push(prv, nxt, H, x, newest):
-        if newest:                                       # after the most recent
-            a, b = prv[H], H
-        else:                                            # before the least recent
-            a, b = H, nxt[H]
-        nxt[a] = x
-        prv[x] = a
-        nxt[x] = b
-        prv[b] = x
-
-    @njit(cache=True, inline="always")
-    def touch(prv, nxt, slots, n, newest):
-        """The first n of slots become the most recent, in order (newest) or the least recent, the first of them
-        the warmest (touch_cold)."""
-        H = prv.size - 1
-        for i in range(n):
-            unlink(prv, nxt, slots[i])
-            push(prv, nxt, H, slots[i], newest)
+    # The LRU order is a doubly linked list over the slots 0..C-1 with the sentinel H = C (ess.lru_list: nxt[H] the
+    # least recent, prv[H] the most recent; prv[x] = -1: slot x is not in the list). It is the order of the
+    # reference's stamps (unique among resident slots: touch counts up, touch_cold counts down below all), kept in
+    # O(1) per move.
+    from .lru_list import empty, touch, unlink_if_linked
 
     @njit(cache=True)
     def load(tokens, slot_of, token_of, prv, nxt, in_s, pending, E, unused):
@@ -471,10 +447,7 @@ def _kernel():
              history, decay):
         slot_of = np.full(n_pos, -1, np.int64)
         token_of = np.full(C, -1, np.int64)
-        prv = np.full(C + 1, -1, np.int64)
-        nxt = np.full(C + 1, -1, np.int64)
-        prv[C] = C
-        nxt[C] = C
+        prv, nxt = empty(C, np.int64)
         in_s = np.zeros(C, np.bool_)
         pending = np.zeros(n_pos, np.int64)
         heat = np.zeros(n_pos, np.float32)
@@ -547,7 +520,7 @@ def _kernel():
                             sl = slot_of[v]
                             slot_of[v] = -1
                             token_of[sl] = -1
-                            unlink(prv, nxt, sl)
+                            unlink_if_linked(prv, nxt, sl)
                     take = np.concatenate((cand[:n_take], cand[free:free + n_swap]))
                     if take.size:
                         load(take, slot_of, token_of, prv, nxt, in_s, pending, E, unused)

@@ -22,8 +22,13 @@ import yaml
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
 
+# The project's defaults, written once: the model ESS is built for (data/models/deepseek-v3.2-exp.yaml, [DS]) and
+# the paper's experimental setting (data/deployments/paper-table1.yaml, [ARX] Table 1).
+DEFAULT_MODEL = "deepseek-v3.2-exp"
+DEFAULT_DEPLOYMENT = "paper-table1"
+
 __all__ = [
-    "DATA_DIR", "ModelSpec", "GPUSpec", "HostSpec", "DeploymentSpec",
+    "DATA_DIR", "DEFAULT_MODEL", "DEFAULT_DEPLOYMENT", "ModelSpec", "GPUSpec", "HostSpec", "DeploymentSpec",
     "model_spec", "gpu_spec", "host_spec", "deployment_spec", "link_figures",
     "list_models", "list_gpus", "list_hosts", "list_deployments", "resolve",
 ]
@@ -260,7 +265,7 @@ def _preset(kind: str, listing):
 
 
 @_preset("model", list_models)
-def model_spec(name: str = "deepseek-v3.2-exp") -> ModelSpec:
+def model_spec(name: str = DEFAULT_MODEL) -> ModelSpec:
     """The model preset ``name`` (``"deepseek-v3.2-exp"`` or ``"tiny"``) from ``data/models/``."""
     _check_name("model", name, list_models())
     values, sources = _split_sourced(_read_yaml(f"models/{name}.yaml"), f"data/models/{name}.yaml")
@@ -284,7 +289,7 @@ def host_spec(name: str = "dgx-h200") -> HostSpec:
 
 
 @_preset("deployment", list_deployments)
-def deployment_spec(name: str = "paper-table1") -> DeploymentSpec:
+def deployment_spec(name: str = DEFAULT_DEPLOYMENT) -> DeploymentSpec:
     """The deployment preset ``name`` from ``data/deployments/``."""
     _check_name("deployment", name, list_deployments())
     where = f"data/deployments/{name}.yaml"

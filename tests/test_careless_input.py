@@ -9,10 +9,11 @@ from ess import TieredCache, model_spec
 from ess.cachesim import sequence_misses, smallest_pool
 from ess.disk import ArchiveError, DiskTier
 from ess.memory import fit_mem_fraction_static
-from ess.predict import HeatScorer, History, evaluate_predictor
+from ess.heat_predictor import HeatScorer, History, evaluate_predictor
 from ess.prefetch import PrefetchConfig, simulate_prefetch
 from ess.quant import dequantize_fp8_tiles, fp8_e4m3_encode, quantize_fp8_tiles
-from ess.sim import CostParams, best_batch, ratio_for_batch, simulate
+from ess.memory import ratio_for_batch
+from ess.sim import CostParams, best_batch, simulate
 from ess.traces import Trace, TraceRecorder, load_trace
 
 NL = 61

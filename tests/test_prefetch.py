@@ -6,7 +6,7 @@ from ess import cachesim as C
 from ess.layout import pool_slots
 from ess.specs import model_spec
 from ess import prefetch as F
-from ess import predict as P
+from ess import heat_predictor as P
 from ess import tracegen as G
 
 

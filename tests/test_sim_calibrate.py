@@ -4,6 +4,7 @@ import pytest
 
 from ess.published import published
 from ess.sim.calibrate import calibrate, calibration_points
+from ess.sim import Scenario
 from ess.sim.timeline import simulate
 
 
@@ -33,11 +34,11 @@ def test_residuals_are_reported_and_small(cal):
 
 def test_no_offload_row_at_the_memory_limit_matches_calibration(cal):
     row = published("paper_table2")["t2_32k_mtp2_b52_r1"]
-    r = simulate(row["batch"], row["context_len"], 1.0, params=cal.params)      # memory checked: 52 is the limit
+    r = simulate(row["batch"], row["context_len"], 1.0, scenario=Scenario(params=cal.params))   # memory checked: 52
     assert r.feasible[0]
     assert r.throughput[0] == pytest.approx(row["value"], rel=0.03)
     assert r.otps[0] == pytest.approx(row["otps"], rel=0.03)
-    assert not simulate(row["batch"] + 1, row["context_len"], 1.0, params=cal.params).feasible[0]
+    assert not simulate(row["batch"] + 1, row["context_len"], 1.0, scenario=Scenario(params=cal.params)).feasible[0]
 
 
 def test_fitted_parameters_are_physical(cal):
@@ -95,3 +96,21 @@ def test_calibration_set_keeps_the_equally_good_fits():
     assert df[df.kept & (df["compute scale"] == "free")].compute_scale_in_C3_range.all()
     assert cs.central in cs.kept and list(cs.kept_params())[0] == cs.central
     assert cs.params.compute_scale == pytest.approx(cs.compute_scales["central"])
+    lo, hi = cs.kept_range("fixed_ms")
+    assert lo == df[df.kept].fixed_ms.min() and hi == df[df.kept].fixed_ms.max() and lo <= cs.params.fixed_ms <= hi
+    with pytest.raises(ValueError, match="column must be one of"):
+        cs.kept_range("colour")
+
+
+def test_calibration_spread_is_simulate_under_each_calibration():
+    from ess.sim.calibrate import calibration_spread
+    from ess.sim.costs import CostParams
+    cals = {"a": CostParams(0.8, 1.0, 40.0), "b": CostParams(0.6, 1.3, 45.0)}
+    spread = calibration_spread(cals)
+    assert list(spread.index) == ["a", "b"]
+    for name, q in cals.items():
+        r13, r52 = simulate([13, 52], [131072, 32768], 1.0, scenario=Scenario(params=q)).throughput
+        m4 = simulate(52, 32768, 1.0, mtp=4, accept_ratio=2.8, scenario=Scenario(params=q)).throughput[0]
+        row = spread.loc[name]
+        assert row.tput_128k_b13 == r13 and row.tput_32k_b52 == r52
+        assert row["mtp4_acc2.8_gain_pct"] == pytest.approx((m4 / r52 - 1) * 100, rel=1e-12)

@@ -5,6 +5,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from ess.sim import Scenario
 from ess.sim.timeline import LayerOps, offload_overhead_s, overlap_overhead_s, simulate
 
 # milliseconds, to keep the arithmetic readable: I 4, p 2, a 6, a_hit 3, o 5, merge 1, h 10, d 7
@@ -71,8 +72,9 @@ def test_cost_model_feeds_the_formulas_as_stated():
 def test_simulate_adds_both_micro_batches_overheads_to_the_step():
     # the step with offload minus the step without is the sum over layers of 2 x (one micro-batch's overhead)
     m = np.full(61, 300.0)
-    r = simulate(64, 32768, 0.2, misses=m, strategy="none", h2d_GB_per_s=37.0, d2h_GB_per_s=43.0,
-                 mtp=1, accept_ratio=1.0, check_memory=False, host_memory_cap=False)
+    r = simulate(64, 32768, 0.2, misses=m, scenario=Scenario(strategy="none", h2d_GB_per_s=37.0, d2h_GB_per_s=43.0,
+                                                             mtp=1, accept_ratio=1.0, check_memory=False,
+                                                             host_memory_cap=False))
     # none: per micro-batch (b = 32) and layer h + d = 300 x 32 x 656 / 37e9 + 32 x 656 / 43e9
     per_layer = 300 * 32 * 656 / 37e9 + 32 * 656 / 43e9
     assert r.stall_s[0] == pytest.approx(61 * 2 * per_layer, rel=1e-9)

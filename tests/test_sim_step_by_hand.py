@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import ess.sim.timeline as TL
+from ess.sim import Scenario
 from ess.sim.costs import CostParams, LayerCosts
 from ess.specs import model_spec
 
@@ -46,12 +47,12 @@ def install(monkeypatch, dispatch_us, combine_us):
 LINK = 1.312
 
 
-def step_us(**kw):
-    args = dict(misses=np.zeros(MODEL.n_layers), mtp=MTP, accept_ratio=ACCEPT, check_memory=False,
-                params=CostParams(fixed_ms=0.5), h2d_GB_per_s=LINK, d2h_GB_per_s=np.inf,
-                host_memory_cap=False)
-    args.update(kw)
-    r = TL.simulate(B, 32768, args.pop("ratio", 0.5), **args)
+SCENARIO = Scenario(mtp=MTP, accept_ratio=ACCEPT, check_memory=False, params=CostParams(fixed_ms=0.5),
+                    h2d_GB_per_s=LINK, d2h_GB_per_s=np.inf, host_memory_cap=False)
+
+
+def step_us(ratio=0.5, misses=np.zeros(MODEL.n_layers), **changes):
+    r = TL.simulate(B, 32768, ratio, misses=misses, scenario=SCENARIO.replace(**changes))
     return r, r.step_s[0] / US
 
 

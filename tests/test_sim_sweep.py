@@ -2,6 +2,7 @@
 import numpy as np
 import pytest
 
+from ess.sim import CostParams, Scenario
 from ess.sim.sweep import grid, sweep
 from ess.sim.timeline import simulate
 
@@ -21,6 +22,18 @@ def test_sweep_in_process_equals_direct_simulation():
     r = simulate(g.batch, g.context_len, g.ratio, h2d_GB_per_s=g.h2d_GB_per_s, misses=MISSES)
     assert np.allclose(df.step_ms.to_numpy(), r.step_s * 1e3, equal_nan=True)
     assert (df.feasible.to_numpy() == r.feasible).all()
+
+
+def test_the_scenario_reaches_every_chunk():
+    """A scenario other than the default (one strategy, fitted-looking parameters, memory not checked) gives the rows
+    of simulate in that scenario, in processes too; with the default scenario they differ."""
+    sc = Scenario(strategy="none", params=CostParams(0.8, 1.2, 20.0), check_memory=False)
+    df = sweep(AXES, scenario=sc, workers=2, chunk_size=7, misses=MISSES, progress=False)
+    g = grid(AXES)
+    r = simulate(g.batch, g.context_len, g.ratio, h2d_GB_per_s=g.h2d_GB_per_s, misses=MISSES, scenario=sc)
+    assert np.array_equal(df.step_ms.to_numpy(), r.step_s * 1e3) and df.feasible.all()
+    default = sweep(AXES, workers=0, misses=MISSES, progress=False)
+    assert not np.allclose(default.step_ms, df.step_ms, equal_nan=True)
 
 
 def test_local_processes_give_the_same_rows():

@@ -3,9 +3,9 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from ess.memory import largest_batch
+from ess.sim import Scenario
 from ess.sim.costs import CostParams
-from ess.sim.timeline import STRATEGIES, batch_limits, best_batch, ratio_for_batch, simulate
+from ess.sim.timeline import STRATEGIES, best_batch, simulate
 from ess.specs import deployment_spec
 
 NL = 61
@@ -15,30 +15,30 @@ MISSES = RNG.uniform(0, 1500, NL)
 
 @pytest.mark.parametrize("strategy", ["none", "dba", "best"])
 def test_infinite_link_has_no_offload_overhead(strategy):
-    r = simulate([64, 160], 32768, [0.2, 0.1], misses=MISSES, h2d_GB_per_s=np.inf, d2h_GB_per_s=np.inf,
-                 strategy=strategy, host_memory_cap=False)
+    r = simulate([64, 160], 32768, [0.2, 0.1], misses=MISSES,
+                 scenario=Scenario(h2d_GB_per_s=np.inf, d2h_GB_per_s=np.inf, strategy=strategy, host_memory_cap=False))
     assert r.feasible.all()
     assert np.allclose(r.step_s, r.step_no_offload_s, rtol=0, atol=1e-12)
 
 
 def test_host_memory_caps_an_infinite_link():
-    capped = simulate(64, 32768, 0.2, misses=MISSES, h2d_GB_per_s=np.inf, strategy="none")
-    at_cap = simulate(64, 32768, 0.2, misses=MISSES, h2d_GB_per_s=2 * 307 / 8, strategy="none")
+    capped = simulate(64, 32768, 0.2, misses=MISSES, scenario=Scenario(h2d_GB_per_s=np.inf, strategy="none"))
+    at_cap = simulate(64, 32768, 0.2, misses=MISSES, scenario=Scenario(h2d_GB_per_s=2 * 307 / 8, strategy="none"))
     assert capped.step_s[0] == pytest.approx(at_cap.step_s[0])
 
 
 def test_dual_attention_on_an_infinite_link_costs_only_the_merge():
-    kw = dict(h2d_GB_per_s=np.inf, d2h_GB_per_s=np.inf, strategy="da", host_memory_cap=False)
-    r = simulate(64, 32768, 0.2, misses=MISSES, **kw)
+    sc = Scenario(h2d_GB_per_s=np.inf, d2h_GB_per_s=np.inf, strategy="da", host_memory_cap=False)
+    r = simulate(64, 32768, 0.2, misses=MISSES, scenario=sc)
     assert r.stall_s[0] > 0
-    r0 = simulate(64, 32768, 0.2, misses=np.zeros(NL), **kw)
+    r0 = simulate(64, 32768, 0.2, misses=np.zeros(NL), scenario=sc)
     assert r0.stall_s[0] == pytest.approx(0, abs=1e-12)
 
 
 @pytest.mark.parametrize("strategy", ["none", "da", "dba", "best"])
 def test_throughput_never_rises_when_the_link_slows(strategy):
     links = np.array([np.inf, 256, 64, 37, 16, 4, 1, 0.25])
-    r = simulate(128, 131072 // 4, 0.2, misses=MISSES, h2d_GB_per_s=links, strategy=strategy)
+    r = simulate(128, 131072 // 4, 0.2, misses=MISSES, h2d_GB_per_s=links, scenario=Scenario(strategy=strategy))
     assert np.all(np.diff(r.throughput) <= 1e-9)
     assert r.throughput[-1] < r.throughput[0]
 
@@ -51,15 +51,15 @@ def test_more_misses_never_make_a_step_shorter(batch, L, scale, strategy, link):
     ksel = 2 * min(2048, L)
     base = rng.uniform(0, 1, NL) * min(scale, ksel)
     more = np.minimum(base + rng.uniform(0, 1, NL) * min(scale, ksel), ksel)
-    r = simulate([batch, batch], L, 0.2, misses=np.stack([base, more]), h2d_GB_per_s=link, strategy=strategy,
-                 check_memory=False)
+    r = simulate([batch, batch], L, 0.2, misses=np.stack([base, more]),
+                 scenario=Scenario(h2d_GB_per_s=link, strategy=strategy, check_memory=False))
     assert r.step_s[1] >= r.step_s[0] - 1e-15
 
 
 def test_a_per_layer_list_of_one_strategy_is_that_strategy():
     # (which strategy "best" picks on each layer is worked by hand in test_sim_step_by_hand.py)
-    dba = simulate(96, 131072, 0.1, misses=MISSES, strategy="dba", check_memory=False)
-    per_layer = simulate(96, 131072, 0.1, misses=MISSES, strategy=["dba"] * NL, check_memory=False)
+    dba = simulate(96, 131072, 0.1, misses=MISSES, scenario=Scenario(strategy="dba", check_memory=False))
+    per_layer = simulate(96, 131072, 0.1, misses=MISSES, scenario=Scenario(strategy=["dba"] * NL, check_memory=False))
     assert per_layer.step_s[0] == pytest.approx(dba.step_s[0])
     assert (per_layer.layer_strategy == STRATEGIES.index("dba")).all()
 
@@ -72,33 +72,9 @@ def test_no_offload_ignores_link_and_misses():
 
 def test_step_grows_with_context_batch_and_mtp():
     r = simulate([52, 52, 52, 64], [8192, 32768, 32768, 32768], 1.0, mtp=[2, 2, 4, 2], accept_ratio=1.7,
-                 check_memory=False)
+                 scenario=Scenario(check_memory=False))
     s = r.step_s
     assert s[1] > s[0] and s[2] > s[1] and s[3] > s[1]
-
-
-def test_batch_limits_match_largest_batch():
-    """Over contexts that are and are not whole pages, and ratios at the pool rule's edge (one step's K entries)."""
-    Ls = [1000, 4096, 32768, 32769, 65536, 131072]
-    rs = [1.0, 0.5, 0.3, 0.2, 0.1, 0.0625, 0.0625 - 1e-7, 0.05, 0.01]
-    L, r = np.meshgrid(Ls, rs)
-    order = RNG.permutation(L.size)                      # unordered, repeated pairs map back to their own rows
-    Lf, rf = np.r_[L.ravel()[order], L.ravel()], np.r_[r.ravel()[order], r.ravel()]
-    lim, why = batch_limits(Lf, rf)
-    for Li, ri, bi, wi in zip(Lf, rf, lim, why):
-        ref = largest_batch(int(Li), float(ri))
-        assert bi == ref.batch, (Li, ri)
-        assert (wi == "") == (ref.batch > 0), (Li, ri, wi)
-
-
-def test_ratio_for_batch_is_the_largest_that_fits():
-    B = np.array([52, 64, 96, 128, 160])
-    r = ratio_for_batch(B, 32768)
-    assert r[0] == 1.0
-    for b, ri in zip(B[1:], r[1:]):
-        assert largest_batch(32768, float(ri)).batch >= b
-        assert largest_batch(32768, float(ri) + 2e-4).batch < b
-    assert np.isnan(ratio_for_batch(100000, 32768))
 
 
 def test_beyond_memory_is_infeasible_with_a_reason():
@@ -109,7 +85,7 @@ def test_beyond_memory_is_infeasible_with_a_reason():
 
 def test_weights_that_do_not_fit_are_infeasible_with_a_reason():
     dep = deployment_spec("paper-table1").replace(ep=1, nodes=1)
-    r = simulate(1, 4096, 1.0, deployment=dep)
+    r = simulate(1, 4096, 1.0, scenario=Scenario(deployment=dep))
     assert not r.feasible[0] and "do not fit" in r.reason[0]
 
 
@@ -121,7 +97,7 @@ def test_too_small_ratio_is_infeasible():
 def test_best_batch_respects_the_otps_floor():
     free = best_batch(32768, [1.0])
     assert free["batch"] == 52
-    slow = best_batch(32768, [1.0], otps_floor=free["otps"] + 1, params=CostParams(fixed_ms=1.0))
+    slow = best_batch(32768, [1.0], otps_floor=free["otps"] + 1, scenario=Scenario(params=CostParams(fixed_ms=1.0)))
     assert slow["batch"] is None or slow["otps"] >= free["otps"] + 1
     nothing = best_batch(32768, [1.0], otps_floor=1e6)
     assert nothing["batch"] is None and "OTPS" in nothing["reason"]
@@ -132,8 +108,7 @@ def test_best_batch_respects_the_otps_floor():
     ({"ratio": 0.2, "misses": np.zeros(5)}, "shape"),
     ({"ratio": 0.2, "misses": -np.ones(NL)}, ">= 0"),
     ({"ratio": 0.2, "misses": np.full(NL, 5000.0)}, "exceed"),
-    ({"strategy": "fast"}, "strategy"),
-    ({"strategy": ["da"] * 3}, "per-layer"),
+    ({"scenario": Scenario(strategy=["da"] * 3)}, "per-layer"),
     ({"accept_ratio": 2.5}, "accept_ratio"),
     ({"ratio": 1.5}, "ratio"),
     ({"batch": 0}, "batch"),
@@ -146,9 +121,11 @@ def test_bad_input_is_rejected(kw, err):
         simulate(args.pop("batch"), args.pop("context_len"), **args)
 
 
-def test_bad_params_type():
-    with pytest.raises(TypeError, match="params"):
-        simulate(8, 32768, params={"fixed_ms": 1})
+def test_bad_scenario_type():
+    with pytest.raises(TypeError, match="scenario must be an ess.sim.Scenario"):
+        simulate(8, 32768, scenario={"params": CostParams()})
+    with pytest.raises(TypeError, match="unexpected keyword"):
+        simulate(8, 32768, params=CostParams())             # the scenario is passed whole, not as loose keywords
 
 
 def test_rows_of_misses_count_configurations():
@@ -207,7 +184,7 @@ def test_fused_timeline_matches_the_readable_reference(strategy, shared):
     misses[:, ::7] = 0.0
     params = CostParams(0.8, 1.3, 30.0)
     res = simulate(B, L, r, misses=misses[0] if shared else misses, mtp=mtp, accept_ratio=1.0, h2d_GB_per_s=link,
-                   d2h_GB_per_s=d2h, strategy=strategy, params=params, check_memory=False)
+                   d2h_GB_per_s=d2h, scenario=Scenario(strategy=strategy, params=params, check_memory=False))
     stall, layer_over, choice, stack = _reference_step_layers(B, L, r, np.broadcast_to(misses, (n, NL)), mtp, link,
                                                               d2h, strategy, params)
     np.testing.assert_allclose(res.layer_overhead_s, layer_over, rtol=1e-12, atol=1e-15)
@@ -216,21 +193,6 @@ def test_fused_timeline_matches_the_readable_reference(strategy, shared):
     assert np.array_equal(picked, ref)                      # the same strategy, or one with exactly the same cost
     np.testing.assert_allclose(res.stall_s, stall, rtol=1e-9, atol=1e-12)
     assert (res.stall_s[r == 1] == 0).all() and (res.layer_overhead_s[r == 1] == 0).all()
-
-
-def test_batch_limits_with_mtp_need_the_union_on_average():
-    """With MTP the pools must hold one step's union on average over the layers (the paper profile's overlaps):
-    ratio 0.0625 of 32K is 2,048 slots, K for one token but not the union of two or four."""
-    from ess.layout import step_entries
-    from ess.specs import model_spec
-    from ess.tracegen import locality_profile
-    ds = model_spec()
-    need2 = int(np.ceil(step_entries(ds, 32768, 2, overlap=locality_profile("paper", 61)).mean()))
-    assert 2048 < need2 < 4096
-    lim, why = batch_limits(32768, 0.0625, mtp=[1, 2])
-    assert lim[0] > 0 and lim[1] == 0 and f"fewer than {need2}" in why[1] and "union of 2" in why[1]
-    r = need2 / 32768 + 1e-6                                                  # just enough slots for MTP 2
-    assert batch_limits(32768, r, mtp=2)[0] > 0
 
 
 def test_best_batch_uses_the_misses_of_each_offload_ratio():

@@ -142,50 +142,52 @@ def test_prefetch_widget_follows_its_controls():
 
 @pytest.fixture(scope="module")
 def quick_misses():
-    from ess.widgets.sim import CachesimMisses
-    return CachesimMisses(ratios=[0.05, 0.08, 0.2, 0.25, 0.5, 1.0], steps=4, batch=1)
+    from ess.sim.misses import MissesTable
+    from ess.widgets.sim import RATIOS
+    return MissesTable(steps=4, batch=1).with_ratios(RATIOS)
 
 
 @pytest.fixture(scope="module")
-def params():
+def scenario():
+    from ess.sim import Scenario
     from ess.sim.calibrate import calibrated_params
-    return calibrated_params()
+    return Scenario(params=calibrated_params())
 
 
-def test_cachesim_misses_are_the_libraries_and_say_why_a_pool_fails(quick_misses):
-    from ess.sim.scenarios import misses_from_cachesim
-    row = quick_misses.row(32768, 2)
-    assert quick_misses.has_row(32768, 2) and not quick_misses.has_row(32768, 3)
-    fn = misses_from_cachesim(steps=4, batch=1)             # the simulator's own misses, same settings
-    for r in (0.2, 0.5):                                    # one sweep for the row = one call per ratio
-        np.testing.assert_array_equal(row[r], fn(32768, r, 2))
-    assert row[0.2].mean() > row[0.5].mean() > 0 and not row[1.0].any()      # ratio 1: no offload, no misses
-    assert "fewer than the 2048 entries" in row[0.05]                        # below K: known without a trace
-    # 2,621 slots hold K but not what the layers' steps select together (two top-K sets per step with MTP 2)
-    assert "select together" in row[0.08]
-    with pytest.raises(ValueError, match="select together"):
-        quick_misses(32768, 0.08, 2)
-    assert quick_misses(32768, 0.2, 2) is row[0.2]                            # kept, not simulated again
-
-
-def test_simulator_view_takes_the_misses_it_is_told(quick_misses, params):
+def test_simulator_view_takes_the_misses_it_is_told(quick_misses, scenario):
     from ess.widgets.sim import sim_budget_view
-    kw = dict(params=params, cachesim=quick_misses)
-    _, zero = sim_budget_view("H200", 0.25, 32768, 2, 1.7, 37.0, misses="zero", **kw)
-    _, sim = sim_budget_view("H200", 0.25, 32768, 2, 1.7, 37.0, misses="cachesim", **kw)
-    _, slow = sim_budget_view("H200", 0.25, 32768, 2, 1.7, 5.0, misses="cachesim", **kw)
-    _, zero_slow = sim_budget_view("H200", 0.25, 32768, 2, 1.7, 5.0, misses="zero", **kw)
+    at = lambda link: scenario.replace(gpu="H200", mtp=2, accept_ratio=1.7, h2d_GB_per_s=link)     # noqa: E731
+    _, zero = sim_budget_view(at(37.0), 0.25, 32768, misses="zero", table=quick_misses)
+    _, sim = sim_budget_view(at(37.0), 0.25, 32768, misses="cachesim", table=quick_misses)
+    _, slow = sim_budget_view(at(5.0), 0.25, 32768, misses="cachesim", table=quick_misses)
+    _, zero_slow = sim_budget_view(at(5.0), 0.25, 32768, misses="zero", table=quick_misses)
     assert zero["misses_mean"] == 0 and sim["misses_mean"] == pytest.approx(quick_misses(32768, 0.25, 2).mean())
     # the link speed matters exactly when entries miss
     assert slow["throughput"] < sim["throughput"] < zero["throughput"] == zero_slow["throughput"]
-    fig, bad = sim_budget_view("H200", 0.08, 32768, 2, 1.7, 37.0, misses="cachesim", **kw)
+    # 2,621 slots hold K but not the union of two top-K sets: the memory rule says so before any simulation
+    fig, bad = sim_budget_view(at(37.0), 0.08, 32768, misses="cachesim", table=quick_misses)
+    assert bad["batch"] == 0 and "union of 2 top-K sets" in fig.layout.title.text
+
+    class Refusing(type(quick_misses)):
+        def __call__(self, context_len, ratio, mtp):
+            raise ValueError("the pool is smaller than one step's entries")
+    fig, bad = sim_budget_view(at(37.0), 0.25, 32768, misses="cachesim", table=Refusing())
     assert bad["throughput"] is None and fig.layout.title.text.startswith("infeasible: the cache simulation")
-    fig, bad = sim_budget_view("H200", 0.05, 32768, 2, 1.7, 37.0, misses="cachesim", **kw)
+    fig, bad = sim_budget_view(at(37.0), 0.05, 32768, misses="cachesim", table=quick_misses)
     assert bad["batch"] == 0 and "infeasible" in fig.layout.title.text and not fig.data
     with pytest.raises(ValueError, match="accept_ratio"):
-        sim_budget_view("H200", 0.25, 32768, 2, 2.5, params=params)
-    with pytest.raises(TypeError, match="cachesim"):
-        sim_budget_view("H200", 0.25, 32768, misses="cachesim", params=params)
+        sim_budget_view(scenario.replace(mtp=1), 0.25, 32768)      # the deployment's accept ratio 1.7 > MTP 1
+    with pytest.raises(TypeError, match="table="):
+        sim_budget_view(scenario, 0.25, 32768, misses="cachesim")
+
+
+def test_simulator_view_sizes_the_batch_for_the_mtp_union(scenario):
+    """The batch range is the memory rule at the scenario's MTP: ratio 0.0625 of 32K holds one token's K = 2,048
+    entries but not the union of two top-K sets on average over the layers."""
+    from ess.widgets.sim import sim_budget_view
+    _, one = sim_budget_view(scenario.replace(mtp=1, accept_ratio=1.0), 0.0625, 32768)
+    _, two = sim_budget_view(scenario.replace(mtp=2), 0.0625, 32768)
+    assert one["batch"] > 0 and two["batch"] == 0 and "union of 2 top-K sets" in two["reason"]
 
 
 def test_simulator_link_choices_are_the_sourced_speeds():
@@ -198,9 +200,9 @@ def test_simulator_link_choices_are_the_sourced_speeds():
     assert choices[37.0].startswith("FlashTrans") and list(choices) == sorted(choices)
 
 
-def test_simulator_widget_controls_are_honest(quick_misses, params):
+def test_simulator_widget_controls_are_honest(quick_misses, scenario):
     from ess.widgets.sim import sim_budget_widget
-    w = sim_budget_widget(params=params, misses=quick_misses)
+    w = sim_budget_widget(scenario, misses=quick_misses)
     c = w.controls
     assert c["h2d_GB_per_s"].value == 37.0 and c["accept_ratio"].value == 1.7 and c["accept_ratio"].max == 2
     assert c["misses"].value == "cachesim" and w.summary["misses_mean"] > 0
@@ -229,3 +231,6 @@ def test_simulator_widget_controls_are_honest(quick_misses, params):
     c["gpu"].value = "H800"                                    # the same 141 -> 80 GiB step as H100 ...
     c["gpu"].value = "H100"                                    # ... and H100 has H800's 80 GiB: still redrawn
     assert c["hbm_GiB"].value == 80 and w.summary is not before
+    assert w.table.has_row(32768, 3) and quick_misses.has_row(32768, 3)     # the notebook's table keeps the row
+    with pytest.raises(TypeError, match="MissesTable"):
+        sim_budget_widget(scenario, misses=lambda L, r, t: None)

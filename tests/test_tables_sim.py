@@ -6,14 +6,16 @@ import pytest
 from ess.layout import pool_slots, step_entries
 from ess.memory import largest_batch
 from ess.published import published
+from ess.sim import Scenario
 from ess.sim.calibrate import calibrated_params
+from ess.sim.predictions import BandInputs
 from ess.sim.timeline import simulate
 from ess.specs import deployment_spec, model_spec
-from ess.sim import scenarios as sc
 from ess.tables import sim as ts
 from ess.widgets.sim import sim_budget_view
 
 P = calibrated_params()                             # the calibration, re-run once per test process (about 1 s)
+S = Scenario(params=P)
 MODEL = model_spec("deepseek-v3.2-exp")
 DEP = deployment_spec("paper-table1")
 NL = MODEL.n_layers
@@ -25,7 +27,7 @@ def flat_misses(level):
 
 @pytest.fixture(scope="module")
 def t2_zero():
-    return ts.table2_predictions(P, flat_misses(0.0))
+    return ts.table2_predictions(flat_misses(0.0), scenario=S)
 
 
 def test_table2_has_every_held_back_configuration_and_no_published_value(t2_zero):
@@ -57,7 +59,7 @@ def test_zero_misses_equal_the_bound_and_larger_batches_never_lose(t2_zero):
 
 
 def test_more_misses_lower_every_offload_row(t2_zero):
-    t2_many = ts.table2_predictions(P, flat_misses(600.0), contexts=("32k",))
+    t2_many = ts.table2_predictions(flat_misses(600.0), scenario=S, contexts=("32k",))
     a = t2_zero[t2_zero.context_len == 32768].set_index("row")
     b = t2_many.set_index("row")
     off = b.index[(b.ratio < 1) & (b.status == "predicted")]
@@ -65,7 +67,7 @@ def test_more_misses_lower_every_offload_row(t2_zero):
 
 
 def test_blocked_without_miss_counts():
-    t = ts.table2_predictions(P, None, contexts=("128k",))
+    t = ts.table2_predictions(None, scenario=S, contexts=("128k",))
     assert set(t[t.ratio < 1].status) == {"blocked"}
     assert t[t.ratio < 1].throughput_no_miss.notna().all()
 
@@ -73,7 +75,7 @@ def test_blocked_without_miss_counts():
 def test_cachesim_errors_become_infeasible_rows():
     def small_pool(L, r, T):
         raise ValueError("the pool is smaller than one step's entries")
-    t = ts.table2_predictions(P, small_pool, contexts=("128k",))
+    t = ts.table2_predictions(small_pool, scenario=S, contexts=("128k",))
     assert set(t[t.ratio < 1].status) == {"infeasible"}
     assert t[t.ratio < 1].reason.str.contains("cache simulation").all()
 
@@ -85,11 +87,11 @@ def test_article_table_mtp4_rows_agree_with_a_direct_simulation(t2_zero):
     assert list(art.row) == ["Baseline"] + ["MTP=4", "ESS Architecture", "Offload contribution"] * 2
     assert art.mtp4_accept_ratio.iloc[0] != art.mtp4_accept_ratio.iloc[0]            # NaN for the baseline
     assert art.iloc[1:].accept_ratio_status.str.contains("not a result").all()
-    base = simulate(52, 32768, 1.0, params=P)
+    base = simulate(52, 32768, 1.0, scenario=S)
     gains = {}
     for acc in art.mtp4_accept_ratio.dropna().unique():
         rows = art[art.mtp4_accept_ratio == acc].set_index("row")
-        direct = simulate(52, 32768, 1.0, mtp=4, accept_ratio=acc, params=P)
+        direct = simulate(52, 32768, 1.0, mtp=4, accept_ratio=acc, scenario=S)
         assert rows.loc["MTP=4", "ours_pct"] == pytest.approx((direct.throughput[0] / base.throughput[0] - 1) * 100)
         assert rows.loc["Offload contribution", "ours_pct"] == pytest.approx(
             rows.loc["ESS Architecture", "ours_pct"] - rows.loc["MTP=4", "ours_pct"])
@@ -107,14 +109,14 @@ def test_claim_128k(t2_zero):
     largest batch."""
     c = ts.claim_128k(t2_zero)
     assert c["baseline_batch"] == largest_batch(131072, 1.0).batch == 13          # the paper's 128K limit
-    r = simulate([c["baseline_batch"], c["batch"]], 131072, [1.0, c["ratio"]], misses=np.zeros(NL), params=P,
-                 check_memory=False)
+    r = simulate([c["baseline_batch"], c["batch"]], 131072, [1.0, c["ratio"]], misses=np.zeros(NL),
+                 scenario=S.replace(check_memory=False))
     assert c["ours_pct"] == pytest.approx((r.throughput[1] / r.throughput[0] - 1) * 100)
     assert c["ours_pct"] > 0 and c["batch"] == max(largest_batch(131072, q).batch_gpu for q in (0.2, 0.1))
 
 
 def test_deployment_benefits_state_assumptions():
-    d = ts.deployment_benefits(P, flat_misses(0.0), context_len=32768, ratio=0.2)
+    d = ts.deployment_benefits(flat_misses(0.0), scenario=S, context_len=32768, ratio=0.2)
     assert list(d.claim[:3]) == ["GPUs per task", "energy per token", "sessions per node"]
     assert d.assumption.str.len().min() > 40
     assert d.ours_before.iloc[2] == DEP.gpus_per_node * largest_batch(32768, 1.0).batch
@@ -128,7 +130,7 @@ def test_deployment_benefits_mark_the_fitted_before_value():
     """With the context chosen to hold about 1,200 sessions, that 'before' value is fitted by construction and
     says so; no row calls itself reproduced. The default ratio is the smallest on the 0.01 grid whose pools hold
     one step's union of MTP top-K sets on average over the layers."""
-    d = ts.deployment_benefits(P, flat_misses(0.0))
+    d = ts.deployment_benefits(flat_misses(0.0), scenario=S)
     row = d.set_index("claim").loc["sessions per node"]
     assert row.status_before == "fitted by construction" and "by construction" in row.assumption
     assert not (d.status_before.str.contains("reproduced") | d.status_after.str.contains("reproduced")).any()
@@ -140,49 +142,21 @@ def test_deployment_benefits_mark_the_fitted_before_value():
 
 
 def test_section12_claims():
-    s = ts.section12_claims(P)
+    s = ts.section12_claims(S)
     assert s.ours.iloc[0] == pytest.approx(43.1)
     assert s.status.iloc[0] == "not reproduced" and 0 < s.ours.iloc[1] < 100
 
 
-def test_overlap_vs_misses_and_break_even():
-    o = sc.overlap_vs_misses(P, [0, 200, 800])
-    piv = o.pivot(index="misses_per_layer", columns="strategy", values="overhead_pct")
-    assert (piv["best"] <= piv[["none", "da", "dba"]].min(axis=1) + 1e-9).all()
-    assert (piv.diff().dropna() >= -1e-9).all().all()                   # more misses never cost less
-    slow = sc.overlap_vs_misses(P, [800], h2d_GB_per_s=8.0)
-    assert (slow.set_index("strategy").overhead_pct >= o[o.misses_per_layer == 800].set_index("strategy").overhead_pct
-            - 1e-9).all()
-    with pytest.raises(ValueError, match="ratio"):
-        sc.overlap_vs_misses(P, [0], ratio=1.0)
-
-
-def test_break_even_is_where_throughput_crosses_the_baseline():
-    cfg = pd.DataFrame({"batch": [160], "context_len": [32768], "ratio": [0.19], "mtp": [2], "accept_ratio": [1.7]})
-    baseline = float(simulate(52, 32768, 1.0, params=P).throughput[0])
-    be = sc.break_even_misses(P, cfg, baseline).break_even_misses_per_layer.iloc[0]
-    ksel = 2 * MODEL.index_topk
-    assert 0 < be < ksel
-    at, above = simulate([160, 160], 32768, 0.19, misses=np.stack([np.full(NL, be), np.full(NL, be * 1.001)]),
-                         params=P).throughput
-    assert at >= baseline > above
-    # a baseline so low (batch 2) that batch 64 reaches it even when every layer misses all it selects: the
-    # break-even mean is then the whole selection, mtp x K
-    low = float(simulate(2, 32768, 1.0, params=P).throughput[0])
-    cfg2 = cfg.assign(batch=[64], ratio=[0.78])
-    assert sc.break_even_misses(P, cfg2, low).break_even_misses_per_layer.iloc[0] == pytest.approx(ksel)
-
-
 def test_widget_view_reports_batch_and_infeasible():
-    fig, s = sim_budget_view("H200", 1.0, 32768, params=P)
+    fig, s = sim_budget_view(S, 1.0, 32768)
     assert s["batch"] == 52 and s["throughput"] > 0
-    fig, s = sim_budget_view("H200", 0.01, 32768, params=P)
+    fig, s = sim_budget_view(S, 0.01, 32768)
     assert s["throughput"] is None and "slots" in s["reason"]
 
 
 def test_widget_hbm_override():
-    _, small = sim_budget_view("H200", 1.0, 32768, hbm_GiB=120, params=P)
-    _, big = sim_budget_view("H200", 1.0, 32768, hbm_GiB=160, params=P)
+    _, small = sim_budget_view(S, 1.0, 32768, hbm_GiB=120)
+    _, big = sim_budget_view(S, 1.0, 32768, hbm_GiB=160)
     assert small["batch"] < 52 < big["batch"]           # the widget's controls: tests/test_tables_and_widgets.py
 
 
@@ -208,12 +182,19 @@ def test_128k_memory_rule_shows_both_batches_where_the_host_binds(t2_zero):
     assert capped.batch == largest_batch(131072, 0.1).batch == capped.batch_host_limit < capped.batch_gpu_rule
     assert "host" in capped.limit_binds and "GPU" in t.loc["t2_128k_mtp2_r0.2"].limit_binds
     assert "t2_128k_mtp2_r0.2_host_capped" not in t.index and t.status.eq("predicted").all()
+    # the records say which rows were predicted without the memory check (the paper's batch beyond ess's host)
+    t128, _ = ts.table2_bands(BandInputs(P, {"c": P}, [], {"z": flat_misses(0.0)}, 1), contexts=("128k",))
+    recs = {r["name"]: r for r in ts.table2_128k_records(t128, {"check_memory": True, "strategy": "best"})}
+    assert recs["t2_128k_mtp2_r0.1_throughput"]["config"]["check_memory"] is False
+    assert recs["t2_128k_mtp2_r0.1_host_capped_throughput"]["config"]["check_memory"] is True
+    assert recs["t2_128k_mtp2_r0.2_otps"]["config"]["check_memory"] is True
 
 
 def test_table2_bands_are_the_lowest_and_highest_over_the_combinations():
     fns = {"few": flat_misses(50.0), "many": flat_misses(400.0)}
     P2 = P.__class__(P.compute_scale * 1.1, P.comm_scale, P.fixed_ms, "a second calibration")
-    t2, frames = ts.table2_bands({"central": P, "other": P2}, fns, contexts=("32k",))
+    band = BandInputs(P, {"central": P, "other": P2}, [], fns, 1)
+    t2, frames = ts.table2_bands(band, contexts=("32k",))
     assert len(frames) == 4 and (t2.band_size == 4).all()
     stack = np.stack([f.throughput.to_numpy(dtype=float) for f in frames.values()])
     np.testing.assert_allclose(t2.throughput, frames[("central", "few")].throughput)     # the central combination
@@ -236,7 +217,8 @@ def test_figures_draw_the_band_around_the_central_line():
     (tr,) = fig.data
     assert tr.fill == "toself" and list(tr.x) == [0, 1, 1, 0] and list(tr.y) == [3, 4, 2, 1]   # NaN point skipped
     assert "99, 110, 250" in tr.fillcolor and tr.showlegend is False
-    t2, _ = ts.table2_bands({"c": P}, {"few": flat_misses(50.0), "many": flat_misses(400.0)}, contexts=("32k",))
+    t2, _ = ts.table2_bands(BandInputs(P, {"c": P}, [], {"few": flat_misses(50.0), "many": flat_misses(400.0)}, 1),
+                            contexts=("32k",))
     data = vs.fig_table2(t2, 32768).data
     bands = [t for t in data if t.fill == "toself"]
     assert len(bands) == t2.groupby(["mtp", "accept_ratio"]).ngroups

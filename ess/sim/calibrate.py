@@ -27,12 +27,13 @@ import numpy as np
 import pandas as pd
 
 from ..published import published
+from .config import Scenario, as_scenario
 from .costs import CostParams, calibration_data
 from .timeline import simulate
 
 __all__ = ["CalibrationPoint", "calibration_points", "Calibration", "calibrate", "predict_points",
            "calibration_variants", "calibrated_params", "cost_growth_evidence", "cost_growth_ms",
-           "compute_scale_from_cost", "CalibrationSet", "calibration_set", "EQUALLY_GOOD_RMS_PP"]
+           "compute_scale_from_cost", "CalibrationSet", "calibration_set", "calibration_spread", "EQUALLY_GOOD_RMS_PP"]
 
 # RMS differences below 1 percentage point are within the precision of a chart read by eye: such fits are equally
 # good (a choice, data/calibration/README.md, "The operation split")
@@ -65,13 +66,13 @@ def calibration_points() -> list[CalibrationPoint]:
     return pts
 
 
-def _step_without_fixed(points, compute_scale, comm_scale, **kw):
+def _step_without_fixed(points, compute_scale, comm_scale, scenario: Scenario):
     B = np.array([p.batch for p in points])
     L = np.array([p.context_len for p in points])
     mtp = np.array([p.mtp for p in points])
     a = np.array([p.accept_ratio for p in points])
-    res = simulate(B, L, 1.0, mtp=mtp, accept_ratio=a, check_memory=False,
-                   params=CostParams(compute_scale, comm_scale, 0.0), **kw)
+    res = simulate(B, L, 1.0, mtp=mtp, accept_ratio=a,
+                   scenario=scenario.replace(params=CostParams(compute_scale, comm_scale, 0.0), check_memory=False))
     return res.step_s
 
 
@@ -85,36 +86,38 @@ class Calibration:
     max_abs_rel_error: float
 
 
-def predict_points(points, params: CostParams, **kw) -> np.ndarray:
-    """Node throughput predicted for calibration-style points (no memory limit, no offload)."""
-    step = _step_without_fixed(points, params.compute_scale, params.comm_scale, **kw) + params.fixed_ms * 1e-3
+def predict_points(points, params: CostParams, *, scenario: Scenario | None = None) -> np.ndarray:
+    """Node throughput predicted for calibration-style points (no memory limit, no offload) in ``scenario`` (its
+    deployment, GPU and links; its own cost parameters are replaced by ``params``)."""
+    scen = as_scenario(scenario)
+    step = _step_without_fixed(points, params.compute_scale, params.comm_scale, scen) + params.fixed_ms * 1e-3
     B = np.array([p.batch for p in points])
     a = np.array([p.accept_ratio for p in points])
-    from ..specs import resolve
-    dep = resolve("deepseek-v3.2-exp", kw.get("deployment", "paper-table1"), None, None)[1]
+    dep = scen.specs()[1]
     return B * dep.gpus_per_node * a / step
 
 
 def calibrate(points: list[CalibrationPoint] | None = None, *, table2_weight: float = 5.0,
               scale_range: tuple[float, float] = (0.1, 5.0), grid: int = 24, refine: int = 2,
-              compute_scale: float | None = None, **kw) -> Calibration:
+              compute_scale: float | None = None, scenario: Scenario | None = None) -> Calibration:
     """Fit ``compute_scale``, ``comm_scale`` and ``fixed_ms`` on the calibration points; return them with the
     residuals (relative throughput errors, ``(predicted - published) / published``). A given ``compute_scale``
-    is held fixed (pinned by other evidence, :func:`compute_scale_from_cost`) and only the other two are fitted."""
+    is held fixed (pinned by other evidence, :func:`compute_scale_from_cost`) and only the other two are fitted.
+    ``scenario``: the deployment, GPU and links the points are simulated in (default the project's)."""
     points = list(points) if points is not None else calibration_points()
     if len(points) < 3:
         raise ValueError(f"calibrate needs at least 3 calibration points, got {len(points)}")
     if table2_weight <= 0:
         raise ValueError(f"table2_weight must be > 0, got {table2_weight}")
-    from ..specs import resolve
-    dep = resolve("deepseek-v3.2-exp", kw.get("deployment", "paper-table1"), None, None)[1]
+    scen = as_scenario(scenario)
+    dep = scen.specs()[1]
     B = np.array([p.batch for p in points], dtype=float)
     a = np.array([p.accept_ratio for p in points])
     obs_step = B * dep.gpus_per_node * a / np.array([p.throughput for p in points])
     w = np.array([1.0 if p.read_from_chart else table2_weight for p in points])
 
     def evaluate(sc, sm):
-        s = _step_without_fixed(points, sc, sm, **kw)
+        s = _step_without_fixed(points, sc, sm, scen)
         wi = w / obs_step ** 2
         f = max(float(np.sum(wi * (obs_step - s)) / np.sum(wi)), 0.0)
         err = (s + f - obs_step) / obs_step
@@ -143,7 +146,7 @@ def calibrate(points: list[CalibrationPoint] | None = None, *, table2_weight: fl
                         fitted_on=f"{sum(p.read_from_chart for p in points)} paper Fig. 1 chart points + "
                                   f"{sum(not p.read_from_chart for p in points)} Table 2 rows (paper-facts.md, "
                                   f"Calibration data); Table 2 weight {table2_weight:g}{pinned}")
-    pred = predict_points(points, params, **kw)
+    pred = predict_points(points, params, scenario=scen)
     obs = np.array([p.throughput for p in points])
     rel = (pred - obs) / obs
     df = pd.DataFrame({"name": [p.name for p in points], "batch": B.astype(int), "published": obs,
@@ -182,24 +185,27 @@ def cost_growth_evidence() -> dict:
             "machine": v["machine"]}
 
 
-def cost_growth_ms(params: CostParams, *, model="deepseek-v3.2-exp", deployment="paper-table1") -> float:
+def cost_growth_ms(params: CostParams, *, scenario: Scenario | None = None) -> float:
     """The simulator's counterpart of :func:`cost_growth_evidence`: GPU time per output token added between the
     short and the long position, ``(step(long) - step(short)) / (batch x accept ratio)`` in ms, on the evidence's
-    machine (H800), without offload, memory not checked, at Table 2 row 1's batch and the deployment's MTP and
-    accept ratio (``data/calibration/README.md``, C3)."""
+    machine (H800), without offload, memory not checked, at Table 2 row 1's batch, MTP and accept ratio
+    (``data/calibration/README.md``, C3); ``scenario`` gives the model and the deployment (its GPU, cost parameters
+    and memory check are replaced)."""
     ev = cost_growth_evidence()
     row = published("paper_table2")["t2_32k_mtp2_b52_r1"]
     B, acc = int(row["batch"]), float(row["accept_ratio"])
+    scen = as_scenario(scenario).replace(params=params, gpu=ev["machine"], check_memory=False)
     r = simulate(B, [ev["short_position"], ev["long_position"]], 1.0, mtp=int(row["mtp"]), accept_ratio=acc,
-                 params=params, gpu=ev["machine"], check_memory=False, model=model, deployment=deployment)
+                 scenario=scen)
     return float((r.step_s[1] - r.step_s[0]) / (B * acc) * 1e3)
 
 
-def compute_scale_from_cost(target_ms: float, *, lo: float = 0.05, hi: float = 5.0, **kw) -> float:
+def compute_scale_from_cost(target_ms: float, *, lo: float = 0.05, hi: float = 5.0,
+                            scenario: Scenario | None = None) -> float:
     """The ``compute_scale`` at which :func:`cost_growth_ms` (``comm_scale`` 1, ``fixed_ms`` 0: the fixed time
     cancels in the difference) equals ``target_ms``, by bisection to 1e-4 relative (the growth rises with the
     scale)."""
-    f = lambda s: cost_growth_ms(CostParams(s, 1.0, 0.0), **kw) - target_ms        # noqa: E731
+    f = lambda s: cost_growth_ms(CostParams(s, 1.0, 0.0), scenario=scenario) - target_ms        # noqa: E731
     if f(lo) > 0 or f(hi) < 0:
         raise ValueError(f"no compute_scale in [{lo}, {hi}] gives a growth of {target_ms:.4f} ms per token")
     while hi / lo > 1 + 1e-4:
@@ -232,6 +238,15 @@ class CalibrationSet:
         every = {**self.fits, **self.free}
         return {n: every[n].params for n in (self.central,) + tuple(k for k in self.kept if k != self.central)}
 
+    def kept_range(self, column: str) -> tuple[float, float]:
+        """The lowest and highest value of ``column`` of :meth:`to_frame` over the equally good calibrations (the
+        band of a calibrated quantity)."""
+        kept = self.to_frame()
+        if column not in kept:
+            raise ValueError(f"column must be one of {list(kept.columns)}, got {column!r}")
+        kept = kept[kept.kept][column]
+        return float(kept.min()), float(kept.max())
+
     def to_frame(self) -> pd.DataFrame:
         rows = []
         lo, hi = self.compute_scales["low"], self.compute_scales["high"]
@@ -259,7 +274,7 @@ def calibration_set(**kw) -> CalibrationSet:
     if key in _CACHE:
         return _CACHE[key]
     ev = cost_growth_evidence()
-    scales = {at: compute_scale_from_cost(ev[at]) for at in ("low", "central", "high")}
+    scales = {at: compute_scale_from_cost(ev[at], scenario=kw.get("scenario")) for at in ("low", "central", "high")}
     fits = {}
     for at, sc in scales.items():
         for name, c in calibration_variants(compute_scale=sc, **kw).items():
@@ -275,6 +290,31 @@ def calibration_set(**kw) -> CalibrationSet:
     out = CalibrationSet(fits, kept, central, scales, ev, free)
     _CACHE[key] = out
     return out
+
+
+def calibration_spread(calibrations: dict, *, scenario: Scenario | None = None) -> pd.DataFrame:
+    """No-offload predictions under every calibration (``{name: CostParams}``, e.g.
+    :meth:`CalibrationSet.kept_params`), one row each, in ``scenario`` (its cost parameters replaced): the 128K row at
+    the paper's 128K memory limit, Table 2 row 1 (32K, batch 52), and MTP 4 at batch 52 at each accept ratio Table 2
+    lists among its MTP 4 settings, as a gain over row 1 (``data/published/``). Columns ``tput_<L>k_b<B>`` and
+    ``mtp4_acc<a>_gain_pct``; the spread over the rows is the calibration part of every later band."""
+    sc = as_scenario(scenario)
+    t2 = published("paper_table2")
+    row, mtp4, lim128 = t2["t2_32k_mtp2_b52_r1"], t2["t2_32k_mtp4"], published("paper")["batch_limit_128k"]
+    B1, L32 = row["batch"], row["context_len"]
+    B128, L128 = lim128["value"], lim128["context_len"]
+    accs = mtp4["accept_ratios"]
+    n = len(accs)
+    rows = []
+    for name, q in calibrations.items():
+        r = simulate([B128, B1] + [B1] * n, [L128, L32] + [L32] * n, 1.0,
+                     mtp=[row["mtp"]] * 2 + [mtp4["mtp"]] * n,
+                     accept_ratio=[row["accept_ratio"]] * 2 + list(accs), scenario=sc.replace(params=q))
+        rows.append({"fit": name, "compute_scale": q.compute_scale, "comm_scale": q.comm_scale, "fixed_ms": q.fixed_ms,
+                     f"tput_{L128 // 1024}k_b{B128}": r.throughput[0], f"tput_{L32 // 1024}k_b{B1}": r.throughput[1],
+                     **{f"mtp4_acc{a:g}_gain_pct": (r.throughput[2 + i] / r.throughput[1] - 1) * 100
+                        for i, a in enumerate(accs)}})
+    return pd.DataFrame(rows).set_index("fit")
 
 
 def calibrated_params() -> CostParams:

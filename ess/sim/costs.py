@@ -139,6 +139,11 @@ class CostParams:
         if not isinstance(self.fitted_on, str):
             raise TypeError(f"CostParams.fitted_on must be a string, got {type(self.fitted_on).__name__}")
 
+    def to_dict(self) -> dict:
+        """The parameters and what they were fitted on, for a record's configuration."""
+        return {"compute_scale": self.compute_scale, "comm_scale": self.comm_scale, "fixed_ms": self.fixed_ms,
+                "fitted_on": self.fitted_on}
+
 
 # ----------------------------------------------------------------------------------------------------------------
 # Rooflines

@@ -16,12 +16,12 @@ import numpy as np
 import pandas as pd
 
 from ..validate import positive_int
-from .costs import CostParams
+from .config import Scenario, as_scenario
 from .timeline import simulate
 
 __all__ = ["GRID_KEYS", "grid", "run_chunk", "sweep"]
 
-# Arguments of ess.sim.simulate that may vary over the grid (the rest are fixed keyword arguments).
+# Arguments of ess.sim.simulate that may vary over the grid (the rest is the scenario, fixed).
 GRID_KEYS = ("batch", "context_len", "ratio", "mtp", "accept_ratio", "h2d_GB_per_s", "d2h_GB_per_s")
 
 
@@ -42,26 +42,27 @@ def grid(axes: Mapping[str, Any]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=names)
 
 
-def run_chunk(chunk: pd.DataFrame, kwargs: Mapping[str, Any]) -> pd.DataFrame:
-    """Simulate one chunk of grid rows (a pure function: picklable, used by every executor)."""
+def run_chunk(chunk: pd.DataFrame, scenario: Scenario, misses=None) -> pd.DataFrame:
+    """Simulate one chunk of grid rows in ``scenario`` (a pure function: picklable, used by every executor)."""
     args = {k: chunk[k].to_numpy() for k in GRID_KEYS if k in chunk}
-    res = simulate(args.pop("batch"), args.pop("context_len"), args.pop("ratio", 1.0), **args, **kwargs)
+    res = simulate(args.pop("batch"), args.pop("context_len"), args.pop("ratio", 1.0), misses=misses,
+                   scenario=scenario, **args)
     out = res.to_frame()
     out.index = chunk.index
     return out
 
 
-def sweep(axes: Mapping[str, Any], *, chunk_size: int = 20000, workers: int | None = None,
-          scheduler: str | None = None, progress: bool = True, misses=None, strategy="best",
-          params: CostParams | None = None, **kwargs) -> pd.DataFrame:
-    """Simulate every configuration of the grid ``axes``; returns one row per configuration.
+def sweep(axes: Mapping[str, Any], *, scenario: Scenario | None = None, misses=None, chunk_size: int = 20000,
+          workers: int | None = None, scheduler: str | None = None, progress: bool = True) -> pd.DataFrame:
+    """Simulate every configuration of the grid ``axes`` in ``scenario`` (its values are the defaults of the axes it
+    shares with them: MTP, accept ratio, link speeds); returns one row per configuration.
 
     ``workers``: local processes (default: the CPU count; 0 runs in this process). ``scheduler``: a Dask
     scheduler address (``"tcp://host:8786"``) or a ``dask.distributed.Client``; then chunks run on that cluster.
     ``misses`` (shape ``(n_layers,)``) apply to every configuration with a ratio < 1."""
     chunk_size = positive_int("chunk_size", chunk_size)
     g = grid(axes)
-    kw = dict(kwargs, misses=misses, strategy=strategy, params=params)
+    scenario = as_scenario(scenario)
     if misses is not None and np.ndim(misses) != 1:
         raise ValueError("sweep takes misses of shape (n_layers,) shared by every configuration")
     chunks = [g.iloc[i:i + chunk_size] for i in range(0, len(g), chunk_size)]
@@ -72,7 +73,7 @@ def sweep(axes: Mapping[str, Any], *, chunk_size: int = 20000, workers: int | No
         from dask.distributed import Client, as_completed
         client = scheduler if isinstance(scheduler, Client) else Client(scheduler)
         try:
-            futs = [client.submit(run_chunk, c, kw, pure=False) for c in chunks]
+            futs = [client.submit(run_chunk, c, scenario, misses, pure=False) for c in chunks]
             for fut in as_completed(futs):
                 part = fut.result()
                 parts.append(part)
@@ -82,11 +83,11 @@ def sweep(axes: Mapping[str, Any], *, chunk_size: int = 20000, workers: int | No
                 client.close()
     elif workers == 0 or len(chunks) == 1:
         for c in chunks:
-            parts.append(run_chunk(c, kw))
+            parts.append(run_chunk(c, scenario, misses))
             bar.update(len(c))
     else:
         with ProcessPoolExecutor(max_workers=workers) as pool:
-            for part in pool.map(run_chunk, chunks, itertools.repeat(kw)):
+            for part in pool.map(run_chunk, chunks, itertools.repeat(scenario), itertools.repeat(misses)):
                 parts.append(part)
                 bar.update(len(part))
     bar.close()

@@ -35,7 +35,9 @@ NumPy.
 
 With MTP a step selects the union of its query tokens' sets: the misses count it once, and the memory check wants
 the pools to hold it on average over the layers (:func:`ess.layout.step_entries` with the default locality model's
-overlaps; the layers share the ratio's slots, :func:`ess.layout.layer_pool_slots`).
+overlaps; the layers share the ratio's slots, :func:`ess.layout.layer_pool_slots`): the memory rule is
+:func:`ess.memory.batch_limits`. What a simulated step is set in (model, deployment, GPU, host, MTP, links,
+strategy, cost parameters, memory checks) is an :class:`ess.sim.Scenario`.
 """
 from __future__ import annotations
 
@@ -44,22 +46,16 @@ from functools import lru_cache
 
 import numpy as np
 
-from ..layout import latent_entry_bytes, pool_slots, request_cache, step_entries
-from ..memory import kv_budget_bytes
-from ..specs import link_figures, resolve
-from ..validate import non_negative_int, number_array
+from ..layout import latent_entry_bytes
+from ..memory import _limits as limits_of_validated
+from ..memory import batch_limits, group_rows
+from ..validate import number_array
 from ..validate import ratio as ratio_check
-from .costs import CostParams, gemm_time_s, layer_costs, lm_head_time_s
+from .config import STRATEGIES, Scenario, as_scenario, default_link_GB_per_s
+from .costs import gemm_time_s, layer_costs, lm_head_time_s
 
 __all__ = ["STRATEGIES", "LayerOps", "overlap_overhead_s", "SimResult", "simulate", "offload_overhead_s",
-           "batch_limits", "ratio_for_batch", "best_batch"]
-
-STRATEGIES = ("none", "da", "dba")
-
-
-def _default_link() -> tuple[float, float]:
-    ft = link_figures()["flashtrans"]
-    return ft["h2d_GB_per_s"], ft["d2h_GB_per_s"]
+           "best_batch"]
 
 
 @dataclass(frozen=True)
@@ -139,111 +135,6 @@ def offload_overhead_s(costs, micro_batch, misses, mtp, h2d_GB_per_s, d2h_GB_per
     return overlap_overhead_s(ops)
 
 
-def _codes(*cols):
-    """Group rows by the values of ``cols`` (1-D arrays of one length): ``(first, inverse)``, the index of each
-    group's first row and each row's group. Hash-based (pandas.factorize), so that grouping a million rows costs a
-    few tens of ms."""
-    import pandas as pd
-    cols = [np.ravel(c) for c in cols]
-    code = np.zeros(cols[0].size, dtype=np.int64)
-    for c in cols:
-        ci, uniq = pd.factorize(c, sort=False)
-        code = code * len(uniq) + ci
-    inv, uniq = pd.factorize(code, sort=False)
-    first = np.empty(len(uniq), dtype=np.int64)
-    first[inv[::-1]] = np.arange(inv.size - 1, -1, -1)          # the last write wins: each group's first row
-    return first, inv
-
-
-@lru_cache(maxsize=256)
-def _step_need(model, context_len: int, mtp: int) -> int:
-    """Slots per layer a request needs on average for one step's union of ``mtp`` top-K sets (the default locality
-    model's per-layer overlaps, :func:`ess.layout.step_entries`); with the layers' pools shared
-    (:func:`ess.layout.layer_pool_slots`) a ratio is feasible when its even share reaches this mean."""
-    if mtp == 1:
-        return step_entries(model, context_len)
-    from ..tracegen import locality_profile
-    need = step_entries(model, context_len, mtp, overlap=locality_profile("paper", model.n_layers))
-    return int(np.ceil(np.mean(need)))
-
-
-def _request_rules(model, dep, L, r, mtp):
-    """The layout rules for each distinct (context, ratio, MTP), evaluated once each with the scalar helpers of
-    :mod:`ess.layout` (page padding, per-request cache bytes, pool slots, a step's need) so that the rule lives in
-    one place. Returns per-group arrays and the inverse index that maps them back to the flattened inputs."""
-    first, inv = _codes(L, r, mtp)
-    Lg, rg, tg = (np.ravel(x)[first] for x in (L, r, mtp))
-    n = len(first)
-    gpu_b, host_b, slots, need = np.empty(n), np.empty(n), np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
-    for i, (Li, ri, ti) in enumerate(zip(Lg, rg, tg)):
-        rc = request_cache(model, int(Li), float(ri), dep.kv_dtype)
-        gpu_b[i], host_b[i] = rc.gpu_bytes, rc.latent_host_bytes
-        slots[i], need[i] = pool_slots(model, float(ri), int(Li)), _step_need(model, int(Li), int(ti))
-    return np.stack([Lg, rg, tg], axis=1), inv, gpu_b, host_b, slots, need
-
-
-def batch_limits(context_len, ratio, *, mtp=1, model="deepseek-v3.2-exp", deployment="paper-table1", gpu=None,
-                 host=None):
-    """Vectorised :func:`ess.memory.largest_batch`: ``(batch, reason)`` arrays (batch 0 with a reason when no
-    request fits). The per-request bytes and the pool rule come from :mod:`ess.layout` (``request_cache``,
-    ``pool_slots``), once per distinct (context, ratio, MTP); only the division by the budgets is vectorised (tests
-    compare with ``largest_batch``). With ``mtp`` > 1 a step selects the union of ``mtp`` top-K sets, and the pools
-    must hold it on average over the layers (:func:`ess.layout.step_entries`, :func:`ess.layout.layer_pool_slots`)."""
-    model, dep, gpu, host = resolve(model, deployment, gpu, host)
-    L = np.asarray(context_len, dtype=np.int64)
-    r = np.asarray(ratio, dtype=float)
-    T = np.asarray(mtp, dtype=np.int64)
-    L, r, T = np.broadcast_arrays(L, r, T)
-    try:
-        budget = kv_budget_bytes(model, dep, gpu)
-    except ValueError as exc:
-        return np.zeros(L.shape, dtype=np.int64), np.full(L.shape, str(exc), dtype=object)
-    groups, inv, gpu_b, host_b, slots, need = _request_rules(model, dep, L, r, T)
-    host_budget = host.memory_capacity_GB_per_gpu * 1e9
-    batch_gpu = np.floor_divide(budget, gpu_b)
-    batch_host = np.where(host_b > 0, np.floor_divide(host_budget, np.where(host_b > 0, host_b, 1.0)), np.inf)
-    batch = np.minimum(batch_gpu, batch_host).astype(np.int64)
-    few = slots < need
-    batch = np.where(few, 0, batch)
-    reason = np.full(len(groups), "", dtype=object)
-    for i in np.flatnonzero(few):
-        what = ("the entries one step selects (K)" if groups[i, 2] == 1 else
-                f"the entries one step selects on average over the layers (the union of {int(groups[i, 2])} "
-                "top-K sets)")
-        reason[i] = f"ratio {groups[i, 1]:g} leaves {slots[i]} GPU slots per request and layer, fewer than {need[i]}, {what}"
-    for i in np.flatnonzero((batch == 0) & ~few):
-        reason[i] = (f"one request needs {gpu_b[i] / 1e9:.2f} GB of GPU memory (KV budget {budget / 1e9:.2f} GB) "
-                     f"and {host_b[i] / 1e9:.2f} GB of host memory ({host_budget / 1e9:.0f} GB per GPU)")
-    return batch[inv].reshape(L.shape), reason[inv].reshape(L.shape)
-
-
-def ratio_for_batch(batch, context_len, *, mtp=1, model="deepseek-v3.2-exp", deployment="paper-table1", gpu=None,
-                    host=None, decimals: int = 4):
-    """The largest sparse-memory ratio (rounded down to ``decimals``) at which ``batch`` requests of
-    ``context_len`` tokens fit in the KV budget: ``batch x (indexer + ratio x latent) <= budget`` (the rule the
-    paper's configurations follow, paper-facts.md), with the per-request bytes of :func:`ess.layout.request_cache`;
-    the result is then checked against :func:`batch_limits` (host memory, pool slots for a step of ``mtp`` query
-    tokens). 1.0 when no offload is needed; NaN when no ratio fits."""
-    model, dep, gpu, host = resolve(model, deployment, gpu, host)
-    B = number_array("batch", batch, whole=True, max_ndim=None)
-    L = number_array("context_len", context_len, whole=True, max_ndim=None).astype(np.int64)
-    decimals = non_negative_int("decimals", decimals)
-    B, L = np.broadcast_arrays(B, L)
-    budget = kv_budget_bytes(model, dep, gpu)
-    Lu, inv = np.unique(L.ravel(), return_inverse=True)
-    caches = [request_cache(model, int(x), 1.0, dep.kv_dtype) for x in Lu]
-    idx = np.array([c.indexer_bytes for c in caches], dtype=float)[np.ravel(inv)].reshape(L.shape)
-    lat = np.array([c.latent_bytes for c in caches], dtype=float)[np.ravel(inv)].reshape(L.shape)
-    with np.errstate(divide="ignore"):
-        r = (budget / B - idx) / lat
-    r = np.floor(r * 10 ** decimals) / 10 ** decimals
-    r = np.where(r >= 1.0, 1.0, r)
-    ok = r > 0
-    r = np.where(ok, r, np.nan)
-    lim, _ = batch_limits(L, np.where(ok, r, 1.0), mtp=mtp, model=model, deployment=dep, gpu=gpu, host=host)
-    return np.where(ok & (lim >= B), r, np.nan)
-
-
 @dataclass(frozen=True)
 class SimResult:
     """Simulated decode step per configuration (arrays of shape (N,); NaN where infeasible)."""
@@ -286,26 +177,30 @@ class SimResult:
                              "feasible": self.feasible, "reason": self.reason})
 
 
-def simulate(batch, context_len, ratio=1.0, *, misses=None, mtp=None, accept_ratio=None,
-             h2d_GB_per_s=None, d2h_GB_per_s=None, strategy="best", params: CostParams | None = None,
-             model="deepseek-v3.2-exp", deployment="paper-table1", gpu=None, host=None,
-             check_memory: bool = True, host_memory_cap: bool = True) -> SimResult:
-    """Simulate one decode step for every configuration (arguments broadcast to shape (N,)).
+def simulate(batch, context_len, ratio=1.0, *, misses=None, scenario: Scenario | None = None, mtp=None,
+             accept_ratio=None, h2d_GB_per_s=None, d2h_GB_per_s=None) -> SimResult:
+    """Simulate one decode step for every configuration (arguments broadcast to shape (N,)) of ``scenario`` (an
+    :class:`ess.sim.Scenario`; default: the project's, unfitted cost parameters).
 
     ``batch`` is requests per GPU, ``ratio`` the sparse-memory ratio (1 = no offload), ``misses`` the mean misses
     per request per decode step per layer, shape ``(n_layers,)`` or ``(N, n_layers)`` (required when any
-    ratio < 1; pass zeros for a perfect cache). ``mtp`` (query tokens per request and step) and ``accept_ratio`` default to the deployment's;
-    ``h2d_GB_per_s`` and ``d2h_GB_per_s`` to the FlashTrans figures (``np.inf`` = an infinitely fast link).
-    ``strategy``: ``"none"``, ``"da"``, ``"dba"``, ``"best"`` (per-layer cheapest) or a sequence of those names,
-    one per layer. With ``check_memory`` a batch beyond the memory model's limit is infeasible (NaN, with the
-    reason); without, memory is ignored (the paper's Fig. 1 "no memory limit" curve). With ``host_memory_cap``
-    each GPU's link is capped at its share of the host's DRAM bandwidth (sockets x per-socket bandwidth / GPUs).
+    ratio < 1; pass zeros for a perfect cache). ``mtp``, ``accept_ratio``, ``h2d_GB_per_s`` and ``d2h_GB_per_s``
+    vary the scenario's values per configuration (arrays broadcast with ``batch``; ``None``: the scenario's, which
+    default to the deployment's and the FlashTrans link; ``np.inf`` = an infinitely fast link). The scenario's
+    ``strategy`` is ``"none"``, ``"da"``, ``"dba"``, ``"best"`` (per-layer cheapest) or one name per layer. With
+    ``check_memory`` a batch beyond the memory model's limit (:func:`ess.memory.batch_limits`) is infeasible (NaN,
+    with the reason); without, memory is ignored (the paper's Fig. 1 "no memory limit" curve). With
+    ``host_memory_cap`` each GPU's link is capped at its share of the host's DRAM bandwidth (sockets x per-socket
+    bandwidth / GPUs).
     """
-    model, dep, gpu, host = resolve(model, deployment, gpu, host)
-    params = params or CostParams()
-    if not isinstance(params, CostParams):
-        raise TypeError(f"params must be a CostParams, got {type(params).__name__}")
-    h2d_def, d2h_def = _default_link()
+    sc = as_scenario(scenario)
+    model, dep, gpu, host = sc.specs()
+    params, strategy = sc.params, sc.strategy
+    mtp = sc.mtp if mtp is None else mtp
+    accept_ratio = sc.accept_ratio if accept_ratio is None else accept_ratio
+    h2d_GB_per_s = sc.h2d_GB_per_s if h2d_GB_per_s is None else h2d_GB_per_s
+    d2h_GB_per_s = sc.d2h_GB_per_s if d2h_GB_per_s is None else d2h_GB_per_s
+    h2d_def, d2h_def = default_link_GB_per_s()
     nl = model.n_layers
     if misses is not None:
         misses = number_array("misses", misses, positive=False, at_least=0, max_ndim=2)
@@ -338,8 +233,8 @@ def simulate(batch, context_len, ratio=1.0, *, misses=None, mtp=None, accept_rat
         raise ValueError("accept_ratio must lie in [1, mtp] (accepted tokens per step)")
     # host DRAM shared by the node's GPUs caps each GPU's link (hosts.yaml, theoretical bandwidth)
     host_cap = host.sockets * host.memory_bandwidth_GB_per_s_per_socket / host.gpus
-    link_eff = np.minimum(link, host_cap) if host_memory_cap else link
-    d2h_eff = np.minimum(d2h, host_cap) if host_memory_cap else d2h
+    link_eff = np.minimum(link, host_cap) if sc.host_memory_cap else link
+    d2h_eff = np.minimum(d2h, host_cap) if sc.host_memory_cap else d2h
 
     offload = r < 1.0
     if misses is None:
@@ -356,7 +251,7 @@ def simulate(batch, context_len, ratio=1.0, *, misses=None, mtp=None, accept_rat
     m = np.ascontiguousarray(m)
 
     # The cost model runs once per distinct (batch, context, MTP): layer costs, MTP drafts and output heads.
-    first, inv = _codes(B, L, mtp)
+    first, inv = group_rows(B, L, mtp)
     Bg, Lg, Tg = B[first], L[first], mtp[first]
     bg = Bg / 2.0                                                     # Two-Batch Overlap micro-batch
     c = layer_costs(model, gpu, dep, bg, Lg, Tg).scaled(params.compute_scale, params.comm_scale)
@@ -375,15 +270,11 @@ def simulate(batch, context_len, ratio=1.0, *, misses=None, mtp=None, accept_rat
     d = np.where(offload, B / 2.0 * mtp * entry / (d2h_eff * 1e9), 0.0)
     dense = model.n_dense_layers
     if isinstance(strategy, str):
-        if strategy != "best" and strategy not in STRATEGIES:
-            raise ValueError(f"strategy must be one of {STRATEGIES + ('best',)} or one name per layer, "
-                             f"got {strategy!r}")
         per_layer = np.full(nl, -1 if strategy == "best" else STRATEGIES.index(strategy), dtype=np.int8)
     else:
-        names = list(strategy)
-        if len(names) != nl or any(s not in STRATEGIES for s in names):
-            raise ValueError(f"a per-layer strategy must list {nl} names from {STRATEGIES}")
-        per_layer = np.array([STRATEGIES.index(s) for s in names], dtype=np.int8)
+        if len(strategy) != nl:
+            raise ValueError(f"a per-layer strategy must list {nl} names from {STRATEGIES}, got {len(strategy)}")
+        per_layer = np.array([STRATEGIES.index(s) for s in strategy], dtype=np.int8)
     layer_over = np.empty((N, nl))
     choice = np.empty((N, nl), dtype=np.int8)
     layers, layers0 = np.empty(N), np.empty(N)
@@ -399,9 +290,10 @@ def simulate(batch, context_len, ratio=1.0, *, misses=None, mtp=None, accept_rat
     step = layers + heads + fixed
     step0 = layers0 + heads + fixed
 
-    if check_memory:
-        lim, why = batch_limits(L.astype(np.int64), r, mtp=mtp.astype(np.int64), model=model, deployment=dep,
-                                gpu=gpu, host=host)
+    if sc.check_memory:
+        # ess.memory's rule on the arrays validated above (batch_limits would check them again)
+        limits = limits_of_validated(model, dep, gpu, host, L.astype(np.int64), r, mtp.astype(np.int64))
+        lim, why = limits.batch, limits.reason
         feasible = B <= lim
         reason = np.full(N, "", dtype=object)
         over = ~feasible & (lim > 0)
@@ -486,13 +378,16 @@ def _timeline_kernel():
     return kernel
 
 
-def best_batch(context_len, ratios, *, misses_by_ratio=None, otps_floor: float | None = None, **kwargs):
-    """Adaptive batch sizing: over the given ratios and every batch up to each ratio's memory limit, the
-    configuration with the highest node throughput whose OTPS is at least ``otps_floor``.
+def best_batch(context_len, ratios, *, misses_by_ratio=None, otps_floor: float | None = None,
+               scenario: Scenario | None = None) -> dict:
+    """Adaptive batch sizing: over the given ratios and every batch up to each ratio's memory limit
+    (:func:`ess.memory.batch_limits` at the scenario's MTP), the configuration of ``scenario`` with the highest node
+    throughput whose OTPS is at least ``otps_floor``.
 
     ``misses_by_ratio`` maps each ratio < 1 to its per-layer misses (shape (n_layers,)). Returns a dict with the
     chosen ``batch``, ``ratio``, ``throughput``, ``otps`` and ``step_ms`` (``None`` values and a ``reason`` when
     nothing qualifies)."""
+    sc = as_scenario(scenario)
     ratios = list(ratios) if not isinstance(ratios, (int, float, np.number)) else [ratios]
     if not ratios:
         raise ValueError("ratios must list at least one sparse-memory ratio (1.0 = no offload)")
@@ -501,12 +396,12 @@ def best_batch(context_len, ratios, *, misses_by_ratio=None, otps_floor: float |
         if ratio < 1 and (misses_by_ratio is None or ratio not in misses_by_ratio):
             raise ValueError(f"misses_by_ratio must give the per-layer misses of every ratio < 1; {ratio} has none")
     rows_B, rows_r, rows_m = [], [], []
-    model, dep, gpu, host = resolve(kwargs.get("model", "deepseek-v3.2-exp"), kwargs.get("deployment", "paper-table1"),
-                                    kwargs.get("gpu"), kwargs.get("host"))
+    model, dep, gpu, host = sc.specs()
     nl = model.n_layers
+    mtp = dep.mtp if sc.mtp is None else sc.mtp
     for ratio in ratios:
-        lim, why = batch_limits(int(context_len), float(ratio), model=model, deployment=dep, gpu=gpu, host=host)
-        lim = int(lim)
+        lim = int(batch_limits(int(context_len), float(ratio), mtp=mtp, model=model, deployment=dep, gpu=gpu,
+                               host=host).batch)
         if lim == 0:
             continue
         mis = np.zeros(nl) if ratio >= 1 else np.asarray((misses_by_ratio or {})[ratio], dtype=float)
@@ -516,9 +411,8 @@ def best_batch(context_len, ratios, *, misses_by_ratio=None, otps_floor: float |
     if not rows_B:
         return {"batch": None, "ratio": None, "throughput": None, "otps": None, "step_ms": None,
                 "reason": "no ratio admits a single request"}
-    kw = {k: v for k, v in kwargs.items() if k not in ("model", "deployment", "gpu", "host")}
     res = simulate(np.concatenate(rows_B), int(context_len), np.concatenate(rows_r), misses=np.concatenate(rows_m),
-                   model=model, deployment=dep, gpu=gpu, host=host, **kw)
+                   scenario=sc)
     tput = np.where(res.feasible, res.throughput, -np.inf)
     if otps_floor is not None:
         tput = np.where(res.otps >= otps_floor, tput, -np.inf)

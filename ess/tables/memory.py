@@ -6,14 +6,14 @@ import pandas as pd
 from ..layout import request_cache
 from ..memory import host_memory_needed_bytes, largest_batch
 from ..published import published
-from ..specs import host_spec, list_gpus, resolve
+from ..specs import DEFAULT_DEPLOYMENT, DEFAULT_MODEL, host_spec, list_gpus, resolve
 
 __all__ = ["memory_wall_claims", "batch_limits_by_gpu", "kv_bytes_by_context"]
 
 
-def kv_bytes_by_context(context_lens, *, model="deepseek-v3.2-exp", dtypes=("fp8", "bf16")) -> pd.DataFrame:
+def kv_bytes_by_context(context_lens, *, model=DEFAULT_MODEL, dtypes=("fp8", "bf16")) -> pd.DataFrame:
     """Cache bytes per request against context length: indexer and latent parts, per latent dtype."""
-    model, *_ = resolve(model, "paper-table1", None, None)
+    model, *_ = resolve(model, DEFAULT_DEPLOYMENT, None, None)
     rows = []
     for dtype in dtypes:
         for L in context_lens:
@@ -23,8 +23,8 @@ def kv_bytes_by_context(context_lens, *, model="deepseek-v3.2-exp", dtypes=("fp8
     return pd.DataFrame(rows)
 
 
-def batch_limits_by_gpu(context_lens, ratios, *, gpus=None, model="deepseek-v3.2-exp",
-                        deployment="paper-table1") -> pd.DataFrame:
+def batch_limits_by_gpu(context_lens, ratios, *, gpus=None, model=DEFAULT_MODEL,
+                        deployment=DEFAULT_DEPLOYMENT) -> pd.DataFrame:
     """Largest batch per GPU for every GPU preset, context length and ratio, under one deployment layout
     (the deployment's GPU replaced by each preset; its host and memory fraction kept)."""
     rows = []
@@ -42,7 +42,7 @@ def batch_limits_by_gpu(context_lens, ratios, *, gpus=None, model="deepseek-v3.2
     return pd.DataFrame(rows)
 
 
-def memory_wall_claims(*, model="deepseek-v3.2-exp", deployment="paper-table1",
+def memory_wall_claims(*, model=DEFAULT_MODEL, deployment=DEFAULT_DEPLOYMENT,
                        a100_deployment="a100-ep32", offload_ratio=0.2) -> pd.DataFrame:
     """The article's memory claims (sections 1.1 and 2.1) and the paper's no-offload limits, each computed from
     the memory model and marked reproduced or not, with the reason."""

@@ -3,5 +3,5 @@ browser and the book can show the default output without a kernel. One submodule
 from .memory import memory_budget_view, memory_budget_widget  # noqa: F401
 from .monitor import LiveMonitor  # noqa: F401
 from .prefetch import prefetch_view, prefetch_widget  # noqa: F401
-from .sim import CachesimMisses, sim_budget_view, sim_budget_widget  # noqa: F401
+from .sim import sim_budget_view, sim_budget_widget  # noqa: F401
 from .storage import storage_budget_view, storage_budget_widget  # noqa: F401

@@ -5,7 +5,7 @@ import ipywidgets as W
 
 from ..layout import request_cache
 from ..memory import GiB, largest_batch
-from ..specs import list_gpus, resolve
+from ..specs import DEFAULT_DEPLOYMENT, DEFAULT_MODEL, list_gpus, resolve
 from ..viz.memory import fig_gpu_memory
 from ._controls import LABEL, redraw
 
@@ -15,9 +15,9 @@ CONTEXTS = [4096, 8192, 16384, 32768, 65536, 131072]
 
 
 def memory_budget_view(gpu: str = "H200", context_len: int = 32768, ratio: float = 0.2, *,
-                       deployment: str = "paper-table1") -> tuple:
+                       deployment: str = DEFAULT_DEPLOYMENT) -> tuple:
     """Where one GPU's memory goes for a context length and ratio: a stacked bar and a summary dict."""
-    model, dep, gpu_, host = resolve("deepseek-v3.2-exp", deployment, gpu, None)
+    model, dep, gpu_, host = resolve(DEFAULT_MODEL, deployment, gpu, None)
     lim = largest_batch(context_len, ratio, model=model, deployment=dep, gpu=gpu_)
     base = largest_batch(context_len, 1.0, model=model, deployment=dep, gpu=gpu_)
     rc = request_cache(model, context_len, ratio, dep.kv_dtype)

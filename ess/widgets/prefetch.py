@@ -7,7 +7,7 @@ from functools import lru_cache
 import numpy as np
 
 from ..layout import pool_slots
-from ..predict import LSTMHeatPredictor
+from ..heat_predictor import LSTMHeatPredictor
 from ..prefetch import PrefetchConfig, simulate_prefetch
 from ..specs import model_spec
 from ..tracegen import synthetic_trace

@@ -15,9 +15,10 @@
 #
 # **Prerequisites.** Notebook 01 (ratio, byte layouts). The trace models are in `ess.tracegen` (fitted models in
 # `data/locality/fit.yaml`, written by `tools/fit_locality.py`), the evidence statistics in
-# `ess.studies.locality`, the simulation in `ess.cachesim`, the predictor in `ess.predict`, the prefetch classes in
-# `ess.prefetch`. Every miss count here is a **prediction** of `ess` from a synthetic trace model, not a
-# measurement on DeepSeek-V3.2-Exp.
+# `ess.studies.locality`, the simulation in `ess.cachesim`, the predictor in `ess.heat_predictor`, the prefetch
+# classes in `ess.prefetch`; `ess.tables.prefetching` runs each study below and returns its frames, bands and
+# records (with their configurations). Every miss count here is a **prediction** of `ess` from a synthetic trace
+# model, not a measurement on DeepSeek-V3.2-Exp.
 
 # %% [parameters]
 smoke = False
@@ -53,16 +54,15 @@ smoke_sizes = {"batch": 2, "band_batch": 1, "steps": 16, "curve_steps": 48, "poo
                "lstm_test_steps": 16, "lstm_epochs": 3, "lstm_samples": 10000, "recorded_steps": 8}
 
 # %%
-from dataclasses import asdict
-
 import numpy as np
 import pandas as pd
 from IPython.display import display
 
 import ess
 from ess import viz
-from ess import cachesim, policies, predict, prefetch, tracegen, traces
+from ess import cachesim, tracegen
 from ess.studies import locality as loc
+from ess.tables import prefetching as tp
 from ess.viz import prefetch as pviz
 from ess.widgets.prefetch import prefetch_view, prefetch_widget
 
@@ -73,16 +73,10 @@ if smoke:
 model = ess.model_spec("deepseek-v3.2-exp")
 K = model.index_topk                       # 2,048 ([DS] indexer top-k, data/models)
 LAYERS = model.n_layers                    # 61 ([DS], data/models)
-WARMUP_WINDOWS = tracegen.PAPER_WARMUP_WINDOWS
 fit = tracegen.locality_fit()              # data/locality/fit.yaml (tools/fit_locality.py)
 CENTRAL = tracegen.default_locality()      # chosen by the rule of data/locality/README.md
 ALTS = tracegen.locality_alternatives()    # the band: CENTRAL first, then the alternatives the evidence leaves open
 UNIFORM = tracegen.LocalityModel("uniform", "uniform", CENTRAL.reading)   # the earlier model, kept for reference
-gen_cfg = tracegen.generator_defaults()
-base = {"k": K, "n_layers": LAYERS, "warmup_windows": WARMUP_WINDOWS, "seed": seed, "n_sinks": gen_cfg["n_sinks"],
-        "local_window": gen_cfg["local_window"], "policy": "lru"}
-band_cfg = {"band": [m.config() for m in ALTS], "band_batch": band_batch,
-            "band_rule": "data/locality/README.md, Bands"}
 print(f"central model: {CENTRAL.label}; band over: " + "; ".join(f"{m.name}: {m.label}" for m in ALTS[1:]))
 
 # %% [markdown]
@@ -107,19 +101,10 @@ print(f"central model: {CENTRAL.label}; band over: " + "; ".join(f"{m.name}: {m.
 # test the candidates. The fitted values:
 
 # %%
-rho_fit = pd.DataFrame({rd: {f"rho ({at})": v["rho"] for at, v in fit["drift_rho_fit"]["value"][rd].items()}
-                        | {f"2xK hit rate ({at})": v["hit_rate"] for at, v in fit["drift_rho_fit"]["value"][rd].items()}
-                        | {f"target reachable ({at})": v["reachable"] for at, v in fit["drift_rho_fit"]["value"][rd].items()}
-                        for rd in tracegen.READINGS})
+rho_fit, records = tp.drift_rho_fit(fit)
 display(rho_fit)
-for rd in tracegen.READINGS:
-    for at in ("central", "at_80", "at_90"):
-        f = fit["drift_rho_fit"]["value"][rd][at]
-        rec.record(f"drift_rho_{rd}_{at}", f["rho"], "",
-                   config={"reading": rd, "target_hit_rate": loc.FIT_HIT_RATE[at], **fit["setting"]["value"]},
-                   source=fit["drift_rho"]["source"],
-                   note=f"fitted on vLLM's 2xK hit rate (E2); reached {f['hit_rate']}, target reachable "
-                        f"{f['reachable']}")
+for r in records:
+    rec.record(**r)
 
 # %% [markdown]
 # ## Each candidate against each piece of evidence
@@ -144,35 +129,11 @@ if not real:
 show = ["trace_model", "reading", "drift_rho", "hit_2k", "gvr_deep", "gvr_shallow", "e1_max_error", "model_hit_2k",
         "model_union4", "model_return8", "d_E2", "d_E3", "d_E4", "score"]
 display(evidence[show].round(4))
-ev_cfg = {"setting_E2": fit["setting"]["value"], "probe": {"context_len": context_len, "mtp": 1,
-          "steps": probe_steps, "batch": 1, "seed": seed + 1}, "real_traces": sorted(real)}
-for name, r in evidence.iterrows():
-    cfg = {**ev_cfg, "model": name, "trace_model": r.trace_model, "reading": r.reading, "drift_rho": r.drift_rho}
-    tag = name.replace("/", "_").replace(" ", "_").replace(".", "")
-    rec.record(f"evidence_{tag}_hit_2k", r.hit_2k, "", config=cfg, source="vLLM RFC #48203 via paper-facts.md: 80-90 %",
-               note=f"E2: distance to 80-90 % {r.d_E2:.4f}")
-    rec.record(f"evidence_{tag}_gvr_deep", r.gvr_deep, "", config=cfg,
-               source="NVIDIA GVR via paper-facts.md: 35-50 % in deep layers", note="E3: mean overlap, layers 2-60")
-    rec.record(f"evidence_{tag}_gvr_shallow", r.gvr_shallow, "", config=cfg,
-               source="NVIDIA GVR via paper-facts.md: ~1-2 % in layers 0-1", note="E3: mean overlap, layers 0-1")
-    rec.record(f"evidence_{tag}_e1_max_error", r.e1_max_error, "", config={**cfg, "floor": r.floor},
-               note="E1: largest |measured - target| over the layers (target raised to the floor)")
-    for st in loc.SHAPE_STATS:
-        if r[f"model_{st}"] is not None and not pd.isna(r[f"model_{st}"]):
-            rec.record(f"evidence_{tag}_shape_{st}", r[f"model_{st}"], "", config=cfg,
-                       note=f"E4: the model at the real traces' geometry; real traces {r[f'real_{st}']:.4f}")
-    rec.record(f"evidence_{tag}_score", r.score, "", config=cfg,
-               note=f"d_E2 {r.d_E2:.4f} + d_E3 {r.d_E3:.4f} + d_E4 {r.d_E4 if r.d_E4 is not None else 'n/a'}")
-cen = evidence.loc[f"{CENTRAL.trace_model}/{CENTRAL.reading}"]                # the central model under plain names
-for stat in ("hit_2k", "gvr_deep", "gvr_shallow", "e1_max_error", "score"):
-    rec.record(f"locality_central_{stat}", cen[stat], "", config={**ev_cfg, **CENTRAL.config()},
-               note=f"the central locality model's {stat} (see the evidence_* records for every candidate)")
-rec.record("locality_central_drift_rho", CENTRAL.drift_rho, "", config=CENTRAL.config(),
-           note="calibrated on vLLM's 2xK hit rate (E2); None for the uniform model")
 scores = {(r.trace_model, r.reading): r.score for n, r in evidence.iterrows() if n in {c.name for c in cands}}
 chosen = loc.choose_locality(scores)
-rec.record("locality_model_chosen", "/".join(chosen), "", config={"rule": "data/locality/README.md", **ev_cfg,
-           "scores": {"/".join(k): v for k, v in scores.items()}})
+setting = tp.evidence_setting(fit, context_len=context_len, probe_steps=probe_steps, probe_seed=seed + 1, real=real)
+for r in tp.evidence_records(evidence, setting, CENTRAL, scores, chosen):
+    rec.record(**r)
 assert chosen == (CENTRAL.trace_model, CENTRAL.reading), (chosen, CENTRAL)     # the data file's default is the rule's
 assert evidence.e1_max_error.max() < 0.03, evidence.e1_max_error              # every model meets E1 (calibrated)
 if not smoke:                                                                  # the fit file holds: nothing drifted
@@ -203,20 +164,12 @@ pviz.fig_hit_rate_against_range({(f"{n} (central)" if n == CENTRAL.name else n):
 # layer's pool holds its step (`ess.layout.layer_pool_slots`).
 
 # %%
-union_rows = []
-for t in union_mtps:
-    tr = tracegen.synthetic_trace(context_len, mtp=t, steps=union_steps, batch=1, seed=seed, **CENTRAL.kwargs())
-    size = tr.set_sizes()[0].mean(axis=1)                                    # (layers,) mean union per step
-    bound = ess.layout.step_entries(model, context_len, t, overlap=profile)
-    excess = float((tr.set_sizes()[0].max(axis=1) / bound).max() - 1)
-    assert excess <= cachesim.STEP_SLACK, ("a step's union exceeds its layer's bound by more than the slack", excess)
-    union_rows.append({"mtp": t, "mean union": size.mean(), "bound (mean over layers)": bound.mean(),
-                       "layer 0 union": size[0], "largest layer bound": bound.max(), "t x K": t * K,
-                       "largest step over its bound": excess})
-    rec.record(f"mtp{t}_union_mean", float(size.mean()), "entries/request/layer/step",
-               config={**base, **CENTRAL.config(), "context_len": context_len, "mtp": t, "steps": union_steps,
-                       "batch": 1}, note=f"bound (step_entries, mean over layers) {bound.mean():.0f}; {t} x K = {t * K}")
-display(pd.DataFrame(union_rows).round(1))
+unions, records = tp.mtp_unions(context_len, union_mtps, steps=union_steps, seed=seed, locality=CENTRAL)
+for r in records:
+    rec.record(**r)
+assert (unions["largest step over its bound"] <= cachesim.STEP_SLACK).all(), \
+    ("a step's union exceeds its layer's bound by more than the slack", unions)
+display(unions.round(1))
 
 # %% [markdown]
 # ## Prediction 1: misses per layer at 32K, ratios 0.2 … 0.9, with a band
@@ -227,41 +180,18 @@ display(pd.DataFrame(union_rows).round(1))
 # The earlier `uniform` model's means are recorded with `_uniform` appended.
 
 # %%
-per_ratio = {}
-for m in ALTS:
-    sweep = cachesim.sweep_synthetic(context_len, ratios, mtp=mtp, steps=steps, seed=seed,
-                                     batch=batch if m == CENTRAL else band_batch, **m.kwargs())
-    per_ratio[m.name] = {r: sweep[(r, "lru", True)].mean(axis=1) for r in ratios}
-uni = cachesim.sweep_synthetic(context_len, ratios, mtp=mtp, steps=steps, batch=batch, seed=seed, **UNIFORM.kwargs())
-central = per_ratio[CENTRAL.name]
-band = {r: (np.min([per_ratio[m.name][r] for m in ALTS], axis=0), np.max([per_ratio[m.name][r] for m in ALTS], axis=0))
-        for r in ratios}
-cfg1 = {**base, **CENTRAL.config(), "context_len": context_len, "mtp": mtp, "steps": steps, "batch": batch,
-        "warmup": True, **band_cfg}
-for r in ratios:
-    cfg_r = {**cfg1, "ratio": r, "capacity": ess.layout.pool_slots(model, r, context_len, need=K)}
-    note = "held-back result of the paper (per-layer miss counts): prediction"
-    rec.record(f"misses_per_layer_32k_ratio{r:g}", central[r], "misses/request/layer/step", config=cfg_r, note=note)
-    rec.record(f"misses_per_layer_32k_ratio{r:g}_low", band[r][0], "misses/request/layer/step", config=cfg_r,
-               note="the band's low end per layer: " + note)
-    rec.record(f"misses_per_layer_32k_ratio{r:g}_high", band[r][1], "misses/request/layer/step", config=cfg_r,
-               note="the band's high end per layer: " + note)
-    means = [per_ratio[m.name][r].mean() for m in ALTS]
-    rec.record(f"misses_mean_32k_ratio{r:g}", float(central[r].mean()), "misses/request/layer/step", config=cfg_r,
-               note="prediction; band over the locality models", low=float(min(means)), high=float(max(means)))
-    rec.record(f"misses_mean_32k_ratio{r:g}_uniform", float(uni[(r, "lru", True)].mean()),
-               "misses/request/layer/step", config={**cfg_r, **UNIFORM.config()}, note="the earlier uniform model")
+p1 = tp.misses_by_ratio(context_len, ratios, ALTS, UNIFORM, mtp=mtp, steps=steps, seed=seed, batch=batch,
+                        band_batch=band_batch)
+for r in p1.records:
+    rec.record(**r)
+central, band = p1.per_ratio[CENTRAL.name], p1.band
 mc = [central[r].mean() for r in ratios]
 assert all(a >= b for a, b in zip(mc, mc[1:])), mc          # a larger pool never misses more
 assert central[ratios[0]][0] == max(central[ratios[0]]), "layer 0 (no locality) misses most"
 assert all((band[r][0] <= central[r] + 1e-9).all() and (central[r] <= band[r][1] + 1e-9).all() for r in ratios)
 pviz.fig_misses_per_layer(central, bands=band,
                           title=f"Misses per layer at 32K, MTP {mtp}, LRU + warmup ({CENTRAL.label}; band)").show()
-pd.DataFrame({"ratio": ratios, "pool slots": [ess.layout.pool_slots(model, r, context_len, need=K) for r in ratios],
-              "mean misses (central)": np.round(mc, 1),
-              **{f"mean misses ({m.name})": [round(per_ratio[m.name][r].mean(), 1) for r in ratios] for m in ALTS[1:]},
-              "mean misses (uniform)": [round(uni[(r, "lru", True)].mean(), 1) for r in ratios],
-              "layer 0 (central)": [round(central[r][0], 1) for r in ratios]})
+p1.frame
 
 # %% [markdown]
 # ## Prediction 2: the first 256 decode steps with and without warmup, with a band
@@ -269,45 +199,17 @@ pd.DataFrame({"ratio": ratios, "pool slots": [ess.layout.pool_slots(model, r, co
 # warmup the pool starts empty, so step 0 misses every selected entry.
 
 # %%
-curves = {}
-for m in ALTS:
-    res = cachesim.sweep_synthetic(context_len, [curve_ratio], warmups=(True, False), mtp=1, steps=curve_steps,
-                                   seed=seed, batch=batch if m == CENTRAL else band_batch, **m.kwargs())
-    curves[m.name] = {w: res[(curve_ratio, "lru", w)].mean(axis=0) for w in (True, False)}
-    if m == CENTRAL:
-        per_layer_first = res                                          # (layers, steps) with and without warmup
-cfg2 = {**base, **CENTRAL.config(), "context_len": context_len, "mtp": 1, "ratio": curve_ratio, "steps": curve_steps,
-        "batch": batch, **band_cfg}
-tail = slice(curve_steps // 2, None)
-curve_sets, curve_bands = {}, {}
-for w, label in ((True, "with"), (False, "without")):
-    c = curves[CENTRAL.name][w]
-    lo = np.min([curves[m.name][w] for m in ALTS], axis=0)
-    hi = np.max([curves[m.name][w] for m in ALTS], axis=0)
-    note = "held-back result of the paper (warmup curves): prediction"
-    rec.record(f"warmup_curve_{label}", c, "misses/request/layer", config={**cfg2, "warmup": w}, note=note)
-    rec.record(f"warmup_curve_{label}_low", lo, "misses/request/layer", config={**cfg2, "warmup": w},
-               note="the band's low end per step: " + note)
-    rec.record(f"warmup_curve_{label}_high", hi, "misses/request/layer", config={**cfg2, "warmup": w},
-               note="the band's high end per step: " + note)
-    firsts = [curves[m.name][w][0] for m in ALTS]
-    rec.record(f"first_step_misses_{label}_warmup", float(c[0]), "misses/request/layer", config={**cfg2, "warmup": w},
-               note="prediction; band over the locality models", low=float(min(firsts)), high=float(max(firsts)))
-    curve_sets[f"LRU, {label} warmup"] = c
-    curve_bands[f"LRU, {label} warmup"] = (lo, hi)
-steady = [curves[m.name][True][tail].mean() for m in ALTS]
-rec.record("steady_misses_mtp1_ratio0.2", float(curves[CENTRAL.name][True][tail].mean()), "misses/request/layer/step",
-           config={**cfg2, "warmup": True, "window": f"steps {curve_steps // 2}..{curve_steps - 1}"},
-           note="prediction; band over the locality models", low=float(min(steady)), high=float(max(steady)))
-settle = {m.name: int(np.argmax(curves[m.name][False] <= 1.1 * curves[m.name][True][tail].mean())) for m in ALTS}
-rec.record("steps_to_settle_without_warmup", settle[CENTRAL.name], "steps", config=cfg2,
-           note="first step whose misses are within 10 % of the steady state with warmup; band over the models",
-           low=min(settle.values()), high=max(settle.values()))
-with_w, without_w = curves[CENTRAL.name][True], curves[CENTRAL.name][False]
+p2 = tp.warmup_curves(context_len, curve_ratio, ALTS, steps=curve_steps, seed=seed, batch=batch,
+                      band_batch=band_batch)
+for r in p2.records:
+    rec.record(**r)
+with_w, without_w = p2.curves[CENTRAL.name][True], p2.curves[CENTRAL.name][False]
+first = p2.per_layer_first
 assert without_w[0] >= K * 0.99 and with_w[0] < 0.5 * without_w[0], (with_w[0], without_w[0])
-assert np.all(per_layer_first[(curve_ratio, "lru", True)][:, 0] <= per_layer_first[(curve_ratio, "lru", False)][:, 0])
+assert np.all(first[(curve_ratio, "lru", True)][:, 0] <= first[(curve_ratio, "lru", False)][:, 0])
 print(f"central: first step {with_w[0]:.0f} (warmup) vs {without_w[0]:.0f} (none); steady "
-      f"{with_w[tail].mean():.0f}; settles after {settle[CENTRAL.name]} steps without warmup")
+      f"{with_w[p2.tail].mean():.0f}; settles after {p2.settle[CENTRAL.name]} steps without warmup")
+curve_sets, curve_bands = p2.series()
 pviz.fig_warmup_curve(curve_sets, bands=curve_bands,
                       title=f"Misses per step, 32K, MTP 1, ratio {curve_ratio} ({CENTRAL.label}; band)").show()
 
@@ -318,15 +220,10 @@ pviz.fig_warmup_curve(curve_sets, bands=curve_bands,
 # context length (Fig. 2's overlap is nearly independent of it).
 
 # %%
-by_ctx = {}
-for m in (CENTRAL, UNIFORM):
-    by_ctx[m.name] = [float(cachesim.misses_per_layer(L, context_ratio, mtp=mtp, steps=steps, batch=batch, seed=seed,
-                                                       **m.kwargs()).mean()) for L in context_lens]
-    sfx = "" if m == CENTRAL else "_uniform"
-    for L, v in zip(context_lens, by_ctx[m.name]):
-        rec.record(f"misses_mean_ratio{context_ratio:g}_{L // 1024}k{sfx}", v, "misses/request/layer/step",
-                   config={**base, **m.config(), "ratio": context_ratio, "mtp": mtp, "steps": steps, "batch": batch,
-                           "warmup": True, "context_len": L}, note="prediction")
+by_ctx, records = tp.misses_by_context(context_lens, context_ratio, (CENTRAL, UNIFORM), mtp=mtp, steps=steps,
+                                       batch=batch, seed=seed)
+for r in records:
+    rec.record(**r)
 pviz.fig_misses_vs_context(context_lens, {f"{m.label}": by_ctx[m.name] for m in (CENTRAL, UNIFORM)},
                            ratio=context_ratio).show()
 
@@ -337,28 +234,19 @@ pviz.fig_misses_vs_context(context_lens, {f"{m.label}": by_ctx[m.name] for m in 
 # of entries count). The search stops at a resolution of 1/64 of the context (smoke: 1/16, one request, 48 steps).
 
 # %%
-res_slots = context_len // pool_resolution_per_context
-best = {}
+best, records = tp.smallest_pools(context_len, miss_target, (CENTRAL, UNIFORM),
+                                  resolution=context_len // pool_resolution_per_context, mtp=mtp, steps=pool_steps,
+                                  batch=pool_batch, seed=seed)
+for r in records:
+    rec.record(**r)
 for m in (CENTRAL, UNIFORM):
-    sfx = "" if m == CENTRAL else "_uniform"
-    cfg4 = {**base, **m.config(), "context_len": context_len, "mtp": mtp, "steps": pool_steps, "batch": pool_batch,
-            "warmup": True, "target": miss_target, "resolution_slots": res_slots}
-    try:
-        best[m.name] = cachesim.smallest_pool(context_len, miss_target, resolution=res_slots, mtp=mtp,
-                                              steps=pool_steps, batch=pool_batch, seed=seed, **m.kwargs())
-    except ValueError as exc:            # even the whole context misses too much: first loads dominate few steps
-        assert smoke, exc                # over the full 256 steps both models must reach the target
-        rec.record(f"smallest_pool_under_200_slots{sfx}", None, "slots/request/layer", config=cfg4,
-                   note=f"not reachable in this (smoke) configuration: {exc}")
-        print(f"{m.label}: {exc}")
-        continue
     b = best[m.name]
+    if isinstance(b, str):               # even the whole context misses too much: first loads dominate few steps
+        assert smoke, b                  # over the full 256 steps both models must reach the target
+        print(f"{m.label}: {b}")
+        continue
     assert b["below_misses"] is None or b["misses"] < miss_target <= b["below_misses"], b
-    below = ("" if b["below_slots"] is None else
-             f", {b['below_misses']:.1f} at {b['below_slots']} slots")
-    rec.record(f"smallest_pool_under_200_slots{sfx}", b["slots"], "slots/request/layer", config=cfg4,
-               note=f"{b['misses']:.1f} misses at this size{below}: prediction")
-    rec.record(f"smallest_pool_under_200_ratio{sfx}", b["ratio"], "", config=cfg4, note="prediction")
+    below = "" if b["below_slots"] is None else f", {b['below_misses']:.1f} at {b['below_slots']} slots"
     print(f"{m.label}: smallest pool with < {miss_target} misses: {b['slots']} slots (ratio {b['ratio']:.3f}); "
           f"{b['misses']:.1f} misses there{below}")
 
@@ -376,29 +264,15 @@ for m in (CENTRAL, UNIFORM):
 
 # %%
 layer_pick = list(range(0, LAYERS, 6))
-pol_rows = []
 pol_cases = [(CENTRAL, None), (UNIFORM, 0.0)] + [(UNIFORM, sigma) for sigma in popularity_sigmas]
-for m, sigma in pol_cases:
-    tr = tracegen.synthetic_trace(context_len, n_layers=LAYERS, k=K, mtp=mtp, steps=steps, batch=min(batch, 2),
-                                  seed=seed, **m.kwargs(), **({} if sigma is None else {"popularity_sigma": sigma}))
-    sub = traces.Trace(tr.indices[:, layer_pick], tr.context_len, tr.k, tr.mtp, tr.seed, tr.windows[:, layer_pick])
-    tm = m.trace_model
-    label = m.label if sigma is None else f"{m.label}, popularity sigma {sigma:g}"
-    tag = tm if sigma is None else f"{tm}_sigma{sigma:g}"
-    row = {"trace model": label}
-    for pol in policies.POLICIES:
-        for warm in (False, True):
-            name = f"{pol}{' + warmup' if warm else ''}"
-            row[name] = float(cachesim.trace_misses(sub, pol, ratio=0.2, warmup=warm).mean())
-            rec.record(f"policy_{pol}_{'warm' if warm else 'cold'}_{tag}", row[name],
-                       "misses/request/layer/step",
-                       config={**base, **m.config(), "context_len": context_len, "ratio": 0.2, "mtp": mtp, "steps": steps,
-                               "batch": min(batch, 2), "layers": layer_pick, "popularity_sigma": sigma,
-                               "policy": pol, "warmup": warm, "heat_decay": policies.DEFAULT_HEAT_DECAY})
+pol_rows, records = tp.policies_against_belady(pol_cases, context_len, mtp=mtp, steps=steps, batch=min(batch, 2),
+                                               seed=seed, layers=layer_pick)
+for r in records:
+    rec.record(**r)
+for row in pol_rows:
     assert all(row["belady"] <= row[p] for p in ("lru", "fifo", "heat")), row
-    pol_rows.append(row)
     pviz.fig_policies({k: v for k, v in row.items() if k != "trace model"}, bound="belady",
-                      title=f"Policies at 32K, ratio 0.2, MTP {mtp}, {label}").show()
+                      title=f"Policies at 32K, ratio 0.2, MTP {mtp}, {row['trace model']}").show()
 pd.DataFrame(pol_rows).round(1)
 
 # %% [markdown]
@@ -408,21 +282,11 @@ pd.DataFrame(pol_rows).round(1)
 # this one: precision of its top-n guesses (n = the next step's size), beside random guesses and the heat ranking.
 
 # %%
-ptr_train = tracegen.synthetic_trace(context_len, n_layers=4, k=K, mtp=mtp, steps=lstm_train_steps, batch=1,
-                                     seed=seed + 1000, **CENTRAL.kwargs())
-ptr_test = tracegen.synthetic_trace(context_len, n_layers=4, k=K, mtp=mtp, steps=lstm_test_steps, batch=1,
-                                    seed=seed, **CENTRAL.kwargs())
-lstm = predict.LSTMHeatPredictor(history=8, hidden=16, seed=seed).fit(
-    [ptr_train.indices[0, l] for l in range(4)], epochs=lstm_epochs, max_samples=lstm_samples)
-reports = {l: predict.evaluate_predictor(lstm, ptr_test.indices[0, l], start=8) for l in range(4)}
-depth = tracegen.locality_profile("paper", 4, CENTRAL.reading)
-pred_df = pd.DataFrame([{"layer (of 4, spread over 61)": l, "profile r": depth[l], "LSTM": r.precision,
-                         "heat": r.heat_precision, "random": r.random_precision} for l, r in reports.items()])
-cfg5 = {"context_len": context_len, "k": K, "mtp": mtp, "layers": "4 spread over 61", "history": 8, "hidden": 16,
-        "train_seed": seed + 1000, "test_seed": seed, "epochs": lstm_epochs}
-rec.record("lstm_precision_mean", float(pred_df.LSTM.mean()), "", config=cfg5)
-rec.record("heat_precision_mean", float(pred_df.heat.mean()), "", config=cfg5)
-rec.record("random_precision_mean", float(pred_df.random.mean()), "", config=cfg5)
+lstm, ptr_test, pred_df, records = tp.lstm_heat_predictor(context_len, CENTRAL, mtp=mtp, train_steps=lstm_train_steps,
+                                                          test_steps=lstm_test_steps, epochs=lstm_epochs,
+                                                          samples=lstm_samples, seed=seed)
+for r in records:
+    rec.record(**r)
 assert pred_df.LSTM.mean() > 2 * pred_df.random.mean(), pred_df
 pred_df.round(3)
 
@@ -434,15 +298,9 @@ pred_df.round(3)
 # model). The recorded trace goes through the same simulation.
 
 # %%
-rtr = loc.record_indexer_trace("tiny", context_len=1024, steps=recorded_steps, batch=2, mtp=1,
-                                  warmup_windows=4, query_correlation=0.9, seed=seed)
-r_overlap = traces.adjacent_overlap(rtr)
-r_rows = {pol: float(cachesim.trace_misses(rtr, pol, ratio=0.2, warmup=False).mean()) for pol in policies.POLICIES}
-r_rows["lru + warmup"] = float(cachesim.trace_misses(rtr, "lru", ratio=0.2, warmup=True).mean())
-cfg_r = {"model": "tiny", "k": rtr.k, "context_len": 1024, "steps": rtr.steps, "batch": 2, "mtp": 1,
-         "query_correlation": 0.9, "ratio": 0.2, "seed": seed}
-rec.record("recorded_overlap_per_layer", r_overlap, "", config=cfg_r)
-rec.record("recorded_misses_by_policy", r_rows, "misses/request/layer/step", config=cfg_r)
+rtr, r_overlap, r_rows, records = tp.recorded_trace(steps=recorded_steps, seed=seed)
+for r in records:
+    rec.record(**r)
 assert r_rows["belady"] <= min(r_rows["lru"], r_rows["fifo"], r_rows["heat"]), r_rows
 assert r_overlap.mean() > 3 * rtr.k / 1024, r_overlap          # more overlap than independent random sets
 pd.DataFrame({"misses per step": r_rows}).round(2)
@@ -455,25 +313,9 @@ pd.DataFrame({"misses per step": r_rows}).round(2)
 # calibration row of Table 2). Same trace as above (4 layers, one request), ratio 0.2.
 
 # %%
-cap = ess.layout.pool_slots(model, 0.2, context_len, need=K)
-class_cfgs = {
-    "demand only (LRU + warmup)": dict(speculative=False, delayed=False, predictor="none", warmup_mode="before"),
-    "+ speculative (heat)": dict(speculative=True, delayed=False, predictor="heat", warmup_mode="before"),
-    "+ speculative (LSTM)": dict(speculative=True, delayed=False, predictor="lstm", warmup_mode="before"),
-    "warmup in the delayed class": dict(speculative=False, delayed=True, predictor="none", warmup_mode="delayed"),
-    "LSTM eviction + speculative": dict(speculative=True, delayed=False, predictor="lstm", eviction="predictor",
-                                        warmup_mode="before"),
-}
-summaries = {}
-for name, kw in class_cfgs.items():
-    pc = prefetch.PrefetchConfig(cap, **kw)
-    r = prefetch.simulate_prefetch(ptr_test, pc, predictor=lstm if kw["predictor"] == "lstm" else None)
-    summaries[name] = r.summary()
-    rec.record(f"classes_{name}", {k: summaries[name][k] for k in ("hit_rate", "stall_s", "bytes_moved",
-                                                                  "bytes_prefetched_unused", "link_use")}, "",
-               config={"context_len": context_len, "k": K, "mtp": mtp, "ratio": 0.2, "capacity": cap,
-                       "layers": "4 spread over 61", "steps": ptr_test.steps, **{k: v for k, v in
-                       asdict(pc).items() if k != "capacity"}})
+summaries, records = tp.prefetch_classes(ptr_test, lstm, context_len=context_len, mtp=mtp)
+for r in records:
+    rec.record(**r)
 demand = summaries["demand only (LRU + warmup)"]
 assert demand["bytes_speculative"] == demand["bytes_delayed"] == 0
 pviz.fig_prefetch_classes(summaries).show()

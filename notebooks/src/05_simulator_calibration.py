@@ -35,13 +35,14 @@ from IPython.display import display
 
 import ess
 from ess import viz
-from ess.sim.calibrate import (calibrate, calibration_points, calibration_set, cost_growth_evidence, cost_growth_ms,
-                               predict_points)
+from ess.sim import Scenario
+from ess.sim.calibrate import (calibrate, calibration_points, calibration_set, calibration_spread,
+                               cost_growth_evidence, cost_growth_ms, predict_points)
 from ess.sim.costs import CostParams, kernel_points
 from ess.memory import largest_batch
 from ess.published import published
 from ess.sim.timeline import simulate
-from ess.sim.scenarios import step_breakdown
+from ess.sim.predictions import step_breakdown
 from ess.viz import sim as vsim
 
 viz.use_notebook_renderer()
@@ -122,9 +123,7 @@ display(fits.round(4))
 cal = cs.fits[cs.central]
 p = cal.params
 kept = cs.kept_params()
-kept_frame = fits[fits.kept]
-band_of = {c: (float(kept_frame[c].min()), float(kept_frame[c].max())) for c in ("compute_scale", "comm_scale",
-                                                                                 "fixed_ms")}
+band_of = {c: cs.kept_range(c) for c in ("compute_scale", "comm_scale", "fixed_ms", "rms_rel_error")}
 rec.record("compute_scale", p.compute_scale, "", config={"fitted_on": p.fitted_on},
            note="calibrated: pinned by DeepSeek's decode cost; band over the equally good calibrations",
            low=band_of["compute_scale"][0], high=band_of["compute_scale"][1])
@@ -135,8 +134,7 @@ rec.record("fixed_ms", p.fixed_ms, "ms/step", config={"fitted_on": p.fitted_on},
            note="calibrated; band over the equally good calibrations", low=band_of["fixed_ms"][0],
            high=band_of["fixed_ms"][1])
 rec.record("calibration_rms_rel_error", cal.rms_rel_error, "", config={"points": len(points)},
-           note="calibrated fit's residual", low=float(kept_frame.rms_rel_error.min()),
-           high=float(kept_frame.rms_rel_error.max()))
+           note="calibrated fit's residual", low=band_of["rms_rel_error"][0], high=band_of["rms_rel_error"][1])
 rec.record("calibration_max_abs_rel_error", cal.max_abs_rel_error, "", config={"points": len(points)},
            note="calibrated fit's largest residual")
 rec.record("calibrations_equally_good", len(kept), "", config={"kept": list(kept), "rule": "data/calibration/README.md"},
@@ -166,10 +164,10 @@ display(cal.residuals[["name", "batch", "published", "predicted", "rel_error", "
 
 # %%
 L32 = row["context_len"]
-curve = pd.DataFrame({"batch": curve_batches,
-                      "throughput": simulate(curve_batches, L32, params=p, check_memory=False).throughput})
+no_limit = Scenario(params=p, check_memory=False)           # paper Fig. 1: no memory limit
+curve = pd.DataFrame({"batch": curve_batches, "throughput": simulate(curve_batches, L32, scenario=no_limit).throughput})
 curve0 = pd.DataFrame({"batch": curve_batches,
-                       "throughput": simulate(curve_batches, L32, params=unfit, check_memory=False).throughput})
+                       "throughput": simulate(curve_batches, L32, scenario=no_limit.replace(params=unfit)).throughput})
 ref_lines = {f"{limits[k]['context_len'] // 1024}K limit": limits[k]["value"]
              for k in ("batch_limit_32k", "batch_limit_128k")}
 vsim.fig_calibration(cal.residuals, curve, curve0, limits=ref_lines,
@@ -186,8 +184,9 @@ vsim.fig_residuals(cal.residuals).show()
 B1 = row["batch"]
 row_cfg = {"batch": B1, "context_len": L32, "ratio": row["ratio"], "mtp": row["mtp"],
            "accept_ratio": row["accept_ratio"]}
-r52 = simulate(B1, L32, row["ratio"], mtp=row["mtp"], accept_ratio=row["accept_ratio"], params=p)
-r53 = simulate(B1 + 1, L32, row["ratio"], mtp=row["mtp"], accept_ratio=row["accept_ratio"], params=p)
+central = Scenario(params=p, mtp=row["mtp"], accept_ratio=row["accept_ratio"])      # memory checked
+r52 = simulate(B1, L32, row["ratio"], scenario=central)
+r53 = simulate(B1 + 1, L32, row["ratio"], scenario=central)
 step_published_ms = row["accept_ratio"] / row["otps"] * 1e3        # step = accepted tokens per step / OTPS
 rec.record("table2_row1_throughput", float(r52.throughput[0]), "tokens/s per node", config=row_cfg,
            published=row["value"], source=row["source"], note="calibration row")
@@ -212,8 +211,7 @@ assert abs(r52.throughput[0] / row["value"] - 1) < 0.03 and not r53.feasible[0]
 # %%
 fig1_only = [q for q in points if q.read_from_chart]
 cal_f1 = calibrate(fig1_only, compute_scale=sc["central"], **variant_fit)
-pred_row = float(simulate(B1, L32, row["ratio"], mtp=row["mtp"], accept_ratio=row["accept_ratio"],
-                          params=cal_f1.params).throughput[0])
+pred_row = float(simulate(B1, L32, row["ratio"], scenario=central.replace(params=cal_f1.params)).throughput[0])
 rec.record("table2_row1_from_fig1_only_fit", pred_row, "tokens/s per node",
            config={**row_cfg, "fitted_on": "Fig. 1 only", "compute_scale": sc["central"]}, published=row["value"],
            source=row["source"], note="not out of sample: Fig. 1 holds a batch-52 point, this row's configuration")
@@ -231,17 +229,7 @@ assert abs(pred_row / row["value"] - 1) < 0.08
 lim128 = limits["batch_limit_128k"]
 B128, L128 = lim128["value"], lim128["context_len"]
 accs = mtp4["accept_ratios"]
-rows = []
-for name, q in kept.items():
-    n = len(accs)
-    r = simulate([B128, B1] + [B1] * n, [L128, L32] + [L32] * n, 1.0,
-                 mtp=[row["mtp"]] * 2 + [mtp4["mtp"]] * n,
-                 accept_ratio=[row["accept_ratio"]] * 2 + list(accs), params=q)
-    rows.append({"fit": name, "compute_scale": q.compute_scale, "comm_scale": q.comm_scale, "fixed_ms": q.fixed_ms,
-                 f"tput_{L128 // 1024}k_b{B128}": r.throughput[0], f"tput_{L32 // 1024}k_b{B1}": r.throughput[1],
-                 **{f"mtp4_acc{a:g}_gain_pct": (r.throughput[2 + i] / r.throughput[1] - 1) * 100
-                    for i, a in enumerate(accs)}})
-spread = pd.DataFrame(rows).set_index("fit")
+spread = calibration_spread(kept)
 display(spread.round(3))
 for col in [f"tput_{L128 // 1024}k_b{B128}"] + [f"mtp4_acc{a:g}_gain_pct" for a in accs]:
     lo, hi = spread[col].min(), spread[col].max()
@@ -258,7 +246,7 @@ assert (fits[fits.kept].rms_rel_error < 0.08).all()
 # communication lane, most of it hidden behind the other micro-batch's compute.
 
 # %%
-bd = step_breakdown(p, breakdown_batches, L32, mtp=row["mtp"], accept_ratio=row["accept_ratio"])
+bd = step_breakdown(breakdown_batches, L32, scenario=central)
 display(bd.round(2))
 vsim.fig_step_breakdown(bd.drop(columns=["comm_lane_total", "step"])).show()
 for b, r in bd.iterrows():
@@ -274,14 +262,14 @@ assert (np.diff(bd.step.to_numpy()) > 0).all()
 # %%
 b128 = largest_batch(L128, 1.0).batch
 assert b128 == B128, (b128, lim128)
-r13 = simulate(b128, L128, 1.0, params=p)
+r13 = simulate(b128, L128, 1.0, scenario=Scenario(params=p))
 rec.record(f"pred_{L128 // 1024}k_b{b128}_r1_throughput", float(r13.throughput[0]), "tokens/s per node",
            config={"batch": b128, "context_len": L128, "ratio": 1.0, "mtp": dep.mtp,
                    "accept_ratio": dep.mtp_accept_ratio}, note="held back in the paper: prediction; band over the "
                    "equally good calibrations", low=float(spread[f"tput_{L128 // 1024}k_b{B128}"].min()),
            high=float(spread[f"tput_{L128 // 1024}k_b{B128}"].max()))
 print(f"{L128 // 1024}K, batch {b128}, no offload: {r13.throughput[0]:,.0f} tokens/s per node, OTPS {r13.otps[0]:.1f}")
-assert r13.feasible[0] and not simulate(b128 + 1, L128, 1.0, params=p).feasible[0]
+assert r13.feasible[0] and not simulate(b128 + 1, L128, 1.0, scenario=Scenario(params=p)).feasible[0]
 
 # %%
 saved = rec.save()

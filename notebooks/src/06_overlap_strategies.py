@@ -51,8 +51,7 @@ from ess import viz
 from ess.sim.sweep import sweep
 from ess.published import published
 from ess.specs import link_figures
-from ess.sim.timeline import STRATEGIES, simulate
-from ess.sim import scenarios
+from ess.sim import STRATEGIES, predictions
 from ess.viz import sim as vsim
 
 viz.use_notebook_renderer()
@@ -60,13 +59,13 @@ rec = ess.Recorder("06_overlap_strategies", results_path, smoke=smoke)
 if smoke:
     globals().update(smoke_sizes)              # the CI sizes of the parameters cell
 # the equally good calibrations of notebook 05 and the locality models of notebook 04, the central first of each
-band = scenarios.band_inputs(variant_fit=variant_fit, cachesim_steps=cachesim_steps, cachesim_batch=cachesim_batch,
+band = predictions.band_inputs(variant_fit=variant_fit, cachesim_steps=cachesim_steps, cachesim_batch=cachesim_batch,
                              band_batch=band_batch)
-params, calibrations, ALTS, misses_fns, misses_fn = (band.params, band.calibrations, band.models, band.misses_fns,
-                                                     band.misses_fn)
+params, calibrations, ALTS, misses = band.params, band.calibrations, band.models, band.central_misses
 L, B, LINK, D2H = context_len, batch, h2d_GB_per_s, d2h_GB_per_s
-for fn in misses_fns.values():                 # one cache simulation per locality model for every ratio used here
-    fn.prefetch([(L, r, mtp) for r in set(offload_ratios) | {profile_ratio}])
+scenario = band.scenario().replace(h2d_GB_per_s=LINK, d2h_GB_per_s=D2H)     # the chart's link, the calibration
+for table in band.misses.values():             # one cache simulation per locality model for every ratio used here
+    table.prefetch([(L, r, mtp) for r in set(offload_ratios) | {profile_ratio}])
 chart = published("paper_table2")["overlap_overhead_128k"]
 flashtrans = link_figures()["flashtrans"]
 as_data = ((L, B, mtp, LINK) == (chart["context_len"], chart["batch"], chart["mtp"], chart["h2d_GB_per_s"])
@@ -77,7 +76,7 @@ print("configuration: the paper's overlap chart with the FlashTrans link" if as_
       f"what-if: the parameters differ from the chart ({chart['source']}) or FlashTrans ({flashtrans})")
 cfg = {"context_len": L, "batch": B, "mtp": mtp, "h2d_GB_per_s": LINK, "d2h_GB_per_s": D2H,
        "params": "central calibration (notebook 05)", "memory_checked": False, "as_published_chart": as_data,
-       "band": {"calibrations": list(calibrations), "locality": [m.config() for m in ALTS], "band_batch": band_batch}}
+       "band": band.describe()}
 
 # %% [markdown]
 # ## Overhead against the miss count (the paper's chart, predicted)
@@ -86,8 +85,8 @@ cfg = {"context_len": L, "batch": B, "mtp": mtp, "h2d_GB_per_s": LINK, "d2h_GB_p
 # per-layer shape.
 
 # %%
-profiles = {name: fn(L, profile_ratio, mtp) for name, fn in misses_fns.items()}
-ov = scenarios.overlap_bands(calibrations, profiles, miss_grid, context_len=L, batch=B, mtp=mtp, h2d_GB_per_s=LINK)
+profiles = {name: table(L, profile_ratio, mtp) for name, table in band.misses.items()}
+ov = predictions.overlap_bands(calibrations, profiles, miss_grid, scenario=scenario, context_len=L, batch=B, mtp=mtp)
 piv = ov.pivot(index="misses_per_layer", columns="strategy", values="overhead_pct")
 display(ov.pivot(index="misses_per_layer", columns="strategy",
                  values=["overhead_pct", "overhead_pct_low", "overhead_pct_high"]).round(2))
@@ -121,8 +120,8 @@ print(f"DBA beats DA from {cross} misses per layer on this grid")
 
 # %%
 Ls = context_len_short
-ov32 = scenarios.overlap_bands(calibrations, {"central": misses_fn(Ls, profile_ratio_short, mtp)}, miss_grid,
-                               context_len=Ls, batch=B, mtp=mtp, h2d_GB_per_s=LINK)
+ov32 = predictions.overlap_bands(calibrations, {"central": misses(Ls, profile_ratio_short, mtp)}, miss_grid,
+                               scenario=scenario, context_len=Ls, batch=B, mtp=mtp)
 piv32 = ov32.pivot(index="misses_per_layer", columns="strategy", values="overhead_pct")
 display(piv32.round(2))
 vsim.fig_overlap_vs_misses(ov32, f"Offload overhead, {Ls // 1024}K, batch {B}, MTP {mtp}, {LINK:g} GB/s "
@@ -146,15 +145,15 @@ assert (piv32["best"] <= piv32[list(STRATEGIES)].min(axis=1) + 1e-9).all()
 # %%
 at_parts = []
 for ratio in offload_ratios:
-    frames = [scenarios.strategy_overheads(q, fn(L, ratio, mtp), context_len=L, batch=B, mtp=mtp, ratio=ratio,
-                                           h2d_GB_per_s=LINK, d2h_GB_per_s=D2H)
-              for fn in misses_fns.values() for q in calibrations.values()]
-    at_parts.append(scenarios.band_frames(frames, ("overhead_pct", "stall_ms", "mean_misses_per_layer")))
+    frames = [predictions.strategy_overheads(table(L, ratio, mtp), scenario=scenario.replace(params=q), context_len=L,
+                                           batch=B, mtp=mtp, ratio=ratio)
+              for table in band.misses.values() for q in calibrations.values()]
+    at_parts.append(predictions.band_frames(frames, ("overhead_pct", "stall_ms", "mean_misses_per_layer")))
 at_sim = pd.concat(at_parts, ignore_index=True)
 display(at_sim.round(2))
 for _, r in at_sim.iterrows():
     rec.record(f"overhead_cachesim_r{r.ratio:g}_{r.strategy}", r.overhead_pct, "% of step",
-               config={**cfg, "ratio": r.ratio, "strategy": r.strategy, "misses": misses_fn.config},
+               config={**cfg, "ratio": r.ratio, "strategy": r.strategy, "misses": misses.config},
                note=f"held back in the paper: prediction; mean misses per layer {r.mean_misses_per_layer:.0f} "
                     f"({r.mean_misses_per_layer_low:.0f}-{r.mean_misses_per_layer_high:.0f} over the locality "
                     f"models); layers none/DA/DBA {r.layers_none}/{r.layers_da}/{r.layers_dba}",
@@ -169,11 +168,11 @@ assert (at_sim.overhead_pct <= at_sim.overhead_pct_high + 1e-9).all()
 # which shows a progress bar and can run on a Dask cluster by passing `scheduler=`.
 
 # %%
-m01 = misses_fn(L, profile_ratio, mtp)
+m01 = misses(L, profile_ratio, mtp)
 parts = []
 for s in STRATEGIES + ("best",):
     df = sweep({"batch": [B], "context_len": [L], "ratio": [profile_ratio], "h2d_GB_per_s": links_GB_per_s},
-               misses=m01, mtp=mtp, d2h_GB_per_s=D2H, strategy=s, params=params, check_memory=False, workers=0)
+               scenario=scenario.replace(mtp=mtp, strategy=s, check_memory=False), misses=m01, workers=0)
     df["strategy"] = s
     parts.append(df)
 links = pd.concat(parts)
@@ -184,7 +183,7 @@ for s, part in links.groupby("strategy"):
     for _, r in part.iterrows():
         rec.record(f"throughput_{s}_link{r.h2d_GB_per_s:g}", r.throughput, "tokens/s per node",
                    config={**cfg, "ratio": profile_ratio, "strategy": s, "h2d_GB_per_s": r.h2d_GB_per_s,
-                           "misses": misses_fn.config})
+                           "misses": misses.config})
 fig = vsim.fig_overlap_vs_misses(links.rename(columns={"h2d_GB_per_s": "misses_per_layer",
                                                        "throughput": "overhead_pct"}), "")
 fig.update_layout(title=f"Throughput against link bandwidth, {L // 1024}K, batch {B}, ratio {profile_ratio}",

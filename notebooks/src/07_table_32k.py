@@ -34,8 +34,7 @@ from IPython.display import display
 import ess
 from ess import viz
 from ess.published import published
-from ess.specs import link_figures
-from ess.sim import scenarios
+from ess.sim import predictions
 from ess.tables import sim as tsim
 from ess.viz import sim as vsim
 
@@ -44,16 +43,11 @@ rec = ess.Recorder("07_table_32k", results_path, smoke=smoke)
 if smoke:
     globals().update(smoke_sizes)              # the CI sizes of the parameters cell
 # the equally good calibrations of notebook 05 and the locality models of notebook 04, the central first of each
-band = scenarios.band_inputs(variant_fit=variant_fit, cachesim_steps=cachesim_steps, cachesim_batch=cachesim_batch,
+band = predictions.band_inputs(variant_fit=variant_fit, cachesim_steps=cachesim_steps, cachesim_batch=cachesim_batch,
                              band_batch=band_batch)
-params, calibrations, ALTS, misses_fns, misses_fn = (band.params, band.calibrations, band.models, band.misses_fns,
-                                                     band.misses_fn)
-flashtrans = link_figures()["flashtrans"]             # the simulator's default link ([BLOG] FlashTrans)
-sim_cfg = {"params": "central calibration (notebook 05)", "strategy": "best per layer",
-           "h2d_GB_per_s": flashtrans["h2d_GB_per_s"], "d2h_GB_per_s": flashtrans["d2h_GB_per_s"],
-           "misses": misses_fn.config, "deployment": "paper-table1",
-           "band": {"calibrations": list(calibrations), "locality": [m.config() for m in ALTS],
-                    "band_batch": band_batch}}
+params, calibrations, ALTS, misses = band.params, band.calibrations, band.models, band.central_misses
+scenario = band.scenario()            # the project's scenario (FlashTrans link, per-layer choice), calibrated
+sim_cfg = band.provenance(scenario)   # the configuration every prediction below shares
 mtp4 = published("paper_table2")["t2_32k_mtp4"]
 print(f"MTP {mtp4['mtp']} rows at each accept ratio of {mtp4['accept_ratios']}: {mtp4['accept_ratio_source']}")
 print(f"central calibration: compute x{params.compute_scale:.3f}, comm x{params.comm_scale:.3f}, "
@@ -68,7 +62,7 @@ print(f"central calibration: compute x{params.compute_scale:.3f}, comm x{params.
 # others). Every row is predicted for every calibration and locality model; the central values and the bands:
 
 # %%
-t2, frames = tsim.table2_bands(calibrations, misses_fns, contexts=("32k",))
+t2, frames = tsim.table2_bands(band, scenario=scenario, contexts=("32k",))
 cols = ["row", "batch", "ratio", "mtp", "accept_ratio", "throughput", "throughput_low", "throughput_high", "otps",
         "step_ms", "stall_ms", "misses_per_step", "misses_per_step_low", "misses_per_step_high", "gain_pct",
         "gain_pct_low", "gain_pct_high", "throughput_no_miss", "gain_no_miss_pct", "status", "band_infeasible",
@@ -102,23 +96,8 @@ assert t2[t2.mtp == mtp4["mtp"]].published.isna().all()
 # and carries its band (`low`, `high`).
 
 # %%
-for _, r in t2.iterrows():
-    cfg = {"batch": int(r.batch), "context_len": int(r.context_len), "ratio": float(r.ratio), "mtp": int(r.mtp),
-           "accept_ratio": float(r.accept_ratio), "accept_ratio_source": r.accept_ratio_source, **sim_cfg}
-    if r.status == "calibration (fitted)":
-        rec.record(f"{r.row}_throughput", r.throughput, "tokens/s per node", config=cfg, published=r.published,
-                   source=r.source, note="calibration row", low=r.throughput_low, high=r.throughput_high)
-        continue
-    rec.record(f"{r.row}_throughput", r.throughput, "tokens/s per node", config=cfg,
-               note=f"held back: prediction; stall {r.stall_ms:.1f} ms, {r.misses_per_step:.0f} misses per request "
-                    f"and step ({r.misses_per_step_low:.0f}-{r.misses_per_step_high:.0f} over the band); gain vs row 1 "
-                    f"{r.gain_pct:+.1f} % ({r.gain_pct_low:+.1f} to {r.gain_pct_high:+.1f} %); source of the config: "
-                    f"{r.source}", low=r.throughput_low, high=r.throughput_high)
-    rec.record(f"{r.row}_otps", r.otps, "tokens/s per request", config=cfg, note="held back: prediction",
-               low=r.otps_low, high=r.otps_high)
-    rec.record(f"{r.row}_throughput_no_miss", r.throughput_no_miss, "tokens/s per node", config=cfg,
-               note="bound: zero misses (only the D2H write-back of new tokens); band over the calibrations",
-               low=r.throughput_no_miss_low, high=r.throughput_no_miss_high)
+for r in tsim.table2_records(t2, sim_cfg):
+    rec.record(**r)
 
 # %%
 rec.figure("table_32k", vsim.fig_table2(t2, L32)).show()
@@ -130,9 +109,9 @@ rec.figure("table_32k", vsim.fig_table2(t2, L32)).show()
 
 # %%
 ratios_shown = sorted(t2[(t2.ratio < 1) & (t2.mtp == T1)].ratio.unique())[::3]
-per_layer = {f"ratio {r:.3f}, MTP {T1}": misses_fn(L32, float(r), T1) for r in ratios_shown}
-per_layer_band = {f"ratio {r:.3f}, MTP {T1}": (np.min([fn(L32, float(r), T1) for fn in misses_fns.values()], axis=0),
-                                              np.max([fn(L32, float(r), T1) for fn in misses_fns.values()], axis=0))
+per_layer = {f"ratio {r:.3f}, MTP {T1}": misses(L32, float(r), T1) for r in ratios_shown}
+per_layer_band = {f"ratio {r:.3f}, MTP {T1}": (np.min([t(L32, float(r), T1) for t in band.misses.values()], axis=0),
+                                              np.max([t(L32, float(r), T1) for t in band.misses.values()], axis=0))
                   for r in ratios_shown}
 vsim.fig_sim_misses_per_layer(per_layer, per_layer_band).show()
 
@@ -143,9 +122,9 @@ vsim.fig_sim_misses_per_layer(per_layer, per_layer_band).show()
 
 # %%
 off = t2[(t2.ratio < 1) & (t2.mtp == T1)][["batch", "context_len", "ratio", "mtp", "accept_ratio"]]
-prof = misses_fn(L32, float(off.ratio.min()), T1)
-be = scenarios.break_even_misses(params, off, float(row1.throughput), profile=prof)
-be["cachesim_misses_per_layer"] = [misses_fn(L32, float(r), T1).mean() for r in be.ratio]
+prof = misses(L32, float(off.ratio.min()), T1)
+be = predictions.break_even_misses(off, float(row1.throughput), scenario=scenario, profile=prof)
+be["cachesim_misses_per_layer"] = [misses(L32, float(r), T1).mean() for r in be.ratio]
 display(be.round(3))
 for _, r in be.iterrows():
     rec.record(f"break_even_misses_mtp{T1}_b{int(r.batch)}", r.break_even_misses_per_layer,
@@ -162,7 +141,7 @@ print(f"{below} of {len(be)} MTP-{T1} offload rows have cache-simulated misses a
 # %%
 claim32 = published("paper_table2")["claim_32k_gain"]
 target = float(row1.throughput) * (1 + claim32["value"] / 100)
-be69 = scenarios.break_even_misses(params, off, target, profile=prof)
+be69 = predictions.break_even_misses(off, target, scenario=scenario, profile=prof)
 display(be69.round(3))
 for _, r in be69.iterrows():
     rec.record(f"misses_for_claim_32k_mtp{T1}_b{int(r.batch)}",
@@ -183,22 +162,10 @@ for _, r in be69.iterrows():
 # %%
 src = published("paper_table2")
 art = tsim.article_table_32k(t2)
-arts = {key: tsim.article_table_32k(f) for key, f in frames.items()}
 with pd.option_context("display.max_colwidth", 120, "display.width", 250):
     display(art.round(2))
-keys = {"Baseline": "article_baseline", "MTP=4": "article_mtp4", "ESS Architecture": "article_ess",
-        "Offload contribution": "article_offload_contribution"}
-for i, a in art.iterrows():
-    tag = a.row.lower().replace(" ", "_").replace("=", "")
-    if a.ours_pct is not None and not pd.isna(a.ours_pct):
-        acc = a.mtp4_accept_ratio
-        _, lo, hi = tsim.band_over({key: f.ours_pct.iloc[i] for key, f in arts.items()})
-        rec.record(f"article_{tag}_pct_acc{acc:g}", float(a.ours_pct), "%",
-                   config={"maps_to": a.maps_to, "mtp4_accept_ratio": acc,
-                           "accept_ratio_source": mtp4["accept_ratio_source"], **sim_cfg},
-                   published=a.article_pct, source=src[keys[a.row]]["source"],
-                   note=f"prediction; paper/blog: {a.paper_pct} %; zero-miss bound {a.ours_pct_no_miss:+.1f} %; "
-                        f"{a.explanation}", low=lo, high=hi)
+for r in tsim.article_records(art, frames, sim_cfg):
+    rec.record(**r)
 assert art.ours_tok_s.iloc[0] == row1.throughput
 assert set(art.mtp4_accept_ratio.dropna()) == set(mtp4["accept_ratios"])
 

@@ -35,29 +35,24 @@ from IPython.display import display
 import ess
 from ess import viz
 from ess.layout import latent_entry_bytes
+from ess.memory import batch_limits
 from ess.published import published
-from ess.sim.timeline import batch_limits, best_batch
-from ess.specs import link_figures
-from ess.sim import scenarios
+from ess.sim.timeline import best_batch
+from ess.sim import predictions
 from ess.tables import sim as tsim
 from ess.viz import sim as vsim
-from ess.widgets.sim import CachesimMisses, sim_budget_view, sim_budget_widget
+from ess.widgets.sim import RATIOS, sim_budget_view, sim_budget_widget
 
 viz.use_notebook_renderer()
 rec = ess.Recorder("08_128k_and_deployment", results_path, smoke=smoke)
 if smoke:
     globals().update(smoke_sizes)              # the CI sizes of the parameters cell
 # the equally good calibrations of notebook 05 and the locality models of notebook 04, the central first of each
-band = scenarios.band_inputs(variant_fit=variant_fit, cachesim_steps=cachesim_steps, cachesim_batch=cachesim_batch,
+band = predictions.band_inputs(variant_fit=variant_fit, cachesim_steps=cachesim_steps, cachesim_batch=cachesim_batch,
                              band_batch=band_batch)
-params, calibrations, ALTS, misses_fns, misses_fn = (band.params, band.calibrations, band.models, band.misses_fns,
-                                                     band.misses_fn)
-flashtrans = link_figures()["flashtrans"]             # the simulator's default link ([BLOG] FlashTrans)
-sim_cfg = {"params": "central calibration (notebook 05)", "strategy": "best per layer",
-           "h2d_GB_per_s": flashtrans["h2d_GB_per_s"], "d2h_GB_per_s": flashtrans["d2h_GB_per_s"],
-           "misses": misses_fn.config, "deployment": "paper-table1",
-           "band": {"calibrations": list(calibrations), "locality": [m.config() for m in ALTS],
-                    "band_batch": band_batch}}
+params, calibrations, ALTS, misses = band.params, band.calibrations, band.models, band.central_misses
+scenario = band.scenario()            # the project's scenario (FlashTrans link, per-layer choice), calibrated
+sim_cfg = band.provenance(scenario)   # the configuration every prediction below shares
 pub = published("paper_table2")
 model = ess.model_spec("deepseek-v3.2-exp")
 dep = ess.deployment_spec("paper-table1")
@@ -71,21 +66,12 @@ limit128 = published("paper")["batch_limit_128k"]
 # batch (its configuration; the host is then assumed large enough) and a `_host_capped` row at `ess`'s limit.
 
 # %%
-t128, frames128 = tsim.table2_bands(calibrations, misses_fns, contexts=("128k",))
+t128, frames128 = tsim.table2_bands(band, scenario=scenario, contexts=("128k",))
 display(t128[["row", "batch", "ratio", "batch_gpu_rule", "batch_host_limit", "limit_binds", "throughput",
               "throughput_low", "throughput_high", "otps", "stall_ms", "misses_per_step", "gain_pct", "gain_pct_low",
               "gain_pct_high", "throughput_no_miss", "gain_no_miss_pct", "status", "band_infeasible"]].round(3))
-for _, r in t128.iterrows():
-    cfg = {"batch": int(r.batch), "context_len": int(r.context_len), "ratio": float(r.ratio), "mtp": int(r.mtp),
-           "accept_ratio": float(r.accept_ratio), "batch_rule": r.batch_rule, "batch_gpu_rule": int(r.batch_gpu_rule),
-           "batch_host_limit": None if pd.isna(r.batch_host_limit) else int(r.batch_host_limit),
-           "limit_binds": r.limit_binds, **sim_cfg}
-    rec.record(f"{r.row}_throughput", r.throughput, "tokens/s per node", config=cfg,
-               note=f"held back: prediction; gain vs ratio 1 {r.gain_pct:+.1f} % ({r.gain_pct_low:+.1f} to "
-                    f"{r.gain_pct_high:+.1f} %); zero-miss bound {r.throughput_no_miss:,.0f}; binding limit: "
-                    f"{r.limit_binds}", low=r.throughput_low, high=r.throughput_high)
-    rec.record(f"{r.row}_otps", r.otps, "tokens/s per request", config=cfg, note="held back: prediction",
-               low=r.otps_low, high=r.otps_high)
+for r in tsim.table2_128k_records(t128, sim_cfg):
+    rec.record(**r)
 assert t128[t128.ratio == 1.0].batch.iloc[0] == limit128["value"]          # the paper's 128K limit (calibration data)
 assert (t128.status == "predicted").all() and (t128.band_infeasible == 0).all()
 main_rows = t128[~t128.row.str.endswith("_host_capped")]
@@ -128,12 +114,12 @@ print(f"{limit128['context_len'] // 1024}K, MTP {dep.mtp}: ours {c128['ours_pct'
 rows = []
 mtp = dep.mtp
 for L in adaptive_contexts:
-    usable = [r for r in adaptive_ratios if r < 1 and batch_limits(L, r, mtp=mtp)[0] > 0]   # pools hold a step
-    misses_fn.prefetch([(L, r, mtp) for r in usable])
-    mbr = {r: misses_fn(L, r, mtp) for r in usable}
+    usable = [r for r in adaptive_ratios if r < 1 and batch_limits(L, r, mtp=mtp).batch > 0]   # pools hold a step
+    misses.prefetch([(L, r, mtp) for r in usable])
+    mbr = {r: misses(L, r, mtp) for r in usable}
     ratios = [r for r in adaptive_ratios if r == 1.0 or r in mbr]
     for floor in (None, otps_floor):
-        b = best_batch(L, ratios, misses_by_ratio=mbr, otps_floor=floor, params=params)
+        b = best_batch(L, ratios, misses_by_ratio=mbr, otps_floor=floor, scenario=scenario)
         rows.append({"context_len": L, "otps_floor": floor, **b})
         rec.record(f"adaptive_{L // 1024}k_floor{floor or 0:g}_throughput",
                    b["throughput"] if b["throughput"] is not None else "none", "tokens/s per node",
@@ -156,25 +142,14 @@ assert all(o is None or o >= otps_floor - 1e-9 for o in adaptive[adaptive.otps_f
 # (`compare_context_len`, `compare_ratio`), where nothing is chosen to match.
 
 # %%
-src = {"GPUs per task": "article_gpus_per_task", "energy per token": "article_energy_per_token",
-       "sessions per node": "article_sessions_per_node"}
 compare = {"context_len": compare_context_len, "ratio": compare_ratio}
 for label, kw in (("auto", {}), (f"{compare_context_len // 1024}k", compare)):
-    dep_df = tsim.deployment_benefits(params, misses_fn, **kw)
+    dep_df = tsim.deployment_benefits(misses, scenario=scenario, **kw)
     with pd.option_context("display.max_colwidth", 150, "display.width", 250):
         display(dep_df[["claim", "article", "article_ratio", "ours_before", "status_before", "ours_after",
                         "status_after", "ours_ratio", "ours_ratio_no_miss", "unit", "assumption"]].round(3))
-    for _, r in dep_df.iterrows():
-        ok = r.claim in src
-        rec.record(f"deploy_{label}_{r.claim.replace(' ', '_')}_ratio", float(r.ours_ratio), "after/before",
-                   config={**r.config, **sim_cfg}, published=float(r.article_ratio) if ok else None,
-                   source=pub[src[r.claim]]["source"] if ok else None,
-                   note=f"before: {r.status_before}; after: {r.status_after}; zero-miss bound "
-                        f"{r.ours_ratio_no_miss:.3f}; {r.assumption}")
-        if r.status_before == "fitted by construction":
-            rec.record(f"deploy_{label}_{r.claim.replace(' ', '_')}_before", float(r.ours_before), r.unit,
-                       config={**r.config, **sim_cfg}, note="fitted by construction (the context is chosen to match "
-                       "the article's value); not a reproduction")
+    for r in tsim.deployment_records(dep_df, label, sim_cfg):
+        rec.record(**r)
     assert not dep_df.status_before.str.contains("reproduced").any()
     if label == "auto":
         assert dep_df.set_index("claim").loc["sessions per node", "status_before"] == "fitted by construction"
@@ -184,7 +159,7 @@ for label, kw in (("auto", {}), (f"{compare_context_len // 1024}k", compare)):
 # ## Section 1.2: quantisation and NVLink expansion
 
 # %%
-s12 = tsim.section12_claims(params)
+s12 = tsim.section12_claims(scenario)
 with pd.option_context("display.max_colwidth", 250):
     display(s12)
 for i, r in s12.iterrows():
@@ -200,12 +175,12 @@ assert s12.ours.iloc[0] == round((1 - latent_entry_bytes(model, "fp8") / latent_
 # perfect-cache bound). Needs a running kernel; the default view is drawn.
 
 # %%
-widget_misses = CachesimMisses.from_fn(misses_fn)          # the settings of misses_fn, a (context, MTP) row at a time
-fig, summary = sim_budget_view(dep.gpu, compare_ratio, compare_context_len, params=params, misses="cachesim",
-                               cachesim=widget_misses)      # the deployment's MTP and accept ratio, FlashTrans link
+widget_misses = misses.with_ratios(RATIOS)      # this notebook's miss table over the widget's ratios
+fig, summary = sim_budget_view(scenario, compare_ratio, compare_context_len, misses="cachesim",
+                               table=widget_misses)   # the deployment's GPU, MTP and accept ratio, FlashTrans link
 fig.show()
 print(summary)
-sim_budget_widget(params=params, misses=widget_misses)
+sim_budget_widget(scenario, misses=widget_misses)
 
 # %%
 saved = rec.save()

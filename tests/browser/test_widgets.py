@@ -19,7 +19,9 @@ from ess.widgets.memory import CONTEXTS as MEMORY_CONTEXTS
 from ess.widgets.memory import memory_budget_view
 from ess.widgets.prefetch import SPECULATIVE_CHOICES, WARMUP_CHOICES, prefetch_view
 from ess.widgets.sim import CONTEXTS as SIM_CONTEXTS
-from ess.widgets.sim import MISSES_SOURCES, CachesimMisses, sim_budget_view
+from ess.sim import Scenario
+from ess.sim.misses import MissesTable
+from ess.widgets.sim import MISSES_SOURCES, RATIOS, sim_budget_view
 from ess.widgets.storage import CONTEXTS as STORAGE_CONTEXTS
 from ess.widgets.storage import storage_budget_view
 
@@ -174,17 +176,18 @@ def calibrated():
 def sim_misses():
     """The cache simulation notebook 08 gives its widget, at the smoke sizes the browser runs it with."""
     p = W.notebook_parameters("08_128k_and_deployment")
-    return CachesimMisses(steps=p["cachesim_steps"], batch=p["cachesim_batch"])
+    return MissesTable(RATIOS, steps=p["cachesim_steps"], batch=p["cachesim_batch"])
 
 
 def _sim_expected(root, calibrated, sim_misses):
     def expected(shown):
-        fig, s = sim_budget_view(W.dropdown_value(root, "GPU"), W.slider_value(root, "ratio"),
-                                 SIM_CONTEXTS[int(W.slider_position(root, "context"))], int(W.slider_value(root, "MTP")),
-                                 W.slider_value(root, "accept"), W.slider_value(root, "H2D GB/s"),
+        sc = Scenario(gpu=W.dropdown_value(root, "GPU"), mtp=int(W.slider_value(root, "MTP")),
+                      accept_ratio=W.slider_value(root, "accept"), h2d_GB_per_s=W.slider_value(root, "H2D GB/s"),
+                      params=calibrated)
+        fig, s = sim_budget_view(sc, W.slider_value(root, "ratio"),
+                                 SIM_CONTEXTS[int(W.slider_position(root, "context"))],
                                  hbm_GiB=W.slider_value(root, "HBM GiB"),
-                                 misses=_key(MISSES_SOURCES, W.dropdown_value(root, "misses")), cachesim=sim_misses,
-                                 params=calibrated)
+                                 misses=_key(MISSES_SOURCES, W.dropdown_value(root, "misses")), table=sim_misses)
         W.assert_same_figure(shown, fig)
         if s["throughput"] is None:
             assert f"infeasible: {s['reason']}" in shown["label"]

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from ess import predict as P
+from ess import heat_predictor as P
 from ess import tracegen as G
 
 

@@ -1,0 +1,290 @@
+"""Banded predictions over configurations: tables of (batch, context, ratio, MTP, accept ratio) predicted with cache-
+simulated miss counts (:class:`ess.sim.misses.MissesTable`), where a step's time goes, the offload overhead of each
+overlap strategy against the miss count, the miss counts at which offload breaks even, and the inputs of every
+banded prediction (the equally good calibrations and the locality models, :func:`band_inputs`). Every function takes
+the simulator's :class:`ess.sim.Scenario` whole. The tables of :mod:`ess.tables.sim` set these predictions beside
+the published values.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import pandas as pd
+
+from ..published import published
+from .config import STRATEGIES, Scenario, as_scenario
+from .costs import CostParams, layer_costs
+from .misses import MissesTable
+from .timeline import simulate
+
+__all__ = ["BandInputs", "band_inputs", "predict_configs", "step_breakdown", "overlap_vs_misses", "overlap_bands",
+           "band_frames", "strategy_overheads", "break_even_misses"]
+
+# where an offload configuration's misses come from: a MissesTable, or any (context_len, ratio, mtp) -> (n_layers,)
+Misses = MissesTable | Callable[[int, float, int], np.ndarray]
+
+
+def step_breakdown(batches, context_len: int | None = None, *, scenario: Scenario | None = None) -> pd.DataFrame:
+    """Where a no-offload step of ``scenario`` goes, in ms per step: compute-lane components summed over layers and
+    both micro-batches, MTP drafts and heads, the fixed time, and the all-to-all time not hidden by Two-Batch
+    Overlap. ``context_len`` defaults to the calibration row's (paper Table 2 row 1); memory is not checked."""
+    sc = as_scenario(scenario).resolved()
+    model_, dep, gpu, _ = sc.specs()
+    params = sc.params
+    if context_len is None:
+        context_len = int(published("paper_table2")["t2_32k_mtp2_b52_r1"]["context_len"])
+    B = np.asarray(batches, dtype=float)
+    c = layer_costs(model_, gpu, dep, B / 2, context_len, sc.mtp).scaled(params.compute_scale, params.comm_scale)
+    nl, nd = model_.n_layers, model_.n_dense_layers
+    r = simulate(B, context_len, 1.0, scenario=sc.replace(check_memory=False))
+    ms = 2e3
+    df = pd.DataFrame({"indexer": c.indexer * nl * ms, "pre_attn": c.pre_attn * nl * ms, "attn": c.attn * nl * ms,
+                       "o_proj": c.o_proj * nl * ms,
+                       "ffn_moe": (c.ffn_dense * nd + c.moe * (nl - nd)) * ms}, index=B.astype(int))
+    comp = df.sum(axis=1).to_numpy()
+    comm_total = 2 * (c.dispatch + c.combine) * (nl - nd) * 1e3
+    step = r.step_s * 1e3
+    df["fixed"] = params.fixed_ms
+    layers = step - params.fixed_ms
+    # what remains after the compute lane and the fixed time: heads, drafts and all-to-all not hidden by TBO
+    df["heads_drafts_and_exposed_comm"] = layers - comp
+    df["comm_lane_total"] = comm_total
+    df["step"] = step
+    df.index.name = "batch"
+    return df
+
+
+@dataclass(frozen=True)
+class BandInputs:
+    """What every banded prediction starts from: the central calibration (``params``), every equally good
+    calibration (``calibrations``, ``{name: CostParams}``, the central first), the locality models the evidence
+    leaves open (``models``, the central first), one miss table per model (``misses``, by model name) and the
+    requests the alternatives simulate (``band_batch``)."""
+
+    params: CostParams
+    calibrations: dict
+    models: list
+    misses: dict
+    band_batch: int
+
+    @property
+    def central_misses(self) -> MissesTable:
+        """The central locality model's miss table."""
+        return self.misses[self.models[0].name]
+
+    def scenario(self, base: Scenario | None = None) -> Scenario:
+        """``base`` (default the project's scenario) with the central calibration."""
+        return as_scenario(base).replace(params=self.params)
+
+    def describe(self) -> dict:
+        """What the band spans, for a record's configuration."""
+        return {"calibrations": list(self.calibrations), "locality": [m.config() for m in self.models],
+                "band_batch": self.band_batch}
+
+    def provenance(self, scenario: Scenario | None = None) -> dict:
+        """The configuration every banded prediction of ``scenario`` (default :meth:`scenario`) shares, for its
+        records: the scenario (:meth:`ess.sim.Scenario.to_dict`) without its MTP and accept ratio (each prediction
+        gives its own: the tables vary them row by row), which calibration it holds, what produced the central
+        miss counts and what the band spans."""
+        sc = self.scenario() if scenario is None else scenario
+        shared = {k: v for k, v in sc.to_dict().items() if k not in ("mtp", "accept_ratio")}
+        return {**shared, "calibration": "central of the equally good calibrations (notebook 05)",
+                "misses": self.central_misses.config, "band": self.describe()}
+
+
+def band_inputs(*, variant_fit: dict | None = None, cachesim_steps: int = 64, cachesim_batch: int = 4,
+                band_batch: int = 2, ratios=()) -> BandInputs:
+    """The calibrations of notebook 05 (:func:`ess.sim.calibrate.calibration_set` with ``variant_fit``) and the
+    locality models of notebook 04 (:func:`ess.tracegen.locality_alternatives`), each model with its miss table
+    (``cachesim_steps`` steps; ``cachesim_batch`` requests for the central model, ``band_batch`` for the others,
+    which only bound the band; ``ratios`` the tables' grid)."""
+    from ..tracegen import locality_alternatives
+    from .calibrate import calibration_set
+    cs = calibration_set(**(variant_fit or {}))
+    models = list(locality_alternatives())
+    tables = {m.name: MissesTable(ratios, steps=cachesim_steps, locality=m,
+                                  batch=cachesim_batch if i == 0 else band_batch)
+              for i, m in enumerate(models)}
+    return BandInputs(cs.params, cs.kept_params(), models, tables, int(band_batch))
+
+
+def predict_configs(configs: pd.DataFrame, misses: Misses | None = None, *,
+                    scenario: Scenario | None = None) -> pd.DataFrame:
+    """Simulate rows with columns ``batch, context_len, ratio, mtp, accept_ratio`` in ``scenario`` (and optional
+    ``h2d_GB_per_s``, and ``check_memory``: False for a row whose batch was sized by a memory rule of its own, e.g.
+    the paper's KV-budget rule where the assumed host memory would cap it). Rows with ratio < 1 need miss counts:
+    from ``misses`` (a :class:`~ess.sim.misses.MissesTable`: one cache simulation per context and MTP), or, when it
+    is ``None``, the row is marked ``blocked`` (only the zero-miss bound ``throughput_no_miss`` is given). Also
+    returns the zero-miss bound for every row and the miss total."""
+    sc = as_scenario(scenario)
+    nl = sc.specs()[0].n_layers
+    if isinstance(misses, MissesTable):                         # one cache simulation per context and MTP
+        ok = configs.ratio.notna() & (configs.ratio < 1) & (configs.batch > 0)
+        misses.prefetch(zip(configs.context_len[ok], configs.ratio[ok], configs.mtp[ok]))
+    rows = []
+    for _, c in configs.iterrows():
+        ratio, L, mtp = float(c.ratio), int(c.context_len), int(c.mtp)
+        base = dict(batch=int(c.batch), context_len=L, ratio=ratio, mtp=mtp, accept_ratio=float(c.accept_ratio))
+        row_sc = sc
+        if "check_memory" in c and not bool(c.check_memory):
+            row_sc = sc.replace(check_memory=False)
+        args = dict(mtp=mtp, accept_ratio=float(c.accept_ratio), scenario=row_sc)
+        if "h2d_GB_per_s" in c and not pd.isna(c.h2d_GB_per_s):
+            args["h2d_GB_per_s"] = float(c.h2d_GB_per_s)
+        if np.isnan(ratio) or int(c.batch) <= 0:
+            rows.append({**base, "feasible": False, "status": "infeasible",
+                         "reason": "no sparse-memory ratio fits this batch in GPU memory"})
+            continue
+        ideal = simulate(int(c.batch), L, ratio, misses=np.zeros(nl), **args)
+        row = {**base, "throughput_no_miss": float(ideal.throughput[0]),
+               "step_ms_no_offload": float(ideal.step_no_offload_s[0] * 1e3)}
+        if not ideal.feasible[0]:
+            rows.append({**row, "feasible": False, "status": "infeasible", "reason": ideal.reason[0]})
+            continue
+        if ratio < 1 and misses is None:
+            rows.append({**row, "feasible": True, "status": "blocked",
+                         "reason": "no miss counts given (ess.cachesim unavailable)"})
+            continue
+        if ratio < 1:
+            try:
+                m = np.asarray(misses(L, ratio, mtp), dtype=float)
+            except ValueError as exc:            # the pool cannot hold one step's union of top-K sets
+                rows.append({**row, "feasible": False, "status": "infeasible", "reason": f"cache simulation: {exc}"})
+                continue
+        else:
+            m = np.zeros(nl)
+        r = simulate(int(c.batch), L, ratio, misses=m, **args)
+        rows.append({**row, "throughput": float(r.throughput[0]), "otps": float(r.otps[0]),
+                     "step_ms": float(r.step_s[0] * 1e3), "stall_ms": float(r.stall_s[0] * 1e3),
+                     "misses_per_step": float(m.sum()), "feasible": True, "status": "predicted", "reason": ""})
+    return pd.DataFrame(rows)
+
+
+def overlap_vs_misses(miss_counts, *, scenario: Scenario | None = None, context_len: int | None = None,
+                      batch: int | None = None, mtp: int | None = None, ratio: float = 0.1,
+                      profile: np.ndarray | None = None) -> pd.DataFrame:
+    """Offload overhead of each strategy against the mean miss count per request, step and layer, in ``scenario``
+    (its strategy and memory check are set here: every strategy, memory not checked).
+
+    ``context_len``, ``batch`` and ``mtp`` default to the paper's overlap-chart configuration
+    (``paper_table2.yaml: overlap_overhead_128k``); the link is the scenario's (default FlashTrans, ``links.yaml``).
+    The per-layer shape is ``profile`` (normalised to mean 1, e.g. a cache-simulated miss profile) or uniform;
+    memory is not checked (the configuration is the paper's overlap stress point), so ``ratio`` (< 1) only switches
+    offload on. Overhead is the step-time increase over no offload, in % and ms."""
+    sc = as_scenario(scenario)
+    model_ = sc.specs()[0]
+    chart = published("paper_table2")["overlap_overhead_128k"]
+    context_len = int(chart["context_len"] if context_len is None else context_len)
+    batch = int(chart["batch"] if batch is None else batch)
+    mtp = int(chart["mtp"] if mtp is None else mtp)
+    if not 0 < ratio < 1:
+        raise ValueError(f"ratio must be in (0, 1) (offload on), got {ratio!r}")
+    nl = model_.n_layers
+    prof = np.ones(nl) if profile is None else np.asarray(profile, dtype=float) / np.mean(profile)
+    if prof.shape != (nl,):
+        raise ValueError(f"profile must have shape ({nl},), got {prof.shape}")
+    counts = np.asarray(miss_counts, dtype=float)
+    ksel = mtp * min(model_.index_topk, context_len)
+    m = np.minimum(counts[:, None] * prof[None, :], ksel)
+    rows = []
+    for s in STRATEGIES + ("best",):
+        r = simulate(np.full(len(counts), batch), context_len, ratio, misses=m, mtp=mtp,
+                     scenario=sc.replace(strategy=s, check_memory=False))
+        for c, st, s0, ch in zip(counts, r.step_s, r.step_no_offload_s, r.layer_strategy):
+            rows.append({"strategy": s, "misses_per_layer": c, "step_ms": st * 1e3, "overhead_ms": (st - s0) * 1e3,
+                         "overhead_pct": (st / s0 - 1) * 100, "layers_da": int((ch == 1).sum()),
+                         "layers_dba": int((ch == 2).sum()), "context_len": context_len, "batch": batch, "mtp": mtp,
+                         "h2d_GB_per_s": float(r.h2d_GB_per_s[0])})
+    return pd.DataFrame(rows)
+
+
+def break_even_misses(configs: pd.DataFrame, baseline_throughput: float, *, scenario: Scenario | None = None,
+                      profile: np.ndarray | None = None, resolution: int = 60) -> pd.DataFrame:
+    """For each offload configuration (columns ``batch, context_len, ratio, mtp, accept_ratio``) of ``scenario``, the
+    largest mean miss count per request, step and layer (per-layer shape ``profile``, normalised to mean 1; uniform
+    if None) at which its throughput still reaches ``baseline_throughput``; also as a share of the entries selected
+    per step. The shape is scaled by bisection (at most ``resolution`` halvings) between no misses and every layer
+    missing all it selects (a layer's misses are capped at its selected entries, so a peaked shape saturates its
+    worst layers first); the mean is taken after the cap. NaN where even zero misses fall short."""
+    sc = as_scenario(scenario)
+    model_ = sc.specs()[0]
+    nl = model_.n_layers
+    prof = np.ones(nl) if profile is None else np.asarray(profile, dtype=float) / np.mean(profile)
+    out = []
+    for _, c in configs.iterrows():
+        ksel = int(c.mtp) * min(model_.index_topk, int(c.context_len))
+
+        def misses(scale):
+            return np.minimum(scale * prof, ksel)
+
+        def reaches(scale):
+            return simulate(int(c.batch), int(c.context_len), float(c.ratio), misses=misses(scale), mtp=int(c.mtp),
+                            accept_ratio=float(c.accept_ratio), scenario=sc).throughput[0] >= baseline_throughput
+
+        lo, hi = 0.0, ksel / max(prof[prof > 0].min(), 1e-12)      # hi: every layer misses all it selects
+        if not reaches(lo):
+            be = np.nan
+        elif reaches(hi):
+            be = float(misses(hi).mean())
+        else:                                                      # throughput falls as the misses grow
+            for _ in range(resolution):
+                if hi - lo <= 1e-6 * hi:
+                    break
+                mid = 0.5 * (lo + hi)
+                lo, hi = (mid, hi) if reaches(mid) else (lo, mid)
+            be = float(misses(lo).mean())
+        out.append({"batch": int(c.batch), "ratio": float(c.ratio), "mtp": int(c.mtp),
+                    "accept_ratio": float(c.accept_ratio), "break_even_misses_per_layer": be,
+                    "break_even_miss_share": be / ksel if np.isfinite(be) else np.nan})
+    return pd.DataFrame(out)
+
+
+def band_frames(frames, columns) -> pd.DataFrame:
+    """The band over several frames of the same rows (one frame per calibration and locality model, the central
+    first): the central frame with ``<column>_low`` / ``<column>_high`` for each of ``columns``, the lowest and the
+    highest value over the frames (NaN where no frame has a number), and ``band_size`` (how many frames)."""
+    import warnings
+    frames = list(frames.values()) if isinstance(frames, dict) else list(frames)
+    if not frames:
+        raise ValueError("band_frames needs at least one frame (the central one first)")
+    out = frames[0].copy()
+    for col in columns:
+        vals = np.stack([f[col].to_numpy(dtype=float) if col in f else np.full(len(out), np.nan) for f in frames])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)            # all-NaN rows: no band
+            out[f"{col}_low"], out[f"{col}_high"] = np.nanmin(vals, axis=0), np.nanmax(vals, axis=0)
+    out["band_size"] = len(frames)
+    return out
+
+
+def overlap_bands(calibrations, profiles, miss_counts, *, scenario: Scenario | None = None, **chart) -> pd.DataFrame:
+    """:func:`overlap_vs_misses` for every calibration (``{name: CostParams}``, each replacing the scenario's)
+    crossed with every per-layer miss profile (``{locality name: profile}``; the first of each is the central one),
+    banded by :func:`band_frames` (``overhead_pct`` and ``overhead_ms``); ``chart``: ``context_len``, ``batch``,
+    ``mtp``, ``ratio`` of :func:`overlap_vs_misses`."""
+    sc = as_scenario(scenario)
+    frames = [overlap_vs_misses(miss_counts, scenario=sc.replace(params=p), profile=prof, **chart)
+              for prof in profiles.values() for p in calibrations.values()]
+    return band_frames(frames, ("overhead_pct", "overhead_ms"))
+
+
+def strategy_overheads(misses, *, scenario: Scenario | None = None, context_len: int, batch: int, mtp: int,
+                       ratio: float) -> pd.DataFrame:
+    """The offload overhead of each strategy (none, DA, DBA, the per-layer best) at given per-layer ``misses`` in
+    ``scenario`` (its links and cost parameters), one row per strategy: % of the no-offload step, the stall in ms,
+    and how many layers the per-layer choice gives to each strategy. Memory is not checked (a stress configuration,
+    like the paper's overlap chart)."""
+    sc = as_scenario(scenario)
+    m = np.asarray(misses, dtype=float)
+    rows = []
+    for st in STRATEGIES + ("best",):
+        r = simulate(batch, context_len, ratio, misses=m, mtp=mtp,
+                     scenario=sc.replace(strategy=st, check_memory=False))
+        ch = r.layer_strategy[0]
+        rows.append({"ratio": ratio, "strategy": st, "mean_misses_per_layer": float(m.mean()),
+                     "overhead_pct": (r.step_s[0] / r.step_no_offload_s[0] - 1) * 100, "stall_ms": r.stall_s[0] * 1e3,
+                     "layers_none": int((ch == 0).sum()), "layers_da": int((ch == 1).sum()),
+                     "layers_dba": int((ch == 2).sum())})
+    return pd.DataFrame(rows)
