@@ -189,7 +189,10 @@ class DiskTier:
     # -- the directory's lock --------------------------------------------------------------------------------------
     def _lock(self) -> None:
         """Take the directory's lock (refused when another open tier holds it) and record the holder."""
-        import fcntl
+        try:
+            import fcntl
+        except ImportError:                     # not POSIX: no lock, so no tier (two could destroy each other's files)
+            raise RuntimeError("the disk tier locks its directory with fcntl.flock, which this platform lacks") from None
         try:
             fd = os.open(self.dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as exc:

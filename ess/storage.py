@@ -1,4 +1,4 @@
-"""Tiered latent-cache storage: the GPU pool, the host pool and the disk tier, holding and moving real bytes.
+"""Tiered latent-cache storage: the GPU pool and the host pool, holding and moving real bytes.
 
 ESS keeps the whole latent cache in (pinned) host memory and a bounded hot subset on the GPU ([ARX]). Here:
 
@@ -455,10 +455,13 @@ class TieredCache:
         """A copy of the device-pool state of a request, arrays by name: ``token_of`` ``(n_layers, capacity)`` the
         token in each slot (-1 free), ``steps`` ``(n_layers,)`` the decode steps, and the eviction policy's state
         per layer as ``policy_<name>``. :meth:`load_request` takes it back."""
-        req = self._check_active(request_id)
-        states = [p.slots.policy.state() for p in req.pools]
-        out = {"token_of": np.stack([p.slots.token_of for p in req.pools]),
-               "steps": np.array([p.steps for p in req.pools], np.int64)}
+        return self._pools_state(self._check_active(request_id).pools)
+
+    @staticmethod
+    def _pools_state(pools: list) -> dict:
+        states = [p.slots.policy.state() for p in pools]
+        out = {"token_of": np.stack([p.slots.token_of for p in pools]),
+               "steps": np.array([p.steps for p in pools], np.int64)}
         for key in states[0]:
             out[f"policy_{key}"] = np.stack([np.asarray(s[key]) for s in states])
         return out
@@ -468,13 +471,16 @@ class TieredCache:
         if not isinstance(pool_state, Mapping):
             raise TypeError(f"pool_state must be a dict of arrays (TieredCache.pool_state), got "
                             f"{type(pool_state).__name__}")
-        want = self.pool_state_template()
+        want = self._pools_state(self._new_pools(0, 1))          # the arrays of an empty pool of this cache
         if set(pool_state) != set(want):
             raise ValueError(f"pool_state must hold {sorted(want)} (a {self.policy_name} pool), got "
                              f"{sorted(map(str, pool_state))}: saved under another policy?")
         out = {}
         for key, ref in want.items():
-            arr = np.asarray(pool_state[key])
+            try:
+                arr = np.asarray(pool_state[key])
+            except (TypeError, ValueError):             # ragged nesting
+                raise TypeError(f"pool_state[{key!r}] must be an array of {ref.dtype} values") from None
             if arr.shape != ref.shape:
                 raise ValueError(f"pool_state[{key!r}] must have shape {ref.shape} ({self.n_layers} layers x capacity="
                                  f"{self.capacity}), got {arr.shape}: saved by a cache of another capacity?")
@@ -490,16 +496,6 @@ class TieredCache:
                 raise ValueError(f"pool_state['token_of'][{l}] must hold distinct tokens in [0, {n_tokens}) or -1")
         if (out["steps"] < 0).any():
             raise ValueError("pool_state['steps'] must be >= 0")
-        return out
-
-    def pool_state_template(self) -> dict:
-        """The arrays of :meth:`pool_state` for an empty pool of this cache (their names, shapes and dtypes)."""
-        pools = self._new_pools(0, 1)
-        states = [p.slots.policy.state() for p in pools]
-        out = {"token_of": np.stack([p.slots.token_of for p in pools]),
-               "steps": np.zeros(self.n_layers, np.int64)}
-        for key in states[0]:
-            out[f"policy_{key}"] = np.stack([np.asarray(s[key]) for s in states])
         return out
 
     def load_request(self, request_id, latent_entries: np.ndarray, pool_state: dict | None = None) -> dict:

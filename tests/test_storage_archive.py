@@ -284,3 +284,18 @@ def test_a_forked_child_does_not_release_its_parents_lock(tmp_path):
     with pytest.raises(DirectoryInUseError):                       # still the parent's
         new_archive(tmp_path)
     a.close()
+
+
+def test_an_archive_of_another_capacity_or_policy_is_refused_whole(tmp_path):
+    """A request archived by a cache of capacity 4 under FIFO comes back only into such a cache: another capacity or
+    policy is reported (nothing half-restored), the entries stay on disk, and the right cache restores them."""
+    with Archive(TieredCache(TINY, capacity=4, policy="fifo"), tmp_path) as a:
+        a.cache.add_request("a", entries(10, 1))
+        a.cache.step("a", 0, np.array([1, 2, 3]))
+        a.checkpoint("a")
+    for kw, why in (({"capacity": 5, "policy": "fifo"}, "another capacity"), ({"capacity": 4}, "another policy")):
+        with Archive(TieredCache(TINY, **kw), tmp_path) as b:
+            rec = b.recover()
+            assert rec.recovered == [] and why in rec.failed["a"] and b.cache.requests() == []
+    with Archive(TieredCache(TINY, capacity=4, policy="fifo"), tmp_path) as c:
+        assert c.recover().recovered == ["a"] and set(c.cache.slot_map("a", 0)) == {1, 2, 3}
