@@ -160,7 +160,7 @@ class EvictionPolicy:
         inserted = _array("inserted", inserted, "b", "a bool array aligned with slots")
         if inserted.shape != slots.shape:
             raise ValueError(f"inserted must have the shape of slots {slots.shape}, got {inserted.shape}")
-        self._update(slots, inserted, _check_weights(weights, slots.shape))
+        self._update(slots, inserted, _check_weights(weights, slots.shape, self))
 
     def _update(self, slots: np.ndarray, inserted: np.ndarray, weights: np.ndarray | None) -> None:
         self._touch(slots)
@@ -268,11 +268,15 @@ class BeladyPolicy(EvictionPolicy):
 _CLASSES = {"lru": LRUPolicy, "fifo": FIFOPolicy, "heat": HeatPolicy, "belady": BeladyPolicy}
 
 
-def _check_weights(weights, shape: tuple) -> np.ndarray | None:
-    """A step's weights: ``None``, or finite numbers of the selection's ``shape``."""
+def _check_weights(weights, shape: tuple, policy: "EvictionPolicy") -> np.ndarray | None:
+    """A step's weights for ``policy``: ``None``, or finite numbers of the selection's ``shape`` (Belady's: the steps
+    of the next uses, integers >= 0)."""
     if weights is None:
         return None
-    w = _array("weights", weights, "iuf", "an array of numbers aligned with the selected entries")
+    if policy.name == "belady":
+        w = int_array("weights", _array("weights", weights, "iu", "the next uses' steps (integers)"), lo=0)
+    else:
+        w = _array("weights", weights, "iuf", "an array of numbers aligned with the selected entries")
     if w.shape != shape:
         raise ValueError(f"weights must have the shape of the selection {shape}, got {w.shape}")
     if not np.isfinite(w).all():
@@ -388,7 +392,7 @@ class SlotPool:
         if not isinstance(plan, SlotPlan):
             raise TypeError(f"plan must be a SlotPlan from SlotPool.plan, got {type(plan).__name__}")
         self._check_current(plan)
-        weights = _check_weights(weights, plan.tokens.shape)
+        weights = _check_weights(weights, plan.tokens.shape, self.policy)
         self.grow(int(plan.tokens.max(initial=-1)) + 1)
         evicted = self.token_of[plan.victims].copy()
         self.slot_of[evicted] = -1
@@ -461,13 +465,8 @@ def _rows(name: str, rows) -> list[np.ndarray]:
         rows = list(rows)
     if not isinstance(rows, (list, tuple)):
         raise TypeError(f"{name} must be a list of 1-D integer index arrays, got {type(rows).__name__}")
-    out = []
-    for t, r in enumerate(rows):
-        arr = _array(f"{name}[{t}]", r, "iu", "a 1-D integer index array")
-        if arr.ndim != 1:
-            raise ValueError(f"{name}[{t}] must be 1-D, got shape {arr.shape}")
-        out.append(arr)
-    return out
+    return [int_array(f"{name}[{t}]", _array(f"{name}[{t}]", r, "iu", "a 1-D integer index array"), ndim=1)
+            for t, r in enumerate(rows)]
 
 
 def next_uses(rows: Sequence[np.ndarray]) -> list[np.ndarray]:

@@ -118,6 +118,8 @@ def int_array(name: str, value: Any, *, ndim: int | None = None, lo: int | None 
         raise TypeError(f"{name} must hold integers (int64){doc}, got dtype {value.dtype}")
     if ndim is not None and value.ndim != ndim:
         raise ValueError(f"{name} must be {ndim}-D{doc}, got shape {value.shape}")
+    if value.dtype.kind == "u" and value.size and int(value.max()) >= 2 ** 63:    # would wrap to a negative int64
+        raise ValueError(f"{name} holds {int(value.max())}, beyond the int64 range")
     arr = np.ascontiguousarray(value, dtype=np.int64)
     if arr.size:
         low, high = int(arr.min()), int(arr.max())

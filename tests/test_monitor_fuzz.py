@@ -6,6 +6,7 @@ series derives from finite rows stays in range (hit rate in [0, 1], link utilisa
 Cases per test: monitor rows 300, StepSeries 150, the metrics records and link model 300, the timer and decode log
 150 (about 900 calls, a few seconds)."""
 import numpy as np
+import pytest
 from hypothesis import given, settings, strategies as st
 
 from ess.metrics import (DecodeMetricsLog, DecodeStepMetrics, LinkModel, MetricsLog, OpTimer, StepMetrics, StepRow,
@@ -13,6 +14,8 @@ from ess.metrics import (DecodeMetricsLog, DecodeStepMetrics, LinkModel, Metrics
 from ess.monitor import ROW_FIELDS, StepSeries, check_row
 from fuzz_helpers import BAD, finite, mutate, outcome
 
+# a NumPy RuntimeWarning (an invalid cast, a NaN from finite numbers) is a failure here
+pytestmark = pytest.mark.filterwarnings("error::RuntimeWarning")
 FAST = dict(deadline=None)
 GOOD_ROW = dict(step=3, step_s=0.02, stall_s=0.001, link_busy_s=0.005, bytes_h2d=1312, bytes_d2h=656, hits=(3, 1),
                 misses=(1, 3))

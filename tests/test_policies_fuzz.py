@@ -6,6 +6,7 @@ IndexError or NumPy error), a call that raised left the pool or policy as it was
 Cases per test: the policies' methods 300, the slot pool 300, the functions (make_policy, check_step_indices,
 next_uses, first_in_order, simulate_misses) 300, and random valid heat runs 100 (about 1,000 calls, a few seconds)."""
 import numpy as np
+import pytest
 from hypothesis import given, settings, strategies as st
 
 from ess.policies import (POLICIES, SlotPlan, SlotPool, check_step_indices, first_in_order, make_policy, next_uses,
@@ -13,6 +14,8 @@ from ess.policies import (POLICIES, SlotPlan, SlotPool, check_step_indices, firs
 from fuzz_helpers import finite, mutate, outcome, same
 
 CAP = 5
+# a NumPy RuntimeWarning (an invalid cast, a NaN from finite numbers) is a failure here
+pytestmark = pytest.mark.filterwarnings("error::RuntimeWarning")
 FAST = dict(deadline=None)
 
 

@@ -24,6 +24,8 @@ TINY = model_spec("tiny")
 DS = model_spec("deepseek-v3.2-exp")
 W = latent_entry_bytes(TINY)
 CAP = 6
+# a NumPy RuntimeWarning (an invalid cast, a NaN from finite numbers) is a failure here
+pytestmark = pytest.mark.filterwarnings("error::RuntimeWarning")
 FAST = dict(deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 
 
