@@ -3,13 +3,15 @@
 Public namespace, re-exported from topic modules (layers from the ground up, see the README):
 
 * facts: :mod:`ess.specs` (model, GPU, host, deployment presets from ``data/``), :mod:`ess.layout` (bytes per
-  entry, token and request; the pool-size rule), :mod:`ess.results` (the record format of the notebooks),
+  entry, token and request; the pool-size rule and the cache's capacity from a ratio or a byte budget),
+  :mod:`ess.results` (the record format of the notebooks),
   :mod:`ess.published`;
 * kernels: :mod:`ess.kernels` (``transfer``, ``attention``; NumPy reference, Numba, torch), :mod:`ess.quant`;
 * mechanisms: :mod:`ess.memory` (weights, KV budget, largest batch, where a batch's bytes live),
   :mod:`ess.policies`, :mod:`ess.storage` (host pool, GPU pool, the tiered cache), :mod:`ess.disk` (the disk
-  tier), :mod:`ess.metrics`, :mod:`ess.link` (the host-device link a step's copies cross), :mod:`ess.traces`
-  (format, I/O, overlap, recorder), :mod:`ess.tracegen` (synthetic generators and their calibration),
+  tier), :mod:`ess.archive` (a cache's requests on disk: checkpoint, spill, restore, recover), :mod:`ess.replay`
+  (a trace through a cache), :mod:`ess.metrics`, :mod:`ess.link` (the host-device link a step's copies cross),
+  :mod:`ess.traces` (format, I/O, overlap, recorder), :mod:`ess.tracegen` (synthetic generators and their calibration),
   :mod:`ess.cachesim`;
 * behaviour: :mod:`ess.attention` (indexer, top-k, sparse MLA, split/merge), :mod:`ess.heat_predictor`,
   :mod:`ess.prefetch`, :mod:`ess.sim` (the Scenario configuration, costs, timeline, calibration, sweeps, the miss
@@ -22,8 +24,8 @@ Public namespace, re-exported from topic modules (layers from the ground up, see
 from .attention import (indexer_scores, merge_attention, sparse_mla_decode, split_attention,  # noqa: F401
                         topk_indices)
 from .cachesim import misses_per_layer, misses_per_step  # noqa: F401
-from .layout import (indexer_entry_bytes, latent_entry_bytes, latent_layout, pool_slots,  # noqa: F401
-                     request_cache, token_bytes)
+from .layout import (capacity_from_budget, capacity_from_ratio, indexer_entry_bytes,  # noqa: F401
+                     latent_entry_bytes, latent_layout, pool_slots, request_cache, token_bytes)
 from .memory import (fit_mem_fraction_static, host_memory_needed_bytes, kv_budget_bytes,  # noqa: F401
                      largest_batch, tier_placement, weights_per_gpu_bytes)
 from .results import Recorder, load_records  # noqa: F401

@@ -15,27 +15,46 @@ slots past every slot the manifest knows (the block file grows), or, when a requ
 renamed over the old one and the directory flushed. Only then are the files the new manifest no longer needs
 deleted -- and only files with this tier's names for that request. A process killed at any instant therefore
 leaves either the old or the new checkpoint complete, plus at most some unreferenced files, which
-:meth:`DiskTier.scan` reports as orphans. Writes of one request are not safe against a second process writing the
-same request at the same time (one writer per request).
+:meth:`DiskTier.scan` reports as orphans.
 
-:class:`ess.storage.TieredCache` spills requests here, restores them and recovers after a crash; this module knows
-files, blocks and checksums, nothing about pools.
+**The tier owns its directory.** While a :class:`DiskTier` is open it holds an exclusive lock on the directory
+(``fcntl.flock`` on ``.ess-disk.lock`` there; POSIX, a local file system), so that no second tier -- in this
+process or another -- writes, reads or cleans the same archive meanwhile: opening one is refused with a
+:class:`DirectoryInUseError` naming the directory and the holder (recorded in ``.ess-disk.holder``). The lock goes
+with :meth:`DiskTier.close`, the tier's collection, or the process's end (``kill -9`` included: the kernel drops it).
+Every operation, orphan clean-up included, therefore runs under the lock. A closed tier refuses every call.
+
+**Paths read from a manifest stay in the archive.** A manifest names its block and pool files; each must be a plain
+file name of this tier's pattern for that request (``<stem>.g<G>.blocks``, ``<stem>.p<S>.npz``) resolving inside the
+directory. Anything else -- ``"../x"``, an absolute path, another request's file, a link out of the directory -- makes
+the archive corrupt (:class:`ArchiveError` naming the request and the path), reported by :meth:`DiskTier.scan`.
+
+:class:`ess.archive.Archive` pairs a tier with a :class:`ess.storage.TieredCache` (checkpoint, spill, restore,
+recover); this module knows files, blocks and checksums, nothing about pools.
 """
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import re
+import socket
+import weakref
 import zlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from .atomic import fsync_dir, write_text_atomic
-from .validate import non_negative_int, positive_int
+from .atomic import fsync_dir, write_json_atomic, write_text_atomic
+from .validate import entries as _entries, non_negative_int, positive_int, request_id as _request_id
 
-__all__ = ["DiskTier", "DiskScan", "CorruptBlockError", "ArchiveError", "request_stem", "request_id_of_stem"]
+__all__ = ["DiskTier", "DiskScan", "CorruptBlockError", "ArchiveError", "DirectoryInUseError", "request_stem",
+           "request_id_of_stem", "LOCK_FILE"]
+
+LOCK_FILE = ".ess-disk.lock"          # the lock a tier holds on its directory while open
+_HOLDER_FILE = ".ess-disk.holder"     # who holds it: {"pid", "host", "opened"}, written by the holder
 
 _FORMAT = "ess-disk-v2"
 
@@ -49,12 +68,21 @@ class CorruptBlockError(RuntimeError):
                          f"and no host copy is left to restore them from")
 
 
+class DirectoryInUseError(ValueError):
+    """The directory of a disk tier is already held by another open tier (this process's or another's)."""
+
+    def __init__(self, directory, holder: str):
+        self.directory, self.holder = str(directory), holder
+        super().__init__(f"directory {self.directory!r} is in use by another disk tier ({holder}); close that tier "
+                         f"(Archive.close / DiskTier.close) or use another directory")
+
+
 class ArchiveError(ValueError):
     """A request's archive cannot be read: its manifest is missing, not valid, or names a file that is not there."""
 
     def __init__(self, request_id, reason: str):
         self.request_id, self.reason = request_id, reason
-        super().__init__(f"request {request_id!r}: {reason}")
+        super().__init__(f"request_id {request_id!r}: {reason}")
 
 
 _SAFE = re.compile(r"^[A-Za-z0-9_.\-]{1,100}$")
@@ -66,14 +94,15 @@ _FILE = re.compile(r"^\.?(?P<stem>req-(?:i-?[0-9]+|s[A-Za-z0-9_.\-]{1,100}?))"
 
 
 def request_stem(request_id) -> str:
-    """The file stem of a request's archive (``req-i<int>`` or ``req-s<str>``); a ``ValueError`` for an id that
-    cannot name a file."""
-    if isinstance(request_id, (int, np.integer)) and not isinstance(request_id, (bool, np.bool_)):
-        return f"req-i{int(request_id)}"
-    if isinstance(request_id, str) and _SAFE.match(request_id):
+    """The file stem of a request's archive (``req-i<int>`` or ``req-s<str>``); a ``TypeError`` for an id that is
+    not an int or a str, a ``ValueError`` for a string that cannot name a file."""
+    request_id = _request_id("request_id", request_id)
+    if isinstance(request_id, int):
+        return f"req-i{request_id}"
+    if _SAFE.match(request_id):
         return f"req-s{request_id}"
-    raise ValueError(f"request_id {request_id!r} cannot name a disk file: use an int or a string of letters, "
-                     f"digits, '_', '.', '-'")
+    raise ValueError(f"request_id {request_id!r} cannot name a disk file: use an int or a string of 1 to 100 "
+                     f"letters, digits, '_', '.', '-'")
 
 
 def request_id_of_stem(stem: str):
@@ -85,6 +114,39 @@ def request_id_of_stem(stem: str):
 
 def _manifest_crc(body: dict) -> int:
     return zlib.crc32(json.dumps(body, sort_keys=True, separators=(",", ":")).encode())
+
+
+def _is_int(x, lo: int = 0, below: int | None = None) -> bool:
+    return type(x) is int and x >= lo and (below is None or x < below)
+
+
+def _consistent(m: dict, request_id) -> bool:
+    """A manifest body's fields have their types and agree with each other (its paths are checked apart)."""
+    try:
+        n_blocks = len(m["block_crc32"])
+        return (type(m["request_id"]) is type(request_id) and m["request_id"] == request_id
+                and all(_is_int(m[k], 1) for k in ("n_layers", "entry_bytes", "block_tokens"))
+                and _is_int(m["n_tokens"]) and _is_int(m["next_slot"]) and _is_int(m["sequence"])
+                and _is_int(m["pool_crc32"], 0, 1 << 32)
+                and isinstance(m["block_slots"], list) and isinstance(m["block_crc32"], list)
+                and len(m["block_slots"]) == n_blocks and -(-m["n_tokens"] // m["block_tokens"]) == n_blocks
+                and all(_is_int(s, 0, m["next_slot"]) for s in m["block_slots"])
+                and all(_is_int(c, 0, 1 << 32) for c in m["block_crc32"])
+                and "blocks_file" in m and "pool_file" in m)
+    except (KeyError, TypeError):
+        return False
+
+
+def _unlock(fd: int, holder: str, pid: int) -> None:
+    """Release a tier's lock: the holder record goes first (while the lock is still held, so that it never removes a
+    later holder's), then the descriptor (which drops the lock). In a forked child only the descriptor is closed:
+    the lock is the parent's."""
+    if os.getpid() == pid:
+        try:
+            os.unlink(holder)
+        except OSError:
+            pass
+    os.close(fd)
 
 
 @dataclass
@@ -101,21 +163,82 @@ class DiskScan:
 class DiskTier:
     """A crash-consistent cold archive of requests in ``directory`` (see the module docstring for the files).
 
-    ``n_layers`` x ``block_tokens`` x ``entry_bytes`` bytes per block; the directory is created if needed."""
+    ``n_layers`` x ``block_tokens`` x ``entry_bytes`` bytes per block; the directory is created if needed and locked
+    until :meth:`close` (the tier is also a context manager); a directory another open tier holds is refused
+    (:class:`DirectoryInUseError`)."""
 
     def __init__(self, directory, n_layers: int, entry_bytes: int, block_tokens: int = 64):
         self.n_layers = positive_int("n_layers", n_layers)
         self.entry_bytes = positive_int("entry_bytes", entry_bytes)
         self.block_tokens = positive_int("block_tokens", block_tokens)
-        if not isinstance(directory, (str, os.PathLike)):
+        self._release = None                            # set once the lock is taken
+        if not isinstance(directory, (str, os.PathLike)) or isinstance(directory, bytes):
             raise TypeError(f"directory must be a path, got {type(directory).__name__}")
         self.dir = Path(directory)
+        if str(directory) == "" or "\0" in str(directory):
+            raise ValueError(f"directory must name a folder, got {str(directory)!r}")
         if self.dir.exists() and not self.dir.is_dir():
             raise ValueError(f"directory {str(self.dir)!r} exists and is not a folder")
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise ValueError(f"directory {str(self.dir)!r} cannot be created ({exc.strerror or exc})") from None
+        self._real_dir = self.dir.resolve()
+        self._lock()
+
+    # -- the directory's lock --------------------------------------------------------------------------------------
+    def _lock(self) -> None:
+        """Take the directory's lock (refused when another open tier holds it) and record the holder."""
+        try:
+            import fcntl
+        except ImportError:                     # not POSIX: no lock, so no tier (two could destroy each other's files)
+            raise RuntimeError("the disk tier locks its directory with fcntl.flock, which this platform lacks") from None
+        try:
+            fd = os.open(self.dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise ValueError(f"directory {str(self.dir)!r} cannot be locked ({exc.strerror or exc})") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            raise DirectoryInUseError(self.dir, self._holder()) from None
+        pid = os.getpid()
+        try:
+            opened = datetime.datetime.now().isoformat(timespec="seconds")
+            write_json_atomic(self.dir / _HOLDER_FILE, {"pid": pid, "host": socket.gethostname(), "opened": opened})
+        except OSError as exc:
+            os.close(fd)
+            raise ValueError(f"directory {str(self.dir)!r} cannot be written ({exc.strerror or exc})") from None
+        self._release = weakref.finalize(self, _unlock, fd, str(self.dir / _HOLDER_FILE), pid)
+
+    def _holder(self) -> str:
+        """Who holds the directory's lock, as its holder recorded it."""
+        try:
+            doc = json.loads((self.dir / _HOLDER_FILE).read_text(encoding="utf-8"))
+            pid, host, opened = int(doc["pid"]), str(doc["host"]), str(doc["opened"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return "holder not recorded"
+        who = "this process" if pid == os.getpid() and host == socket.gethostname() else "process"
+        return f"{who} pid {pid} on {host}, opened {opened}"
+
+    @property
+    def closed(self) -> bool:
+        return self._release is None or not self._release.alive
+
+    def close(self) -> None:
+        """Release the directory (idempotent); the tier refuses every call afterwards."""
+        if self._release is not None:
+            self._release()
+
+    def __enter__(self) -> "DiskTier":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise ValueError(f"the disk tier on {str(self.dir)!r} is closed")
 
     @property
     def block_bytes(self) -> int:
@@ -123,6 +246,7 @@ class DiskTier:
 
     # -- names ---------------------------------------------------------------------------------------------------
     def _manifest_path(self, request_id) -> Path:
+        self._check_open()
         return self.dir / f"{request_stem(request_id)}.json"
 
     def has(self, request_id) -> bool:
@@ -130,6 +254,7 @@ class DiskTier:
 
     def list_requests(self) -> list:
         """Ids of the requests that have a manifest (valid or not: see :meth:`scan`), in file-name order."""
+        self._check_open()
         out = []
         for p in sorted(self.dir.glob("req-*.json")):
             try:
@@ -141,8 +266,10 @@ class DiskTier:
     # -- the manifest --------------------------------------------------------------------------------------------
     def manifest(self, request_id) -> dict:
         """The request's manifest, checked: an :class:`ArchiveError` (a ``ValueError``) when it is missing, not
-        JSON, fails its own CRC-32, has another format, or describes another layout than this tier's."""
+        JSON, fails its own CRC-32, has another format, names a file outside this archive, or describes another
+        layout than this tier's."""
         path = self._manifest_path(request_id)
+        request_id = _request_id("request_id", request_id)
         try:
             text = path.read_text(encoding="utf-8")
         except FileNotFoundError:
@@ -161,15 +288,16 @@ class DiskTier:
             raise ArchiveError(request_id, f"manifest {path.name} fails its CRC-32 check")
         if m.get("format") != _FORMAT:
             raise ArchiveError(request_id, f"manifest {path.name} has format {m.get('format')!r}, expected {_FORMAT!r}")
-        try:
-            n_blocks = len(m["block_crc32"])
-            ok = (m["request_id"] == request_id and len(m["block_slots"]) == n_blocks
-                  and -(-int(m["n_tokens"]) // int(m["block_tokens"])) == n_blocks
-                  and all(0 <= int(s) < int(m["next_slot"]) for s in m["block_slots"]))
-        except (KeyError, TypeError, ValueError):
-            ok = False
-        if not ok:
+        if not _consistent(m, request_id):
             raise ArchiveError(request_id, f"manifest {path.name} is inconsistent (request id, block count, slots)")
+        stem = request_stem(request_id)
+        for key, kind, doc in (("blocks_file", r"\.g[0-9]+\.blocks", ".g<n>.blocks"),
+                               ("pool_file", r"\.p[0-9]+\.npz", ".p<n>.npz")):
+            name = m[key]
+            if not (isinstance(name, str) and re.fullmatch(re.escape(stem) + kind, name)
+                    and (self.dir / name).resolve().parent == self._real_dir):
+                raise ArchiveError(request_id, f"manifest {path.name} names {key} {name!r}, not a file of this "
+                                               f"archive ({stem}{doc} in {self.dir}): refused as corrupt")
         if (m["n_layers"], m["entry_bytes"], m["block_tokens"]) != (self.n_layers, self.entry_bytes,
                                                                     self.block_tokens):
             raise ArchiveError(request_id, f"archived with layout {m['n_layers']} layers x {m['entry_bytes']} B x "
@@ -210,7 +338,7 @@ class DiskTier:
     def _map(path: Path):
         """A read-only map of a file (``None`` when it is missing or empty)."""
         try:
-            if path.stat().st_size == 0:
+            if not path.is_file() or path.stat().st_size == 0:
                 return None
             return np.memmap(path, dtype=np.uint8, mode="r")
         except FileNotFoundError:
@@ -228,12 +356,19 @@ class DiskTier:
         by name). Blocks before the one holding ``from_token`` are taken as unchanged; from there on, each block
         whose bytes differ from the checkpoint's is written to a fresh slot (see the module docstring), then the
         pool state, then the manifest. Returns the number of blocks written."""
+        self._check_open()
         stem = request_stem(request_id)
-        entries = np.asarray(entries)
-        if entries.dtype != np.uint8 or entries.ndim != 3 or entries.shape[0] != self.n_layers \
-                or entries.shape[2] != self.entry_bytes:
-            raise ValueError(f"entries must be uint8 (n_layers={self.n_layers}, n_tokens, {self.entry_bytes}), "
-                             f"got {entries.dtype} {entries.shape}")
+        request_id = _request_id("request_id", request_id)
+        entries = _entries("entries", entries, (self.n_layers, None, self.entry_bytes), ndim=3,
+                           shape_doc=f"(n_layers={self.n_layers}, n_tokens, {self.entry_bytes})")
+        if not isinstance(pool_state, Mapping):
+            raise TypeError(f"pool_state must be a dict of arrays, got {type(pool_state).__name__}")
+        for key, value in pool_state.items():
+            if not (isinstance(key, str) and key.isidentifier()):
+                raise ValueError(f"pool_state keys must be identifiers (the pool file's array names), got {key!r}")
+            if not isinstance(value, np.ndarray) or value.dtype.kind not in "iuf":
+                what = f"dtype {value.dtype}" if isinstance(value, np.ndarray) else type(value).__name__
+                raise TypeError(f"pool_state[{key!r}] must be a NumPy array of numbers, got {what}")
         from_token = non_negative_int("from_token", from_token)
         n_tokens = entries.shape[1]
         n_blocks = -(-n_tokens // self.block_tokens)
@@ -346,8 +481,12 @@ class DiskTier:
         if raw is None or zlib.crc32(raw) != m["pool_crc32"]:
             bad.append(-1)
         elif want_entries:
-            with np.load(pool_path, allow_pickle=False) as z:
-                pool = {k: z[k] for k in z.files}
+            try:
+                with np.load(pool_path, allow_pickle=False) as z:
+                    pool = {k: z[k] for k in z.files}
+            except Exception:                 # noqa: BLE001 -- a file its own checksum vouches for, yet no npz
+                pool = {}
+                bad.append(-1)
         return out, pool, bad
 
     def read(self, request_id) -> tuple[np.ndarray, dict, list[int]]:
@@ -359,6 +498,7 @@ class DiskTier:
     def scan(self) -> DiskScan:
         """Every request archived here, one by one: which manifests are readable, which requests cannot be read
         and why (a missing manifest is found from the request's other files), and the orphan files."""
+        self._check_open()
         out = DiskScan()
         referenced: set = set()
         stems: dict = {}

@@ -33,7 +33,7 @@ from . import validate
 __all__ = [
     "EntryFormat", "entry_format", "LatentLayout", "latent_layout", "latent_entry_bytes", "indexer_entry_bytes",
     "token_bytes", "RequestCache", "request_cache", "padded_tokens", "pool_slots", "layer_pool_slots", "step_entries",
-    "check_context_len", "KV_DTYPES",
+    "check_context_len", "KV_DTYPES", "capacity_from_ratio", "capacity_from_budget",
 ]
 
 KV_DTYPES = ("fp8", "bf16")
@@ -171,9 +171,47 @@ def pool_slots(model: ModelSpec | EntryFormat, ratio: float, context_len: int, *
     tokens = padded_tokens(model, context_len)
     slots = int(math.floor(ratio * tokens + 1e-9))     # 1e-9: 0.3 * 960 is 287.99999999999997
     if need is not None and slots < need:
-        raise ValueError(f"ratio {ratio} of {tokens} allocated tokens gives {slots} GPU slots per request and "
-                         f"layer, fewer than the {need} entries one step selects (K); raise the ratio")
+        raise ValueError(f"ratio {ratio} of context_len={context_len} ({tokens} allocated tokens) gives {slots} GPU "
+                         f"slots per request and layer, fewer than the {need} entries one step selects (K); raise the "
+                         f"ratio")
     return slots
+
+
+def capacity_from_ratio(model: ModelSpec, ratio: float, context_len: int) -> int:
+    """The capacity of a tiered cache (:class:`ess.storage.TieredCache`) at sparse-memory ``ratio``: the pool rule
+    :func:`pool_slots`, refused (``ValueError``) when it gives fewer slots than the K entries one step selects
+    (:func:`step_entries`)."""
+    if not isinstance(model, ModelSpec):
+        raise TypeError(f"model must be a ModelSpec (its top-K sizes one step), got {type(model).__name__}")
+    context_len = check_context_len(model, context_len)
+    return pool_slots(model, ratio, context_len, need=step_entries(model, context_len))
+
+
+def capacity_from_budget(model: ModelSpec, budget_bytes: float, n_requests: int, context_len: int,
+                         dtype: str = "fp8") -> int:
+    """The capacity of a tiered cache whose device pool holds ``n_requests`` requests within ``budget_bytes`` (all
+    layers): ``floor(budget / (n_requests x n_layers x entry_bytes))`` slots per (request, layer). A ``ValueError``
+    when that is fewer than one step's K = min(index_topk, context) entries. Allocate the pool once for those
+    requests (``TieredCache(..., capacity=..., max_requests=n_requests)``) to hold to the budget.
+
+    >>> from ess.specs import model_spec
+    >>> capacity_from_budget(model_spec("tiny"), 3 * 4 * 164 * 100, 3, 1000)    # 3 requests x 4 layers x 164 B
+    100
+    """
+    if not isinstance(model, ModelSpec):
+        raise TypeError(f"model must be a ModelSpec (its top-K sizes one step), got {type(model).__name__}")
+    n_requests = validate.positive_int("n_requests", n_requests)
+    context_len = check_context_len(model, context_len)
+    budget = validate.real("budget_bytes", budget_bytes, lo=0.0, lo_open=True)
+    entry = latent_entry_bytes(model, dtype)
+    per_slot = n_requests * model.n_layers * entry
+    capacity = int(budget) // per_slot                  # in integers: a float quotient can round up past the budget
+    k = step_entries(model, context_len)
+    if capacity < k:
+        raise ValueError(f"budget_bytes={budget:.0f} gives {capacity} slots per request and layer for "
+                         f"n_requests={n_requests} requests x {model.n_layers} layers x {entry} B; one step needs K = "
+                         f"{k} slots ({k * per_slot:.0f} B)")
+    return capacity
 
 
 def layer_pool_slots(model: ModelSpec, ratio: float, context_len: int, need) -> np.ndarray:

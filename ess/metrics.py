@@ -1,4 +1,6 @@
-"""Transfer metrics of the tiered cache: hits, misses and bytes per (request, layer, step), and a link model.
+"""The records of what moved: the tiered cache's per-event log, the decode engine's per-step log and per-operation
+timer, and the link model that turns bytes into seconds. (Following a run while it goes is :mod:`ess.monitor`'s
+job; this module only holds the records.)
 
 :class:`ess.storage.TieredCache` appends one :class:`StepMetrics` per event to its :class:`MetricsLog`:
 
@@ -26,15 +28,21 @@ from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 from .specs import link_figures
-from .validate import integer, one_of, real
+from .validate import boolean, integer, one_of, real, request_id as _request_id
 
-__all__ = ["StepMetrics", "MetricsLog", "LinkModel", "link_model", "OpRecord", "OpTimer", "StepRow",
+__all__ = ["STEP_KINDS", "StepMetrics", "MetricsLog", "LinkModel", "link_model", "OpRecord", "OpTimer", "StepRow",
            "DecodeStepMetrics",
            "DecodeMetricsLog"]
 
 
+STEP_KINDS = ("step", "warmup", "append", "restore")
+
+
 @dataclass(frozen=True)
 class StepMetrics:
+    """One event of the tiered cache: ``kind`` (one of :data:`STEP_KINDS`), the ``request_id`` (int or str),
+    ``layer`` (-1: all layers), the pool's decode ``step``, ``hits``, ``misses``, bytes both ways (integers >= 0)."""
+
     kind: str
     request_id: object
     layer: int
@@ -44,6 +52,13 @@ class StepMetrics:
     bytes_h2d: int
     bytes_d2h: int
 
+    def __post_init__(self):
+        one_of("kind", self.kind, STEP_KINDS)
+        object.__setattr__(self, "request_id", _request_id("request_id", self.request_id))
+        object.__setattr__(self, "layer", integer("layer", self.layer, lo=-1))
+        for name in ("step", "hits", "misses", "bytes_h2d", "bytes_d2h"):
+            object.__setattr__(self, name, integer(name, getattr(self, name), lo=0))
+
 
 class MetricsLog:
     """An append-only list of :class:`StepMetrics` with pandas views."""
@@ -52,6 +67,8 @@ class MetricsLog:
         self.records: list[StepMetrics] = []
 
     def add(self, record: StepMetrics) -> None:
+        if not isinstance(record, StepMetrics):
+            raise TypeError(f"record must be an ess.metrics.StepMetrics, got {type(record).__name__}")
         self.records.append(record)
 
     def __len__(self) -> int:
@@ -90,6 +107,9 @@ class MetricsLog:
         """:meth:`per_step` with the share of ``link`` each step's host->device and device->host bytes use when a
         decode step lasts ``step_time_s`` (``h2d_utilisation``, ``d2h_utilisation``; above 1: the link is too slow
         for that step time)."""
+        if not isinstance(link, LinkModel):
+            raise TypeError(f"link must be an ess.metrics.LinkModel, got {type(link).__name__}")
+        step_time_s = real("step_time_s", step_time_s, lo=0.0, lo_open=True)
         df = self.per_step()
         df["h2d_utilisation"] = [link.utilisation(b, step_time_s) for b in df.bytes_h2d]
         df["d2h_utilisation"] = [link.utilisation(b, step_time_s) for b in df.bytes_d2h]
@@ -106,10 +126,13 @@ class LinkModel:
 
     def __post_init__(self):
         real("LinkModel.bandwidth_GB_per_s", self.bandwidth_GB_per_s, lo=0.0, lo_open=True)
+        for name in ("name", "source"):
+            if not isinstance(getattr(self, name), str):
+                raise TypeError(f"LinkModel.{name} must be a str, got {type(getattr(self, name)).__name__}")
 
     def transfer_s(self, n_bytes: float) -> float:
-        """Seconds to move ``n_bytes`` at full bandwidth."""
-        return float(n_bytes) / (self.bandwidth_GB_per_s * 1e9)
+        """Seconds to move ``n_bytes`` (a finite number >= 0) at full bandwidth."""
+        return real("n_bytes", n_bytes, lo=0.0) / (self.bandwidth_GB_per_s * 1e9)
 
     def utilisation(self, n_bytes: float, interval_s: float) -> float:
         """Share of the link's capacity used when ``n_bytes`` cross it within ``interval_s`` (may exceed 1: the
@@ -158,13 +181,17 @@ class OpTimer:
     (wall time) or another clock, e.g. :func:`time.thread_time` (the calling thread's CPU time)."""
 
     def __init__(self, enabled: bool = True, clock=time.perf_counter):
-        self.enabled = bool(enabled)
+        self.enabled = boolean("enabled", enabled)
+        if not callable(clock):
+            raise TypeError(f"clock must be a function returning seconds, got {type(clock).__name__}")
         self.clock = clock
         self.step = 0
         self.records: list[OpRecord] = []
 
     @contextmanager
     def span(self, op: str, layer: int = -1):
+        if not isinstance(op, str):
+            raise TypeError(f"op must be an operation's name (str), got {type(op).__name__}")
         if not self.enabled:
             yield
             return
@@ -175,7 +202,12 @@ class OpTimer:
             self.records.append(OpRecord(self.step, layer, op, t0, self.clock()))
 
     def add(self, op: str, layer: int, start_s: float, end_s: float) -> None:
-        """Record an interval measured elsewhere (e.g. a wait)."""
+        """Record an interval measured elsewhere (e.g. a wait): ``start_s <= end_s``, finite, on the timer's clock."""
+        if not isinstance(op, str):
+            raise TypeError(f"op must be an operation's name (str), got {type(op).__name__}")
+        integer("layer", layer, lo=-1)
+        if real("end_s", end_s) < real("start_s", start_s):
+            raise ValueError(f"end_s must be >= start_s, got {end_s} < {start_s}")
         if self.enabled:
             self.records.append(OpRecord(self.step, layer, op, start_s, end_s))
 
@@ -238,6 +270,8 @@ class DecodeMetricsLog:
         self.subscribers.append(callback)
 
     def add(self, record: DecodeStepMetrics) -> None:
+        if not isinstance(record, StepRow):
+            raise TypeError(f"record must be an ess.metrics.StepRow (a DecodeStepMetrics), got {type(record).__name__}")
         self.records.append(record)
         for fn in self.subscribers:
             fn(record)

@@ -35,7 +35,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .validate import fraction, int_array, one_of, positive_int
+from .validate import fraction, int_array, integer, non_negative_int, one_of, positive_int
 
 __all__ = ["POLICIES", "ONLINE_POLICIES", "DEFAULT_HEAT_DECAY", "EvictionPolicy", "LRUPolicy", "FIFOPolicy",
            "HeatPolicy", "BeladyPolicy", "make_policy", "SlotPlan", "SlotPool", "check_step_indices",
@@ -44,14 +44,41 @@ __all__ = ["POLICIES", "ONLINE_POLICIES", "DEFAULT_HEAT_DECAY", "EvictionPolicy"
 POLICIES = ("lru", "fifo", "heat", "belady")
 ONLINE_POLICIES = ("lru", "fifo", "heat")         # Belady needs the future: simulations over a whole sequence only
 DEFAULT_HEAT_DECAY = 0.5   # design choice: a step's access weighs half the one after it (heat halves every step)
+POLICY_OPTIONS = {"lru": (), "fifo": (), "heat": ("decay",), "belady": ()}     # what make_policy passes on
+
+
+def _array(name: str, value, kinds: str, what: str) -> np.ndarray:
+    """``value`` as a NumPy array whose dtype kind is one of ``kinds`` (a ``TypeError`` naming ``name`` otherwise)."""
+    try:
+        arr = value if isinstance(value, np.ndarray) else np.asarray(value)
+    except (TypeError, ValueError):
+        arr = None
+    if arr is None or arr.dtype.kind not in kinds or isinstance(value, (str, bytes)):
+        raise TypeError(f"{name} must be {what}, got {type(value).__name__}"
+                        f"{' of dtype ' + str(arr.dtype) if arr is not None else ''}")
+    return arr
+
+
+def _full(name: str, n: int, fill, dtype) -> np.ndarray:
+    """``np.full(n, fill, dtype)``, a ``ValueError`` naming ``name`` when it is too large to allocate."""
+    try:
+        return np.full(n, fill, dtype)
+    except (MemoryError, ValueError):
+        raise ValueError(f"{name}={n:,} is too large to allocate") from None
 
 
 def first_in_order(keys: tuple, n: int) -> np.ndarray:
     """``np.lexsort(keys)[:n]`` (the last key most significant, ties by the keys before it, then by position)
     without sorting everything: the first ``n`` all have a most significant key at most its ``n``-th smallest
-    value, so only those are sorted (every tie at that value included, so their order is the full sort's)."""
-    top = np.asarray(keys[-1])
-    n = min(int(n), top.size)
+    value, so only those are sorted (every tie at that value included, so their order is the full sort's).
+    ``keys``: a non-empty tuple of 1-D arrays of numbers of one length; ``n``: an integer >= 0."""
+    if not isinstance(keys, tuple) or not keys:
+        raise TypeError(f"keys must be a non-empty tuple of 1-D arrays, got {type(keys).__name__}")
+    keys = tuple(_array(f"keys[{i}]", k, "iuf", "a 1-D array of numbers") for i, k in enumerate(keys))
+    if any(k.ndim != 1 or k.shape != keys[0].shape for k in keys):
+        raise ValueError(f"keys must be 1-D arrays of one length, got shapes {[k.shape for k in keys]}")
+    top = keys[-1]
+    n = min(non_negative_int("n", n), top.size)
     if 0 < n < top.size // 2:
         kth = np.partition(top, n - 1)[n - 1]
         if kth == kth:                                          # not NaN (NaN sorts last; then sort everything)
@@ -77,39 +104,72 @@ class EvictionPolicy:
     def __init__(self, capacity: int):
         self.capacity = positive_int("capacity", capacity)
         self.clock = 0                                       # counts entry touches, for recency order
-        self.stamp = np.zeros(self.capacity, np.int64)       # last use (LRU order, also the tie-breaker)
+        self.stamp = _full("capacity", self.capacity, 0, np.int64)   # last use (LRU order, also the tie-breaker)
 
     def _keys(self) -> tuple[np.ndarray, ...]:
         """Sort keys per slot, most significant last (``np.lexsort`` order); lowest is evicted first."""
         raise NotImplementedError
 
+    # The public methods check their arguments and call the private ones, which :class:`SlotPool` calls directly
+    # with arguments it built itself.
+    def _check_slots(self, name: str, slots, *, increasing: bool = False) -> np.ndarray:
+        """Distinct slots of this pool, a 1-D integer array (in increasing order when ``increasing``)."""
+        slots = int_array(name, slots, ndim=1, lo=0, below=self.capacity, shape_doc="(n,) slots")
+        if increasing:
+            if (np.diff(slots) <= 0).any():
+                raise ValueError(f"{name} must be distinct slots in increasing order (as np.flatnonzero gives them)")
+        elif np.unique(slots).size != slots.size:
+            raise ValueError(f"{name} must be distinct slots")
+        return slots
+
     def choose_victims(self, candidates: np.ndarray, n: int) -> np.ndarray:
-        """The ``n`` slots among ``candidates`` (resident, not selected this step) to evict, first victim first."""
+        """The ``n`` slots among ``candidates`` (resident, not selected this step; distinct, in increasing order) to
+        evict, first victim first."""
+        candidates = self._check_slots("candidates", candidates, increasing=True)
+        return self._choose_victims(candidates, non_negative_int("n", n))
+
+    def _choose_victims(self, candidates: np.ndarray, n: int) -> np.ndarray:
         if n == 0:
             return np.empty(0, np.int64)
         if n > candidates.size:
-            raise ValueError(f"{n} victims needed but only {candidates.size} evictable slots")
+            raise ValueError(f"{n} victims needed but only {candidates.size} evictable slots (n={n} > the "
+                             f"{candidates.size} candidates)")
         keys = tuple(k[candidates] for k in self._keys())
         return candidates[first_in_order((candidates,) + keys, n)].astype(np.int64)
 
     def touch(self, slots: np.ndarray) -> None:
         """Make ``slots`` the most recent, in array order (a later position is more recent)."""
+        self._touch(self._check_slots("slots", slots))
+
+    def _touch(self, slots: np.ndarray) -> None:
         self.stamp[slots] = self.clock + 1 + np.arange(slots.size)
         self.clock += int(slots.size)
 
     def touch_cold(self, slots: np.ndarray) -> None:
         """Make ``slots`` the least recent, below every other entry, the first of them the warmest (a background
         load that should go first)."""
+        slots = self._check_slots("slots", slots)
         low = min(int(self.stamp.min(initial=0)), 0)
         self.stamp[slots] = low - 1 - np.arange(slots.size)
 
     def update(self, slots: np.ndarray, inserted: np.ndarray, weights: np.ndarray | None) -> None:
-        """After a step: ``slots`` of S in indices order, ``inserted`` marks the ones loaded by this step,
-        ``weights`` (aligned with ``slots``) what the policy weighs them by (``None``: 1 each)."""
-        self.touch(slots)
+        """After a step: ``slots`` of S in indices order, ``inserted`` (bool, aligned) marks the ones loaded by this
+        step, ``weights`` (finite numbers, aligned with ``slots``) what the policy weighs them by (``None``: 1
+        each)."""
+        slots = self._check_slots("slots", slots)
+        inserted = _array("inserted", inserted, "b", "a bool array aligned with slots")
+        if inserted.shape != slots.shape:
+            raise ValueError(f"inserted must have the shape of slots {slots.shape}, got {inserted.shape}")
+        self._update(slots, inserted, _check_weights(weights, slots.shape, self))
+
+    def _update(self, slots: np.ndarray, inserted: np.ndarray, weights: np.ndarray | None) -> None:
+        self._touch(slots)
 
     def clear(self, slots: np.ndarray) -> None:
         """Forget the entries of ``slots`` (evicted or freed)."""
+        self._clear(int_array("slots", slots, ndim=1, lo=0, below=self.capacity, shape_doc="(n,) slots"))
+
+    def _clear(self, slots: np.ndarray) -> None:
         for name in self._slot_arrays:
             getattr(self, name)[slots] = 0
 
@@ -118,10 +178,25 @@ class EvictionPolicy:
                                                                      self._slot_arrays}}
 
     def set_state(self, state: dict) -> None:
-        for name in self._counters:
-            setattr(self, name, type(getattr(self, name))(state[name]))
-        for name in self._slot_arrays:
-            getattr(self, name)[:] = state[name]
+        """Take back what :meth:`state` gave: the counters (integers) and the per-slot arrays ``(capacity,)``;
+        everything is checked before anything changes."""
+        if not isinstance(state, dict):
+            raise TypeError(f"state must be a dict (EvictionPolicy.state), got {type(state).__name__}")
+        want = set(self._counters) | set(self._slot_arrays)
+        if set(state) != want:
+            raise ValueError(f"state of a {self.name} policy must hold {sorted(want)}, got {sorted(map(str, state))}")
+        counters = {n: integer(f"state[{n!r}]", state[n]) for n in self._counters}
+        arrays = {}
+        for n in self._slot_arrays:
+            ref = getattr(self, n)
+            arr = _array(f"state[{n!r}]", state[n], "iu" if ref.dtype.kind in "iu" else "iuf", f"a {ref.dtype} array")
+            if arr.shape != ref.shape or not np.isfinite(arr).all():
+                raise ValueError(f"state[{n!r}] must be finite with shape {ref.shape}, got {arr.shape}")
+            arrays[n] = arr
+        for n, v in counters.items():
+            setattr(self, n, v)
+        for n, arr in arrays.items():
+            getattr(self, n)[:] = arr
 
 
 class LRUPolicy(EvictionPolicy):
@@ -144,11 +219,11 @@ class FIFOPolicy(EvictionPolicy):
     def _keys(self):
         return (self.stamp, self.inserted_at)          # insertion decides; LRU order breaks (impossible) ties
 
-    def update(self, slots, inserted, weights):
+    def _update(self, slots, inserted, weights):
         new = slots[inserted]
         self.inserted_at[new] = self.n_inserted + 1 + np.arange(new.size)
         self.n_inserted += int(new.size)
-        self.touch(slots)
+        self._touch(slots)
 
 
 class HeatPolicy(EvictionPolicy):
@@ -163,10 +238,10 @@ class HeatPolicy(EvictionPolicy):
     def _keys(self):
         return (self.stamp, self.heat)                 # heat decides, LRU order breaks ties
 
-    def update(self, slots, inserted, weights):
+    def _update(self, slots, inserted, weights):
         self.heat *= self.decay
         self.heat[slots] += np.ones(slots.size) if weights is None else np.asarray(weights, np.float64)
-        self.touch(slots)
+        self._touch(slots)
 
 
 class BeladyPolicy(EvictionPolicy):
@@ -183,19 +258,41 @@ class BeladyPolicy(EvictionPolicy):
     def _keys(self):
         return (self.stamp, -self.next_use)
 
-    def update(self, slots, inserted, weights):
+    def _update(self, slots, inserted, weights):
         if weights is None:
-            raise ValueError("the belady policy needs each selected entry's next use (weights)")
+            raise ValueError("weights: the belady policy needs each selected entry's next use")
         self.next_use[slots] = np.asarray(weights, np.int64)
-        self.touch(slots)
+        self._touch(slots)
 
 
 _CLASSES = {"lru": LRUPolicy, "fifo": FIFOPolicy, "heat": HeatPolicy, "belady": BeladyPolicy}
 
 
+def _check_weights(weights, shape: tuple, policy: "EvictionPolicy") -> np.ndarray | None:
+    """A step's weights for ``policy``: ``None``, or finite numbers of the selection's ``shape`` (Belady's: the steps
+    of the next uses, integers >= 0)."""
+    if weights is None:
+        return None
+    if policy.name == "belady":
+        w = int_array("weights", _array("weights", weights, "iu", "the next uses' steps (integers)"), lo=0)
+    else:
+        w = _array("weights", weights, "iuf", "an array of numbers aligned with the selected entries")
+    if w.shape != shape:
+        raise ValueError(f"weights must have the shape of the selection {shape}, got {w.shape}")
+    if not np.isfinite(w).all():
+        raise ValueError("weights must be finite (no NaN or inf)")
+    return w
+
+
 def make_policy(name: str, capacity: int, **options) -> EvictionPolicy:
-    """A policy by name: one of :data:`POLICIES` (``"heat"`` takes the option ``decay``)."""
+    """A policy by name: one of :data:`POLICIES`, with its options (:data:`POLICY_OPTIONS`: ``"heat"`` takes
+    ``decay``; an option another policy does not take is a ``TypeError``)."""
     one_of("policy", name, POLICIES)
+    extra = sorted(set(options) - set(POLICY_OPTIONS[name]))
+    if extra:
+        allowed = POLICY_OPTIONS[name]
+        raise TypeError(f"policy_options: the {name} policy takes "
+                        f"{'only ' + str(list(allowed)) if allowed else 'no options'}, got {extra}")
     return _CLASSES[name](capacity, **options)
 
 
@@ -230,20 +327,35 @@ class SlotPool:
     def __init__(self, capacity: int, policy: str = "lru", n_tokens: int = 1, **policy_options):
         self.policy = make_policy(policy, capacity, **policy_options)
         self.capacity = self.policy.capacity
+        n_tokens = non_negative_int("n_tokens", n_tokens)
         self.token_of = np.full(self.capacity, -1, np.int64)     # token in each slot, -1 = free
-        self.slot_of = np.full(max(int(n_tokens), 1), -1, np.int64)   # slot of each token, -1 = not resident
+        self.slot_of = _full("n_tokens", max(n_tokens, 1), -1, np.int64)   # slot of each token, -1 = not resident
         self.version = 0                                          # bumped by every change
 
     def grow(self, n_tokens: int) -> None:
         """Make room in the token map for tokens ``0 .. n_tokens - 1`` (at least doubling)."""
+        n_tokens = non_negative_int("n_tokens", n_tokens)
         if n_tokens > self.slot_of.size:
             extra = max(n_tokens, 2 * self.slot_of.size) - self.slot_of.size
-            self.slot_of = np.concatenate([self.slot_of, np.full(extra, -1, np.int64)])
+            self.slot_of = np.concatenate([self.slot_of, _full("n_tokens", extra, -1, np.int64)])
 
     def plan(self, tokens: np.ndarray, rank=None) -> SlotPlan:
-        """The plan for selecting ``tokens`` (valid, distinct, at most ``capacity``; int64, in array order).
-        ``rank`` (optional) replaces the policy's choice of victims: a function of the candidate tokens returning
-        one key each, lowest evicted first, ties by token."""
+        """The plan for selecting ``tokens`` (a 1-D integer array of distinct tokens >= 0, at most ``capacity``, in
+        array order). ``rank`` (optional) replaces the policy's choice of victims: a function of the candidate
+        tokens returning one finite key each, lowest evicted first, ties by token."""
+        tokens = int_array("tokens", tokens, ndim=1, lo=0, shape_doc="(K,) distinct tokens")
+        if tokens.size > self.capacity:
+            raise ValueError(f"tokens selects {tokens.size} entries but the pool has only capacity={self.capacity} "
+                             f"slots")
+        if np.unique(tokens).size != tokens.size:
+            raise ValueError("tokens must be distinct")
+        if rank is not None and not callable(rank):
+            raise TypeError(f"rank must be a function of the candidate tokens (or None), got {type(rank).__name__}")
+        return self.plan_unchecked(tokens, rank)
+
+    def plan_unchecked(self, tokens: np.ndarray, rank=None) -> SlotPlan:
+        """:meth:`plan` for ``tokens`` already checked (contiguous int64; what :class:`ess.storage.TieredCache` passes
+        after :func:`check_step_indices`)."""
         slots = np.full(tokens.size, -1, np.int64)                  # (K',) -1 = miss
         known = tokens < self.slot_of.size                          # a token past the map was never resident
         slots[known] = self.slot_of[tokens[known]]
@@ -255,10 +367,13 @@ class SlotPool:
         candidates = np.flatnonzero((self.token_of >= 0) & ~in_s)
         n_victims = n_miss - free.size
         if rank is None or n_victims <= 0:
-            victims = self.policy.choose_victims(candidates, max(n_victims, 0))
+            victims = self.policy._choose_victims(candidates, max(n_victims, 0))
         else:
             candidates = candidates[np.argsort(self.token_of[candidates], kind="stable")]
-            key = np.asarray(rank(self.token_of[candidates]))
+            key = _array("rank(...)", rank(self.token_of[candidates]), "iuf", "one number per candidate token")
+            if key.shape != candidates.shape or not np.isfinite(key).all():
+                raise ValueError(f"rank must return one finite key per candidate token {candidates.shape}, got "
+                                 f"{key.shape}")
             victims = candidates[np.argsort(key, kind="stable")[:n_victims]].astype(np.int64)
             if victims.size < n_victims:
                 raise ValueError(f"{n_victims} victims needed but only {candidates.size} evictable slots")
@@ -274,37 +389,46 @@ class SlotPool:
     def commit(self, plan: SlotPlan, weights: np.ndarray | None = None) -> np.ndarray:
         """Apply ``plan`` once the missed rows are in place: the victims' tokens leave, the missed tokens take their
         slots and the policy sees the step (``weights`` aligned with ``plan.tokens``). Returns the evicted tokens."""
+        if not isinstance(plan, SlotPlan):
+            raise TypeError(f"plan must be a SlotPlan from SlotPool.plan, got {type(plan).__name__}")
         self._check_current(plan)
+        weights = _check_weights(weights, plan.tokens.shape, self.policy)
         self.grow(int(plan.tokens.max(initial=-1)) + 1)
         evicted = self.token_of[plan.victims].copy()
         self.slot_of[evicted] = -1
-        self.policy.clear(plan.victims)
+        self.policy._clear(plan.victims)
         new_slots, new_tokens = plan.slots[plan.miss], plan.tokens[plan.miss]
         self.token_of[new_slots] = new_tokens
         self.slot_of[new_tokens] = new_slots
-        self.policy.update(plan.slots, plan.miss, weights)
+        self.policy._update(plan.slots, plan.miss, weights)
         self.version += 1
         return evicted
 
     def drop(self, slots: np.ndarray) -> None:
         """Forget the entries in ``slots`` (their rows may be half overwritten); free slots stay free."""
+        slots = int_array("slots", slots, ndim=1, lo=0, below=self.capacity, shape_doc="(n,) slots")
         held = slots[self.token_of[slots] >= 0]
         self.slot_of[self.token_of[held]] = -1
         self.token_of[held] = -1
-        self.policy.clear(held)
+        self.policy._clear(held)
         self.version += 1
 
     def resident(self) -> np.ndarray:
         """Resident tokens in eviction order (first to go first)."""
         slots = np.flatnonzero(self.token_of >= 0)
-        return self.token_of[self.policy.choose_victims(slots, slots.size)]
+        return self.token_of[self.policy._choose_victims(slots, slots.size)]
 
     def state(self) -> dict:
         """A copy of the map and the policy state (for snapshots and the disk tier)."""
         return {"token_of": self.token_of.copy(), "slot_of": self.slot_of.copy(), "policy": self.policy.state()}
 
     def set_token_map(self, token_of: np.ndarray) -> None:
-        """Replace the map by ``token_of`` (capacity,) (a restored pool); the policy state is set separately."""
+        """Replace the map by ``token_of`` (capacity,) (a restored pool: distinct tokens >= 0, -1 for a free slot);
+        the policy state is set separately."""
+        token_of = int_array("token_of", token_of, ndim=1, lo=-1, shape_doc=f"({self.capacity},)")
+        held = token_of[token_of >= 0]
+        if token_of.shape != (self.capacity,) or np.unique(held).size != held.size:
+            raise ValueError(f"token_of must hold ({self.capacity},) distinct tokens or -1, got shape {token_of.shape}")
         self.token_of[:] = token_of
         self.slot_of[:] = -1
         held = np.flatnonzero(self.token_of >= 0)
@@ -320,7 +444,11 @@ class SlotPool:
 def check_step_indices(indices, n_tokens: int, capacity: int, name: str = "indices") -> np.ndarray:
     """Validate one step's top-K indices: a 1-D NumPy integer array in ``[-1, n_tokens)``, no repeated valid index,
     at most ``capacity`` valid ones. Returns them as a contiguous int64 array."""
-    idx = int_array(name, indices, ndim=1, lo=-1, below=n_tokens, shape_doc="(K,), -1 = padding")
+    n_tokens, capacity = non_negative_int("n_tokens", n_tokens), positive_int("capacity", capacity)
+    try:
+        idx = int_array(name, indices, ndim=1, lo=-1, below=n_tokens, shape_doc="(K,), -1 = padding")
+    except ValueError as exc:
+        raise ValueError(f"{exc} (the request holds n_tokens={n_tokens})") from None
     valid = idx[idx >= 0]
     if valid.size > capacity:
         raise ValueError(f"{name} selects {valid.size} entries but the pool has only capacity={capacity} slots "
@@ -331,9 +459,20 @@ def check_step_indices(indices, n_tokens: int, capacity: int, name: str = "indic
     return idx
 
 
+def _rows(name: str, rows) -> list[np.ndarray]:
+    """A sequence of 1-D integer index arrays (``-1`` padding), as a list of arrays."""
+    if isinstance(rows, np.ndarray) and rows.ndim == 2:
+        rows = list(rows)
+    if not isinstance(rows, (list, tuple)):
+        raise TypeError(f"{name} must be a list of 1-D integer index arrays, got {type(rows).__name__}")
+    return [int_array(f"{name}[{t}]", _array(f"{name}[{t}]", r, "iu", "a 1-D integer index array"), ndim=1)
+            for t, r in enumerate(rows)]
+
+
 def next_uses(rows: Sequence[np.ndarray]) -> list[np.ndarray]:
     """For each row ``t`` of a sequence of index sets, the next row at which each valid entry is selected again
-    (``len(rows)`` when never): Belady's key."""
+    (``len(rows)`` when never): Belady's key. Each row is a 1-D integer array (``-1`` padding)."""
+    rows = _rows("rows", rows)
     never = len(rows)
     nxt: dict[int, int] = {}
     out: list[np.ndarray] = [np.empty(0, np.int64)] * never
@@ -352,17 +491,39 @@ def simulate_misses(steps: Sequence[np.ndarray], capacity: int, *, policy: str =
     readable reference of every policy. The slot bookkeeping is :class:`SlotPool`, the storage's; the warmup
     ``windows`` are applied first, each like a step, and not counted. ``weights`` (one array per step, aligned with its
     indices, padding included, as :meth:`ess.storage.TieredCache.step` takes them) feed the heat policy (default 1
-    each; windows always 1); ``decay`` is the heat decay."""
-    rows = [np.asarray(r) for r in list(windows) + list(steps)]
-    n_warm = len(list(windows))
+    each; windows always 1); ``decay`` is the heat decay (checked for every policy, used by heat only)."""
+    one_of("policy", policy, POLICIES)
+    capacity = positive_int("capacity", capacity)
+    decay = fraction("decay", decay)
+    steps, windows = _rows("steps", steps), _rows("windows", windows)
+    rows = windows + steps
+    n_warm = len(windows)
+    if weights is not None:
+        if isinstance(weights, np.ndarray) and weights.ndim == 2:
+            weights = list(weights)
+        if not isinstance(weights, (list, tuple)):
+            raise TypeError(f"weights must be a list of arrays, one per step, got {type(weights).__name__}")
+        if len(weights) != len(steps):
+            raise ValueError(f"weights must give one array per entry of steps ({len(steps)}), got {len(weights)}")
+        checked_w = []
+        for t, w in enumerate(weights):
+            w = _array(f"weights[{t}]", w, "iuf", "an array of numbers aligned with the step's indices")
+            if w.shape != steps[t].shape:
+                raise ValueError(f"weights[{t}] must have the shape of steps[{t}] {steps[t].shape}, got {w.shape}")
+            if not np.isfinite(w[steps[t] >= 0]).all():
+                raise ValueError(f"weights[{t}] must be finite where steps[{t}] is not padding")
+            checked_w.append(w)
+        weights = checked_w
+    checked = [check_step_indices(row, max(int(row.max(initial=-1)) + 1, 1), capacity,
+                                  name=f"windows[{t}]" if t < n_warm else f"steps[{t - n_warm}]")
+               for t, row in enumerate(rows)]
     options = {"decay": decay} if policy == "heat" else {}
     pool = SlotPool(capacity, policy, **options)
     future = next_uses(rows) if policy == "belady" else None
     misses = []
-    for t, row in enumerate(rows):
-        idx = check_step_indices(row, max(int(row.max(initial=-1)) + 1, 1), capacity)
+    for t, idx in enumerate(checked):
         tokens = idx[idx >= 0]
-        plan = pool.plan(tokens)
+        plan = pool.plan_unchecked(tokens)
         w = None
         if future is not None:
             w = future[t]

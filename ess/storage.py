@@ -1,4 +1,4 @@
-"""Tiered latent-cache storage: the GPU pool, the host pool and the disk tier, holding and moving real bytes.
+"""Tiered latent-cache storage: the GPU pool and the host pool, holding and moving real bytes.
 
 ESS keeps the whole latent cache in (pinned) host memory and a bounded hot subset on the GPU ([ARX]). Here:
 
@@ -9,8 +9,13 @@ ESS keeps the whole latent cache in (pinned) host memory and a bounded hot subse
 * the device pool: ``capacity`` slots per (request, layer), one uint8 array ``(slots, entry_bytes)`` (a NumPy
   array for ``device="cpu"``, a CUDA tensor otherwise). Slot numbers are global: request block ``b`` holds layer
   ``l``'s pool in slots ``[(b * n_layers + l) * capacity, ... + capacity)``.
-* the disk tier (:class:`ess.disk.DiskTier`, optional): spill, restore and crash recovery of whole requests.
-* :class:`TieredCache` the three together.
+* :class:`TieredCache` the two pools, the requests' lifecycle (add, append, remove) and the step protocol below.
+
+What is not here: replaying a trace through a cache (:mod:`ess.replay`), the disk tier's archive of a cache's
+requests -- checkpoint, spill, restore, crash recovery (:mod:`ess.archive` over :mod:`ess.disk`) -- and the rules
+that size the device pool from a ratio or a byte budget (:func:`ess.layout.capacity_from_ratio`,
+:func:`ess.layout.capacity_from_budget`, beside the one pool rule :func:`ess.layout.pool_slots`): the cache takes a
+``capacity``.
 
 One step of one (request, layer) with the valid top-K indices S (array order, ``-1`` padding ignored) is three
 calls, so that a caller can overlap them with attention (:mod:`ess.decode`):
@@ -32,17 +37,17 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import validate
-from .disk import CorruptBlockError, DiskTier, request_stem
+import weakref
+from collections.abc import Mapping
+
 from .kernels import resolve_backend
 from .kernels.transfer import TransferError, copy_rows_unchecked
-from .layout import (KV_DTYPES, EntryFormat, check_context_len, entry_format, latent_entry_bytes, pool_slots,
-                     step_entries)
+from .layout import KV_DTYPES, EntryFormat, check_context_len, entry_format
 from .metrics import MetricsLog, StepMetrics
 from .policies import ONLINE_POLICIES, SlotPlan, SlotPool, check_step_indices, make_policy
 from .specs import ModelSpec, model_spec
 
-__all__ = ["StepPlan", "PoolStep", "HostPool", "TieredCache", "ResidentCache", "Recovery", "TransferError",
-           "capacity_from_budget"]
+__all__ = ["StepPlan", "PoolStep", "HostPool", "TieredCache", "ResidentCache", "TransferError"]
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -82,6 +87,7 @@ class StepPlan(_Counts):
     miss_pos: np.ndarray
     scores: np.ndarray | None
     pool: SlotPlan
+    cache: object = field(default=None, repr=False, compare=False)     # the cache that made it (None: not checked)
 
 
 @dataclass(frozen=True)
@@ -111,12 +117,13 @@ class HostPool:
     """Every latent entry of every request: per request one ``(n_layers, capacity_tokens, entry_bytes)`` uint8
     array of which the first ``n_tokens`` token rows are valid; the capacity doubles when full.
 
-    ``pinned=True`` allocates page-locked memory through torch (needed for zero-copy CUDA reads)."""
+    ``pinned=True`` allocates page-locked memory through torch (needed for zero-copy CUDA reads). Request ids are
+    ``int`` or ``str`` (:func:`ess.validate.request_id`); an unknown one is a ``ValueError``."""
 
     def __init__(self, n_layers: int, entry_bytes: int, *, pinned: bool = False):
-        self.n_layers = int(n_layers)
-        self.entry_bytes = int(entry_bytes)
-        self.pinned = bool(pinned)
+        self.n_layers = validate.positive_int("n_layers", n_layers)
+        self.entry_bytes = validate.positive_int("entry_bytes", entry_bytes)
+        self.pinned = validate.boolean("pinned", pinned)
         self._arrays: dict = {}       # request_id -> np.ndarray (n_layers, cap, W)
         self._tensors: dict = {}      # request_id -> pinned torch tensor sharing the array's memory
         self._n_tokens: dict = {}
@@ -129,27 +136,51 @@ class HostPool:
             return t.numpy(), t
         return np.zeros(shape, np.uint8), None
 
+    def _alloc_checked(self, cap: int, name: str):
+        try:
+            return self._alloc(cap)
+        except (MemoryError, ValueError, RuntimeError) as exc:   # too large to allocate (NumPy, torch)
+            raise ValueError(f"{name}: a host array of {self.n_layers} layers x {cap:,} tokens x {self.entry_bytes} B "
+                             f"cannot be allocated ({type(exc).__name__})") from None
+
+    def _key(self, request_id):
+        """A held request's id (``ValueError`` when it is not held, ``TypeError`` for an id of another type)."""
+        request_id = validate.request_id("request_id", request_id)
+        if request_id not in self._arrays:
+            raise ValueError(f"unknown request_id {request_id!r} (the host pool holds {len(self._arrays)} request(s))")
+        return request_id
+
     def __contains__(self, request_id) -> bool:
-        return request_id in self._arrays
+        return isinstance(request_id, (int, str, np.integer)) and request_id in self._arrays
 
     def requests(self) -> list:
         return list(self._arrays)
 
     def n_tokens(self, request_id) -> int:
-        return self._n_tokens[request_id]
+        return self._n_tokens[self._key(request_id)]
 
     def add(self, request_id, entries: np.ndarray, capacity: int | None = None) -> None:
-        """Hold a request's entries ``(n_layers, n, entry_bytes)`` with room for ``capacity`` tokens (default n)."""
+        """Hold a request's entries ``(n_layers, n, entry_bytes)`` uint8 with room for ``capacity`` tokens (default
+        n)."""
+        request_id = validate.request_id("request_id", request_id)
+        if request_id in self._arrays:
+            raise ValueError(f"request_id {request_id!r} is already in the host pool")
+        entries = validate.entries("entries", entries, (self.n_layers, None, self.entry_bytes), ndim=3,
+                                   shape_doc=f"(n_layers={self.n_layers}, n, {self.entry_bytes})")
         n = entries.shape[1]
-        arr, t = self._alloc(max(n, 1, capacity or 0))
+        if capacity is not None:
+            validate.integer("capacity", capacity, lo=n)
+        arr, t = self._alloc_checked(max(n, 1, capacity or 0), "capacity")
         arr[:, :n] = entries
         self._arrays[request_id], self._tensors[request_id], self._n_tokens[request_id] = arr, t, n
 
     def append(self, request_id, entries: np.ndarray) -> int:
-        """Write one token's entries ``(n_layers, entry_bytes)``; returns its token index."""
+        """Write one token's entries ``(n_layers, entry_bytes)`` uint8; returns its token index."""
+        request_id = self._key(request_id)
+        entries = validate.entries("entries", entries, (self.n_layers, self.entry_bytes), ndim=2)
         arr, n = self._arrays[request_id], self._n_tokens[request_id]
         if n == arr.shape[1]:                       # full: double the capacity, keep the valid rows
-            new, t = self._alloc(2 * arr.shape[1])
+            new, t = self._alloc_checked(2 * arr.shape[1], f"request {request_id!r} growing")
             new[:, :n] = arr[:, :n]
             self._arrays[request_id], self._tensors[request_id] = new, t
             arr = new
@@ -158,17 +189,20 @@ class HostPool:
         return n
 
     def remove(self, request_id) -> None:
+        request_id = self._key(request_id)
         for d in (self._arrays, self._tensors, self._n_tokens):
             d.pop(request_id, None)
 
     def entries(self, request_id) -> np.ndarray:
         """The valid entries ``(n_layers, n_tokens, entry_bytes)`` (a view: do not write)."""
+        request_id = self._key(request_id)
         return self._arrays[request_id][:, :self._n_tokens[request_id]]
 
     def layer_rows(self, request_id, layer: int, *, as_torch: bool = False):
         """All rows of one layer ``(capacity_tokens, entry_bytes)``, contiguous: a transfer source."""
+        request_id = self._key(request_id)
         layer = validate.integer("layer", layer, lo=0, below=self.n_layers)
-        if as_torch and self.pinned:
+        if validate.boolean("as_torch", as_torch) and self.pinned:
             return self._tensors[request_id][layer]
         return self._arrays[request_id][layer]
 
@@ -180,28 +214,6 @@ class HostPool:
     @property
     def allocated_bytes(self) -> int:
         return sum(a.nbytes for a in self._arrays.values())
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Budgets
-# ----------------------------------------------------------------------------------------------------------------
-
-def capacity_from_budget(model: ModelSpec, budget_bytes: float, n_requests: int, context_len: int,
-                         dtype: str = "fp8") -> int:
-    """GPU slots per (request, layer) that ``budget_bytes`` of device pool gives ``n_requests`` requests:
-    ``floor(budget / (n_requests x n_layers x entry_bytes))``. A ``ValueError`` when that is fewer than one
-    step's K = min(index_topk, context) entries."""
-    n_requests = validate.positive_int("n_requests", n_requests)
-    context_len = check_context_len(model, context_len)
-    budget = validate.real("budget_bytes", budget_bytes, lo=0.0, lo_open=True)
-    per_slot = n_requests * model.n_layers * latent_entry_bytes(model, dtype)
-    capacity = int(budget // per_slot)
-    k = step_entries(model, context_len)
-    if capacity < k:
-        raise ValueError(f"budget_bytes={budget:.0f} gives {capacity} slots per request and layer for "
-                         f"{n_requests} requests x {model.n_layers} layers x {per_slot // n_requests // model.n_layers}"
-                         f" B; one step needs K = {k} slots ({k * per_slot:.0f} B)")
-    return capacity
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -227,32 +239,10 @@ class _Request:
     pools: list = field(default_factory=list)
 
 
-@dataclass
-class Recovery:
-    """What :meth:`TieredCache.recover` did: ``cache`` the rebuilt cache; ``recovered`` the request ids restored
-    (as of their last completed checkpoint); ``failed`` ``{request id: reason}`` for the requests left out;
-    ``degraded`` ``{request id: reason}`` for recovered requests whose device pool could not be refilled (their
-    entries are whole); ``orphans`` the disk tier's files that no checkpoint names (left in place)."""
-
-    cache: "TieredCache"
-    recovered: list
-    failed: dict
-    degraded: dict
-    orphans: list
-
-    def __str__(self) -> str:
-        lines = [f"recovered {len(self.recovered)} request(s): {self.recovered}"]
-        lines += [f"failed {rid!r}: {why}" for rid, why in self.failed.items()]
-        lines += [f"degraded {rid!r}: {why}" for rid, why in self.degraded.items()]
-        if self.orphans:
-            lines.append(f"orphan files (no checkpoint names them): {[p.name for p in self.orphans]}")
-        return "\n".join(lines)
-
-
 class TieredCache:
-    """Cache entries in three tiers for one entry format (DeepSeek's latent entries, or any
-    :class:`~ess.layout.EntryFormat`): host pool (all entries), GPU pool (``capacity`` slots per request and layer),
-    optional disk tier (``disk_dir``).
+    """Cache entries in two tiers for one entry format (DeepSeek's latent entries, or any
+    :class:`~ess.layout.EntryFormat`): host pool (all entries) and GPU pool (``capacity`` slots per request and
+    layer). A disk tier is paired with it by :class:`ess.archive.Archive`.
 
     Parameters
     ----------
@@ -260,7 +250,8 @@ class TieredCache:
         What one entry is: a DeepSeek-style model's latent entry in ``dtype``, or any entry format (layers, bytes
         per entry, page), e.g. a real model's K/V entries (:func:`ess.engine.kv.kv_entry_format`).
     capacity : int
-        GPU slots per (request, layer). See :meth:`from_budget` and :meth:`from_ratio` for the other ways to size it.
+        GPU slots per (request, layer); from a sparse-memory ratio :func:`ess.layout.capacity_from_ratio`, from a
+        byte budget :func:`ess.layout.capacity_from_budget` (with ``max_requests``).
     dtype : ``"fp8"`` (656-byte entries) or ``"bf16"`` (1,152 B); for a ModelSpec only (an EntryFormat carries its
         own)
     policy : ``"lru"`` (default, the paper's), ``"fifo"`` or ``"heat"`` (:data:`ess.policies.ONLINE_POLICIES`;
@@ -268,11 +259,11 @@ class TieredCache:
     backend : transfer backend, ``"auto" | "reference" | "numba" | "torch"``
     device : ``"cpu"`` (device pool is a NumPy array, for CPU runs and tests) or ``"cuda[:n]"`` (a CUDA tensor; the
         host pool is pinned and misses are read zero-copy)
-    disk_dir : folder of the disk tier (``None``: no disk tier)
     max_requests : when given, the device pool is allocated once for that many requests (a fixed budget) and
         :meth:`add_request` refuses more; otherwise it grows by whole requests.
-    policy_options : passed to the policy (``decay`` for heat)
-    block_tokens : tokens per disk block (default: the format's page, 64 for DeepSeek-V3.2-Exp)
+    policy_options : a dict passed to the policy (``decay`` for heat)
+
+    Request ids are ``int`` or ``str`` (:func:`ess.validate.request_id`).
 
     >>> import numpy as np
     >>> c = TieredCache("tiny", capacity=4)                  # 4 layers, 164-byte FP8 entries
@@ -283,8 +274,7 @@ class TieredCache:
     """
 
     def __init__(self, model, *, capacity: int, dtype: str = "fp8", policy: str = "lru", backend: str = "auto",
-                 device: str = "cpu", disk_dir=None, max_requests: int | None = None,
-                 policy_options: dict | None = None, block_tokens: int | None = None):
+                 device: str = "cpu", max_requests: int | None = None, policy_options: dict | None = None):
         model = model_spec(model) if isinstance(model, str) else model
         if not isinstance(model, (ModelSpec, EntryFormat)):
             raise TypeError(f"model must be a ModelSpec, a preset name or an EntryFormat, got {type(model).__name__}")
@@ -298,12 +288,22 @@ class TieredCache:
         self.model = model if isinstance(model, ModelSpec) else None
         self.format = entry_format(model, dtype)
         validate.one_of("policy", policy, ONLINE_POLICIES)
+        if not isinstance(device, str):
+            raise TypeError(f"device must be a str ('cpu' or 'cuda[:n]'), got {type(device).__name__}")
         self.device = str(device)
         if not (self.device == "cpu" or self.device.startswith("cuda")):
             raise ValueError(f"device must be 'cpu' or 'cuda[:n]', got {device!r}")
+        if not isinstance(backend, str):
+            raise TypeError(f"backend must be a str ('auto', 'reference', 'numba', 'torch'), got "
+                            f"{type(backend).__name__}")
         self.backend = resolve_backend(backend, device=self.device)
         self.dtype, self.policy_name = dtype, policy
+        if policy_options is not None and not isinstance(policy_options, Mapping):
+            raise TypeError(f"policy_options must be a dict of the policy's options, got "
+                            f"{type(policy_options).__name__}")
         self.policy_options = dict(policy_options or {})
+        if not all(isinstance(k, str) for k in self.policy_options):
+            raise TypeError(f"policy_options must name the options (str keys), got {list(self.policy_options)}")
         make_policy(policy, 1, **self.policy_options)           # check the options now
         self.entry_bytes = self.format.entry_bytes
         self.n_layers = self.format.n_layers
@@ -311,60 +311,16 @@ class TieredCache:
         self.host = HostPool(self.n_layers, self.entry_bytes, pinned=self.on_cuda)
         self.max_requests = None if max_requests is None else validate.positive_int("max_requests", max_requests)
         self._block_slots = self.n_layers * self.capacity
-        self._device = self._alloc_device(self.max_requests or 1)
+        try:
+            self._device = self._alloc_device(self.max_requests or 1)
+        except ValueError as exc:
+            if self.max_requests is None:
+                raise
+            raise ValueError(f"max_requests={self.max_requests}: {exc}") from None
         self._free_blocks = list(range(self._n_blocks()))
         self._requests: dict = {}
-        self._spilled: set = set()
         self.metrics = MetricsLog()
-        self.disk = None
-        if disk_dir is not None:
-            bt = self.format.page_tokens if block_tokens is None else block_tokens
-            self.disk = DiskTier(disk_dir, self.n_layers, self.entry_bytes, bt)
-        self._disk_clean_tokens: dict = {}            # request -> tokens already on disk and unchanged since
-
-    # -- constructors from budgets ---------------------------------------------------------------------------
-    @classmethod
-    def from_budget(cls, model, budget_bytes: float, n_requests: int, context_len: int, **kwargs) -> "TieredCache":
-        """A cache whose device pool holds ``n_requests`` requests within ``budget_bytes`` (all layers): capacity
-        from :func:`capacity_from_budget`, allocated once (``max_requests = n_requests``)."""
-        model = model_spec(model) if isinstance(model, str) else model
-        cap = capacity_from_budget(model, budget_bytes, n_requests, context_len, kwargs.get("dtype", "fp8"))
-        return cls(model, capacity=cap, max_requests=n_requests, **kwargs)
-
-    @classmethod
-    def from_ratio(cls, model, ratio: float, context_len: int, **kwargs) -> "TieredCache":
-        """A cache with :func:`ess.layout.pool_slots` slots per request and layer (``floor(ratio x page-padded
-        context)``); a ``ValueError`` when that is fewer than one step's K entries."""
-        model = model_spec(model) if isinstance(model, str) else model
-        need = step_entries(model, context_len)
-        return cls(model, capacity=pool_slots(model, ratio, context_len, need=need), **kwargs)
-
-    @classmethod
-    def recover(cls, model, disk_dir, **kwargs) -> "Recovery":
-        """A new cache rebuilt after a crash from every request archived in ``disk_dir``, request by request:
-        each intact request gets its host and device pools back as of its last completed checkpoint or spill; a
-        request whose archive cannot be read (missing or garbage manifest, damaged blocks) is left out and
-        reported with the reason, and so are the files no checkpoint names (orphans, nothing is deleted).
-        Returns a :class:`Recovery` (``.cache``, ``.recovered``, ``.failed``, ``.degraded``, ``.orphans``)."""
-        cache = cls(model, disk_dir=disk_dir, **kwargs)
-        scan = cache.disk.scan()
-        out = Recovery(cache, [], dict(scan.failed), {}, list(scan.orphans))
-        for rid in scan.readable:
-            cache._spilled.add(rid)
-            try:
-                info = cache.restore(rid)
-            except TransferError as exc:                # entries back, one layer's device pool empty
-                out.recovered.append(rid)
-                out.degraded[rid] = str(exc)
-                continue
-            except (CorruptBlockError, ValueError) as exc:
-                cache._spilled.discard(rid)
-                out.failed[rid] = str(exc)
-                continue
-            out.recovered.append(rid)
-            if not info["pool_state_restored"]:
-                out.degraded[rid] = "the pool-state file is damaged or missing: the device pool starts empty"
-        return out
+        self._archive = None                            # weak reference to the ess.archive.Archive open on it
 
     # -- device pool memory ----------------------------------------------------------------------------------
     def _alloc_device(self, n_blocks: int):
@@ -415,6 +371,20 @@ class TieredCache:
         """The device-pool budget when one was fixed (``max_requests``), else ``None``."""
         return None if self.max_requests is None else self.max_requests * self._block_slots * self.entry_bytes
 
+    # -- the archive open on this cache (ess.archive) ----------------------------------------------------------
+    @property
+    def archive(self):
+        """The :class:`ess.archive.Archive` open on this cache, or ``None``. While one is open, :meth:`add_request`
+        refuses an id it holds (archived or spilled), so that a new request never replaces an archived one."""
+        return None if self._archive is None else self._archive()
+
+    def _attach_archive(self, archive) -> None:
+        """Pair this cache with ``archive`` (``None``: unpair); called by :class:`ess.archive.Archive` only. The cache
+        holds it weakly: an archive that is closed or collected guards nothing."""
+        if archive is not None and self.archive is not None:
+            raise ValueError(f"this cache already has an open archive in {self.archive.directory}; close it first")
+        self._archive = None if archive is None else weakref.ref(archive)
+
     # -- requests --------------------------------------------------------------------------------------------
     def requests(self) -> list:
         return list(self._requests)
@@ -424,11 +394,13 @@ class TieredCache:
         return self.host.n_tokens(request_id)
 
     def _check_active(self, request_id) -> _Request:
-        if request_id in self._spilled:
-            raise ValueError(f"request {request_id!r} is spilled to disk; restore() it first")
+        request_id = validate.request_id("request_id", request_id)
         try:
             return self._requests[request_id]
-        except (KeyError, TypeError):
+        except KeyError:
+            archive = self.archive
+            if archive is not None and archive.is_spilled(request_id):
+                raise ValueError(f"request_id {request_id!r} is spilled to disk; restore() it first") from None
             raise ValueError(f"unknown request_id {request_id!r}") from None
 
     def _check_layer(self, layer) -> int:
@@ -439,29 +411,123 @@ class TieredCache:
                       SlotPool(self.capacity, self.policy_name, n_tokens, **self.policy_options))
                 for l in range(self.n_layers)]
 
+    def _check_new(self, request_id, latent_entries, reserve_tokens):
+        """The checked id and entries of a request to add (nothing changes)."""
+        request_id = validate.request_id("request_id", request_id)
+        if request_id in self._requests:
+            raise ValueError(f"request_id {request_id!r} already exists")
+        latent_entries = validate.entries("latent_entries", latent_entries, (self.n_layers, None, self.entry_bytes),
+                                          ndim=3, shape_doc=f"(n_layers={self.n_layers}, L, {self.entry_bytes})")
+        if reserve_tokens is not None:
+            validate.integer("reserve_tokens", reserve_tokens, lo=latent_entries.shape[1])
+        if not self._free_blocks and self.max_requests is not None:
+            self._take_block()                          # raises (nothing changes): every block is in use
+        return request_id, latent_entries
+
+    def _admit(self, request_id, latent_entries, reserve_tokens) -> _Request:
+        """Host pool first, then a device block (given back if the host array cannot be allocated, and the other
+        way round): a request is either added whole or not at all."""
+        try:
+            self.host.add(request_id, latent_entries, reserve_tokens)
+        except ValueError as exc:                       # the host array cannot be allocated
+            raise ValueError(f"reserve_tokens={reserve_tokens}: {exc}" if reserve_tokens is not None else str(exc)) \
+                from None
+        try:
+            block = self._take_block()
+        except BaseException:
+            self.host.remove(request_id)
+            raise
+        req = self._requests[request_id] = _Request(block, self._new_pools(block, latent_entries.shape[1]))
+        return req
+
     def add_request(self, request_id, latent_entries: np.ndarray, *, reserve_tokens: int | None = None) -> None:
         """Register a request with its prefill entries ``(n_layers, L, entry_bytes)`` uint8 (host pool only; the
         device pool starts empty: use :meth:`warmup` to seed it). ``reserve_tokens``: host room for that many
-        tokens in all, so that decoding appends without growing the host array."""
-        try:
-            hash(request_id)
-        except TypeError:
-            raise TypeError(f"request_id must be hashable, got {type(request_id).__name__}") from None
-        if request_id in self._requests or request_id in self._spilled:
-            raise ValueError(f"request_id {request_id!r} already exists")
-        latent_entries = validate.entries("latent_entries", latent_entries, (self.entry_bytes,), ndim=3,
-                                          shape_doc=f"(n_layers={self.n_layers}, L, {self.entry_bytes})")
-        if latent_entries.shape[0] != self.n_layers:
-            raise ValueError(f"latent_entries must have shape (n_layers={self.n_layers}, L, {self.entry_bytes}), "
-                             f"got {latent_entries.shape}")
-        if self.disk is not None:
-            request_stem(request_id)
-        if reserve_tokens is not None:
-            validate.integer("reserve_tokens", reserve_tokens, lo=latent_entries.shape[1])
-        block = self._take_block()
-        self.host.add(request_id, latent_entries, reserve_tokens)
-        self._requests[request_id] = _Request(block, self._new_pools(block, latent_entries.shape[1]))
-        self._disk_clean_tokens[request_id] = 0
+        tokens in all, so that decoding appends without growing the host array. While an archive is open on the
+        cache (:attr:`archive`), an id it holds is refused: restore that request, or discard its archived copy."""
+        request_id, latent_entries = self._check_new(request_id, latent_entries, reserve_tokens)
+        archive = self.archive
+        if archive is not None:
+            archive.check_new(request_id)
+        self._admit(request_id, latent_entries, reserve_tokens)
+
+    def pool_state(self, request_id) -> dict:
+        """A copy of the device-pool state of a request, arrays by name: ``token_of`` ``(n_layers, capacity)`` the
+        token in each slot (-1 free), ``steps`` ``(n_layers,)`` the decode steps, and the eviction policy's state
+        per layer as ``policy_<name>``. :meth:`load_request` takes it back."""
+        return self._pools_state(self._check_active(request_id).pools)
+
+    @staticmethod
+    def _pools_state(pools: list) -> dict:
+        states = [p.slots.policy.state() for p in pools]
+        out = {"token_of": np.stack([p.slots.token_of for p in pools]),
+               "steps": np.array([p.steps for p in pools], np.int64)}
+        for key in states[0]:
+            out[f"policy_{key}"] = np.stack([np.asarray(s[key]) for s in states])
+        return out
+
+    def _check_pool_state(self, pool_state, n_tokens: int) -> dict:
+        """``pool_state`` checked against this cache (capacity, layers, policy) and the request's ``n_tokens``."""
+        if not isinstance(pool_state, Mapping):
+            raise TypeError(f"pool_state must be a dict of arrays (TieredCache.pool_state), got "
+                            f"{type(pool_state).__name__}")
+        want = self._pools_state(self._new_pools(0, 1))          # the arrays of an empty pool of this cache
+        if set(pool_state) != set(want):
+            raise ValueError(f"pool_state must hold {sorted(want)} (a {self.policy_name} pool), got "
+                             f"{sorted(map(str, pool_state))}: saved under another policy?")
+        out = {}
+        for key, ref in want.items():
+            try:
+                arr = np.asarray(pool_state[key])
+            except (TypeError, ValueError):             # ragged nesting
+                raise TypeError(f"pool_state[{key!r}] must be an array of {ref.dtype} values") from None
+            if arr.shape != ref.shape:
+                raise ValueError(f"pool_state[{key!r}] must have shape {ref.shape} ({self.n_layers} layers x capacity="
+                                 f"{self.capacity}), got {arr.shape}: saved by a cache of another capacity?")
+            if arr.dtype.kind not in ("iu" if ref.dtype.kind in "iu" else "iuf"):
+                raise TypeError(f"pool_state[{key!r}] must hold {ref.dtype} values, got {arr.dtype}")
+            if not np.isfinite(arr).all():
+                raise ValueError(f"pool_state[{key!r}] must be finite")
+            out[key] = arr.astype(ref.dtype)
+        tok = out["token_of"]
+        for l in range(self.n_layers):
+            held = tok[l][tok[l] >= 0]
+            if tok[l].min(initial=-1) < -1 or held.max(initial=-1) >= n_tokens or np.unique(held).size != held.size:
+                raise ValueError(f"pool_state['token_of'][{l}] must hold distinct tokens in [0, {n_tokens}) or -1")
+        if (out["steps"] < 0).any():
+            raise ValueError("pool_state['steps'] must be >= 0")
+        return out
+
+    def load_request(self, request_id, latent_entries: np.ndarray, pool_state: dict | None = None) -> dict:
+        """Register a request saved before (:mod:`ess.archive` restores through it): its entries ``(n_layers, L,
+        entry_bytes)`` and its device-pool state as :meth:`pool_state` gave it (``None``: the pools start empty).
+        The entries resident in that state are copied host -> device (logged as ``"restore"``). Everything is
+        checked before anything changes; a copy that fails leaves the entries in and that layer's pool empty, and
+        raises :class:`~ess.kernels.transfer.TransferError`. Unlike :meth:`add_request` it does not consult the
+        archive. Returns ``{"tokens", "resident", "bytes_h2d"}``."""
+        request_id, latent_entries = self._check_new(request_id, latent_entries, None)
+        n = latent_entries.shape[1]
+        state = None if pool_state is None else self._check_pool_state(pool_state, n)
+        req = self._admit(request_id, latent_entries, None)
+        moved = 0
+        for l, p in enumerate(req.pools):
+            if state is None:
+                continue
+            p.slots.set_token_map(state["token_of"][l])
+            p.steps = int(state["steps"][l])
+            p.slots.policy.set_state({k[len("policy_"):]: v[l] for k, v in state.items() if k.startswith("policy_")})
+            slots = np.flatnonzero(p.slots.token_of >= 0)
+            if slots.size:
+                try:
+                    self._h2d(request_id, l, p.slots.token_of[slots], p.base + slots)
+                except Exception as exc:        # this layer's slots may be half written: empty its pool
+                    p.slots.drop(np.arange(self.capacity))
+                    raise TransferError(f"request {request_id!r}: refilling layer {l}'s device pool failed ({exc}); "
+                                        f"the host entries are restored, that layer's pool is empty") from exc
+                moved += slots.size
+                self.metrics.add(StepMetrics("restore", request_id, l, p.steps, 0, int(slots.size),
+                                             int(slots.size) * self.entry_bytes, 0))
+        return {"tokens": int(n), "resident": moved, "bytes_h2d": moved * self.entry_bytes}
 
     def append_token(self, request_id, entries: np.ndarray) -> int:
         """Write back one new token's entries ``(n_layers, entry_bytes)`` to the host pool (only that token's
@@ -476,16 +542,13 @@ class TieredCache:
         return tok
 
     def remove_request(self, request_id) -> None:
-        """Forget a request in host and device memory (its disk archive, if any, stays)."""
-        if request_id in self._spilled:
-            self._spilled.discard(request_id)
-            return
+        """Forget a request in host and device memory (its archived copy, if any, stays)."""
         req = self._check_active(request_id)
+        request_id = validate.request_id("request_id", request_id)
         self.host.remove(request_id)
         self._free_blocks.append(req.block)
         self._free_blocks.sort()
         del self._requests[request_id]
-        self._disk_clean_tokens.pop(request_id, None)
 
     # -- the step: plan, copy, commit ----------------------------------------------------------------------------
     def _copy_rows(self, src, src_idx, dst, dst_idx) -> None:
@@ -512,13 +575,13 @@ class TieredCache:
     def _plan(self, request_id, layer: int, idx: np.ndarray, scores) -> StepPlan:
         pool = self._requests[request_id].pools[layer]
         valid_pos = np.flatnonzero(idx >= 0)
-        sp = pool.slots.plan(idx[valid_pos])
+        sp = pool.slots.plan_unchecked(idx[valid_pos])
         slots = np.full(idx.shape, -1, np.int64)
         slots[valid_pos] = pool.base + sp.slots
         hit = np.zeros(idx.shape, bool)
         hit[valid_pos[~sp.miss]] = True
         return StepPlan(request_id, layer, idx, slots, hit, valid_pos[~sp.miss], valid_pos[sp.miss],
-                        None if scores is None else scores[valid_pos], sp)
+                        None if scores is None else scores[valid_pos], sp, self)
 
     def plan(self, request_id, layer: int, indices: np.ndarray, *, scores: np.ndarray | None = None) -> StepPlan:
         """The plan for making the top-K entries ``indices`` (K,) int64 (-1 = padding) of one (request, layer)
@@ -527,6 +590,7 @@ class TieredCache:
         first row moves). ``scores`` (K,) float, the indexer scores of the selected tokens, are the heat policy's
         weights."""
         self._check_active(request_id)
+        request_id = validate.request_id("request_id", request_id)
         layer = self._check_layer(layer)
         idx = check_step_indices(indices, self.host.n_tokens(request_id), self.capacity)
         return self._plan(request_id, layer, idx, self._check_scores(scores, idx))
@@ -534,8 +598,10 @@ class TieredCache:
     def _current_pool(self, plan: StepPlan) -> _Pool:
         if not isinstance(plan, StepPlan):
             raise TypeError(f"plan must be a StepPlan from TieredCache.plan, got {type(plan).__name__}")
+        if plan.cache is not self:
+            raise ValueError("plan must come from this cache's plan() (it was made by another cache)")
         req = self._check_active(plan.request_id)
-        pool = req.pools[plan.layer]
+        pool = req.pools[self._check_layer(plan.layer)]
         if plan.pool.version != pool.slots.version:
             raise ValueError(f"the plan for request {plan.request_id!r} layer {plan.layer} is stale (its pool "
                              f"changed since it was made): plan again")
@@ -600,88 +666,6 @@ class TieredCache:
             loaded += self._commit(plan, "warmup").n_misses
         return loaded
 
-    def run_trace(self, trace, request_id, *, batch_index: int = 0, warmup: bool = True, new_tokens=None,
-                  verify: bool = False):
-        """Replay one request of an :class:`ess.traces.Trace` through this cache (:meth:`replay_trace`, to the end)
-        and return the metrics records the replay added (a DataFrame with the columns of
-        :meth:`ess.metrics.MetricsLog.to_frame`)."""
-        start = len(self.metrics)
-        for _ in self.replay_trace(trace, request_id, batch_index=batch_index, warmup=warmup, new_tokens=new_tokens,
-                                   verify=verify):
-            pass
-        return self.metrics.to_frame(start)
-
-    def replay_trace(self, trace, request_id, *, batch_index: int = 0, warmup: bool = True, new_tokens=None,
-                     verify: bool = False):
-        """Replay one request of an :class:`ess.traces.Trace` through this cache, one decode step at a time: an
-        iterator that yields, after each step, the :class:`ess.metrics.StepMetrics` records that step added (one
-        ``"step"`` record per layer, then the ``"append"`` records of its new tokens), so that a caller can follow
-        the replay while it runs.
-
-        Layer ``l`` of the trace drives layer ``l`` of the cache; the trace's request ``batch_index`` drives
-        ``request_id``, whose token count must be the trace's ``context_len``. With ``warmup`` the trace's LRU-Warmup
-        windows are fed first (:meth:`warmup`; their records are logged, not yielded). Then every decode step calls
-        :meth:`step` on every layer and writes back the step's ``trace.mtp`` new tokens (:meth:`append_token`) from
-        ``new_tokens`` ``(steps * mtp, n_layers, entry_bytes)`` uint8 (``None``: nothing is appended, then no step
-        may select a token past the prefill). ``verify=True`` compares the rows each step loaded with their host
-        copies and raises ``RuntimeError`` on a difference.
-
-        Every argument is checked here, before anything changes (and before the first step is asked for); a transfer
-        that fails part-way (``TransferError``) leaves the steps before it done."""
-        from .traces import Trace
-        if not isinstance(trace, Trace):
-            raise TypeError(f"trace must be an ess.traces.Trace, got {type(trace).__name__}")
-        self._check_active(request_id)
-        batch_index = validate.integer("batch_index", batch_index, lo=0, below=trace.batch)
-        if trace.n_layers != self.n_layers:
-            raise ValueError(f"trace has {trace.n_layers} layers, the cache {self.n_layers}: one trace layer drives "
-                             f"one cache layer")
-        n_tok = self.host.n_tokens(request_id)
-        if trace.context_len != n_tok:
-            raise ValueError(f"trace starts at context_len={trace.context_len} tokens but request {request_id!r} "
-                             f"holds {n_tok}")
-        steps = trace.indices[batch_index]                                 # (n_layers, steps, width)
-        windows = trace.windows[batch_index] if trace.windows is not None else None
-        if warmup and windows is None:
-            raise ValueError("warmup=True but the trace has no warmup windows (pass warmup=False)")
-        sizes = [int((steps >= 0).sum(axis=-1).max())] + ([windows.shape[-1]] if warmup else [])
-        if max(sizes) > self.capacity:
-            raise ValueError(f"trace selects up to {max(sizes)} entries per step but the pool has capacity="
-                             f"{self.capacity} slots")
-        n_new = trace.steps * trace.mtp
-        if new_tokens is None:
-            if steps.max(initial=-1) >= n_tok:
-                raise ValueError(f"new_tokens is None but the trace selects token {int(steps.max())}, past the "
-                                 f"{n_tok} tokens of the prefill: pass the decoded tokens' entries")
-        else:
-            new_tokens = validate.entries("new_tokens", new_tokens, (self.n_layers, self.entry_bytes), ndim=3,
-                                          shape_doc=f"(steps * mtp, {self.n_layers}, {self.entry_bytes})")
-            if new_tokens.shape[0] != n_new:
-                raise ValueError(f"new_tokens must hold steps * mtp = {n_new} tokens, got {new_tokens.shape[0]}")
-        if not isinstance(verify, bool) or not isinstance(warmup, bool):
-            raise TypeError("warmup and verify must be True or False")
-        return self._replay(request_id, steps, windows if warmup else None, trace, new_tokens, verify)
-
-    def _replay(self, request_id, steps, windows, trace, new_tokens, verify):
-        """The steps of :meth:`replay_trace`, its arguments checked (``windows`` None: no warmup)."""
-        if windows is not None:
-            for layer in range(self.n_layers):
-                self.warmup(request_id, layer, windows[layer])
-        for t in range(trace.steps):
-            n0 = len(self.metrics)
-            for layer in range(self.n_layers):
-                res = self.step(request_id, layer, steps[layer, t])
-                if verify and res.n_misses:
-                    got = self.device_rows(res.slots[res.miss_pos])
-                    want = self.host.entries(request_id)[layer][res.indices[res.miss_pos]]
-                    if not np.array_equal(got, want):
-                        raise RuntimeError(f"request {request_id!r} layer {layer} step {t}: rows loaded into the "
-                                           f"device pool differ from their host copies")
-            if new_tokens is not None:
-                for j in range(trace.mtp):
-                    self.append_token(request_id, new_tokens[t * trace.mtp + j])
-            yield self.metrics.records[n0:]
-
     # -- reading ---------------------------------------------------------------------------------------------
     def device_rows(self, slots: np.ndarray) -> np.ndarray:
         """The uint8 rows ``(n, entry_bytes)`` in device ``slots`` (global slot numbers, as in
@@ -718,102 +702,10 @@ class TieredCache:
     def snapshot(self) -> dict:
         """A deep copy of all bookkeeping and bytes (for tests that check a failed call changed nothing)."""
         dev = self._device.cpu().numpy().copy() if self.on_cuda else self._device.copy()
-        return {"device": dev, "free_blocks": list(self._free_blocks), "spilled": set(self._spilled),
+        return {"device": dev, "free_blocks": list(self._free_blocks),
                 "host": {r: self.host.entries(r).copy() for r in self.host.requests()},
                 "pools": {r: [p.copy_state() for p in q.pools] for r, q in self._requests.items()},
                 "n_metrics": len(self.metrics)}
-
-    # -- disk tier -------------------------------------------------------------------------------------------
-    def _need_disk(self) -> DiskTier:
-        if self.disk is None:
-            raise ValueError("this cache has no disk tier: pass disk_dir= when constructing it")
-        return self.disk
-
-    def _pool_state(self, req: _Request) -> dict:
-        states = [p.slots.policy.state() for p in req.pools]
-        out = {"token_of": np.stack([p.slots.token_of for p in req.pools]),
-               "steps": np.array([p.steps for p in req.pools], np.int64)}
-        for key in states[0]:
-            out[f"policy_{key}"] = np.stack([np.asarray(s[key]) for s in states])
-        return out
-
-    def checkpoint(self, request_id) -> int:
-        """Write the request to disk (blocks changed since the last checkpoint, the device-pool state and the
-        manifest), keeping it in memory. Returns the number of blocks written."""
-        disk = self._need_disk()
-        req = self._check_active(request_id)
-        n = disk.write(request_id, self.host.entries(request_id), self._pool_state(req),
-                       from_token=self._disk_clean_tokens.get(request_id, 0))
-        self._disk_clean_tokens[request_id] = self.host.n_tokens(request_id)
-        return n
-
-    def spill(self, request_id) -> None:
-        """Pause a request: checkpoint it to disk, then free its host and device memory."""
-        self.checkpoint(request_id)
-        self.remove_request(request_id)
-        self._spilled.add(request_id)
-
-    def verify_disk(self, request_id) -> list[int]:
-        """Disk blocks of a request that fail their CRC-32 (``-1``: the pool-state file)."""
-        return self._need_disk().verify(request_id)
-
-    def repair_disk(self, request_id) -> list[int]:
-        """Rewrite the damaged disk blocks of a request held in memory from its host copy; returns the blocks."""
-        disk = self._need_disk()
-        bad = disk.verify(request_id)
-        if bad:
-            req = self._check_active(request_id)
-            first = min(b for b in bad if b >= 0) * disk.block_tokens if any(b >= 0 for b in bad) else \
-                self.host.n_tokens(request_id)
-            disk.write(request_id, self.host.entries(request_id), self._pool_state(req), from_token=first)
-            self._disk_clean_tokens[request_id] = self.host.n_tokens(request_id)
-        return bad
-
-    def restore(self, request_id) -> dict:
-        """Bring a spilled request (or one found on disk after a crash) back: host pool from the disk blocks, each
-        checked against its CRC-32, then the device pool refilled with the resident entries it held at the
-        checkpoint. Raises :class:`CorruptBlockError` (and restores nothing) when a block of entries is damaged;
-        when only the pool-state file is damaged (or missing), the entries are restored and the device pool starts
-        empty. Returns ``{"tokens", "resident", "bytes_h2d", "pool_state_restored"}``."""
-        disk = self._need_disk()
-        if request_id in self._requests:
-            raise ValueError(f"request {request_id!r} is already in memory")
-        if not disk.has(request_id):
-            raise ValueError(f"request {request_id!r} is not on disk in {disk.dir}")
-        entries, pool_state, bad = disk.read(request_id)
-        if [b for b in bad if b >= 0]:
-            raise CorruptBlockError(request_id, bad, str(disk.dir))
-        pool_ok = -1 not in bad
-        token_of = pool_state["token_of"] if pool_ok else np.full((self.n_layers, self.capacity), -1, np.int64)
-        if token_of.shape != (self.n_layers, self.capacity):
-            raise ValueError(f"request {request_id!r} was archived with capacity {token_of.shape[1]}, this cache "
-                             f"has capacity {self.capacity}")
-        block = self._take_block()
-        self._spilled.discard(request_id)
-        self.host.add(request_id, entries)
-        pools = self._new_pools(block, entries.shape[1])
-        self._requests[request_id] = _Request(block, pools)
-        self._disk_clean_tokens[request_id] = entries.shape[1]
-        moved = 0
-        for l, p in enumerate(pools):
-            p.slots.set_token_map(token_of[l])
-            slots = np.flatnonzero(p.slots.token_of >= 0)
-            if pool_ok:
-                p.steps = int(pool_state["steps"][l])
-                p.slots.policy.set_state({k[len("policy_"):]: v[l] for k, v in pool_state.items()
-                                          if k.startswith("policy_")})
-            if slots.size:
-                try:
-                    self._h2d(request_id, l, p.slots.token_of[slots], p.base + slots)
-                except Exception as exc:        # this layer's slots may be half written: empty its pool
-                    p.slots.drop(np.arange(self.capacity))
-                    raise TransferError(f"request {request_id!r}: refilling layer {l}'s device pool failed ({exc}); "
-                                        f"the host entries are restored, that layer's pool is empty") from exc
-                moved += slots.size
-                self.metrics.add(StepMetrics("restore", request_id, l, p.steps, 0, int(slots.size),
-                                             int(slots.size) * self.entry_bytes, 0))
-        return {"tokens": int(entries.shape[1]), "resident": moved, "bytes_h2d": moved * self.entry_bytes,
-                "pool_state_restored": pool_ok}
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -10,7 +10,11 @@ what was checked.
 * :func:`int_array`: a NumPy integer array of a given rank with values in a range;
 * :func:`number_array`: numbers or arrays of numbers (vectorised arguments), finite, optionally > 0 and whole;
 * :func:`float_array`: a finite float array of a given rank (NumPy, or a torch tensor), as contiguous float32;
-* :func:`entries`: raw cache entries, ``uint8`` arrays of a given trailing shape.
+* :func:`entries`: raw cache entries, ``uint8`` arrays of a given trailing shape;
+* :func:`boolean`: ``True`` or ``False`` (not ``0``/``1``, not a string);
+* :func:`request_id`: a request's id, an ``int`` or a ``str`` (ids that compare equal across types, such as ``1``,
+  ``1.0`` and ``True``, would name one request);
+* :func:`frame`: a pandas DataFrame with the columns a figure or table reads.
 
 This module imports nothing from ``ess``: every layer may use it.
 """
@@ -24,7 +28,7 @@ from typing import Any, Iterable
 import numpy as np
 
 __all__ = ["integer", "positive_int", "non_negative_int", "real", "ratio", "fraction", "one_of", "int_array",
-           "number_array", "float_array", "entries"]
+           "number_array", "float_array", "entries", "boolean", "request_id", "frame"]
 
 
 def _what(value: Any) -> str:
@@ -95,8 +99,8 @@ def one_of(name: str, value: Any, choices: Iterable) -> Any:
     """``value`` when it is one of ``choices`` (compared with ``==``); a ``ValueError`` listing them otherwise."""
     choices = tuple(choices)
     try:
-        ok = value in choices
-    except TypeError:                                    # unhashable or uncomparable
+        ok = not isinstance(value, np.ndarray) and value in choices     # an array compares element by element
+    except (TypeError, ValueError):                      # unhashable or uncomparable
         ok = False
     if not ok:
         raise ValueError(f"{name} must be one of {choices}, got {value!r}")
@@ -114,6 +118,8 @@ def int_array(name: str, value: Any, *, ndim: int | None = None, lo: int | None 
         raise TypeError(f"{name} must hold integers (int64){doc}, got dtype {value.dtype}")
     if ndim is not None and value.ndim != ndim:
         raise ValueError(f"{name} must be {ndim}-D{doc}, got shape {value.shape}")
+    if value.dtype.kind == "u" and value.size and int(value.max()) >= 2 ** 63:    # would wrap to a negative int64
+        raise ValueError(f"{name} holds {int(value.max())}, beyond the int64 range")
     arr = np.ascontiguousarray(value, dtype=np.int64)
     if arr.size:
         low, high = int(arr.min()), int(arr.max())
@@ -178,15 +184,50 @@ def float_array(name: str, value: Any, ndim: int, shape_doc: str) -> np.ndarray:
 def entries(name: str, value: Any, tail: tuple[int, ...], *, ndim: int | tuple[int, ...] | None = None,
             shape_doc: str = "") -> np.ndarray:
     """Raw cache entries: a ``uint8`` array (NumPy, or anything ``np.asarray`` turns into one) whose trailing
-    dimensions are ``tail`` (e.g. ``(entry_bytes,)``) and whose rank is ``ndim`` (an int or allowed ints; default:
-    any rank >= ``len(tail)``). Returned C-contiguous. ``shape_doc`` (e.g. ``"(n_layers, L, 656)"``) is quoted in
-    the messages."""
-    doc = shape_doc or "(..., " + ", ".join(map(str, tail)) + ")"
-    arr = value if isinstance(value, np.ndarray) else np.asarray(value)
+    dimensions are ``tail`` (e.g. ``(entry_bytes,)``; ``None`` in it matches any size, e.g. ``(n_layers, None,
+    entry_bytes)``) and whose rank is ``ndim`` (an int or allowed ints; default: any rank >= ``len(tail)``).
+    Returned C-contiguous. ``shape_doc`` (e.g. ``"(n_layers, L, 656)"``) is quoted in the messages."""
+    doc = shape_doc or "(..., " + ", ".join("n" if t is None else str(t) for t in tail) + ")"
+    try:
+        arr = value if isinstance(value, np.ndarray) else np.asarray(value)
+    except (TypeError, ValueError):                      # ragged nesting, objects NumPy cannot hold
+        raise TypeError(f"{name} must be uint8 cache entries {doc}, got {type(value).__name__}") from None
     if arr.dtype != np.uint8:
         raise TypeError(f"{name} must be uint8 cache entries {doc}, got dtype {arr.dtype}")
     ranks = (ndim,) if isinstance(ndim, int) else ndim
     rank_ok = arr.ndim >= len(tail) if ranks is None else arr.ndim in ranks
-    if not rank_ok or (tail and tuple(arr.shape[arr.ndim - len(tail):]) != tuple(tail)):
+    got = tuple(arr.shape[arr.ndim - len(tail):]) if rank_ok else ()
+    if not rank_ok or any(want is not None and have != want for have, want in zip(got, tail)):
         raise ValueError(f"{name} must have shape {doc}, got {arr.shape}")
     return np.ascontiguousarray(arr)
+
+
+def boolean(name: str, value: Any) -> bool:
+    """``value`` as a ``bool``: ``True``/``False`` (or a NumPy bool); ``0``, ``1``, ``None`` and strings such as
+    ``"no"`` (which ``bool()`` would take as true) are a ``TypeError``."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be True or False, got {_what(value)}")
+    return bool(value)
+
+
+def request_id(name: str, value: Any) -> int | str:
+    """A request's id: an ``int`` (or NumPy integer, returned as ``int``; not ``bool``) or a ``str``. Other types are a
+    ``TypeError``: a float or a bool would silently name the request of the int it equals (``1.0 == True == 1``), and
+    a tuple or ``None`` names no file of the disk tier."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
+        return int(value)
+    raise TypeError(f"{name} must be an int or a str, got {_what(value)}")
+
+
+def frame(name: str, value: Any, columns: Iterable[str]) -> Any:
+    """``value`` when it is a pandas DataFrame holding ``columns`` (a ``TypeError`` for another type, a
+    ``ValueError`` naming the missing columns)."""
+    import pandas as pd
+    if not isinstance(value, pd.DataFrame):
+        raise TypeError(f"{name} must be a pandas DataFrame, got {type(value).__name__}")
+    missing = [c for c in columns if c not in value.columns]
+    if missing:
+        raise ValueError(f"{name} lacks the columns {missing} (it has {list(value.columns)})")
+    return value

@@ -5,7 +5,8 @@ test_sim_costs_by_hand.py.)"""
 import numpy as np
 import pytest
 
-from ess import TieredCache, model_spec
+from ess import TieredCache, capacity_from_budget, model_spec
+from ess.archive import Archive
 from ess.cachesim import sequence_misses, smallest_pool
 from ess.disk import ArchiveError, DiskTier
 from ess.memory import fit_mem_fraction_static
@@ -75,13 +76,14 @@ CASES = [
     ("3 rows of misses for 2 batches", lambda: simulate([52, 60], 32768, 0.5, misses=np.zeros((3, NL))), ValueError,
      "one length N"),
     ("best_batch without misses", lambda: best_batch(32768, [0.5]), ValueError, "misses_by_ratio must give"),
-    ("an infinite budget", lambda: TieredCache.from_budget("tiny", float("inf"), 2, 512), ValueError,
+    ("an infinite budget", lambda: capacity_from_budget(model_spec("tiny"), float("inf"), 2, 512), ValueError,
      "budget_bytes must be finite"),
-    ("a budget too large to allocate", lambda: TieredCache.from_budget("tiny", 1e30, 2, 512), ValueError,
+    ("a budget too large to allocate", lambda: TieredCache(
+        "tiny", capacity=capacity_from_budget(model_spec("tiny"), 1e30, 2, 512), max_requests=2), ValueError,
      "capacity=.* cannot be allocated"),
     ("a disk tier of 0 layers", lambda: DiskTier("unused", 0, 16), ValueError, "n_layers must be a positive integer"),
     ("negative entry bytes", lambda: DiskTier("unused", 2, -1), ValueError, "entry_bytes must be a positive integer"),
-    ("a disk directory that is an int", lambda: TieredCache("tiny", capacity=4, disk_dir=123), TypeError,
+    ("a disk directory that is an int", lambda: Archive(TieredCache("tiny", capacity=4), 123), TypeError,
      "directory must be a path"),
     ("FP8 tiles of 0 values", lambda: quantize_fp8_tiles(np.ones((2, 8)), 0), ValueError,
      "tile must be a positive integer"),
@@ -116,6 +118,6 @@ def test_a_damaged_trace_file_is_a_value_error(tmp_path):
 def test_disk_problems_name_the_request_or_the_folder(tmp_path):
     (tmp_path / "file").write_text("x")
     with pytest.raises(ValueError, match="exists and is not a folder"):
-        TieredCache("tiny", capacity=4, disk_dir=tmp_path / "file")
-    with pytest.raises(ArchiveError, match="request 'nope': no manifest req-snope.json"):
+        Archive(TieredCache("tiny", capacity=4), tmp_path / "file")
+    with pytest.raises(ArchiveError, match="request_id 'nope': no manifest req-snope.json"):
         DiskTier(tmp_path / "d", 2, 16).read("nope")

@@ -13,7 +13,8 @@ import time
 import numpy as np
 import pytest
 
-from ess.disk import ArchiveError, DiskTier, request_stem
+from ess.archive import Archive
+from ess.disk import ArchiveError, request_stem
 from ess.specs import model_spec
 from ess.storage import TieredCache
 
@@ -40,14 +41,21 @@ def digest(cache, rid) -> str:
     return h.hexdigest()
 
 
-def new_cache(folder):
-    return TieredCache(TINY, capacity=CAP, disk_dir=folder, block_tokens=BLOCK, backend="reference")
+def new_archive(folder):
+    """A cache of the writer's settings with its archive in ``folder``."""
+    return Archive(TieredCache(TINY, capacity=CAP, backend="reference"), folder, block_tokens=BLOCK)
+
+
+def recover(folder):
+    archive = new_archive(folder)
+    return archive, archive.recover()
 
 
 def writer(folder, fd, seed):
     """The child: checkpoint loop, reporting 'begin <request> <digest>' before and 'done ...' after each one."""
     rng = np.random.default_rng(seed)
-    cache = new_cache(folder)
+    archive = new_archive(folder)
+    cache = archive.cache
 
     def say(what, rid):
         os.write(fd, f"{what} {rid!r} {digest(cache, rid)}\n".encode())
@@ -56,7 +64,7 @@ def writer(folder, fd, seed):
         cache.add_request(rid, rng.integers(0, 256, (TINY.n_layers, int(rng.integers(1, 9)), cache.entry_bytes),
                                             dtype=np.uint8))
         say("begin", rid)
-        cache.checkpoint(rid)
+        archive.checkpoint(rid)
         say("done", rid)
     os.write(fd, b"ready\n")
     while True:
@@ -67,7 +75,7 @@ def writer(folder, fd, seed):
         layer = int(rng.integers(TINY.n_layers))
         cache.step(rid, layer, rng.choice(n, size=min(n, int(rng.integers(1, CAP + 1))), replace=False))
         say("begin", rid)
-        cache.checkpoint(rid)
+        archive.checkpoint(rid)
         say("done", rid)
 
 
@@ -122,7 +130,7 @@ def test_every_request_recovers_to_its_last_checkpoint_after_kill_9(tmp_path):
         # one run in five is killed from the start (first checkpoints included), the others after them
         early = i % 5 == 0
         state = run_once(folder, seed=i, delay_s=rnd.uniform(0.0, 0.12 if early else 0.2), after_ready=not early)
-        rec = TieredCache.recover(TINY, folder, capacity=CAP, block_tokens=BLOCK, backend="reference")
+        archive, rec = recover(folder)                   # the killed writer's lock went with it
         assert rec.degraded == {}, (i, str(rec))
         tally["runs_with_orphans"] += bool(rec.orphans)
         for rid in REQUESTS:
@@ -135,29 +143,34 @@ def test_every_request_recovers_to_its_last_checkpoint_after_kill_9(tmp_path):
                 tally["never_checkpointed"] += 1
                 continue
             assert rid not in rec.failed
-            got = digest(rec.cache, rid)
+            got = digest(archive.cache, rid)
             assert got in (done, in_flight), f"run {i}: request {rid!r} recovered to a state it never had"
             tally["recovered"] += 1
             tally["at_last_done" if got == done else "at_in_flight"] += 1
         if i % 3:
+            archive.close()
             continue
         # the recovered cache writes on: a new checkpoint of a request leaves no orphan of it behind
         for rid in rec.recovered:
-            rec.cache.checkpoint(rid)
-        left = DiskTier(folder, TINY.n_layers, rec.cache.entry_bytes, BLOCK).scan().orphans
+            archive.checkpoint(rid)
+        left = archive.disk.scan().orphans
         assert not [p for p in left if p.name.startswith(tuple(request_stem(r) + "." for r in rec.recovered))]
+        archive.close()
     print(f"kill -9 at random points, {RUNS} runs: {tally}")
     assert tally["recovered"] >= RUNS                    # most runs get past the first checkpoints
     assert tally["at_in_flight"] > 0 and tally["at_last_done"] > 0   # kills landed before and after commit points
 
 
 def _archive(folder):
-    c = new_cache(folder)
+    """Three requests checkpointed in ``folder`` by an archive that is then closed; returns its cache and digests."""
+    a = new_archive(folder)
+    c = a.cache
     rng = np.random.default_rng(1)
     for rid in REQUESTS:
         c.add_request(rid, rng.integers(0, 256, (TINY.n_layers, 10, c.entry_bytes), dtype=np.uint8))
         c.step(rid, 1, np.array([2, 5, 9]))
-        c.checkpoint(rid)
+        a.checkpoint(rid)
+    a.close()
     return c, {rid: digest(c, rid) for rid in REQUESTS}
 
 
@@ -165,30 +178,31 @@ def test_a_bad_request_does_not_stop_the_others_and_each_failure_is_named(tmp_pa
     c, want = _archive(tmp_path)
     (tmp_path / "req-sa.json").write_text("{garbage", encoding="utf-8")          # request "a": garbage manifest
     (tmp_path / "req-i7.json").unlink()                                          # request 7: manifest deleted
-    rec = TieredCache.recover(TINY, tmp_path, capacity=CAP, block_tokens=BLOCK, backend="reference")
-    assert rec.recovered == ["b.2"] and digest(rec.cache, "b.2") == want["b.2"]
+    archive, rec = recover(tmp_path)
+    assert rec.recovered == ["b.2"] and digest(archive.cache, "b.2") == want["b.2"]
     assert set(rec.failed) == {"a", 7}
     assert "manifest req-sa.json is not valid JSON" in rec.failed["a"]
     assert "no manifest req-i7.json" in rec.failed[7]
     assert sorted(p.name for p in rec.orphans) == sorted(
         p.name for p in tmp_path.iterdir() if p.name.startswith(("req-sa.", "req-i7.")))
     assert all(p.exists() for p in rec.orphans)                                  # reported, not deleted
-    with pytest.raises(ArchiveError, match="request 'a': manifest req-sa.json is not valid JSON"):
-        c.disk.manifest("a")
+    with pytest.raises(ArchiveError, match="request_id 'a': manifest req-sa.json is not valid JSON"):
+        archive.disk.manifest("a")
 
 
 def test_damaged_blocks_fail_one_request_with_the_blocks_named(tmp_path):
     c, want = _archive(tmp_path)
-    path, offset = c.disk.block_location(7, 1)
+    with new_archive(tmp_path) as a:
+        path, offset = a.disk.block_location(7, 1)
     with open(path, "r+b") as fh:
         fh.seek(offset + 5)
         byte = fh.read(1)
         fh.seek(offset + 5)
         fh.write(bytes([byte[0] ^ 0x01]))
-    rec = TieredCache.recover(TINY, tmp_path, capacity=CAP, block_tokens=BLOCK, backend="reference")
+    archive, rec = recover(tmp_path)
     assert sorted(map(str, rec.recovered)) == ["a", "b.2"] and list(rec.failed) == [7]
     assert "block(s) [1]" in rec.failed[7]
-    assert all(digest(rec.cache, r) == want[r] for r in ("a", "b.2"))
+    assert all(digest(archive.cache, r) == want[r] for r in ("a", "b.2"))
 
 
 def test_a_manifest_that_fails_its_own_checksum_is_refused(tmp_path):
@@ -196,36 +210,37 @@ def test_a_manifest_that_fails_its_own_checksum_is_refused(tmp_path):
     doc = json.loads((tmp_path / "req-sa.json").read_text())
     doc["body"]["n_tokens"] = 9                                  # valid JSON, wrong content
     (tmp_path / "req-sa.json").write_text(json.dumps(doc))
-    with pytest.raises(ArchiveError, match="fails its CRC-32 check"):
-        c.disk.manifest("a")
+    with pytest.raises(ArchiveError, match="fails its CRC-32 check"), new_archive(tmp_path) as a:
+        a.disk.manifest("a")
 
 
 def test_a_checkpoint_writes_no_byte_the_previous_one_points_to(tmp_path):
     """The invariant behind crash consistency, checked directly: every (file, slot) the old manifest names holds
     the same bytes after the next checkpoint, and the old pool file is another file."""
-    c = new_cache(tmp_path)
+    a = new_archive(tmp_path)
+    c, disk = a.cache, a.disk
     rng = np.random.default_rng(2)
     c.add_request("a", rng.integers(0, 256, (TINY.n_layers, 6, c.entry_bytes), dtype=np.uint8))
-    c.checkpoint("a")
+    a.checkpoint("a")
     for _ in range(12):
-        old = c.disk.manifest("a")
-        before = {(old["blocks_file"], s): c.disk._view(np.fromfile(tmp_path / old["blocks_file"], np.uint8), s).copy()
+        old = disk.manifest("a")
+        before = {(old["blocks_file"], s): disk._view(np.fromfile(tmp_path / old["blocks_file"], np.uint8), s).copy()
                   for s in old["block_slots"]}
         held = {name: (tmp_path / name).read_bytes() for name in (old["blocks_file"], old["pool_file"])}
         c.append_token("a", rng.integers(0, 256, (TINY.n_layers, c.entry_bytes), dtype=np.uint8))
         # at the moment the new manifest is committed, every byte the old one names is still as it was
-        real_commit = c.disk._commit
+        real_commit = disk._commit
 
         def check_then_commit(rid, body, old=old, before=before):
             for (name, s), data in before.items():
                 now = np.fromfile(tmp_path / name, np.uint8)
-                assert np.array_equal(c.disk._view(now, s), data), (name, s)
+                assert np.array_equal(disk._view(now, s), data), (name, s)
             assert (tmp_path / old["pool_file"]).read_bytes() == held[old["pool_file"]]
             real_commit(rid, body)
 
-        c.disk._commit = check_then_commit
-        c.checkpoint("a")
-        c.disk._commit = real_commit
-        assert c.disk.manifest("a")["pool_file"] != old["pool_file"]
-    files = sorted(p.name for p in tmp_path.iterdir())
+        disk._commit = check_then_commit
+        a.checkpoint("a")
+        disk._commit = real_commit
+        assert disk.manifest("a")["pool_file"] != old["pool_file"]
+    files = sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith(".ess-disk."))
     assert len(files) == 3, files                          # manifest, one block file, one pool file: old ones gone

@@ -117,18 +117,17 @@ def test_layer_pool_slots_shares_the_ratio_over_the_layers_worked_examples():
 @pytest.mark.parametrize("L", [200, 1000, 1500])
 def test_one_pool_rule_for_memory_storage_and_cachesim(ratio, L):
     """The storage, the cache simulator and the memory model size the same pool for a ratio: the storage's
-    capacity, the simulator's misses at that ratio against an explicit capacity, and the memory model's
-    feasibility (slots >= one step's K) all follow ``pool_slots``."""
+    capacity (``capacity_from_ratio``), the simulator's misses at that ratio against an explicit capacity, and the
+    memory model's feasibility (slots >= one step's K) all follow ``pool_slots``."""
     from ess import cachesim, memory, tracegen
-    from ess.storage import TieredCache
     tiny = model_spec("tiny")
     slots = layout.pool_slots(tiny, ratio, L)
     need = layout.step_entries(tiny, L)
     if slots < need:
         with pytest.raises(ValueError, match="fewer than"):
-            TieredCache.from_ratio(tiny, ratio, L)
+            layout.capacity_from_ratio(tiny, ratio, L)
         return
-    assert TieredCache.from_ratio(tiny, ratio, L).capacity == slots
+    assert layout.capacity_from_ratio(tiny, ratio, L) == slots
     tr = tracegen.synthetic_trace(L, n_layers=1, k=tiny.index_topk, mtp=1, steps=6, batch=1, warmup_windows=0,
                                 local_window=4)
     by_ratio = cachesim.trace_misses(tr, ratio=ratio, warmup=False)        # pages of 64 tokens, as tiny's

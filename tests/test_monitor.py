@@ -1,4 +1,4 @@
-"""ess.monitor (the per-step row protocol, StepSeries, the trace replay as a source), TieredCache.replay_trace, the
+"""ess.monitor (the per-step row protocol, StepSeries), the trace replay as a source of rows (ess.replay), the
 monitor figure and the live widget."""
 import numpy as np
 import pytest
@@ -6,7 +6,8 @@ import pytest
 from ess.layout import latent_entry_bytes
 from ess.metrics import DecodeStepMetrics, LinkModel
 from ess.metrics import StepRow
-from ess.monitor import ROW_FIELDS, StepSeries, check_row, replay_steps
+from ess.monitor import ROW_FIELDS, StepSeries, check_row
+from ess.replay import replay_steps, replay_trace, run_trace
 from ess.specs import model_spec
 from ess.storage import TieredCache
 from ess.tracegen import synthetic_trace
@@ -62,8 +63,8 @@ def test_step_series_worked_example():
 def test_replay_trace_yields_each_step_as_it_happens():
     trace, cache, new = _replay_setup()
     _, ref, _ = _replay_setup()
-    whole = ref.run_trace(trace, "q", new_tokens=new)
-    it = cache.replay_trace(trace, "q", new_tokens=new)
+    whole = run_trace(ref, trace, "q", new_tokens=new)
+    it = replay_trace(cache, trace, "q", new_tokens=new)
     assert len(cache.metrics) == 0                              # nothing runs before the first step is asked for
     seen = []
     for records in it:
@@ -73,7 +74,7 @@ def test_replay_trace_yields_each_step_as_it_happens():
     assert cache.metrics.to_frame().equals(whole)
     assert len(seen) == trace.steps * (TINY.n_layers + 1)       # every record but the warmup's
     with pytest.raises(TypeError, match="Trace"):               # checked at the call, before any step
-        cache.replay_trace("not a trace", "q")
+        replay_trace(cache, "not a trace", "q")
 
 
 def test_replay_steps_rows_are_the_caches_counts_timed_by_the_link():

@@ -1,14 +1,17 @@
-"""TieredCache: the step contract, bad input leaves everything unchanged, injected faults, the disk tier, budgets,
-and a hypothesis state machine checking every resident entry against the host truth byte for byte."""
+"""TieredCache: the step contract, bad input leaves everything unchanged, injected faults, its archive on disk
+(ess.archive), the sizing rules (ess.layout), and a hypothesis state machine checking every resident entry against
+the host truth byte for byte."""
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
+from ess.archive import Archive
 from ess.kernels.transfer import TransferError
-from ess.layout import latent_entry_bytes
+from ess.layout import capacity_from_budget, capacity_from_ratio, latent_entry_bytes
 from ess.specs import model_spec
 from ess.disk import CorruptBlockError
-from ess.storage import TieredCache, capacity_from_budget
+from ess.storage import TieredCache
+from fuzz_helpers import same
 
 TINY = model_spec("tiny")
 W = latent_entry_bytes(TINY)            # 164 B: the tiny model's FP8 entry
@@ -16,17 +19,6 @@ W = latent_entry_bytes(TINY)            # 164 B: the tiny model's FP8 entry
 
 def entries(n_tokens, seed=0, n_layers=4, w=W):
     return np.random.default_rng(seed).integers(0, 256, (n_layers, n_tokens, w), dtype=np.uint8)
-
-
-def same(a, b):
-    """Deep equality of snapshots (dicts, lists, sets, arrays)."""
-    if isinstance(a, dict):
-        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)):
-        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
-    if isinstance(a, np.ndarray):
-        return isinstance(b, np.ndarray) and a.shape == b.shape and np.array_equal(a, b)
-    return a == b
 
 
 def check_resident_bytes(cache, rid, truth):
@@ -134,7 +126,8 @@ def test_other_bad_calls_change_nothing():
         (lambda: c.warmup("r", 0, [np.array([1, 2]), np.array([3, 3])]), ValueError, r"windows\[1\] repeats"),
         (lambda: c.warmup("r", 0, [np.arange(5)]), ValueError, "capacity=4"),
         (lambda: c.device_rows(np.array([10 ** 6])), ValueError, "slots must be in"),
-        (lambda: c.checkpoint("r"), ValueError, "no disk tier"),
+        (lambda: c.add_request(1.0, entries(3)), TypeError, "request_id must be an int or a str"),
+        (lambda: c.add_request("s", entries(3), reserve_tokens=10 ** 15), ValueError, "cannot be allocated"),
     ]
     for call, err, match in calls:
         with pytest.raises(err, match=match):
@@ -162,10 +155,10 @@ def test_budgets():
     assert capacity_from_budget(ds, budget, 2, 32768) == 4096
     with pytest.raises(ValueError, match="one step needs K = 2048"):
         capacity_from_budget(ds, 2 * 61 * 656 * 2047, 2, 32768)
-    assert TieredCache.from_ratio(TINY, 0.1, 1280).capacity == 128          # 0.1 x 1,280 (20 pages)
+    assert capacity_from_ratio(TINY, 0.1, 1280) == 128                        # 0.1 x 1,280 (20 pages)
     with pytest.raises(ValueError, match="fewer than the 2048 entries"):
-        TieredCache.from_ratio(ds, 0.05, 32768)
-    c = TieredCache.from_budget(TINY, 3 * 4 * W * 100, 3, 1000)
+        capacity_from_ratio(ds, 0.05, 32768)
+    c = TieredCache(TINY, capacity=capacity_from_budget(TINY, 3 * 4 * W * 100, 3, 1000), max_requests=3)
     assert c.capacity == 100 and c.budget_bytes <= 3 * 4 * W * 100
     for r in range(3):
         c.add_request(r, entries(5))
@@ -175,8 +168,9 @@ def test_budgets():
     c.remove_request(1)
     c.add_request(3, entries(5))                          # the freed block is reused
     assert c.device_allocated_bytes == c.budget_bytes
-    b16 = TieredCache.from_ratio(TINY, 0.5, 256, dtype="bf16")
+    b16 = TieredCache(TINY, capacity=capacity_from_ratio(TINY, 0.5, 256), dtype="bf16")
     assert b16.entry_bytes == (128 + 16) * 2 and b16.capacity == 128
+    assert capacity_from_budget(TINY, 3 * 4 * 288 * 100, 3, 1000, dtype="bf16") == 100      # 288-byte BF16 entries
 
 
 def test_injected_transfer_failure_leaves_no_half_written_slot():
@@ -216,21 +210,24 @@ def test_failure_on_free_slots_keeps_every_entry():
 
 
 def test_spill_restore_and_incremental_checkpoint(tmp_path):
-    c = TieredCache(TINY, capacity=4, disk_dir=tmp_path, block_tokens=8)
+    c = TieredCache(TINY, capacity=4)
+    a = Archive(c, tmp_path, block_tokens=8)
     e = entries(20)
     c.add_request("x", e)
     c.step("x", 3, np.array([1, 5, 19], np.int64))
-    assert c.checkpoint("x") == 3                          # ceil(20 / 8) blocks
+    assert a.checkpoint("x") == 3                          # ceil(20 / 8) blocks
     new = entries(1, seed=7)[:, 0]
     c.append_token("x", new)
-    assert c.checkpoint("x") == 1                          # only the last block changed
+    assert a.checkpoint("x") == 1                          # only the last block changed
     c.step("x", 3, np.array([2, 20], np.int64))
     order = c.resident("x", 3).tolist()
-    c.spill("x")
-    assert "x" not in c.requests() and "x" not in c.host
+    a.spill("x")
+    assert "x" not in c.requests() and "x" not in c.host and a.spilled == ["x"]
     with pytest.raises(ValueError, match="spilled to disk"):
         c.step("x", 0, np.array([1], np.int64))
-    info = c.restore("x")
+    with pytest.raises(ValueError, match="spilled to"):
+        c.add_request("x", e)
+    info = a.restore("x")
     assert info == {"tokens": 21, "resident": 4, "bytes_h2d": 4 * W, "pool_state_restored": True}
     truth = np.concatenate([e, new[:, None]], axis=1)
     check_resident_bytes(c, "x", truth)
@@ -239,12 +236,13 @@ def test_spill_restore_and_incremental_checkpoint(tmp_path):
 
 
 def test_restore_with_failing_transfer_keeps_pools_consistent(tmp_path):
-    c = TieredCache(TINY, capacity=4, disk_dir=tmp_path)
+    c = TieredCache(TINY, capacity=4)
+    a = Archive(c, tmp_path)
     e = entries(12)
     c.add_request(0, e)
     for layer in range(4):
         c.step(0, layer, np.array([1, 2, 3], np.int64))
-    c.spill(0)
+    a.spill(0)
     real = c._copy_rows
     calls = []
 
@@ -256,25 +254,27 @@ def test_restore_with_failing_transfer_keeps_pools_consistent(tmp_path):
 
     c._copy_rows = fail_on_third
     with pytest.raises(TransferError, match="layer 2"):
-        c.restore(0)
+        a.restore(0)
     c._copy_rows = real
+    assert a.spilled == [] and c.requests() == [0]           # back in memory (that layer's pool empty)
     assert c.slot_map(0, 2) == {} and set(c.slot_map(0, 1)) == {1, 2, 3}
     check_resident_bytes(c, 0, e)
 
 
 def test_crash_recovery_rebuilds_pools(tmp_path):
-    c = TieredCache(TINY, capacity=3, disk_dir=tmp_path, policy="fifo")
+    c = TieredCache(TINY, capacity=3, policy="fifo")
+    a = Archive(c, tmp_path)
     e0, e1 = entries(10, 1), entries(12, 2)
     c.add_request(0, e0)
     c.add_request("b", e1)
     c.step(0, 0, np.array([1, 2, 3], np.int64))
     c.step("b", 1, np.array([4, 5], np.int64))
-    c.checkpoint(0)
-    c.checkpoint("b")
+    a.checkpoint(0)
+    a.checkpoint("b")
     r0, rb = c.resident(0, 0).tolist(), c.resident("b", 1).tolist()
-    del c                                                   # "crash": only the disk survives
-    rec = TieredCache.recover(TINY, tmp_path, capacity=3, policy="fifo")
-    d = rec.cache
+    del a, c                                                # "crash": only the disk survives
+    d = TieredCache(TINY, capacity=3, policy="fifo")
+    rec = Archive(d, tmp_path).recover()
     assert sorted(map(str, rec.recovered)) == ["0", "b"] and rec.failed == {} and rec.orphans == []
     assert sorted(map(str, d.requests())) == ["0", "b"]
     assert d.resident(0, 0).tolist() == r0 and d.resident("b", 1).tolist() == rb
@@ -292,45 +292,51 @@ def _flip_byte(path, offset):
 
 
 def test_corrupt_block_is_repaired_from_host(tmp_path):
-    c = TieredCache(TINY, capacity=4, disk_dir=tmp_path, block_tokens=4)
+    c = TieredCache(TINY, capacity=4)
+    a = Archive(c, tmp_path, block_tokens=4)
     e = entries(10)
     c.add_request(5, e)
-    c.checkpoint(5)
-    path, offset = c.disk.block_location(5, 1)
+    a.checkpoint(5)
+    path, offset = a.disk.block_location(5, 1)
     _flip_byte(path, offset + 17)                                  # damage block 1
-    assert c.verify_disk(5) == [1]
-    assert c.repair_disk(5) == [1]
-    assert c.verify_disk(5) == []
-    c.spill(5)
-    c.restore(5)
+    assert a.verify(5) == [1]
+    assert a.repair(5) == [1]
+    assert a.verify(5) == []
+    a.spill(5)
+    a.restore(5)
     check_resident_bytes(c, 5, e)
 
 
 def test_corrupt_block_without_host_copy_is_reported(tmp_path):
-    c = TieredCache(TINY, capacity=4, disk_dir=tmp_path, block_tokens=4)
+    c = TieredCache(TINY, capacity=4)
+    a = Archive(c, tmp_path, block_tokens=4)
     c.add_request(5, entries(10))
-    c.spill(5)
+    a.spill(5)
     before = c.snapshot()
-    path, offset = c.disk.block_location(5, 2)
+    path, offset = a.disk.block_location(5, 2)
     _flip_byte(path, offset + 3)                                # damage block 2
     with pytest.raises(CorruptBlockError, match=r"block\(s\) \[2\]") as info:
-        c.restore(5)
+        a.restore(5)
     assert info.value.blocks == [2]
-    assert same(before, c.snapshot())                           # nothing restored, nothing half-changed
+    assert same(before, c.snapshot()) and a.spilled == [5]      # nothing restored, nothing half-changed
     _flip_byte(path, offset + 3)                                # undo: the block is whole again
-    _flip_byte(c.disk.pool_path(5), 40)                         # now only the pool state is damaged
-    assert c.verify_disk(5) == [-1]
-    info = c.restore(5)                                                 # entries back, device pool empty
+    _flip_byte(a.disk.pool_path(5), 40)                         # now only the pool state is damaged
+    assert a.verify(5) == [-1]
+    info = a.restore(5)                                                 # entries back, device pool empty
     assert info["pool_state_restored"] is False and info["resident"] == 0
     assert c.n_tokens(5) == 10 and all(c.slot_map(5, l) == {} for l in range(4))
     np.testing.assert_array_equal(c.host.entries(5), entries(10))
 
 
 def test_disk_rejects_unsafe_ids(tmp_path):
-    c = TieredCache(TINY, capacity=4, disk_dir=tmp_path)
+    c = TieredCache(TINY, capacity=4)
+    c.add_request("../etc", entries(3))                     # in memory any str is an id ...
+    a = Archive(c, tmp_path)
     with pytest.raises(ValueError, match="cannot name a disk file"):
-        c.add_request("../etc", entries(3))
-    assert c.requests() == []
+        c.add_request("../etc2", entries(3))                # ... one that cannot name a file is refused while archived
+    with pytest.raises(ValueError, match="cannot name a disk file"):
+        a.checkpoint("../etc")
+    assert c.requests() == ["../etc"] and list(tmp_path.glob("req-*")) == []
 
 
 @pytest.mark.cuda
@@ -361,8 +367,8 @@ ops = st.lists(st.tuples(st.sampled_from(["step", "step", "step", "append", "war
        backend=st.sampled_from(["numba", "torch", "reference"]))
 def test_random_sequences_keep_bytes_true(tmp_path_factory, ops, capacity, policy, backend):
     disk = tmp_path_factory.mktemp("disk")
-    c = TieredCache(TINY, capacity=capacity, policy=policy, backend=backend, disk_dir=disk, block_tokens=4,
-                    max_requests=2)
+    c = TieredCache(TINY, capacity=capacity, policy=policy, backend=backend, max_requests=2)
+    a = Archive(c, disk, block_tokens=4)
     truth = {r: entries(6 + 3 * r, seed=r) for r in range(2)}
     for r, e in truth.items():
         c.add_request(r, e)
@@ -370,7 +376,7 @@ def test_random_sequences_keep_bytes_true(tmp_path_factory, ops, capacity, polic
         rng = np.random.default_rng(seed)
         r = int(rng.integers(2))
         if r not in c.requests():
-            c.restore(r)
+            a.restore(r)
         n = truth[r].shape[1]
         layer = int(rng.integers(4))
         if op == "step":
@@ -397,11 +403,12 @@ def test_random_sequences_keep_bytes_true(tmp_path_factory, ops, capacity, polic
             wins = [rng.choice(n, size=min(capacity, n), replace=False).astype(np.int64) for _ in range(2)]
             c.warmup(r, layer, wins)
         elif op == "spill":
-            c.spill(r)
+            a.spill(r)
             continue
         else:
-            c.checkpoint(r)
+            a.checkpoint(r)
         for layer in range(4):
             assert len(c.slot_map(r, layer)) <= capacity
         assert c.device_resident_bytes <= c.budget_bytes
         check_resident_bytes(c, r, truth[r])
+    a.close()

@@ -1,14 +1,18 @@
-"""TieredCache.run_trace (a whole ess.traces.Trace through the real cache), plan, DiskTier.block_path and the
-storage module's public names."""
+"""ess.replay.run_trace (a whole ess.traces.Trace through the real cache), TieredCache.plan, DiskTier.block_path and
+the public names of the storage modules."""
 import numpy as np
 import pytest
 
+import ess.archive
+import ess.replay
 import ess.storage as S
+from ess.archive import Archive
 from ess.disk import request_id_of_stem, request_stem
 from ess.layout import latent_entry_bytes
 from ess.policies import simulate_misses
+from ess.replay import run_trace
 from ess.specs import model_spec
-from ess.storage import TieredCache
+from ess.storage import ResidentCache, TieredCache
 from ess.tracegen import synthetic_trace
 
 TINY = model_spec("tiny")
@@ -29,7 +33,7 @@ def _setup(ctx=300, steps=6, mtp=1, warm=4, capacity=None, seed=0):
 @pytest.mark.parametrize("mtp", [1, 2])
 def test_run_trace_equals_the_step_by_step_loop(mtp):
     trace, cache, prefill, new = _setup(mtp=mtp)
-    df = cache.run_trace(trace, "q", batch_index=1, new_tokens=new, verify=True)
+    df = run_trace(cache, trace, "q", batch_index=1, new_tokens=new, verify=True)
     # the same calls written out by hand, on a second cache
     _, hand, _, _ = _setup(mtp=mtp)
     for layer in range(TINY.n_layers):
@@ -58,7 +62,7 @@ def test_run_trace_equals_the_step_by_step_loop(mtp):
 def test_run_trace_returns_only_its_own_records_and_can_skip_warmup():
     trace, cache, _, new = _setup()
     cache.step("q", 0, np.array([1, 2, 3], np.int64))
-    df = cache.run_trace(trace, "q", warmup=False, new_tokens=new)
+    df = run_trace(cache, trace, "q", warmup=False, new_tokens=new)
     assert len(df) == len(cache.metrics) - 1 and "warmup" not in set(df.kind)
     first = df[(df.kind == "step") & (df.layer == 1)].misses.iloc[0]
     assert first >= TINY.index_topk - 3                     # cold pool: at most the 3 tokens stepped above hit
@@ -73,7 +77,8 @@ def test_run_trace_returns_only_its_own_records_and_can_skip_warmup():
     ({"new_tokens": None}, ValueError, "new_tokens is None but the trace selects token"),
     ({"capacity": TINY.index_topk - 1}, ValueError, "capacity=63"),
     ({"context": 299}, ValueError, "trace starts at context_len=300 tokens but request 'q' holds 299"),
-    ({"verify": 1}, TypeError, "warmup and verify must be True or False"),
+    ({"verify": 1}, TypeError, "verify must be True or False, got int 1"),
+    ({"warmup": "no"}, TypeError, "warmup must be True or False, got str 'no'"),
 ])
 def test_run_trace_checks_everything_before_changing_anything(kwargs, err, match):
     trace, cache, prefill, new = _setup()
@@ -88,7 +93,7 @@ def test_run_trace_checks_everything_before_changing_anything(kwargs, err, match
     args = {"trace": trace, "request_id": "q", "new_tokens": new, **kwargs}
     before = cache.snapshot()
     with pytest.raises(err, match=match):
-        cache.run_trace(args.pop("trace"), args.pop("request_id"), **args)
+        run_trace(cache, args.pop("trace"), args.pop("request_id"), **args)
     after = cache.snapshot()
     np.testing.assert_array_equal(before["device"], after["device"])
     assert before["n_metrics"] == after["n_metrics"]
@@ -99,13 +104,13 @@ def test_run_trace_checks_everything_before_changing_anything(kwargs, err, match
 def test_run_trace_layer_mismatch_and_missing_windows():
     trace, cache, prefill, new = _setup(warm=0)
     with pytest.raises(ValueError, match="the trace has no warmup windows"):
-        cache.run_trace(trace, "q", new_tokens=new)
+        run_trace(cache, trace, "q", new_tokens=new)
     assert len(cache.metrics) == 0
     three = TieredCache(model_spec("tiny"), capacity=cache.capacity)
     other = synthetic_trace(300, n_layers=3, k=TINY.index_topk, mtp=1, steps=2, batch=1, warmup_windows=0)
     three.add_request("q", prefill)
     with pytest.raises(ValueError, match="trace has 3 layers, the cache 4"):
-        three.run_trace(other, "q", warmup=False)
+        run_trace(three, other, "q", warmup=False)
 
 
 def test_run_trace_verify_catches_a_wrong_copy(monkeypatch):
@@ -118,7 +123,7 @@ def test_run_trace_verify_catches_a_wrong_copy(monkeypatch):
 
     monkeypatch.setattr(TieredCache, "_copy_rows", corrupting)
     with pytest.raises(RuntimeError, match="differ from their host copies"):
-        cache.run_trace(trace, "q", warmup=False, new_tokens=new, verify=True)
+        run_trace(cache, trace, "q", warmup=False, new_tokens=new, verify=True)
 
 
 def test_plan_raises_what_step_raises_and_changes_nothing():
@@ -142,28 +147,51 @@ def test_plan_raises_what_step_raises_and_changes_nothing():
     assert before["n_metrics"] == after["n_metrics"]
 
 
+def test_replay_drives_any_cache_with_the_step_protocol():
+    """The replay reaches the cache only through its step protocol: a cache lacking a call is refused by name, and
+    a plain stand-in that counts the calls sees warmup, plan, copy, commit and append_token in the replay's order."""
+    trace, cache, _, new = _setup(steps=2, warm=1)
+    with pytest.raises(TypeError, match=r"lacks \['capacity', 'warmup'\]"):
+        run_trace(ResidentCache(TINY, max_requests=1, max_tokens=400), trace, "q")
+    calls = []
+
+    class Counting:
+        def __getattr__(self, name):
+            attr = getattr(cache, name)
+            if callable(attr):
+                return lambda *a, **k: (calls.append(name), attr(*a, **k))[1]
+            return attr
+
+    df = run_trace(Counting(), trace, "q", new_tokens=new)
+    L = TINY.n_layers
+    assert calls[0] == "n_tokens" and calls[1:1 + L] == ["warmup"] * L
+    assert calls[1 + L:] == (["plan", "copy", "commit"] * L + ["append_token"]) * trace.steps
+    assert (df.kind == "step").sum() == 2 * L
+
+
 def test_block_path_is_the_file_the_blocks_live_in(tmp_path):
-    cache = TieredCache(TINY, capacity=TINY.index_topk, disk_dir=tmp_path, block_tokens=16)
+    cache = TieredCache(TINY, capacity=TINY.index_topk)
+    archive = Archive(cache, tmp_path, block_tokens=16)
     e = np.random.default_rng(3).integers(0, 256, (4, 40, W), dtype=np.uint8)
     cache.add_request("req.0", e)
     with pytest.raises(ValueError, match="no manifest"):                  # nothing archived yet
-        cache.disk.block_path("req.0")
-    cache.spill("req.0")
-    path = cache.disk.block_path("req.0")
+        archive.disk.block_path("req.0")
+    archive.spill("req.0")
+    path = archive.disk.block_path("req.0")
     assert path.exists() and path.parent == tmp_path
-    assert path.stat().st_size == 3 * cache.disk.block_bytes                # 40 tokens in 16-token blocks
+    assert path.stat().st_size == 3 * archive.disk.block_bytes              # 40 tokens in 16-token blocks
     mm = np.fromfile(path, np.uint8).reshape(3, 4, 16, W)
     np.testing.assert_array_equal(mm[1, :, :16], e[:, 16:32])              # block 1 holds tokens 16..31, all layers
     with open(path, "r+b") as fh:                                           # damage block 2 through the public path
-        fh.seek(2 * cache.disk.block_bytes + 7)
+        fh.seek(2 * archive.disk.block_bytes + 7)
         b = fh.read(1)
-        fh.seek(2 * cache.disk.block_bytes + 7)
+        fh.seek(2 * archive.disk.block_bytes + 7)
         fh.write(bytes([b[0] ^ 0xFF]))
-    assert cache.disk.verify("req.0") == [2]
+    assert archive.disk.verify("req.0") == [2]
     assert request_stem(7) != request_stem("7")                             # int and str ids do not collide
     assert request_id_of_stem(request_stem(7)) == 7 and request_id_of_stem(request_stem("7")) == "7"
     with pytest.raises(ValueError, match="cannot name a disk file"):
-        cache.disk.block_path("../evil")
+        archive.disk.block_path("../evil")
 
 
 def test_public_names():
@@ -171,7 +199,7 @@ def test_public_names():
         assert hasattr(S, name), name
     import ess.disk
     import ess.memory
-    for mod in (ess.disk, ess.memory):
+    for mod in (ess.disk, ess.memory, ess.archive, ess.replay):
         for name in mod.__all__:
             assert hasattr(mod, name), name
     assert "tier_placement" in ess.memory.__all__ and "DiskTier" in ess.disk.__all__

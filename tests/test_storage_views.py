@@ -80,3 +80,24 @@ def test_figures_and_widget():
     before = w.summary_label.value
     w.controls["ratio"].value = 0.1
     assert w.summary_label.value != before and "batch" in w.summary_label.value
+
+
+def test_figures_and_widget_refuse_what_they_cannot_draw():
+    import pandas as pd
+    ps = pd.DataFrame({"step": [1], "misses": [3], "bytes_h2d": [3 * 656]})
+    for call, err, match in [
+        (lambda: fig_tier_bytes([1, 2]), TypeError, "df must be a pandas DataFrame, got list"),
+        (lambda: fig_tier_bytes(pd.DataFrame({"tier": ["GPU"], "bytes": [1]})), ValueError,
+         r"lacks the columns \['part'\]"),
+        (lambda: fig_step_traffic(ps, entry_bytes=656, k=9), TypeError, "runs must be a dict"),
+        (lambda: fig_step_traffic({"a": ps.drop(columns="step")}, entry_bytes=656, k=9), ValueError,
+         r"runs\['a'\] lacks"),
+        (lambda: fig_step_traffic({"a": ps}, entry_bytes=0, k=9), ValueError, "entry_bytes must be a positive integer"),
+        (lambda: fig_layer_misses(pd.DataFrame({"run": ["a"]})), ValueError, "lacks the columns"),
+        (lambda: fig_policy_misses(None), TypeError, "df must be a pandas DataFrame"),
+        (lambda: storage_budget_widget("Z100"), ValueError, "gpu must be one of"),
+        (lambda: storage_budget_widget(context_len=1000), ValueError, "context_len must be one of"),
+        (lambda: storage_budget_widget(ratio="0.2"), TypeError, "ratio must be a number"),
+    ]:
+        with pytest.raises(err, match=match):
+            call()

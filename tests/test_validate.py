@@ -74,6 +74,23 @@ def test_entries():
         V.entries("entries", np.zeros((2, 7), np.uint8), (8,), ndim=2, shape_doc="(n, 8)")
     with pytest.raises(ValueError, match="must have shape"):
         V.entries("entries", np.zeros((2, 2, 8), np.uint8), (8,), ndim=2)
+    assert V.entries("entries", np.zeros((4, 5, 8), np.uint8), (4, None, 8), ndim=3).shape == (4, 5, 8)   # any L
+    with pytest.raises(ValueError, match=r"entries must have shape \(\.\.\., 4, n, 8\), got \(3, 5, 8\)"):
+        V.entries("entries", np.zeros((3, 5, 8), np.uint8), (4, None, 8), ndim=3)
+
+
+def test_booleans_and_request_ids():
+    assert V.boolean("verify", np.bool_(True)) is True and V.boolean("verify", False) is False
+    for bad in (1, 0, "no", "False", None, 1.0):                 # bool("no") would be True
+        with pytest.raises(TypeError, match="verify must be True or False, got"):
+            V.boolean("verify", bad)
+    assert V.request_id("request_id", np.int64(7)) == 7 and type(V.request_id("request_id", np.int32(7))) is int
+    assert V.request_id("request_id", "r.1") == "r.1"
+    for bad in (True, 1.0, float("nan"), None, ("a", 1), b"r"):  # 1.0 and True would name request 1
+        with pytest.raises(TypeError, match="request_id must be an int or a str, got"):
+            V.request_id("request_id", bad)
+    with pytest.raises(TypeError, match="entries must be uint8 cache entries"):
+        V.entries("entries", [[1, 2], [3]], (2,))                 # ragged: was NumPy's own ValueError
 
 
 def test_library_entry_points_raise_type_errors_for_wrong_types():

@@ -1,5 +1,6 @@
 """The monitoring view of a decode (live in a notebook, static in the book): link utilisation, hit rate, stall and
-misses per layer, step by step."""
+misses per layer, step by step -- the figure of an :class:`ess.monitor.StepSeries` (the rows and their protocol are
+:mod:`ess.monitor`'s, the live widget around this figure :mod:`ess.widgets.monitor`'s)."""
 from __future__ import annotations
 
 import numpy as np

@@ -1,5 +1,6 @@
 """The live monitoring view: a progress bar, a summary line and :func:`ess.viz.monitor.fig_monitor`, redrawn as a
-decode's per-step rows arrive (the rows of :mod:`ess.monitor`'s protocol, from any source)."""
+decode's per-step rows arrive (the rows of :mod:`ess.monitor`'s protocol, from any source: the decode engine's
+``on_step``, or a trace replay, :func:`ess.replay.replay_steps`)."""
 from __future__ import annotations
 
 import time

@@ -5,6 +5,7 @@ import ipywidgets as W
 
 from ..specs import list_gpus
 from ..memory import tier_placement
+from ..validate import one_of, real
 from ..viz import fig_message
 from ..viz.storage import fig_tier_bytes
 from ._controls import LABEL, redraw
@@ -33,7 +34,12 @@ def storage_budget_view(gpu: str = "H200", context_len: int = 32768, ratio: floa
 
 
 def storage_budget_widget(gpu: str = "H200", context_len: int = 32768, ratio: float = 0.2) -> W.VBox:
-    """GPU dropdown, context, ratio and paused-request sliders -> :func:`storage_budget_view`."""
+    """GPU dropdown, context, ratio and paused-request sliders -> :func:`storage_budget_view`. The starting values
+    must be among the controls' choices: a GPU of :func:`ess.specs.list_gpus`, a context of :data:`CONTEXTS`, a
+    ratio in [0.05, 1]."""
+    one_of("gpu", gpu, list_gpus())
+    one_of("context_len", context_len, CONTEXTS)
+    ratio = real("ratio", ratio, lo=0.05, hi=1.0)
     gpu_w = W.Dropdown(options=list_gpus(), value=gpu, description="GPU", style=LABEL)
     ctx_w = W.SelectionSlider(options=[(f"{c // 1024}K", c) for c in CONTEXTS], value=context_len,
                               description="context L", style=LABEL)

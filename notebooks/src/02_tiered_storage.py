@@ -40,10 +40,12 @@ from IPython.display import display
 
 import ess
 from ess import viz
-from ess.metrics import link_model
-from ess.monitor import COMPUTE_S_PER_LAYER, replay_steps
-from ess.disk import CorruptBlockError
+from ess.archive import Archive
+from ess.disk import CorruptBlockError, DirectoryInUseError
+from ess.layout import capacity_from_budget, capacity_from_ratio
 from ess.memory import tier_placement
+from ess.metrics import link_model
+from ess.replay import COMPUTE_S_PER_LAYER, replay_steps, run_trace
 from ess.storage import TieredCache
 from ess.tracegen import locality_profile, synthetic_trace
 from ess.traces import adjacent_overlap
@@ -78,10 +80,10 @@ pool_bytes = float(place[(place.tier == "GPU") & (place.part == "latent pool")].
 host_bytes = float(place[(place.tier == "host") & (place.part == "latent cache (all)")].bytes.sum())
 rec.record("gpu_latent_pool_bytes", pool_bytes, "B/GPU", config=cfg)
 rec.record("host_latent_bytes", host_bytes, "B/GPU", config=cfg)
-# the byte budget and the ratio must give the same pool: from_budget turns the pool bytes back into slots
+# the byte budget and the ratio must give the same pool: capacity_from_budget turns the pool bytes back into slots
 assert a["batch"] > 0, a["reason"]
-assert ess.layout.pool_slots(model, ratio, context_len) == a["capacity"]
-assert ess.storage.capacity_from_budget(model, pool_bytes, a["batch"], context_len) == a["capacity"]
+assert capacity_from_ratio(model, ratio, context_len) == a["capacity"]
+assert capacity_from_budget(model, pool_bytes, a["batch"], context_len) == a["capacity"]
 # and the pool is the ratio's share of the host copy (to within the floor of one slot per request and layer)
 assert abs(pool_bytes / host_bytes - a["capacity"] / ess.layout.padded_tokens(model, context_len)) < 1e-12
 assert pool_bytes <= ratio * host_bytes
@@ -96,7 +98,7 @@ print(f"batch {a['batch']} per GPU ({a['limited_by']}-bound), {a['capacity']} sl
 # exactly K entries per layer and the context grows by one token per step. Prefill entries are random bytes; every
 # decode step selects K tokens per layer, the cache copies the misses host → device with the Numba transfer kernel
 # (each loaded row checked against its host copy), and the new token is written back
-# (`TieredCache.run_trace`). One run seeds each layer with LRU-Warmup from the last prefill windows, one does not.
+# (`ess.replay.run_trace`). One run seeds each layer with LRU-Warmup from the last prefill windows, one does not.
 
 # %%
 overlap = locality_profile("paper")[trace_layers]
@@ -114,11 +116,12 @@ trace_cfg = {"context_len": trace_context, "ratio": trace_ratio, "K": K, "steps"
              "warmup_windows": warmup_windows, "policy": "lru", "backend": "numba", "mtp": 1,
              "trace": dict(trace.meta)}
 
+trace_capacity = capacity_from_ratio(sim_model, trace_ratio, trace_context)     # the pool rule, checked >= K
 caches, runs = {}, {}
 for label, warm in (("LRU, no warmup", False), ("LRU-Warmup", True)):
-    caches[label] = TieredCache.from_ratio(sim_model, trace_ratio, trace_context, policy="lru", backend="numba")
+    caches[label] = TieredCache(sim_model, capacity=trace_capacity, policy="lru", backend="numba")
     caches[label].add_request("req0", prefill)
-    runs[label] = caches[label].run_trace(trace, "req0", warmup=warm, new_tokens=new_tokens, verify=True)
+    runs[label] = run_trace(caches[label], trace, "req0", warmup=warm, new_tokens=new_tokens, verify=True)
     st = runs[label].query("kind == 'step'")
     assert (st.hits + st.misses == K).all() and (st.bytes_h2d == st.misses * entry).all()
 capacity = caches["LRU-Warmup"].capacity
@@ -207,9 +210,9 @@ assert per_entry.transfer_s(mean_bytes) > 40 * ft.transfer_s(mean_bytes)
 # %%
 rows = []
 for policy in ("lru", "fifo", "heat"):
-    cache = TieredCache.from_ratio(sim_model, trace_ratio, trace_context, policy=policy, backend="numba")
+    cache = TieredCache(sim_model, capacity=trace_capacity, policy=policy, backend="numba")
     cache.add_request("req0", prefill)
-    df = cache.run_trace(trace, "req0", warmup=True, new_tokens=new_tokens)
+    df = run_trace(cache, trace, "req0", warmup=True, new_tokens=new_tokens)
     rows.append({"policy": policy, "misses": int(df.query("kind == 'step'").misses.sum())})
     rec.record(f"total_misses_{policy}", rows[-1]["misses"], "entries", config={**trace_cfg, "policy": policy})
 policies = pd.DataFrame(rows)
@@ -220,34 +223,40 @@ assert policies.set_index("policy").misses["lru"] == tot["LRU-Warmup"]["step"]["
 # %% [markdown]
 # ## The disk tier
 # A paused request is spilled to a memory-mapped archive (blocks of 64 tokens × all layers, one CRC-32 each) and
-# restored with its GPU pool; a flipped byte in a block is caught by its checksum.
+# restored with its GPU pool (`ess.archive.Archive`, a cache paired with its folder); a flipped byte in a block is
+# caught by its checksum. The archive owns its folder while it is open: a second one on the same folder is refused.
 
 # %%
-with tempfile.TemporaryDirectory() as tmp:
-    cache = TieredCache.from_ratio(sim_model, trace_ratio, trace_context, disk_dir=tmp)
+with tempfile.TemporaryDirectory() as tmp, Archive(TieredCache(sim_model, capacity=trace_capacity), tmp) as archive:
+    cache = archive.cache
     cache.add_request("req0", prefill)
     for layer in range(len(trace_layers)):
         cache.warmup("req0", layer, trace.windows[0, layer])
     resident_before = [cache.resident("req0", l).tolist() for l in range(len(trace_layers))]
-    cache.spill("req0")
-    n_blocks = len(cache.disk.manifest("req0")["block_crc32"])
-    blocks_file = cache.disk.block_path("req0")
+    archive.spill("req0")
+    n_blocks = len(archive.disk.manifest("req0")["block_crc32"])
+    blocks_file = archive.disk.block_path("req0")
     disk_bytes = blocks_file.stat().st_size
-    info = cache.restore("req0")
+    info = archive.restore("req0")
     assert [cache.resident("req0", l).tolist() for l in range(len(trace_layers))] == resident_before
     assert np.array_equal(cache.host.entries("req0"), prefill)
-    cache.spill("req0")
+    archive.spill("req0")
     with open(blocks_file, "r+b") as fh:                           # flip one byte of block 3
-        fh.seek(3 * cache.disk.block_bytes + 100)
+        fh.seek(3 * archive.disk.block_bytes + 100)
         b = fh.read(1)
-        fh.seek(3 * cache.disk.block_bytes + 100)
+        fh.seek(3 * archive.disk.block_bytes + 100)
         fh.write(bytes([b[0] ^ 0xFF]))
     try:
-        cache.restore("req0")
+        archive.restore("req0")
         raise AssertionError("a corrupted block was not detected")
     except CorruptBlockError as exc:
         caught = exc.blocks
     assert caught == [3], caught
+    try:
+        Archive(TieredCache(sim_model, capacity=trace_capacity), tmp)
+        raise AssertionError("a second archive on the same folder was not refused")
+    except DirectoryInUseError:
+        pass
 disk_cfg = {"context_len": trace_context, "layers": len(trace_layers), "block_tokens": 64}
 rec.record("disk_blocks", n_blocks, "blocks", config=disk_cfg)
 rec.record("disk_archive_bytes", disk_bytes, "B", config=disk_cfg)
@@ -274,11 +283,11 @@ storage_budget_widget(gpu, context_len, ratio)
 # cross the FlashTrans link (37 GB/s host to device, [BLOG]), every layer computes for 23.1 µs (one request's
 # share of a 73.3 ms step over 61 layers at batch 52, paper Table 2) after its misses arrived (no overlap: a miss
 # stalls the step). The replay takes milliseconds per step, so each step is held for `monitor_pace_s` seconds to
-# be watched. A decode engine hands the monitor the same per-step rows (`ess.monitor`). The whole run is drawn once
+# be watched (`ess.replay.replay_steps`). A decode engine hands the monitor the same per-step rows (`ess.monitor`). The whole run is drawn once
 # more below as a plain figure, which the book shows.
 
 # %%
-mon_cache = TieredCache.from_ratio(sim_model, trace_ratio, trace_context, policy="lru", backend="numba")
+mon_cache = TieredCache(sim_model, capacity=trace_capacity, policy="lru", backend="numba")
 mon_cache.add_request("req0", prefill)
 monitor = LiveMonitor(trace_steps, layer_labels=[f"layer {l}" for l in trace_layers], pace_s=monitor_pace_s,
                       title=f"Replay of {trace_steps} steps, ratio {trace_ratio:g}, {trace_context // 1024}K, LRU-Warmup")
