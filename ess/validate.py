@@ -10,7 +10,8 @@ what was checked.
 * :func:`int_array`: a NumPy integer array of a given rank with values in a range;
 * :func:`number_array`: numbers or arrays of numbers (vectorised arguments), finite, optionally > 0 and whole;
 * :func:`float_array`: a finite float array of a given rank (NumPy, or a torch tensor), as contiguous float32;
-* :func:`entries`: raw cache entries, ``uint8`` arrays of a given trailing shape.
+* :func:`entries`: raw cache entries, ``uint8`` arrays of a given trailing shape;
+* :func:`path`: a file or folder path (``str`` or ``os.PathLike``, not bytes, not empty, no NUL byte).
 
 This module imports nothing from ``ess``: every layer may use it.
 """
@@ -19,12 +20,14 @@ from __future__ import annotations
 import math
 import numbers
 import operator
+import os
+from pathlib import Path
 from typing import Any, Iterable
 
 import numpy as np
 
 __all__ = ["integer", "positive_int", "non_negative_int", "real", "ratio", "fraction", "one_of", "int_array",
-           "number_array", "float_array", "entries"]
+           "number_array", "float_array", "entries", "path"]
 
 
 def _what(value: Any) -> str:
@@ -190,3 +193,18 @@ def entries(name: str, value: Any, tail: tuple[int, ...], *, ndim: int | tuple[i
     if not rank_ok or (tail and tuple(arr.shape[arr.ndim - len(tail):]) != tuple(tail)):
         raise ValueError(f"{name} must have shape {doc}, got {arr.shape}")
     return np.ascontiguousarray(arr)
+
+
+def path(name: str, value: Any) -> Path:
+    """``value`` as a :class:`~pathlib.Path`: a ``str`` or ``os.PathLike`` (not ``bytes``), not empty, without a
+    NUL byte (which no file system accepts)."""
+    if isinstance(value, bytes) or not isinstance(value, (str, os.PathLike)):
+        raise TypeError(f"{name} must be a path (str or os.PathLike), got {_what(value)}")
+    text = os.fspath(value)
+    if not isinstance(text, str):
+        raise TypeError(f"{name} must be a path (str or os.PathLike), got {_what(value)}")
+    if not text:
+        raise ValueError(f"{name} must not be empty")
+    if "\0" in text:
+        raise ValueError(f"{name} must not hold a NUL byte, got {text!r}")
+    return Path(text)
