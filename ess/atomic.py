@@ -13,7 +13,7 @@ the last rename wins, whole. Every writer of ess goes through :func:`atomic_path
 
 Bad arguments get a ``TypeError`` / ``ValueError`` naming them before anything is written: a path that is not a
 path (or is empty, or holds a NUL byte, or a file name longer than the file system allows), bytes that are not
-bytes, text that is not text, data JSON cannot hold.
+bytes, text that is not text, JSON data JSON cannot hold (NaN and infinities included: JSON has no such numbers).
 An error of the file system itself (no permission, a full disk) is an ``OSError``, as always.
 """
 from __future__ import annotations
@@ -123,8 +123,10 @@ def write_text_atomic(path: str | Path, text: str) -> Path:
 
 
 def write_json_atomic(path: str | Path, data: Any, *, indent: int | None = 1, **kwargs) -> Path:
-    """Write ``data`` as JSON to ``path`` atomically (:func:`atomic_path`); ``kwargs`` go to :func:`json.dumps`."""
+    """Write ``data`` as JSON to ``path`` atomically (:func:`atomic_path`); ``kwargs`` go to :func:`json.dumps`
+    (NaN and infinities are refused unless ``allow_nan=True`` is passed: they are not JSON)."""
     _path("path", path)
+    kwargs.setdefault("allow_nan", False)
     try:
         text = json.dumps(data, indent=indent, **kwargs)
     except TypeError as exc:

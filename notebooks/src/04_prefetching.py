@@ -168,7 +168,7 @@ for stat in ("hit_2k", "gvr_deep", "gvr_shallow", "e1_max_error", "score"):
     rec.record(f"locality_central_{stat}", cen[stat], "", config={**ev_cfg, **CENTRAL.config()},
                note=f"the central locality model's {stat} (see the evidence_* records for every candidate)")
 rec.record("locality_central_drift_rho", CENTRAL.drift_rho, "", config=CENTRAL.config(),
-           note="calibrated on vLLM's 2xK hit rate (E2); None for the uniform model")
+           note="calibrated on vLLM's 2xK hit rate (E2); None for the uniform model", status="calibrated")
 scores = {(r.trace_model, r.reading): r.score for n, r in evidence.iterrows() if n in {c.name for c in cands}}
 chosen = loc.choose_locality(scores)
 rec.record("locality_model_chosen", "/".join(chosen), "", config={"rule": "data/locality/README.md", **ev_cfg,
@@ -241,14 +241,16 @@ cfg1 = {**base, **CENTRAL.config(), "context_len": context_len, "mtp": mtp, "ste
 for r in ratios:
     cfg_r = {**cfg1, "ratio": r, "capacity": ess.layout.pool_slots(model, r, context_len, need=K)}
     note = "held-back result of the paper (per-layer miss counts): prediction"
-    rec.record(f"misses_per_layer_32k_ratio{r:g}", central[r], "misses/request/layer/step", config=cfg_r, note=note)
+    rec.record(f"misses_per_layer_32k_ratio{r:g}", central[r], "misses/request/layer/step", config=cfg_r, note=note,
+               status="held back (predicted)")
     rec.record(f"misses_per_layer_32k_ratio{r:g}_low", band[r][0], "misses/request/layer/step", config=cfg_r,
-               note="the band's low end per layer: " + note)
+               note="the band's low end per layer: " + note, status="held back (predicted)")
     rec.record(f"misses_per_layer_32k_ratio{r:g}_high", band[r][1], "misses/request/layer/step", config=cfg_r,
-               note="the band's high end per layer: " + note)
+               note="the band's high end per layer: " + note, status="held back (predicted)")
     means = [per_ratio[m.name][r].mean() for m in ALTS]
     rec.record(f"misses_mean_32k_ratio{r:g}", float(central[r].mean()), "misses/request/layer/step", config=cfg_r,
-               note="prediction; band over the locality models", low=float(min(means)), high=float(max(means)))
+               note="prediction; band over the locality models", low=float(min(means)), high=float(max(means)),
+               status="predicted")
     rec.record(f"misses_mean_32k_ratio{r:g}_uniform", float(uni[(r, "lru", True)].mean()),
                "misses/request/layer/step", config={**cfg_r, **UNIFORM.config()}, note="the earlier uniform model")
 mc = [central[r].mean() for r in ratios]
@@ -285,20 +287,23 @@ for w, label in ((True, "with"), (False, "without")):
     lo = np.min([curves[m.name][w] for m in ALTS], axis=0)
     hi = np.max([curves[m.name][w] for m in ALTS], axis=0)
     note = "held-back result of the paper (warmup curves): prediction"
-    rec.record(f"warmup_curve_{label}", c, "misses/request/layer", config={**cfg2, "warmup": w}, note=note)
+    rec.record(f"warmup_curve_{label}", c, "misses/request/layer", config={**cfg2, "warmup": w}, note=note,
+               status="held back (predicted)")
     rec.record(f"warmup_curve_{label}_low", lo, "misses/request/layer", config={**cfg2, "warmup": w},
-               note="the band's low end per step: " + note)
+               note="the band's low end per step: " + note, status="held back (predicted)")
     rec.record(f"warmup_curve_{label}_high", hi, "misses/request/layer", config={**cfg2, "warmup": w},
-               note="the band's high end per step: " + note)
+               note="the band's high end per step: " + note, status="held back (predicted)")
     firsts = [curves[m.name][w][0] for m in ALTS]
     rec.record(f"first_step_misses_{label}_warmup", float(c[0]), "misses/request/layer", config={**cfg2, "warmup": w},
-               note="prediction; band over the locality models", low=float(min(firsts)), high=float(max(firsts)))
+               note="prediction; band over the locality models", low=float(min(firsts)), high=float(max(firsts)),
+               status="predicted")
     curve_sets[f"LRU, {label} warmup"] = c
     curve_bands[f"LRU, {label} warmup"] = (lo, hi)
 steady = [curves[m.name][True][tail].mean() for m in ALTS]
 rec.record("steady_misses_mtp1_ratio0.2", float(curves[CENTRAL.name][True][tail].mean()), "misses/request/layer/step",
            config={**cfg2, "warmup": True, "window": f"steps {curve_steps // 2}..{curve_steps - 1}"},
-           note="prediction; band over the locality models", low=float(min(steady)), high=float(max(steady)))
+           note="prediction; band over the locality models", low=float(min(steady)), high=float(max(steady)),
+           status="predicted")
 settle = {m.name: int(np.argmax(curves[m.name][False] <= 1.1 * curves[m.name][True][tail].mean())) for m in ALTS}
 rec.record("steps_to_settle_without_warmup", settle[CENTRAL.name], "steps", config=cfg2,
            note="first step whose misses are within 10 % of the steady state with warmup; band over the models",
@@ -326,7 +331,7 @@ for m in (CENTRAL, UNIFORM):
     for L, v in zip(context_lens, by_ctx[m.name]):
         rec.record(f"misses_mean_ratio{context_ratio:g}_{L // 1024}k{sfx}", v, "misses/request/layer/step",
                    config={**base, **m.config(), "ratio": context_ratio, "mtp": mtp, "steps": steps, "batch": batch,
-                           "warmup": True, "context_len": L}, note="prediction")
+                           "warmup": True, "context_len": L}, note="prediction", status="predicted")
 pviz.fig_misses_vs_context(context_lens, {f"{m.label}": by_ctx[m.name] for m in (CENTRAL, UNIFORM)},
                            ratio=context_ratio).show()
 
@@ -357,8 +362,9 @@ for m in (CENTRAL, UNIFORM):
     below = ("" if b["below_slots"] is None else
              f", {b['below_misses']:.1f} at {b['below_slots']} slots")
     rec.record(f"smallest_pool_under_200_slots{sfx}", b["slots"], "slots/request/layer", config=cfg4,
-               note=f"{b['misses']:.1f} misses at this size{below}: prediction")
-    rec.record(f"smallest_pool_under_200_ratio{sfx}", b["ratio"], "", config=cfg4, note="prediction")
+               note=f"{b['misses']:.1f} misses at this size{below}: prediction", status="predicted")
+    rec.record(f"smallest_pool_under_200_ratio{sfx}", b["ratio"], "", config=cfg4, note="prediction",
+               status="predicted")
     print(f"{m.label}: smallest pool with < {miss_target} misses: {b['slots']} slots (ratio {b['ratio']:.3f}); "
           f"{b['misses']:.1f} misses there{below}")
 

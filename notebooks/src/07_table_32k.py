@@ -107,18 +107,19 @@ for _, r in t2.iterrows():
            "accept_ratio": float(r.accept_ratio), "accept_ratio_source": r.accept_ratio_source, **sim_cfg}
     if r.status == "calibration (fitted)":
         rec.record(f"{r.row}_throughput", r.throughput, "tokens/s per node", config=cfg, published=r.published,
-                   source=r.source, note="calibration row", low=r.throughput_low, high=r.throughput_high)
+                   source=r.source, note="calibration row", low=r.throughput_low, high=r.throughput_high,
+                   role="calibration")
         continue
     rec.record(f"{r.row}_throughput", r.throughput, "tokens/s per node", config=cfg,
                note=f"held back: prediction; stall {r.stall_ms:.1f} ms, {r.misses_per_step:.0f} misses per request "
                     f"and step ({r.misses_per_step_low:.0f}-{r.misses_per_step_high:.0f} over the band); gain vs row 1 "
                     f"{r.gain_pct:+.1f} % ({r.gain_pct_low:+.1f} to {r.gain_pct_high:+.1f} %); source of the config: "
-                    f"{r.source}", low=r.throughput_low, high=r.throughput_high)
+                    f"{r.source}", low=r.throughput_low, high=r.throughput_high, status="held back (predicted)")
     rec.record(f"{r.row}_otps", r.otps, "tokens/s per request", config=cfg, note="held back: prediction",
-               low=r.otps_low, high=r.otps_high)
+               low=r.otps_low, high=r.otps_high, status="held back (predicted)")
     rec.record(f"{r.row}_throughput_no_miss", r.throughput_no_miss, "tokens/s per node", config=cfg,
                note="bound: zero misses (only the D2H write-back of new tokens); band over the calibrations",
-               low=r.throughput_no_miss_low, high=r.throughput_no_miss_high)
+               low=r.throughput_no_miss_low, high=r.throughput_no_miss_high, status="bound")
 
 # %%
 rec.figure("table_32k", vsim.fig_table2(t2, L32)).show()
@@ -198,7 +199,7 @@ for i, a in art.iterrows():
                            "accept_ratio_source": mtp4["accept_ratio_source"], **sim_cfg},
                    published=a.article_pct, source=src[keys[a.row]]["source"],
                    note=f"prediction; paper/blog: {a.paper_pct} %; zero-miss bound {a.ours_pct_no_miss:+.1f} %; "
-                        f"{a.explanation}", low=lo, high=hi)
+                        f"{a.explanation}", low=lo, high=hi, status="predicted")
 assert art.ours_tok_s.iloc[0] == row1.throughput
 assert set(art.mtp4_accept_ratio.dropna()) == set(mtp4["accept_ratios"])
 

@@ -83,9 +83,9 @@ for _, r in t128.iterrows():
     rec.record(f"{r.row}_throughput", r.throughput, "tokens/s per node", config=cfg,
                note=f"held back: prediction; gain vs ratio 1 {r.gain_pct:+.1f} % ({r.gain_pct_low:+.1f} to "
                     f"{r.gain_pct_high:+.1f} %); zero-miss bound {r.throughput_no_miss:,.0f}; binding limit: "
-                    f"{r.limit_binds}", low=r.throughput_low, high=r.throughput_high)
+                    f"{r.limit_binds}", low=r.throughput_low, high=r.throughput_high, status="held back (predicted)")
     rec.record(f"{r.row}_otps", r.otps, "tokens/s per request", config=cfg, note="held back: prediction",
-               low=r.otps_low, high=r.otps_high)
+               low=r.otps_low, high=r.otps_high, status="held back (predicted)")
 assert t128[t128.ratio == 1.0].batch.iloc[0] == limit128["value"]          # the paper's 128K limit (calibration data)
 assert (t128.status == "predicted").all() and (t128.band_infeasible == 0).all()
 main_rows = t128[~t128.row.str.endswith("_host_capped")]
@@ -111,7 +111,8 @@ rec.record("claim_128k_gain_pct", c128["ours_pct"], "%",
                    "context_len": limit128["context_len"], "mtp": dep.mtp,
                    "accept_ratio": dep.mtp_accept_ratio, **sim_cfg},
            published=c128["published_pct"], source=c128["source"],
-           note=f"prediction; zero-miss bound {c128['ours_pct_no_miss']:+.1f} %", low=c_lo, high=c_hi)
+           note=f"prediction; zero-miss bound {c128['ours_pct_no_miss']:+.1f} %", low=c_lo, high=c_hi,
+           status="predicted")
 print(f"{limit128['context_len'] // 1024}K, MTP {dep.mtp}: ours {c128['ours_pct']:+.1f} % ({c_lo:+.1f} to "
       f"{c_hi:+.1f} %; batch {c128['batch']} at ratio {c128['ratio']} vs batch "
       f"{c128['baseline_batch']} without offload); zero-miss bound {c128['ours_pct_no_miss']:+.1f} %; "
@@ -170,7 +171,7 @@ for label, kw in (("auto", {}), (f"{compare_context_len // 1024}k", compare)):
                    config={**r.config, **sim_cfg}, published=float(r.article_ratio) if ok else None,
                    source=pub[src[r.claim]]["source"] if ok else None,
                    note=f"before: {r.status_before}; after: {r.status_after}; zero-miss bound "
-                        f"{r.ours_ratio_no_miss:.3f}; {r.assumption}")
+                        f"{r.ours_ratio_no_miss:.3f}; {r.assumption}", status="predicted")
         if r.status_before == "fitted by construction":
             rec.record(f"deploy_{label}_{r.claim.replace(' ', '_')}_before", float(r.ours_before), r.unit,
                        config={**r.config, **sim_cfg}, note="fitted by construction (the context is chosen to match "
@@ -189,7 +190,7 @@ with pd.option_context("display.max_colwidth", 250):
     display(s12)
 for i, r in s12.iterrows():
     rec.record(f"section12_{i}", r.ours, r.unit, config={"deployment": "paper-table1", **sim_cfg},
-               note=f"{r.claim} (article: {r.published}): {r.status}; {r.reason}")
+               note=f"{r.claim} (article: {r.published}): {r.status}; {r.reason}", status=r.status)
 assert s12.ours.iloc[0] == round((1 - latent_entry_bytes(model, "fp8") / latent_entry_bytes(model, "bf16")) * 100, 1)
 
 # %% [markdown]
