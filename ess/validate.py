@@ -14,7 +14,8 @@ what was checked.
 * :func:`boolean`: ``True`` or ``False`` (not ``0``/``1``, not a string);
 * :func:`request_id`: a request's id, an ``int`` or a ``str`` (ids that compare equal across types, such as ``1``,
   ``1.0`` and ``True``, would name one request);
-* :func:`frame`: a pandas DataFrame with the columns a figure or table reads.
+* :func:`frame`: a pandas DataFrame with the columns a figure or table reads;
+* :func:`path`: a file or folder path (``str`` or ``os.PathLike``, not bytes, not empty, no NUL byte).
 
 This module imports nothing from ``ess``: every layer may use it.
 """
@@ -23,12 +24,14 @@ from __future__ import annotations
 import math
 import numbers
 import operator
+import os
+from pathlib import Path
 from typing import Any, Iterable
 
 import numpy as np
 
 __all__ = ["integer", "positive_int", "non_negative_int", "real", "ratio", "fraction", "one_of", "int_array",
-           "number_array", "float_array", "entries", "boolean", "request_id", "frame"]
+           "number_array", "float_array", "entries", "boolean", "request_id", "frame", "path"]
 
 
 def _what(value: Any) -> str:
@@ -231,3 +234,18 @@ def frame(name: str, value: Any, columns: Iterable[str]) -> Any:
     if missing:
         raise ValueError(f"{name} lacks the columns {missing} (it has {list(value.columns)})")
     return value
+
+
+def path(name: str, value: Any) -> Path:
+    """``value`` as a :class:`~pathlib.Path`: a ``str`` or ``os.PathLike`` (not ``bytes``), not empty, without a
+    NUL byte (which no file system accepts)."""
+    if isinstance(value, bytes) or not isinstance(value, (str, os.PathLike)):
+        raise TypeError(f"{name} must be a path (str or os.PathLike), got {_what(value)}")
+    text = os.fspath(value)
+    if not isinstance(text, str):
+        raise TypeError(f"{name} must be a path (str or os.PathLike), got {_what(value)}")
+    if not text:
+        raise ValueError(f"{name} must not be empty")
+    if "\0" in text:
+        raise ValueError(f"{name} must not hold a NUL byte, got {text!r}")
+    return Path(text)

@@ -2,7 +2,7 @@
 the pipeline's test and the browser tests, which open the book it built."""
 from __future__ import annotations
 
-from ess import reproduce
+from ess.pipeline import run_all
 
 _RUN: dict = {}
 
@@ -14,7 +14,7 @@ def smoke_build(tmp_path_factory):
         try:
             # smoke cells take seconds; a cell stuck on a widget reply (jupyter/nbclient#312) fails after 300 s and
             # is retried
-            _RUN["value"] = (build, reproduce.run_all(smoke=True, build_dir=build, progress=False,
+            _RUN["value"] = (build, run_all(smoke=True, build_dir=build, progress=False,
                                                       cell_timeout_s=300))
         except BaseException as exc:       # remembered, so that a second caller fails at once with the same error
             _RUN["error"] = exc

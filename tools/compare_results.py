@@ -3,11 +3,14 @@
     python tools/compare_results.py BEFORE AFTER [--key OLD=NEW ...] [--name REGEX=>REPL ...] [--wall NB:REGEX ...]
 
 For every notebook file (``NN_name.json``) in either tree, records are matched by name and compared field by field:
-``value``, ``unit`` and ``published`` must be equal (exactly: floats bit for bit, NaN equal to NaN), ``source``,
-``note`` and ``config`` are compared too and their differences listed. Two kinds of record are kept apart:
+``value``, ``unit``, ``published`` and ``status`` must be equal (exactly: floats bit for bit, NaN equal to NaN),
+``source``, ``note`` and ``config`` are compared too and their differences listed. The files are read with
+:func:`ess.results.load_results` (every format it reads; a file of an older format has its records' status
+inferred from their notes, and the report says which trees those are); a file that is not a results file is an
+error naming it. Two kinds of record are kept apart:
 
 * **wall-clock** records: times measured on this machine (and ratios of them), non-deterministic by nature; they
-  are matched by name only and listed, never compared by value. The built-in rules (``WALL_CLOCK``) name them by
+  are matched by name only and listed, never compared by value (their status is compared). The built-in rules (``WALL_CLOCK``) name them by
   notebook and name, each with the unit it must carry (so that a rule cannot swallow a computed time, such as a
   transfer time derived from bytes and a link rate); ``--wall NB:REGEX`` adds one.
 * **deterministic** records: everything else; any difference in value, unit or published value is a failure.
@@ -18,25 +21,37 @@ rule may be scoped to a parent key (``--key PARENT.OLD=NEW``: only inside the di
 record names (``re.sub``), so that a deliberate rename does not read as a missing record. Every rename that applied
 is counted in the report.
 
-Exit status: 0 when every deterministic value, unit and published value is identical and no record is missing on
-either side; 1 otherwise. ``index.json`` is compared for its notebooks and record counts only (its seconds are
-wall-clock).
+Exit status: 0 when every deterministic value, unit, published value and status is identical and no record is
+missing on either side; 1 otherwise; 2 for arguments that cannot be used (a tree that is not a folder, a rule or
+regular expression that does not parse, a file in a tree that is not a results file or run index).
+``index.json`` is compared for its notebooks and record counts only (its seconds are wall-clock).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import math
+import os
 import re
 import sys
 from collections import Counter
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from ess.pipeline.index import load_index  # noqa: E402
+from ess.results import load_results  # noqa: E402
 
 #: (notebook stem, record-name regex, unit): records whose values are wall-clock measurements
 WALL_CLOCK = [
     ("03_sparse_attention", r"cost_(dense|sparse|indexer)_L\d+", "ms/step"),   # the measured dense/sparse scan
     ("03_sparse_attention", r"dense_over_sparse_at_max_L", "x"),              # a ratio of two of those times
+    ("03_sparse_attention", r"dense_growth_over_context_growth|sparse_over_dense_at_max_L", "ratio"),  # the same
+    # the real model's step times against the overlap formulas: errors of measured times (the compute thread's CPU
+    # clock; notebook 09 says they move with the machine's load)
+    ("09_real_model", r"step_time_err_.*|overlap_runs_priced_serial_median_gap", "fraction"),
 ]
 
 
@@ -54,13 +69,28 @@ def same(a: Any, b: Any) -> bool:
     return a == b
 
 
+def _regex(what: str, text: Any) -> str:
+    """A regular expression argument, checked: a ``ValueError`` naming it when it does not parse."""
+    if not isinstance(text, str):
+        raise TypeError(f"{what} must be a regular expression (a string), got {text!r}")
+    try:
+        re.compile(text)
+    except re.error as exc:
+        raise ValueError(f"{what} {text!r} is not a regular expression ({exc})") from None
+    return text
+
+
 def parse_key_rule(text: str) -> tuple[str | None, str | None, str, str]:
     """``[NAME_REGEX:][PARENT.]OLD=NEW`` -> ``(name_regex, parent, old, new)``."""
+    if not isinstance(text, str):
+        raise TypeError(f"a key rule must be a string [NAME_REGEX:][PARENT.]OLD=NEW, got {text!r}")
     scope, _, rule = text.rpartition(":") if ":" in text.split("=", 1)[0] else ("", "", text)
     old, sep, new = rule.partition("=")
     if not sep or not old or not new:
         raise argparse.ArgumentTypeError(f"expected [NAME_REGEX:][PARENT.]OLD=NEW, got {text!r}")
     parent, _, old = old.rpartition(".")
+    if scope:
+        _regex("the key rule's NAME_REGEX", scope)
     return scope or None, parent or None, old, new
 
 
@@ -83,19 +113,25 @@ def rename_keys(obj: Any, rules: list, used: Counter, parent: str | None = None)
     return obj
 
 
-def load(tree: Path) -> dict[str, dict[str, dict]]:
-    """``{notebook: {record name: record}}`` of every ``NN_name.json`` in ``tree`` (a results file of the current
-    format, ``{"format": "ess-results/2", "run": ..., "records": [...]}``, or of the first, a bare list of records)."""
+def load(tree: Path, inferred: set | None = None) -> dict[str, dict[str, dict]]:
+    """``{notebook: {record name: record}}`` of every ``NN_name.json`` in ``tree`` (read by
+    :func:`ess.results.load_results`: any format it reads, a ``ValueError`` naming a file that is not one). The
+    notebooks whose status was inferred (an older format) are added to ``inferred``."""
     out = {}
     for path in sorted(tree.glob("[0-9][0-9]_*.json")):
-        data = json.loads(path.read_text(encoding="utf-8"))
-        records = data["records"] if isinstance(data, dict) else data
-        names = [r["name"] for r in records]
-        dup = [n for n, c in Counter(names).items() if c > 1]
-        if dup:
-            raise ValueError(f"{path}: repeated record names {dup}")
-        out[path.stem] = {r["name"]: r for r in records}
+        results = load_results(path)
+        if results.status_inferred and inferred is not None:
+            inferred.add(path.stem)
+        out[path.stem] = {r.name: asdict(r) for r in results.records}
     return out
+
+
+def _tree(what: str, value: Any) -> Path:
+    if isinstance(value, bytes) or not isinstance(value, (str, os.PathLike)):
+        raise TypeError(f"{what} must be a folder (str or os.PathLike), got {type(value).__name__}")
+    if not os.fspath(value) or not Path(value).is_dir():
+        raise ValueError(f"{what} {value!r} is not a folder")
+    return Path(value)
 
 
 def _short(v: Any, width: int = 100) -> str:
@@ -106,14 +142,29 @@ def _short(v: Any, width: int = 100) -> str:
 def compare(before: Path, after: Path, *, keys: list[str] | None = None,
             names: list[tuple[str, str]] | None = None, wall: list[tuple[str, str, str | None]] | None = None) -> dict:
     """The comparison as a dict of lists (see the module docstring); ``report()`` prints it. ``keys`` are rename
-    rules as ``--key`` takes them."""
+    rules as ``--key`` takes them; ``names`` ``(regex, replacement)`` pairs; ``wall`` ``(notebook, regex, unit or
+    None)`` rules. Arguments that cannot be used are a ``TypeError`` / ``ValueError`` naming them."""
+    before, after = _tree("before", before), _tree("after", after)
+    for what, value in (("keys", keys), ("names", names), ("wall", wall)):
+        if value is not None and (isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple))):
+            raise TypeError(f"{what} must be a list, got {type(value).__name__}")
     key_rules, names = [parse_key_rule(k) for k in (keys or [])], list(names or [])
+    for rule in names:
+        if not isinstance(rule, (list, tuple)) or len(rule) != 2 or not isinstance(rule[1], str):
+            raise TypeError(f"names must hold (regex, replacement) pairs, got {rule!r}")
+        _regex("a --name rule's REGEX", rule[0])
+    for rule in wall or []:
+        if (not isinstance(rule, (list, tuple)) or len(rule) != 3 or not isinstance(rule[0], str)
+                or not (rule[2] is None or isinstance(rule[2], str))):
+            raise TypeError(f"wall must hold (notebook, regex, unit or None) rules, got {rule!r}")
+        _regex("a --wall rule's REGEX", rule[1])
     wall = list(WALL_CLOCK) + list(wall or [])
-    b_all, a_all = load(before), load(after)
+    inferred_b, inferred_a = set(), set()
+    b_all, a_all = load(before, inferred_b), load(after, inferred_a)
     used_keys: Counter = Counter()
     used_names: Counter = Counter()
-    res: dict[str, list] = {k: [] for k in ("identical", "differ", "text", "wall_clock", "wall_unit", "missing",
-                                            "added")}
+    res: dict[str, list] = {k: [] for k in ("identical", "differ", "text", "wall_clock", "wall_unit", "wall_status",
+                                            "missing", "added")}
     for nb in sorted(set(b_all) | set(a_all)):
         if nb not in a_all or nb not in b_all:
             side = "missing" if nb not in a_all else "added"
@@ -143,8 +194,11 @@ def compare(before: Path, after: Path, *, keys: list[str] | None = None,
                     res["wall_unit"].append((nb, name, f"unit {b['unit']!r} / {a['unit']!r}, rule says {rule[2]!r}"))
                 res["wall_clock"].append((nb, name, f"{_short(b['value'], 40)} -> {_short(a['value'], 40)} "
                                                     f"{a['unit']}"))
+                if not same(b.get("status"), a.get("status")):          # a status never depends on the clock
+                    res["wall_status"].append((nb, name, f"status: {_short(b.get('status'))} -> "
+                                                         f"{_short(a.get('status'))}"))
                 continue
-            bad = [f for f in ("value", "unit", "published") if not same(b.get(f), a.get(f))]
+            bad = [f for f in ("value", "unit", "published", "status") if not same(b.get(f), a.get(f))]
             if bad:
                 res["differ"].append((nb, name, "; ".join(f"{f}: {_short(b.get(f))} -> {_short(a.get(f))}"
                                                           for f in bad)))
@@ -157,19 +211,33 @@ def compare(before: Path, after: Path, *, keys: list[str] | None = None,
     bi, ai = before / "index.json", after / "index.json"
     if bi.exists() and ai.exists():
         # the index lists the notebooks under "notebooks" (format ess-index/1) or at its top level (before it)
-        b_idx, a_idx = (_index_notebooks(json.loads(p.read_text())) for p in (bi, ai))
+        b_idx, a_idx = (_index_notebooks(_read_index(p)) for p in (bi, ai))
         for nb in sorted(set(b_idx) | set(a_idx)):
             rb, ra = b_idx.get(nb, {}).get("records"), a_idx.get(nb, {}).get("records")
             if rb != ra:
                 res["differ"].append(("index.json", nb, f"records {rb} -> {ra}"))
     res["renamed_keys"] = sorted(used_keys.items())
     res["renamed_names"] = sorted(used_names.items())
+    res["status_inferred"] = [("BEFORE", nb) for nb in sorted(inferred_b)] + [("AFTER", nb) for nb in
+                                                                              sorted(inferred_a)]
     return res
+
+
+def _read_index(path: Path) -> dict:
+    """An ``index.json``: one with a format through :func:`ess.pipeline.index.load_index` (checked), one of before
+    the format as it is (a JSON object of notebooks)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as exc:
+        raise ValueError(f"{path}: not a run index ({exc})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: not a run index (a JSON object)")
+    return load_index(path) if "format" in data else data
 
 
 def _index_notebooks(index: dict) -> dict:
     """``{notebook: entry}`` of an ``index.json``, whichever format."""
-    if index.get("format") == "ess-index/1":
+    if index.get("format") in ("ess-index/1", "ess-index/2"):
         return index.get("notebooks", {})
     return {k: v for k, v in index.items() if isinstance(v, dict)}
 
@@ -182,13 +250,17 @@ def report(res: dict, out=sys.stdout, verbose: bool = False) -> bool:
     p(f"wall-clock records (matched by name, values not compared): {len(res['wall_clock'])}")
     p(f"missing in AFTER: {len(res['missing'])}; added in AFTER: {len(res['added'])}")
     p(f"records with a different source, note or configuration: {len(res['text'])}")
+    if res.get("status_inferred"):
+        p("status inferred from the notes (results files of an older format): "
+          + ", ".join(f"{side} {nb}" for side, nb in res["status_inferred"]))
     for title, key in (("configuration keys renamed (BEFORE -> AFTER, times applied)", "renamed_keys"),
                        ("record names renamed (rule, times applied)", "renamed_names")):
         if res[key]:
             p(f"\n{title}:")
             for what, n in res[key]:
                 p(f"  {what}  x{n}")
-    sections = [("DIFFERENT (deterministic)", "differ"), ("MISSING in AFTER", "missing"), ("ADDED in AFTER", "added"),
+    sections = [("DIFFERENT (deterministic)", "differ"), ("DIFFERENT status of a wall-clock record", "wall_status"),
+                ("MISSING in AFTER", "missing"), ("ADDED in AFTER", "added"),
                 ("wall-clock rule with an unexpected unit", "wall_unit"), ("wall-clock records", "wall_clock"),
                 ("source / note / configuration differences", "text")]
     for title, key in sections:
@@ -201,8 +273,8 @@ def report(res: dict, out=sys.stdout, verbose: bool = False) -> bool:
         p(f"\n{title}:")
         for nb, name, what in rows:
             p(f"  {nb} {name}: {what}" if what else f"  {nb} {name}")
-    ok = not (res["differ"] or res["missing"] or res["added"] or res["wall_unit"])
-    p("\nPASS: every deterministic value, unit and published value is identical" if ok else "\nFAIL")
+    ok = not (res["differ"] or res["missing"] or res["added"] or res["wall_unit"] or res.get("wall_status"))
+    p("\nPASS: every deterministic value, unit, published value and status is identical" if ok else "\nFAIL")
     return ok
 
 
@@ -228,9 +300,12 @@ def main(argv=None) -> int:
     for d in (args.before, args.after):
         if not d.is_dir():
             ap.error(f"{d} is not a folder")
-    for k in args.key:
-        parse_key_rule(k)
-    res = compare(args.before, args.after, keys=args.key, names=args.name, wall=args.wall)
+    try:
+        for k in args.key:
+            parse_key_rule(k)
+        res = compare(args.before, args.after, keys=args.key, names=args.name, wall=args.wall)
+    except (argparse.ArgumentTypeError, TypeError, ValueError) as exc:
+        ap.error(str(exc))
     return 0 if report(res, verbose=args.verbose) else 1
 
 

@@ -109,7 +109,7 @@ def evidence_records(evidence: pd.DataFrame, setting: dict, central, scores: dic
                         config={**setting, **central.config()},
                         note=f"the central locality model's {stat} (see the evidence_* records for every candidate)"))
     out.append(dict(name="locality_central_drift_rho", value=central.drift_rho, unit="", config=central.config(),
-                    note="calibrated on vLLM's 2xK hit rate (E2); None for the uniform model"))
+                    note="calibrated on vLLM's 2xK hit rate (E2); None for the uniform model", status="calibrated"))
     out.append(dict(name="locality_model_chosen", value="/".join(chosen), unit="",
                     config={"rule": "data/locality/README.md", **setting,
                             "scores": {"/".join(k): v for k, v in scores.items()}}))
@@ -181,16 +181,17 @@ def misses_by_ratio(context_len: int, ratios, models, uniform, *, mtp: int, step
     note = "held-back result of the paper (per-layer miss counts): prediction"
     for r in ratios:
         cfg_r = {**cfg1, "ratio": r, "capacity": pool_slots(model, r, context_len, need=model.index_topk)}
+        held = "held back (predicted)"
         records.append(dict(name=f"misses_per_layer_32k_ratio{r:g}", value=cen[r], unit=MISSES_UNIT, config=cfg_r,
-                            note=note))
+                            note=note, status=held))
         records.append(dict(name=f"misses_per_layer_32k_ratio{r:g}_low", value=band[r][0], unit=MISSES_UNIT,
-                            config=cfg_r, note="the band's low end per layer: " + note))
+                            config=cfg_r, note="the band's low end per layer: " + note, status=held))
         records.append(dict(name=f"misses_per_layer_32k_ratio{r:g}_high", value=band[r][1], unit=MISSES_UNIT,
-                            config=cfg_r, note="the band's high end per layer: " + note))
+                            config=cfg_r, note="the band's high end per layer: " + note, status=held))
         means = [per_ratio[m.name][r].mean() for m in models]
         records.append(dict(name=f"misses_mean_32k_ratio{r:g}", value=float(cen[r].mean()), unit=MISSES_UNIT,
                             config=cfg_r, note="prediction; band over the locality models", low=float(min(means)),
-                            high=float(max(means))))
+                            high=float(max(means)), status="predicted"))
         records.append(dict(name=f"misses_mean_32k_ratio{r:g}_uniform", value=float(uni[r].mean()),
                             unit=MISSES_UNIT, config={**cfg_r, **uniform.config()}, note="the earlier uniform model"))
     frame = pd.DataFrame({
@@ -246,22 +247,23 @@ def warmup_curves(context_len: int, ratio: float, models, *, steps: int, seed: i
         c = curves[central.name][w]
         lo, hi = _band([curves[m.name][w] for m in models])
         cfg_w = {**cfg2, "warmup": w}
+        held = "held back (predicted)"
         records.append(dict(name=f"warmup_curve_{label}", value=c, unit="misses/request/layer", config=cfg_w,
-                            note=note))
+                            note=note, status=held))
         records.append(dict(name=f"warmup_curve_{label}_low", value=lo, unit="misses/request/layer", config=cfg_w,
-                            note="the band's low end per step: " + note))
+                            note="the band's low end per step: " + note, status=held))
         records.append(dict(name=f"warmup_curve_{label}_high", value=hi, unit="misses/request/layer", config=cfg_w,
-                            note="the band's high end per step: " + note))
+                            note="the band's high end per step: " + note, status=held))
         firsts = [curves[m.name][w][0] for m in models]
         records.append(dict(name=f"first_step_misses_{label}_warmup", value=float(c[0]), unit="misses/request/layer",
                             config=cfg_w, note="prediction; band over the locality models", low=float(min(firsts)),
-                            high=float(max(firsts))))
+                            high=float(max(firsts)), status="predicted"))
     steady = [curves[m.name][True][tail].mean() for m in models]
     records.append(dict(name=f"steady_misses_mtp1_ratio{ratio:g}",
                         value=float(curves[central.name][True][tail].mean()), unit=MISSES_UNIT,
                         config={**cfg2, "warmup": True, "window": f"steps {steps // 2}..{steps - 1}"},
                         note="prediction; band over the locality models", low=float(min(steady)),
-                        high=float(max(steady))))
+                        high=float(max(steady)), status="predicted"))
     settle = {m.name: int(np.argmax(curves[m.name][False] <= 1.1 * curves[m.name][True][tail].mean()))
               for m in models}
     records.append(dict(name="steps_to_settle_without_warmup", value=settle[central.name], unit="steps", config=cfg2,
@@ -285,7 +287,7 @@ def misses_by_context(context_lens, ratio: float, models, *, mtp: int, steps: in
             records.append(dict(name=f"misses_mean_ratio{ratio:g}_{L // 1024}k{sfx}", value=v, unit=MISSES_UNIT,
                                 config={**trace_setting(seed), **m.config(), "ratio": ratio, "mtp": mtp,
                                         "steps": steps, "batch": batch, "warmup": True, "context_len": L},
-                                note="prediction"))
+                                note="prediction", status="predicted"))
     return by_ctx, records
 
 
@@ -311,9 +313,10 @@ def smallest_pools(context_len: int, target: float, models, *, resolution: int, 
         found[m.name] = b
         below = "" if b["below_slots"] is None else f", {b['below_misses']:.1f} at {b['below_slots']} slots"
         records.append(dict(name=f"smallest_pool_under_200_slots{sfx}", value=b["slots"], unit="slots/request/layer",
-                            config=cfg4, note=f"{b['misses']:.1f} misses at this size{below}: prediction"))
+                            config=cfg4, note=f"{b['misses']:.1f} misses at this size{below}: prediction",
+                            status="predicted"))
         records.append(dict(name=f"smallest_pool_under_200_ratio{sfx}", value=b["ratio"], unit="", config=cfg4,
-                            note="prediction"))
+                            note="prediction", status="predicted"))
     return found, records
 
 

@@ -362,19 +362,21 @@ def table2_records(t2: pd.DataFrame, provenance: dict) -> list[dict]:
         if r.status == "calibration (fitted)":
             out.append(dict(name=f"{r.row}_throughput", value=r.throughput, unit="tokens/s per node", config=cfg,
                             published=r.published, source=r.source, note="calibration row", low=r.throughput_low,
-                            high=r.throughput_high))
+                            high=r.throughput_high, role="calibration"))
             continue
         out.append(dict(
             name=f"{r.row}_throughput", value=r.throughput, unit="tokens/s per node", config=cfg,
             note=f"held back: prediction; stall {r.stall_ms:.1f} ms, {r.misses_per_step:.0f} misses per request "
                  f"and step ({r.misses_per_step_low:.0f}-{r.misses_per_step_high:.0f} over the band); gain vs row 1 "
                  f"{r.gain_pct:+.1f} % ({r.gain_pct_low:+.1f} to {r.gain_pct_high:+.1f} %); source of the config: "
-                 f"{r.source}", low=r.throughput_low, high=r.throughput_high))
+                 f"{r.source}", low=r.throughput_low, high=r.throughput_high, status="held back (predicted)"))
         out.append(dict(name=f"{r.row}_otps", value=r.otps, unit="tokens/s per request", config=cfg,
-                        note="held back: prediction", low=r.otps_low, high=r.otps_high))
+                        note="held back: prediction", low=r.otps_low, high=r.otps_high,
+                        status="held back (predicted)"))
         out.append(dict(name=f"{r.row}_throughput_no_miss", value=r.throughput_no_miss, unit="tokens/s per node",
                         config=cfg, note="bound: zero misses (only the D2H write-back of new tokens); band over the "
-                                         "calibrations", low=r.throughput_no_miss_low, high=r.throughput_no_miss_high))
+                                         "calibrations", low=r.throughput_no_miss_low, high=r.throughput_no_miss_high,
+                        status="bound"))
     return out
 
 
@@ -401,7 +403,7 @@ def article_records(art: pd.DataFrame, frames: dict, provenance: dict) -> list[d
                                 "accept_ratio_source": m4["accept_ratio_source"], **provenance},
                         published=a.article_pct, source=pub[_ARTICLE_KEYS[a.row]]["source"],
                         note=f"prediction; paper/blog: {a.paper_pct} %; zero-miss bound {a.ours_pct_no_miss:+.1f} %; "
-                             f"{a.explanation}", low=lo, high=hi))
+                             f"{a.explanation}", low=lo, high=hi, status="predicted"))
     return out
 
 
@@ -419,9 +421,11 @@ def table2_128k_records(t128: pd.DataFrame, provenance: dict) -> list[dict]:
         out.append(dict(name=f"{r.row}_throughput", value=r.throughput, unit="tokens/s per node", config=cfg,
                         note=f"held back: prediction; gain vs ratio 1 {r.gain_pct:+.1f} % ({r.gain_pct_low:+.1f} to "
                              f"{r.gain_pct_high:+.1f} %); zero-miss bound {r.throughput_no_miss:,.0f}; binding limit: "
-                             f"{r.limit_binds}", low=r.throughput_low, high=r.throughput_high))
+                             f"{r.limit_binds}", low=r.throughput_low, high=r.throughput_high,
+                        status="held back (predicted)"))
         out.append(dict(name=f"{r.row}_otps", value=r.otps, unit="tokens/s per request", config=cfg,
-                        note="held back: prediction", low=r.otps_low, high=r.otps_high))
+                        note="held back: prediction", low=r.otps_low, high=r.otps_high,
+                        status="held back (predicted)"))
     return out
 
 
@@ -439,7 +443,7 @@ def deployment_records(dep_df: pd.DataFrame, label: str, provenance: dict) -> li
                         config={**r.config, **provenance}, published=float(r.article_ratio) if ok else None,
                         source=pub[src[r.claim]]["source"] if ok else None,
                         note=f"before: {r.status_before}; after: {r.status_after}; zero-miss bound "
-                             f"{r.ours_ratio_no_miss:.3f}; {r.assumption}"))
+                             f"{r.ours_ratio_no_miss:.3f}; {r.assumption}", status="predicted"))
         if r.status_before == "fitted by construction":
             out.append(dict(name=f"{tag}_before", value=float(r.ours_before), unit=r.unit,
                             config={**r.config, **provenance},

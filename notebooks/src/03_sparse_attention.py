@@ -134,7 +134,7 @@ for _, r in lossless.iterrows():
                config={**lossless.attrs["config"], "ratio": r.ratio, "policy": r.policy, "capacity": r.capacity},
                note=f"bitwise equal: {r.bitwise_equal}")
 rec.record("lossless_all_bitwise_equal", bool(lossless.bitwise_equal.all()), "", config=lossless.attrs["config"],
-           published=True, source="[BLOG] ESS is lossless (paper-facts.md, Headline claims)")
+           published=True, source="[BLOG] ESS is lossless (paper-facts.md, Headline claims)", status="compared")
 assert lossless.bitwise_equal.all(), "attention through the cache differs from attention over resident entries"
 assert (lossless.misses > 0).all(), "the check must serve misses through the cache"
 
@@ -191,7 +191,7 @@ display(prec.drop(columns="config"))
 fp8, bf16 = prec.set_index("dtype").loc["fp8"], prec.set_index("dtype").loc["bf16"]
 cut = rec.record("fp8_size_cut_vs_bf16", 1 - fp8.entry_bytes / bf16.entry_bytes, "fraction",
                  config={"model": full.name}, published=0.5, source="article §1.2 (8-bit quantisation cuts 50%)",
-                 note="656 B FP8 entry vs 1,152 B BF16 entry")
+                 note="656 B FP8 entry vs 1,152 B BF16 entry", status="compared")
 for d, r in (("fp8", fp8), ("bf16", bf16)):
     rec.record(f"attention_output_rel_rms_error_{d}", r.rel_rms_error, "fraction", config=r.config,
                note="output error of one attention layer on synthetic inputs, not task accuracy")

@@ -104,7 +104,7 @@ rec.record("compute_scale_from_cost", sc["central"], "",
            config={"evidence": "DeepSeek V3.2-Exp decode cost 4K -> 128K", "machine": growth["machine"], "batch": 52,
                    "mtp": dep.mtp, "accept_ratio": dep.mtp_accept_ratio},
            note="calibrated on DeepSeek's decode cost against position (C3 of data/calibration/README.md)",
-           low=sc["low"], high=sc["high"])
+           low=sc["low"], high=sc["high"], status="calibrated")
 print(f"growth 4K -> 128K: {growth['central']:.3f} ms per token ({growth['low']:.3f}-{growth['high']:.3f}) -> "
       f"compute scale {sc['central']:.3f} ({sc['low']:.3f}-{sc['high']:.3f})")
 
@@ -126,19 +126,20 @@ kept = cs.kept_params()
 band_of = {c: cs.kept_range(c) for c in ("compute_scale", "comm_scale", "fixed_ms", "rms_rel_error")}
 rec.record("compute_scale", p.compute_scale, "", config={"fitted_on": p.fitted_on},
            note="calibrated: pinned by DeepSeek's decode cost; band over the equally good calibrations",
-           low=band_of["compute_scale"][0], high=band_of["compute_scale"][1])
+           low=band_of["compute_scale"][0], high=band_of["compute_scale"][1], status="calibrated")
 rec.record("comm_scale", p.comm_scale, "", config={"fitted_on": p.fitted_on},
            note="calibrated; band over the equally good calibrations", low=band_of["comm_scale"][0],
-           high=band_of["comm_scale"][1])
+           high=band_of["comm_scale"][1], status="calibrated")
 rec.record("fixed_ms", p.fixed_ms, "ms/step", config={"fitted_on": p.fitted_on},
            note="calibrated; band over the equally good calibrations", low=band_of["fixed_ms"][0],
-           high=band_of["fixed_ms"][1])
+           high=band_of["fixed_ms"][1], status="calibrated")
 rec.record("calibration_rms_rel_error", cal.rms_rel_error, "", config={"points": len(points)},
-           note="calibrated fit's residual", low=band_of["rms_rel_error"][0], high=band_of["rms_rel_error"][1])
+           note="calibrated fit's residual", low=band_of["rms_rel_error"][0], high=band_of["rms_rel_error"][1],
+           status="calibrated")
 rec.record("calibration_max_abs_rel_error", cal.max_abs_rel_error, "", config={"points": len(points)},
-           note="calibrated fit's largest residual")
+           note="calibrated fit's largest residual", status="calibrated")
 rec.record("calibrations_equally_good", len(kept), "", config={"kept": list(kept), "rule": "data/calibration/README.md"},
-           note="calibrations within 1 percentage point of the best RMS")
+           note="calibrations within 1 percentage point of the best RMS", status="calibrated")
 free = fits[fits["compute scale"] == "free"]
 rec.record("free_fit_compute_scales", free.compute_scale.tolist(), "", config={"fits": list(free.index)},
            note=f"throughput-only fits; {int((~free.compute_scale_in_C3_range).sum())} of {len(free)} outside the "
@@ -147,13 +148,15 @@ growth_fitted = cost_growth_ms(p)
 rec.record("cost_growth_ms_with_fitted_comm", growth_fitted, "ms GPU time per output token",
            config={"params": "central calibration (fitted comm_scale)"}, published=growth["central"],
            source="[DS] DeepSeek_V3_2.pdf Fig. 3 via paper-facts.md",
-           note="check: the communication scale does not move the growth (the compute lane is the longer one)")
+           note="check: the communication scale does not move the growth (the compute lane is the longer one)",
+           status="compared")
 for _, r in cal.residuals.iterrows():
     q = by_name[r["name"]]
     rec.record(f"cal_{r['name']}", r.predicted, "tokens/s per node",
                config={"batch": q.batch, "context_len": q.context_len, "ratio": q.ratio, "mtp": q.mtp,
                        "accept_ratio": q.accept_ratio, "memory_limit": False}, published=r.published, source=r.source,
-               note=f"calibration residual {r.rel_error:+.2%}; read_from_chart={r.read_from_chart}")
+               note=f"calibration residual {r.rel_error:+.2%}; read_from_chart={r.read_from_chart}",
+               role="calibration")
 print(f"central: compute_scale {p.compute_scale:.3f}, comm_scale {p.comm_scale:.3f}, fixed {p.fixed_ms:.1f} ms per "
       f"step; residuals RMS {cal.rms_rel_error:.2%}, max |error| {cal.max_abs_rel_error:.2%}; {len(kept)} equally "
       f"good calibrations; growth with the fitted communication scale {growth_fitted:.3f} ms")
@@ -189,12 +192,12 @@ r52 = simulate(B1, L32, row["ratio"], scenario=central)
 r53 = simulate(B1 + 1, L32, row["ratio"], scenario=central)
 step_published_ms = row["accept_ratio"] / row["otps"] * 1e3        # step = accepted tokens per step / OTPS
 rec.record("table2_row1_throughput", float(r52.throughput[0]), "tokens/s per node", config=row_cfg,
-           published=row["value"], source=row["source"], note="calibration row")
+           published=row["value"], source=row["source"], note="calibration row", role=row["role"])
 rec.record("table2_row1_otps", float(r52.otps[0]), "tokens/s per request", config=row_cfg,
-           published=row["otps"], source=row["source"])
+           published=row["otps"], source=row["source"], status="compared")
 rec.record("table2_row1_step_ms", float(r52.step_s[0] * 1e3), "ms", config=row_cfg, published=step_published_ms,
            source=f"derived: accept ratio {row['accept_ratio']} / OTPS {row['otps']} ({row['source']}; "
-                  "paper-facts.md [derived])")
+                  "paper-facts.md [derived])", status="compared")
 print(f"batch {B1}: {r52.throughput[0]:,.0f} tokens/s (paper {row['value']:,}), OTPS {r52.otps[0]:.2f} "
       f"(paper {row['otps']}), step {r52.step_s[0] * 1e3:.1f} ms (paper, derived: {step_published_ms:.1f} ms); "
       f"batch {B1 + 1}: {'feasible' if r53.feasible[0] else 'infeasible: ' + r53.reason[0]}")
@@ -214,7 +217,8 @@ cal_f1 = calibrate(fig1_only, compute_scale=sc["central"], **variant_fit)
 pred_row = float(simulate(B1, L32, row["ratio"], scenario=central.replace(params=cal_f1.params)).throughput[0])
 rec.record("table2_row1_from_fig1_only_fit", pred_row, "tokens/s per node",
            config={**row_cfg, "fitted_on": "Fig. 1 only", "compute_scale": sc["central"]}, published=row["value"],
-           source=row["source"], note="not out of sample: Fig. 1 holds a batch-52 point, this row's configuration")
+           source=row["source"], note="not out of sample: Fig. 1 holds a batch-52 point, this row's configuration",
+           status="compared")
 print(f"fit on Fig. 1 only -> Table 2 row 1 predicted {pred_row:,.0f} ({pred_row / row['value'] - 1:+.1%})")
 assert abs(pred_row / row["value"] - 1) < 0.08
 
@@ -267,7 +271,7 @@ rec.record(f"pred_{L128 // 1024}k_b{b128}_r1_throughput", float(r13.throughput[0
            config={"batch": b128, "context_len": L128, "ratio": 1.0, "mtp": dep.mtp,
                    "accept_ratio": dep.mtp_accept_ratio}, note="held back in the paper: prediction; band over the "
                    "equally good calibrations", low=float(spread[f"tput_{L128 // 1024}k_b{B128}"].min()),
-           high=float(spread[f"tput_{L128 // 1024}k_b{B128}"].max()))
+           high=float(spread[f"tput_{L128 // 1024}k_b{B128}"].max()), status="held back (predicted)")
 print(f"{L128 // 1024}K, batch {b128}, no offload: {r13.throughput[0]:,.0f} tokens/s per node, OTPS {r13.otps[0]:.1f}")
 assert r13.feasible[0] and not simulate(b128 + 1, L128, 1.0, scenario=Scenario(params=p)).feasible[0]
 

@@ -96,7 +96,8 @@ for _, r in ov.iterrows():
     rec.record(f"overhead_{r.strategy}_m{int(r.misses_per_layer)}", r.overhead_pct, "% of step",
                config={**cfg, "strategy": r.strategy, "mean_misses_per_layer": r.misses_per_layer,
                        "profile": f"ess.cachesim {L // 1024}K ratio {profile_ratio}"},
-               note="held back in the paper: prediction", low=r.overhead_pct_low, high=r.overhead_pct_high)
+               note="held back in the paper: prediction", low=r.overhead_pct_low, high=r.overhead_pct_high,
+               status="held back (predicted)")
 
 # %% [markdown]
 # Checks: the per-layer choice is never worse than any single strategy; no misses cost almost nothing (the D2H
@@ -131,7 +132,7 @@ for _, r in ov32.iterrows():
                config={**cfg, "context_len": Ls, "strategy": r.strategy, "mean_misses_per_layer": r.misses_per_layer,
                        "profile": f"ess.cachesim {Ls // 1024}K ratio {profile_ratio_short} (central locality)"},
                note="prediction; band over the equally good calibrations", low=r.overhead_pct_low,
-               high=r.overhead_pct_high)
+               high=r.overhead_pct_high, status="predicted")
 da_wins = piv32[(piv32["da"] < piv32["dba"] - 1e-6)].index.tolist()
 print(f"at {Ls // 1024}K DA beats DBA at {da_wins or 'no'} misses per layer on this grid")
 assert (piv32["best"] <= piv32[list(STRATEGIES)].min(axis=1) + 1e-9).all()
@@ -157,7 +158,7 @@ for _, r in at_sim.iterrows():
                note=f"held back in the paper: prediction; mean misses per layer {r.mean_misses_per_layer:.0f} "
                     f"({r.mean_misses_per_layer_low:.0f}-{r.mean_misses_per_layer_high:.0f} over the locality "
                     f"models); layers none/DA/DBA {r.layers_none}/{r.layers_da}/{r.layers_dba}",
-               low=r.overhead_pct_low, high=r.overhead_pct_high)
+               low=r.overhead_pct_low, high=r.overhead_pct_high, status="held back (predicted)")
 assert (at_sim.overhead_pct_low <= at_sim.overhead_pct + 1e-9).all()
 assert (at_sim.overhead_pct <= at_sim.overhead_pct_high + 1e-9).all()
 

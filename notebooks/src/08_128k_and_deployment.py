@@ -97,7 +97,8 @@ rec.record("claim_128k_gain_pct", c128["ours_pct"], "%",
                    "context_len": limit128["context_len"], "mtp": dep.mtp,
                    "accept_ratio": dep.mtp_accept_ratio, **sim_cfg},
            published=c128["published_pct"], source=c128["source"],
-           note=f"prediction; zero-miss bound {c128['ours_pct_no_miss']:+.1f} %", low=c_lo, high=c_hi)
+           note=f"prediction; zero-miss bound {c128['ours_pct_no_miss']:+.1f} %", low=c_lo, high=c_hi,
+           status="predicted")
 print(f"{limit128['context_len'] // 1024}K, MTP {dep.mtp}: ours {c128['ours_pct']:+.1f} % ({c_lo:+.1f} to "
       f"{c_hi:+.1f} %; batch {c128['batch']} at ratio {c128['ratio']} vs batch "
       f"{c128['baseline_batch']} without offload); zero-miss bound {c128['ours_pct_no_miss']:+.1f} %; "
@@ -164,7 +165,7 @@ with pd.option_context("display.max_colwidth", 250):
     display(s12)
 for i, r in s12.iterrows():
     rec.record(f"section12_{i}", r.ours, r.unit, config={"deployment": "paper-table1", **sim_cfg},
-               note=f"{r.claim} (article: {r.published}): {r.status}; {r.reason}")
+               note=f"{r.claim} (article: {r.published}): {r.status}; {r.reason}", status=r.status)
 assert s12.ours.iloc[0] == round((1 - latent_entry_bytes(model, "fp8") / latent_entry_bytes(model, "bf16")) * 100, 1)
 
 # %% [markdown]

@@ -75,7 +75,7 @@ def page(browser):
 @pytest.fixture(scope="session")
 def out_dir() -> Path:
     """``build/screenshots/``: screenshots and the measured redraw times (``timings.json``)."""
-    from ess.builddir import BuildDir
+    from ess.pipeline import BuildDir
 
     return BuildDir.claim(None).sub("screenshots")
 

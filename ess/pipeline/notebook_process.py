@@ -1,6 +1,6 @@
 """Execute one notebook with papermill, in a process of its own (the pipeline's child).
 
-``python -m ess.nbrun SPEC.json`` reads ``{"input", "output", "cwd", "parameters", "kernel_name",
+``python -m ess.pipeline.notebook_process SPEC.json`` reads ``{"input", "output", "cwd", "parameters", "kernel_name",
 "cell_timeout_s", "error_path"}``, executes the notebook into ``output`` and exits 0; on failure it writes what went
 wrong to ``error_path`` as JSON (``kind``: ``cell_error``, ``timeout``, ``dead_kernel`` or ``error``) and exits 1.
 

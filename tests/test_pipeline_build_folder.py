@@ -1,4 +1,4 @@
-"""The build folder cannot destroy sources: what `ess` accepts as a build folder, what it refuses (one line, exit 1,
+"""The build folder cannot destroy sources: what `ess` accepts as a build folder, what it refuses (one line, exit 2,
 nothing touched), and what it deletes."""
 import os
 import shutil
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from ess.__main__ import main
-from ess.builddir import CREATED, MARKER, ROOT, BuildDir, BuildDirError
+from ess.pipeline import CREATED, MARKER, ROOT, BuildDir, BuildDirError
 
 
 def _snapshot(folder: Path) -> dict:
@@ -126,7 +126,7 @@ def _ess(*args, cwd=None, user=None):
 
 
 def _one_line_error(proc, match):
-    assert proc.returncode == 1, proc
+    assert proc.returncode == 2, proc
     assert "Traceback" not in proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and match in lines[0], proc.stderr
@@ -181,7 +181,7 @@ def test_cell_timeout_takes_positive_seconds_only(value, tmp_path, capsys):
 
 
 def test_the_repositorys_own_build_folder_from_before_the_marker_is_adopted(tmp_path, monkeypatch):
-    import ess.builddir as B
+    import ess.pipeline.build_folder as B
 
     repo = tmp_path / "repo"
     (repo / "build" / "results").mkdir(parents=True)
@@ -196,3 +196,66 @@ def test_the_repositorys_own_build_folder_from_before_the_marker_is_adopted(tmp_
     (repo / "build" / "thesis.tex").write_text("mine")
     with pytest.raises(BuildDirError, match="did not create .*thesis.tex"):
         B.BuildDir.claim(repo / "build")
+
+
+@pytest.mark.parametrize("where", ["notebooks", "book", "data"])
+def test_a_folder_holding_an_input_or_inside_one_is_refused_before_anything_is_written(where, tmp_path):
+    """The repository's inputs: a build folder inside one (the book would copy itself into itself) is refused,
+    and nothing is created there."""
+    inside = ROOT / where / "ess-build-probe"
+    with pytest.raises(BuildDirError, match=f"lies inside {ROOT / where}, an input"):
+        BuildDir.claim(inside)
+    assert not inside.exists()
+
+
+def test_given_inputs_inside_the_build_folder_are_refused_even_with_a_marker(tmp_path):
+    build = tmp_path / "out"
+    BuildDir.claim(build)                                     # marked: ess's own
+    (build / "notebooks").mkdir()
+    mine = build / "notebooks" / "01_mine.ipynb"
+    mine.write_text("{}")
+    for inputs in ([build / "notebooks"], [mine], [build]):
+        with pytest.raises(BuildDirError, match="holds .*an input of this command"):
+            BuildDir.claim(build, inputs=inputs)
+    with pytest.raises(BuildDirError, match="lies inside .*an input"):
+        BuildDir.claim(build / "notebooks" / "deeper", inputs=[build / "notebooks"])
+    assert mine.read_text() == "{}" and not (build / "notebooks" / "deeper").exists()
+
+
+def test_a_symbolic_link_in_the_way_is_refused_before_the_marker_is_written(tmp_path):
+    users = tmp_path / "users"
+    users.mkdir()
+    (users / "01_mine.ipynb").write_text("mine")
+    build = tmp_path / "b"
+    build.mkdir()
+    (build / "notebooks").symlink_to(users, target_is_directory=True)
+    (build / MARKER).write_text("{}")
+    with pytest.raises(BuildDirError, match="notebooks is a symbolic link"):
+        BuildDir.claim(build)
+    assert (users / "01_mine.ipynb").read_text() == "mine"
+
+
+def test_a_file_in_the_way_leaves_no_marker_behind(tmp_path, monkeypatch):
+    import ess.pipeline.build_folder as B
+
+    repo = tmp_path / "repo"
+    (repo / "build").mkdir(parents=True)
+    (repo / "build" / "results").write_text("a file where ess writes a folder")   # legacy shape, file in the way
+    monkeypatch.setattr(B, "ROOT", repo)
+    with pytest.raises(BuildDirError, match="file in the way"):
+        B.BuildDir.claim(None)
+    assert not (repo / "build" / MARKER).exists()
+
+
+@pytest.mark.parametrize("value, error", [(3, TypeError), (b"/tmp/x", TypeError), ("", ValueError),
+                                          ("a\0b", ValueError), ([1], TypeError)])
+def test_a_build_folder_argument_that_is_not_a_path(value, error):
+    with pytest.raises(error, match="build_dir"):
+        BuildDir.claim(value)
+
+
+@pytest.mark.parametrize("value", ["", "   "])
+def test_the_command_refuses_an_empty_build_dir(value, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["reproduce", "--only", "01", "--build-dir", value])
+    assert exit_.value.code == 2 and "--build-dir" in capsys.readouterr().err

@@ -4,10 +4,12 @@
 Staging
 
 * refuses executed notebooks that did not finish, naming them (the pipeline marks the complete ones in their
-  metadata, ``ess.status``; one that failed or was interrupted sits in ``build/notebooks/failed/``);
+  metadata, ``ess.status``; one that failed or was interrupted sits in ``build/notebooks/failed/``, and is refused
+  unless the complete copy of an earlier run is in place, which the book then shows and says so);
 * copies ``book/`` and every executed notebook, hiding the parameters cells — the notebook's own and papermill's
   injected one (tag ``remove-cell``);
-* writes ``results.md``, every recorded number beside the published one with its status and band;
+* writes ``results.md``, every recorded number beside the published one with its status (the record's field;
+  *inferred* from its note for a results file of an older format) and band;
 * says at the top of the introduction when the notebooks ran at smoke sizes, or came from several runs;
 * serves MathJax from the book itself (Debian's ``libjs-mathjax``, MathJax 2.7 with SVG output), so that no page
   loads a script from a CDN;
@@ -28,8 +30,11 @@ from pathlib import Path
 
 import yaml
 
-from .builddir import ROOT, BuildDir, ReproduceError
-from .results import Record, load_results, record_status
+from .. import validate
+from ..results import Record, load_results
+from .build_folder import ROOT, BuildDir
+from .errors import ReproduceError
+from .index import load_index
 
 __all__ = ["stage_book", "build_book", "check_executed", "results_page", "MATHJAX_DIR"]
 
@@ -47,18 +52,53 @@ _CDN_MATHJAX = re.compile(r'<script[^>]*\bsrc="https://cdnjs\.cloudflare\.com/aj
                           r'</script>')
 
 
-def _claimed(build_dir) -> BuildDir:
-    return build_dir if isinstance(build_dir, BuildDir) else BuildDir.claim(build_dir, create=False)
+def _claimed(build_dir, book_dir: Path | None = None) -> BuildDir:
+    if isinstance(build_dir, BuildDir):
+        return build_dir
+    return BuildDir.claim(build_dir, create=False, inputs=[book_dir] if book_dir is not None else [])
+
+
+def _book_dir(book_dir) -> Path:
+    """The book's sources: ``book/`` of the repository, or a folder with ``_config.yml`` and ``intro.md``."""
+    if book_dir is None:
+        return ROOT / "book"
+    book_dir = validate.path("book_dir", book_dir)
+    if not (book_dir / "_config.yml").is_file() or not (book_dir / "intro.md").is_file():
+        raise ValueError(f"book_dir {book_dir} must be a folder holding _config.yml and intro.md")
+    return book_dir
+
+
+def _index(build: BuildDir) -> dict:
+    """The build's run index (empty when there is none); a :class:`ReproduceError` when it is not one."""
+    path = build.path / "results" / "index.json"
+    if not path.exists():
+        return {}
+    try:
+        return load_index(path)
+    except ValueError as exc:
+        raise ReproduceError(str(exc)) from None
 
 
 def _read_nb(path: Path) -> dict:
-    return json.loads(path.read_text(encoding="utf-8"))
+    """An executed notebook's JSON; a :class:`ReproduceError` naming it when it is not a notebook."""
+    try:
+        nb = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, OSError) as exc:
+        raise ReproduceError(f"{path} is not a readable notebook ({exc})") from None
+    if not isinstance(nb, dict) or not isinstance(nb.get("metadata", {}), dict) or not isinstance(
+            nb.get("cells", []), list):
+        raise ReproduceError(f"{path} is not a notebook (a JSON object with 'metadata' and 'cells')")
+    if not isinstance(nb.get("metadata", {}).get("ess", {}), dict):
+        raise ReproduceError(f"{path}: its metadata.ess must be an object")
+    return nb
 
 
 def check_executed(build: BuildDir) -> list[Path]:
     """The executed notebooks of ``build``, all of them complete; a :class:`ReproduceError` naming every one that
     did not finish: one whose copy is not marked complete (or carries no run record, as one executed by hand or by
     an older ``ess`` would), one set aside as failed or interrupted, one the last run left running (it was killed)."""
+    if not isinstance(build, BuildDir):
+        raise TypeError(f"build must be a claimed BuildDir, got {type(build).__name__}")
     folder = build.path / "notebooks"
     executed = sorted(folder.glob("[0-9][0-9]_*.ipynb"))
     bad = {}
@@ -71,10 +111,9 @@ def check_executed(build: BuildDir) -> list[Path]:
         if nb.stem not in done:
             meta = _read_nb(nb).get("metadata", {}).get("ess", {})
             bad[nb.stem] = f"{meta.get('status', 'failed')}: {meta.get('message', '')}".rstrip(": ")
-    index_path = build.path / "results" / "index.json"
-    if index_path.exists():
-        index = json.loads(index_path.read_text(encoding="utf-8"))
-        for name, entry in index.get("notebooks", {}).items():
+    index = _index(build)
+    if index:
+        for name, entry in index["notebooks"].items():
             if entry.get("status") in ("running", "interrupted", "failed") and name not in done:
                 bad.setdefault(name, f"{entry['status']} in the last run" if entry["status"] != "running"
                                else "the last run stopped while it ran (killed)")
@@ -163,15 +202,22 @@ def _band(rec: Record) -> str:
 
 def results_page(build: BuildDir, executed: list[Path]) -> str:
     """The generated page: per notebook, every record beside the published value with error, status and band."""
-    index_path = build.path / "results" / "index.json"
-    last = json.loads(index_path.read_text(encoding="utf-8")).get("run", {}) if index_path.exists() else {}
+    if not isinstance(build, BuildDir):
+        raise TypeError(f"build must be a claimed BuildDir, got {type(build).__name__}")
+    if isinstance(executed, (str, bytes)) or not isinstance(executed, (list, tuple)):
+        raise TypeError(f"executed must be a list of executed notebooks' paths, got {type(executed).__name__}")
+    index = _index(build)
+    last = index.get("run", {})
+    entries = index.get("notebooks", {})
     lines = ["# Every reproduced number", "",
              "Every number the notebooks recorded, generated from `build/results/` when the book was built. "
              "*Status* is the record's own standing: **calibrated** (the value was fitted there, so agreement is "
              "not evidence), **reproduced** / **not reproduced** (a claim checked), **held back (predicted)** (a "
              "result of the paper not given to the project, predicted and never fitted), **bound**, "
              "**predicted**, **compared** (a published value stands beside it) or **computed**. *Error* is "
-             "relative to the published value; *band* is the range a value is expected in, where one is given.",
+             "relative to the published value; *band* is the range a value is expected in, where one is given. "
+             "A status marked *(inferred)* was read from the record's note (a results file written before the "
+             "status was a field of the record).",
              ""]
     if last:
         status = "" if last.get("status") == "running" else f", status **{last.get('status')}**"
@@ -187,6 +233,11 @@ def results_page(build: BuildDir, executed: list[Path]) -> str:
                + ("" if not last or meta.get("run_id") == last.get("id") else ", **an earlier run than the last**")
                + ").")
         lines += [run, ""]
+        entry = entries.get(nb_path.stem, {})
+        if entry.get("status") in ("failed", "interrupted", "running") and meta.get("run_id") != last.get("id"):
+            what = {"running": "stopped while it ran (killed)"}.get(entry["status"], entry["status"])
+            lines += [f"**The last run of this notebook (run `{last.get('id')}`) did not finish: {what}.** What "
+                      f"follows are the complete results of run `{meta.get('run_id')}`, left in place.", ""]
         if not results_file.exists():
             lines += ["No results file.", ""]
             continue
@@ -196,11 +247,12 @@ def results_page(build: BuildDir, executed: list[Path]) -> str:
         lines += [":::{container} ess-results", "",
                   "| record | status | ours | published | error | unit | band | source |",
                   "|---|---|---|---|---|---|---|---|"]
+        inferred = " (inferred)" if results.status_inferred else ""
         for rec in results.records:
             err = "" if rec.error is None else f"{rec.error * 100:+.1f} %"
             pub = "" if rec.published is None else _value(rec.published)
             lines.append("| " + " | ".join(_cell(x) for x in (
-                f"`{rec.name}`", record_status(rec), _value(rec.value), pub, err, rec.unit, _band(rec),
+                f"`{rec.name}`", rec.status + inferred, _value(rec.value), pub, err, rec.unit, _band(rec),
                 rec.source or "")) + " |")
         lines += ["", ":::", ""]
     return "\n".join(lines)
@@ -249,8 +301,8 @@ def _use_cdn_mathjax(config_path: Path) -> None:
 
 def stage_book(build_dir=None, book_dir: Path | None = None) -> Path:
     """Stage ``book/`` and the executed notebooks into ``<build>/book_src`` (see the module docstring)."""
-    build = _claimed(build_dir)
-    book_dir = Path(book_dir or ROOT / "book")
+    book_dir = _book_dir(book_dir)
+    build = _claimed(build_dir, book_dir)
     executed = check_executed(build)
     build.remove("book_src")
     src = build.path / "book_src"
@@ -283,9 +335,10 @@ def stage_book(build_dir=None, book_dir: Path | None = None) -> Path:
 def build_book(*, build_dir=None, book_dir: Path | None = None) -> Path:
     """Build the Jupyter Book (1.x) from ``book/`` plus the executed notebooks; warnings are errors. Returns the
     path of ``index.html``."""
+    book_dir = _book_dir(book_dir)
     if isinstance(build_dir, BuildDir):                  # inside a run, which holds the folder already
         return _build(build_dir, book_dir)
-    build = _claimed(build_dir)
+    build = _claimed(build_dir, book_dir)
     with build.lock():
         return _build(build, book_dir)
 

@@ -1,5 +1,6 @@
-"""The pipeline: every notebook in smoke mode, records, the run index, the book; failures named; an interrupted or
-failed run leaves nothing that looks complete."""
+"""The pipeline (ess.pipeline): every notebook in smoke mode, records, the run index, the book; failures named; an
+interrupted or failed run leaves nothing of its own that looks complete, and loses none of the earlier run's
+complete results."""
 import html
 import json
 import os
@@ -16,10 +17,10 @@ import nbformat
 import pytest
 
 from _smokebuild import smoke_build
-from ess import book, reproduce
+from ess import pipeline
 from ess.__main__ import main
-from ess.builddir import BuildDir
-from ess.results import load_records, load_results
+from ess.pipeline import BuildDir, book
+from ess.results import STATUSES, load_records, load_results
 
 ROOT = Path(__file__).resolve().parent.parent
 # where this checkout, its parent folder, the home folder and the temporary folder lie on the machine that runs
@@ -43,7 +44,7 @@ def test_every_notebook_runs_in_smoke_mode_and_the_book_builds(tmp_path_factory)
     run, the index says exactly this run, and the book builds with warnings as errors, its pages quote the
     notebooks' numbers, hide the parameters cells, load nothing from a CDN and print no path of this machine."""
     build, runs = smoke_build(tmp_path_factory)
-    names = [p.stem for p in reproduce.list_notebooks()]
+    names = [p.stem for p in pipeline.list_notebooks()]
     assert [r.name for r in runs] == names and len(names) >= 8
     index = json.loads((build / "results" / "index.json").read_text())
     run_id = index["run"]["id"]
@@ -56,10 +57,11 @@ def test_every_notebook_runs_in_smoke_mode_and_the_book_builds(tmp_path_factory)
         assert results.run["run_id"] == run_id and results.run["mode"] == "smoke" and results.run["smoke"] is True
         assert index["notebooks"][r.name]["status"] == "complete"
         assert index["notebooks"][r.name]["records"] == len(results.records) > 0
+        assert results.status_inferred is False
         for rec in results.records:
-            assert isinstance(rec.config, dict) and rec.unit is not None
+            assert isinstance(rec.config, dict) and rec.unit is not None and rec.status in STATUSES
             if rec.published is not None:
-                assert rec.source, (r.name, rec.name)
+                assert rec.source and rec.status != "computed", (r.name, rec.name)
         nb = json.loads(r.output.read_text())
         assert nb["metadata"]["ess"]["status"] == "complete" and nb["metadata"]["ess"]["run_id"] == run_id
         injected = [c for c in nb["cells"] if "injected-parameters" in c["metadata"].get("tags", [])]
@@ -84,6 +86,8 @@ def test_every_notebook_runs_in_smoke_mode_and_the_book_builds(tmp_path_factory)
     for r in runs:
         for rec in load_records(r.results):
             assert rec.name in results_page, (r.name, rec.name)
+    staged = (build / "book_src" / "results.md").read_text(encoding="utf-8")
+    assert "(inferred) |" not in staged, "every status is the record's own field"
     # every number a page quotes with {glue:text} is the notebook's, formatted as asked
     quoted = 0
     for md in [ROOT / "book" / "intro.md", *sorted((ROOT / "book" / "pages").glob("*.md"))]:
@@ -121,8 +125,9 @@ def _notebook(folder: Path, name: str, *cells: str, recorder: str | None = None)
 
 
 def _assert_nothing_looks_complete(build: Path) -> dict:
-    """The invariants of an interrupted or failed run; returns the index."""
-    index = json.loads((build / "results" / "index.json").read_text())
+    """The invariants of an interrupted or failed run; returns the index. A notebook this run did not complete has
+    no executed copy or results of this run: only an earlier run's complete ones, which the index names."""
+    index = pipeline.load_index(build / "results" / "index.json")
     run_id = index["run"]["id"]
     for name, entry in index["notebooks"].items():
         executed = build / "notebooks" / f"{name}.ipynb"
@@ -131,9 +136,18 @@ def _assert_nothing_looks_complete(build: Path) -> dict:
             meta = json.loads(executed.read_text())["metadata"]["ess"]
             assert meta["status"] == "complete" and meta["run_id"] == run_id
             assert load_results(results).run["run_id"] == run_id
+            assert entry["in_place"]["run_id"] == run_id and entry["in_place"]["this_run"] is True
         else:
-            assert not executed.exists(), f"{name} ({entry['status']}) left an executed copy"
-            assert not results.exists(), f"{name} ({entry['status']}) left a results file"
+            for kept in (executed, results):
+                if kept.exists():
+                    earlier = (json.loads(kept.read_text())["metadata"]["ess"] if kept.suffix == ".ipynb"
+                               else load_results(kept).run)
+                    assert earlier["status"] == "complete" and earlier["run_id"] != run_id, (name, kept)
+            if results.exists():
+                assert entry["in_place"]["this_run"] is False, name
+                assert entry["in_place"]["run_id"] == load_results(results).run["run_id"], name
+            else:
+                assert entry["in_place"] is None, name
             failed = build / "notebooks" / "failed" / f"{name}.ipynb"
             if failed.exists():
                 nb = json.loads(failed.read_text())
@@ -148,8 +162,8 @@ def test_failure_names_the_notebook_and_the_cell_and_keeps_it_apart(tmp_path):
     _notebook(nbdir, "01_fine", "rec.record('x', 1, '')")
     _notebook(nbdir, "02_broken", "x = 1", "raise ValueError('boom')")
     _notebook(nbdir, "03_after", "rec.record('y', 2, '')")
-    with pytest.raises(reproduce.ReproduceError, match=r"02_broken.ipynb failed in cell 5 .*ValueError: boom"):
-        reproduce.run_all(notebooks_dir=nbdir, build_dir=build, book=False, progress=False)
+    with pytest.raises(pipeline.ReproduceError, match=r"02_broken.ipynb failed in cell 5 .*ValueError: boom"):
+        pipeline.run_all(notebooks_dir=nbdir, build_dir=build, book=False, progress=False)
     index = _assert_nothing_looks_complete(build)
     assert index["run"]["status"] == "failed"
     assert [e["status"] for e in index["notebooks"].values()] == ["complete", "failed", "not run"]
@@ -158,7 +172,7 @@ def test_failure_names_the_notebook_and_the_cell_and_keeps_it_apart(tmp_path):
     assert kept["metadata"]["ess"]["status"] == "failed"
     ran = [c for c in kept["cells"] if c["cell_type"] == "code"]
     assert ran[-1]["metadata"]["papermill"]["status"] == "not run", "the save after the failure never ran"
-    with pytest.raises(reproduce.ReproduceError, match=r"did not finish: 02_broken \(failed: notebook 02_broken"):
+    with pytest.raises(pipeline.ReproduceError, match=r"did not finish: 02_broken \(failed: notebook 02_broken"):
         book.check_executed(BuildDir.claim(build))
 
 
@@ -167,16 +181,16 @@ def test_failure_names_the_notebook_and_the_cell_and_keeps_it_apart(tmp_path):
                                              ("Recorder('01_smoky', results_path, smoke=True)", "says smoke=True")])
 def test_results_that_do_not_match_the_run_are_refused(tmp_path, recorder, match):
     _notebook(tmp_path / "nbs", "01_smoky", "rec.record('x', 1, '')", recorder=recorder)
-    with pytest.raises(reproduce.ReproduceError, match=match):
-        reproduce.run_all(notebooks_dir=tmp_path / "nbs", build_dir=tmp_path / "b", book=False, progress=False)
+    with pytest.raises(pipeline.ReproduceError, match=match):
+        pipeline.run_all(notebooks_dir=tmp_path / "nbs", build_dir=tmp_path / "b", book=False, progress=False)
     assert not (tmp_path / "b" / "results" / "01_smoky.json").exists()
 
 
 @pytest.mark.slow
 def test_a_hanging_cell_fails_instead_of_waiting(tmp_path, capsys):
     _notebook(tmp_path / "nbs", "98_hang", "import time\ntime.sleep(60)")
-    with pytest.raises(reproduce.ReproduceError, match="98_hang.ipynb: a cell ran longer than 3 s"):
-        reproduce.run_all(notebooks_dir=tmp_path / "nbs", build_dir=tmp_path / "b", book=False, progress=False,
+    with pytest.raises(pipeline.ReproduceError, match="98_hang.ipynb: a cell ran longer than 3 s"):
+        pipeline.run_all(notebooks_dir=tmp_path / "nbs", build_dir=tmp_path / "b", book=False, progress=False,
                           cell_timeout_s=3, retries=1)
     assert "retrying 98_hang.ipynb (1/1)" in capsys.readouterr().err
     index = _assert_nothing_looks_complete(tmp_path / "b")
@@ -230,7 +244,7 @@ def test_an_interrupted_run_leaves_nothing_that_looks_complete(tmp_path, sig):
             assert "Traceback" not in err and "interrupted" in err, why
         unfinished = [n for n, e in index["notebooks"].items() if e["status"] in ("running", "interrupted")]
         if unfinished:
-            with pytest.raises(reproduce.ReproduceError, match=f"did not finish: {unfinished[0]}"):
+            with pytest.raises(pipeline.ReproduceError, match=f"did not finish: {unfinished[0]}"):
                 book.check_executed(BuildDir(build))
     deadline = time.monotonic() + 60
     while _processes_under(build) and time.monotonic() < deadline:
@@ -241,11 +255,11 @@ def test_an_interrupted_run_leaves_nothing_that_looks_complete(tmp_path, sig):
 @pytest.mark.slow
 def test_an_earlier_runs_results_are_named_as_such_and_the_book_says_so(tmp_path):
     nbdir, build = tmp_path / "nbs", tmp_path / "build"
-    _notebook(nbdir, "01_a", "rec.record('a', 1, '', published=2, source='s', note='calibrated: fitted here')")
+    _notebook(nbdir, "01_a", "rec.record('a', 1, '', published=2, source='s', role='calibration')")
     _notebook(nbdir, "02_b", "rec.record('b', 5, '', low=1, high=4)")
-    reproduce.run_all(notebooks_dir=nbdir, build_dir=build, book=False, progress=False, figures=False)
+    pipeline.run_all(notebooks_dir=nbdir, build_dir=build, book=False, progress=False, figures=False)
     first = json.loads((build / "results" / "index.json").read_text())["run"]["id"]
-    reproduce.run_all(notebooks_dir=nbdir, build_dir=build, book=False, progress=False, figures=False,
+    pipeline.run_all(notebooks_dir=nbdir, build_dir=build, book=False, progress=False, figures=False,
                       only=["02"], smoke=True)
     index = json.loads((build / "results" / "index.json").read_text())
     assert list(index["notebooks"]) == ["02_b"] and index["run"]["only"] == ["02"]
@@ -270,7 +284,7 @@ def test_kept_figures_are_rendered_to_png_and_svg(tmp_path):
     nbdir, build = tmp_path / "nbs", tmp_path / "build"
     _notebook(nbdir, "01_fig", "import plotly.graph_objects as go\n"
                                "rec.figure('bars', go.Figure(go.Bar(x=['a', 'b'], y=[1, 3])))")
-    reproduce.run_all(notebooks_dir=nbdir, build_dir=build, book=False, progress=False)
+    pipeline.run_all(notebooks_dir=nbdir, build_dir=build, book=False, progress=False)
     index = json.loads((build / "results" / "index.json").read_text())
     assert index["figures"] == {"status": "rendered", "files": ["figures/01_fig-bars.png", "figures/01_fig-bars.svg"]}
     png = (build / "figures" / "01_fig-bars.png").read_bytes()
@@ -299,9 +313,16 @@ def test_staging_hides_parameters_drops_cdn_scripts_and_widget_state():
     assert "widgets" not in out["metadata"]
 
 
-def test_only_rejects_unknown_names(tmp_path, capsys):
-    assert main(["reproduce", "--only", "no-such-notebook", "--build-dir", str(tmp_path / "b")]) == 1
-    assert "matches 0 notebooks" in capsys.readouterr().err
+@pytest.mark.parametrize("only, match", [(["no-such-notebook"], "matches 0 notebooks"),
+                                         (["01", "01_memory_wall"], "a second time"),
+                                         ([""], "matches 0 notebooks")])
+def test_only_rejects_unknown_and_repeated_names(tmp_path, capsys, only, match):
+    argv = ["reproduce", "--build-dir", str(tmp_path / "b")]
+    for name in only:
+        argv += ["--only", name]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and match in err[0]
     assert not (tmp_path / "b").exists(), "a wrong --only leaves no build folder behind"
 
 
@@ -311,14 +332,14 @@ def test_list(capsys):
 
 
 def test_stage_book_needs_executed_notebooks(tmp_path):
-    with pytest.raises(reproduce.ReproduceError, match="no executed notebooks"):
-        reproduce.stage_book(tmp_path)
+    with pytest.raises(pipeline.ReproduceError, match="no executed notebooks"):
+        pipeline.stage_book(tmp_path)
 
 
 def test_the_book_refuses_notebooks_without_a_run_record(tmp_path):
     build = BuildDir.claim(tmp_path / "b")
     (build.sub("notebooks") / "01_by_hand.ipynb").write_text(json.dumps({"metadata": {}, "cells": []}))
-    with pytest.raises(reproduce.ReproduceError, match=r"did not finish: 01_by_hand \(no run record\)"):
+    with pytest.raises(pipeline.ReproduceError, match=r"did not finish: 01_by_hand \(no run record\)"):
         book.check_executed(build)
 
 
@@ -326,7 +347,7 @@ def test_the_book_refuses_notebooks_without_a_run_record(tmp_path):
 def test_relative_build_dir_is_resolved_from_the_caller(tmp_path, monkeypatch):
     _notebook(tmp_path / "nbs", "01_rel", "rec.record('x', 1, '')")
     monkeypatch.chdir(tmp_path)
-    runs = reproduce.run_all(notebooks_dir=Path("nbs"), build_dir=Path("rel"), book=False, progress=False)
+    runs = pipeline.run_all(notebooks_dir=Path("nbs"), build_dir=Path("rel"), book=False, progress=False)
     assert runs[0].results == tmp_path / "rel" / "results" / "01_rel.json"
     assert runs[0].results.exists()
 
@@ -335,6 +356,54 @@ def test_relative_build_dir_is_resolved_from_the_caller(tmp_path, monkeypatch):
                                           ("60", TypeError), (True, TypeError)])
 def test_cell_timeout_must_be_positive_seconds(value, error, tmp_path):
     with pytest.raises(error, match="cell_timeout_s"):
-        reproduce.run_all(cell_timeout_s=value, build_dir=tmp_path / "b", book=False)
+        pipeline.run_all(cell_timeout_s=value, build_dir=tmp_path / "b", book=False)
     assert not (tmp_path / "b").exists()
-    assert reproduce.check_cell_timeout(2.5) == 3
+    assert pipeline.check_cell_timeout(2.5) == 3
+
+
+def test_the_pipeline_is_the_top_layer_nothing_in_the_library_imports_it():
+    import ast
+
+    offenders = []
+    for path in sorted((ROOT / "ess").rglob("*.py")):
+        rel = path.relative_to(ROOT / "ess")
+        if rel.parts[0] == "pipeline" or rel.name == "__main__.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [f"{'.' * node.level}{node.module or ''}"] if isinstance(node, ast.ImportFrom) else [])
+            if any("pipeline" in n.split(".") for n in names) or (
+                    isinstance(node, ast.ImportFrom) and any(a.name == "pipeline" for a in node.names)):
+                offenders.append(f"{rel}:{node.lineno}")
+    assert offenders == []
+
+
+def test_the_results_page_says_when_a_status_was_inferred_and_when_the_last_run_did_not_finish(tmp_path):
+    """A results file of the older format (no status field) shows its status as inferred; a notebook whose last
+    run failed shows the earlier run's complete results and says so."""
+    build = BuildDir.claim(tmp_path / "b")
+    nb = {"metadata": {"ess": {"notebook": "01_a", "status": "complete", "run_id": "old1", "mode": "full",
+                               "finished": "2026-01-01T00:00:00Z"}}, "cells": [{"cell_type": "markdown",
+                                                                                 "source": "# A", "metadata": {}}]}
+    (build.sub("notebooks") / "01_a.ipynb").write_text(json.dumps(nb))
+    (build.sub("results") / "01_a.json").write_text(json.dumps({
+        "format": "ess-results/2", "run": {"notebook": "01_a", "run_id": "old1", "mode": "full"},
+        "records": [{"name": "limit", "value": 52, "unit": "", "published": 52, "source": "s",
+                     "note": "calibrated: fitted here"}]}))
+    (build.path / "results" / "index.json").write_text(json.dumps({
+        "format": "ess-index/2", "run": {"id": "new2", "mode": "full", "status": "failed", "started": "x"},
+        "notebooks": {"01_a": {"status": "failed", "in_place": {"run_id": "old1", "this_run": False,
+                                                                "results": "results/01_a.json"}}}}))
+    executed = book.check_executed(build)                # the earlier complete copy may be published ...
+    page = book.results_page(build, executed)
+    assert "| `limit` | calibrated (inferred) | 52 | 52 |" in page
+    assert "did not finish: failed" in page and "run `old1`, left in place" in page      # ... saying so
+
+
+def test_a_notebooks_folder_that_does_not_exist_or_holds_none_is_a_usage_error(tmp_path, capsys):
+    for folder in (tmp_path / "missing", tmp_path):
+        argv = ["reproduce", "--notebooks-dir", str(folder), "--build-dir", str(tmp_path / "b")]
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and ("is not a folder" in err[0] or "holds no NN_name.ipynb" in err[0]), err
+    assert not (tmp_path / "b").exists()

@@ -1,10 +1,12 @@
 """The build folder: the only place the ``ess`` command writes, and the only place it deletes from.
 
 A build folder is one ``ess`` created (it holds the marker file ``.ess-build``) or an empty or new folder, which
-``ess`` then marks. ``ess`` refuses, with a one-line :class:`BuildDirError`, the repository itself or a folder that
-holds it, a folder holding files tracked by git, a non-empty folder without the marker, a file in the way, a
-missing parent folder and a folder it cannot write to. It deletes only what it creates there: the folders named in
-:data:`CREATED` and files inside them, never through a symbolic link.
+``ess`` then marks. ``ess`` refuses, with a one-line :class:`BuildDirError` and before it writes anything, the
+repository itself or a folder that holds it, a folder that holds one of the run's inputs or lies inside one (the
+notebooks it runs, ``book/``, ``data/``, the repository's ``notebooks/``: a marker does not make them ess's), a
+folder holding files tracked by git, a non-empty folder without the marker, a file or a symbolic link in the way of
+a folder ess writes, a missing parent folder and a folder it cannot write to. It deletes only what it creates
+there: the folders named in :data:`CREATED` and files inside them, never through a symbolic link.
 
 The repository's own ``build/`` from before the marker existed is adopted when it holds nothing but those folders.
 """
@@ -18,22 +20,31 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import Iterable
 
-__all__ = ["BuildDir", "BuildDirError", "ReproduceError", "MARKER", "CREATED", "ROOT"]
+from .. import validate
+from ..atomic import fsync_dir
+from .errors import ReproduceError
 
-ROOT = Path(__file__).resolve().parent.parent
+__all__ = ["BuildDir", "BuildDirError", "MARKER", "CREATED", "ROOT", "INPUTS"]
+
+ROOT = Path(__file__).resolve().parent.parent.parent
 MARKER = ".ess-build"
 # what ess creates inside a build folder (the browser tests add their screenshots)
 CREATED = ("notebooks", "results", "book", "book_src", "figures", "screenshots", ".partial")
+# the repository's folders every run reads (the notebooks, the book's pages, the data the notebooks load)
+INPUTS = ("notebooks", "book", "data")
 
 
-class ReproduceError(RuntimeError):
-    """The ``ess`` command cannot finish: a notebook failed, the book did not build, or the build folder cannot be
-    used. Its message is meant for the terminal as it is (no traceback)."""
+class BuildDirError(ReproduceError, ValueError):
+    """The build folder cannot be used (one line: which folder and why); a ``ValueError`` too (a bad argument)."""
 
 
-class BuildDirError(ReproduceError):
-    """The build folder cannot be used (one line: which folder and why)."""
+def _resolved(path: Path) -> Path:
+    try:
+        return path.expanduser().resolve()
+    except (OSError, RuntimeError) as exc:            # a loop of symbolic links, an unreadable folder
+        raise BuildDirError(f"build folder {path}: {getattr(exc, 'strerror', None) or exc}") from None
 
 
 def _tracked_files(folder: Path) -> list[str]:
@@ -57,17 +68,31 @@ class BuildDir:
 
     # -- claiming -------------------------------------------------------------------------------------------
     @classmethod
-    def claim(cls, path: str | os.PathLike | None = None, *, create: bool = True) -> "BuildDir":
+    def claim(cls, path: str | os.PathLike | None = None, *, create: bool = True,
+              inputs: Iterable[str | os.PathLike] = ()) -> "BuildDir":
         """Check ``path`` (default ``<repository>/build``) as a build folder and mark it; with ``create=False``
-        it must already exist (``ess book`` reads a build, it does not start one)."""
-        path = Path(ROOT / "build" if path is None else path).expanduser()
-        try:
-            path = path.resolve()
-        except OSError as exc:
-            raise BuildDirError(f"build folder {path}: {exc.strerror or exc}") from None
+        it must already exist (``ess book`` reads a build, it does not start one). ``inputs`` are further folders
+        or files the command reads (``--notebooks-dir``, a book folder): like the repository's :data:`INPUTS`,
+        none may lie inside the build folder, nor the build folder inside one. Every refusal comes before
+        anything is created or written."""
+        if isinstance(path, BuildDir):
+            path = path.path
+        path = _resolved(ROOT / "build" if path is None else validate.path("build_dir", path))
+        if not isinstance(create, bool):
+            raise TypeError(f"create must be True or False, got {create!r}")
+        if isinstance(inputs, (str, bytes, os.PathLike)):
+            raise TypeError("inputs must be a list of paths, not one path")
         if path == ROOT or path in ROOT.parents:
             raise BuildDirError(f"build folder {path} is the repository or holds it; choose a new folder, "
                                 f"e.g. {ROOT / 'build'}")
+        for given in [*(ROOT / name for name in INPUTS), *(validate.path("inputs", p) for p in inputs)]:
+            source = _resolved(given)
+            if source == path or path in source.parents:
+                raise BuildDirError(f"build folder {path} holds {source}, an input of this command; ess clears "
+                                    f"parts of its build folder, so choose one that holds no input")
+            if source in path.parents:
+                raise BuildDirError(f"build folder {path} lies inside {source}, an input of this command; "
+                                    f"choose a folder outside the inputs")
         if path.exists() and not path.is_dir():
             raise BuildDirError(f"build folder {path} is a file, not a folder; move it or choose another path")
         if not path.exists():
@@ -94,14 +119,17 @@ class BuildDir:
         if tracked:
             raise BuildDirError(f"build folder {path} holds files tracked by git ({tracked[0]}, ...); "
                                 f"choose a folder outside the sources")
-        build._check_writable()
-        if not marker.exists():
-            build._write_marker()
         for name in CREATED:
             sub = path / name
+            if sub.is_symlink():
+                raise BuildDirError(f"build folder {path}: {sub} is a symbolic link in the way of the folder ess "
+                                    f"writes there (ess writes nothing through it); remove the link")
             if sub.exists() and not sub.is_dir():
                 raise BuildDirError(f"build folder {path}: {sub} is a file in the way of the folder ess writes "
                                     f"there; move it")
+        build._check_writable()
+        if not marker.exists():
+            build._write_marker()
         return build
 
     def _check_writable(self) -> None:
@@ -141,10 +169,14 @@ class BuildDir:
     def sub(self, name: str) -> Path:
         """``<build>/<name>``, created, for a name in :data:`CREATED`."""
         folder = self._own(name)
+        if folder.is_symlink():
+            raise BuildDirError(f"{folder} is a symbolic link; ess writes nothing through it")
         folder.mkdir(parents=True, exist_ok=True)
         return folder
 
     def _own(self, rel: str | os.PathLike) -> Path:
+        if isinstance(rel, bytes) or not isinstance(rel, (str, os.PathLike)):
+            raise TypeError(f"rel must be a path inside the build folder, got {type(rel).__name__}")
         rel = Path(rel)
         if rel.is_absolute() or ".." in rel.parts or not rel.parts or rel.parts[0] not in CREATED:
             raise ValueError(f"{rel} is not something ess creates in a build folder ({', '.join(CREATED)})")
@@ -159,6 +191,14 @@ class BuildDir:
                 raise BuildDirError(f"{step} is a symbolic link; ess deletes nothing through it")
         return target
 
+    def own(self, rel: str | os.PathLike) -> Path:
+        """``<build>/<rel>`` for a path inside a folder ess creates, checked: no step of the way a symbolic link,
+        nor the target itself (ess writes nothing through a link)."""
+        target = self._own(rel)
+        if target.is_symlink():
+            raise BuildDirError(f"{target} is a symbolic link; ess writes nothing through it")
+        return target
+
     def remove(self, rel: str | os.PathLike) -> None:
         """Delete ``<build>/<rel>`` (a folder ess creates, or a file or folder inside one); a symbolic link is
         removed, never followed. Nothing happens when it does not exist."""
@@ -169,6 +209,20 @@ class BuildDir:
             shutil.rmtree(target)
         elif target.exists():
             target.unlink()
+
+    def move_in(self, source: Path, rel: str | os.PathLike) -> Path:
+        """Move ``source`` (a file or folder this run made under ``<build>/.partial``) to ``<build>/<rel>`` with
+        one rename (:func:`os.replace`: the old file is replaced whole, never torn), then make the rename durable.
+        A folder's ``rel`` must not exist yet (the pipeline names them by run)."""
+        source = Path(source)
+        partial = self.path / ".partial"
+        if partial not in source.parents or source.is_symlink():
+            raise ValueError(f"{source} is not something this run made under {partial}")
+        target = self.own(rel)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(source, target)
+        fsync_dir(target.parent)
+        return target
 
     def __repr__(self) -> str:
         return f"BuildDir({str(self.path)!r})"
