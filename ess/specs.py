@@ -103,7 +103,8 @@ class ModelSpec:
 
 @dataclass(frozen=True)
 class GPUSpec:
-    """One accelerator. ``fp8_dense_TFLOPS`` is ``None`` for parts without FP8 tensor cores."""
+    """One accelerator. ``fp8_dense_TFLOPS`` is ``None`` for parts without FP8 tensor cores; ``sm_count`` its
+    streaming multiprocessors (how many one-block-per-row kernels, such as the indexer's top-K, run in one wave)."""
 
     name: str
     hbm_capacity_GiB: float
@@ -112,11 +113,12 @@ class GPUSpec:
     fp8_dense_TFLOPS: float | None
     nvlink_GB_per_s: float
     pcie_gen: int
+    sm_count: int
     sources: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         _require_positive(self, ("hbm_capacity_GiB", "hbm_bandwidth_GB_per_s", "bf16_dense_TFLOPS",
-                                 "nvlink_GB_per_s"))
+                                 "nvlink_GB_per_s", "sm_count"))
         if self.pcie_gen not in (4, 5):
             raise ValueError(f"GPUSpec.pcie_gen must be 4 or 5, got {self.pcie_gen!r}")
 

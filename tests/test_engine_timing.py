@@ -50,9 +50,10 @@ def test_dual_attention_hides_the_copy_behind_the_hits():
 def test_dual_batch_attention_splits_every_operation_in_halves():
     # B0 = request 0 (11 tokens, 2 misses), B1 = request 1 (21 tokens, 1 miss)
     # I0 = 0.11 + 0.2 = 0.31, I1 = 0.21 + 0.2 = 0.41, a0 = a1 = (0.1 + 0.4) + 0.3 = 0.8
-    # serial: 1 + 0.72 + 1.6 + 0.1 + 4 = 7.42; h0 = 0.1 + 1.0 = 1.1, h1 = 0.1 + 0.5 = 0.6, d = 1.1
-    # overhead max(0, 1.1 - 0.41) + max(0, 0.6 - 0 - 0.8) + max(0, 1.1 - 0.8) = 0.69 + 0 + 0.3 = 0.99
-    # 7.42 + 0.99 + 2 = 10.41 ms
+    # serial 6.82 as for none; the split's own cost (I0 + I1 - I) + (a0 + a1 - a) = (0.72 - 0.52) + (1.6 - 1.2) = 0.6
+    # h0 = 0.1 + 1.0 = 1.1, h1 = 0.1 + 0.5 = 0.6, d = 1.1
+    # stalls max(0, 1.1 - 0.41) + max(0, 0.6 - 0 - 0.8) + max(0, 1.1 - 0.8) = 0.69 + 0 + 0.3 = 0.99
+    # 6.82 + 0.6 + 0.99 + 2 = 10.41 ms
     assert predict_run(_costs(), _run("dba"))["predicted_s"] == pytest.approx(10.41 * MS)
 
 

@@ -19,31 +19,50 @@ MODEL = model_spec("deepseek-v3.2-exp")          # 61 layers, the first 3 dense,
 B, MTP, ACCEPT = 4, 2, 1.7                       # micro-batch b = 2 requests, n = b x mtp = 4 tokens
 
 
-def fake_costs(dispatch_us, combine_us):
-    """Per token of the micro-batch: indexer 1 us, PreAttn 2, Attn 3, O_proj 4, dense FFN 10, MoE 20, merge 0.5,
-    dispatch and combine as given."""
-    def layer_costs(model, gpu, dep, micro_batch, context_len, mtp):
-        n = np.asarray(micro_batch, float) * np.asarray(mtp, float)
+def fake_costs(dispatch_us, combine_us, own=True):
+    """Per token of the micro-batch (n = b x mtp): indexer 1 us (its split part, logits + top-K, 0.75; on half the
+    micro-batch 0.5 + 0.5 flat), PreAttn 2, Attn 3, O_proj 4, dense FFN 10, MoE 20, merge 0.5, dispatch and combine
+    as given. Sparse MLA over ``e`` entries per query token of ``r`` requests: 2 + r x 0.125 x (e / 64 + 8) us, which
+    at b = 2 requests and K = 2,048 entries is the 12 us of Attn (and 7 us on one request, a DBA half). With
+    ``own=False`` no strategy has a cost of its own: no fixed parts, no merge, halves that halve."""
+    def layer_costs(model, gpu, dep, micro_batch, context_len, mtp, **kw):
+        b = np.asarray(micro_batch, float)
+        n = b * np.asarray(mtp, float)
         one = np.ones(np.broadcast(micro_batch, context_len, mtp).shape)
-        return LayerCosts(1 * US * n, 2 * US * n, 3 * US * n, 4 * US * n, 10 * US * n, 20 * US * n,
-                          dispatch_us * US * n, combine_us * US * n, 0.5 * US * n, np.asarray(mtp) * 2048.0 * one)
+        if not own:
+            return LayerCosts(indexer=1 * US * n, indexer_split=0.75 * US * n, indexer_half=0.375 * US * n,
+                              pre_attn=2 * US * n, attn=3 * US * n, attn_half=1.5 * US * n, o_proj=4 * US * n,
+                              ffn_dense=10 * US * n, moe=20 * US * n, dispatch=dispatch_us * US * n,
+                              combine=combine_us * US * n, merge=0 * one, attn_fixed=0 * one,
+                              attn_block=3 * US * n / b / 32 * one, attn_overhead_blocks=0.0, block_entries=64,
+                              entries=2048.0 * one, selected=np.asarray(mtp) * 2048.0 * one)
+        return LayerCosts(indexer=1 * US * n, indexer_split=0.75 * US * n, indexer_half=(0.5 * n + 0.5) * US,
+                          pre_attn=2 * US * n, attn=3 * US * n, attn_half=(2 + b / 2 * 0.125 * 40) * US * one,
+                          o_proj=4 * US * n, ffn_dense=10 * US * n, moe=20 * US * n, dispatch=dispatch_us * US * n,
+                          combine=combine_us * US * n, merge=0.5 * US * n, attn_fixed=2 * US * one,
+                          attn_block=0.125 * US * one, attn_overhead_blocks=8.0, block_entries=64,
+                          entries=2048.0 * one, selected=np.asarray(mtp) * 2048.0 * one)
     return layer_costs
 
 
-def install(monkeypatch, dispatch_us, combine_us):
+def install(monkeypatch, dispatch_us, combine_us, own=True):
     """Round-number costs; the output head costs 0.5 us per row, the MTP module's 2h -> h GEMM 0.25 us per row."""
-    monkeypatch.setattr(TL, "layer_costs", fake_costs(dispatch_us, combine_us))
+    monkeypatch.setattr(TL, "layer_costs", fake_costs(dispatch_us, combine_us, own))
     monkeypatch.setattr(TL, "lm_head_time_s", lambda tokens, model, gpu: 0.5 * US * np.asarray(tokens, float))
     monkeypatch.setattr(TL, "gemm_time_s", lambda m, n, k, gpu, **kw: 0.25 * US * np.asarray(m, float))
 
 
-# The overlap formulas on these costs (one micro-batch of b = 2 requests, n = 4 tokens): Indexer I = 4 us,
-# PreAttn p = 8, Attn a = 12, O_proj 16, merge 2, selected entries mtp x K = 4,096 per request. A latent entry is
-# 656 B; at LINK = 1.312 GB/s a miss of each of the micro-batch's 2 requests takes 2 x 656 / 1.312e9 = 1 us, and
-# the write-back link is infinitely fast and uncapped by host memory (no D2H term). With x misses per request and layer, per micro-batch:
+# The overlap formulas on these costs (one micro-batch of b = 2 requests, n = 4 tokens): Indexer split part I = 3
+# us and 2.5 on each half, PreAttn p = 8, Attn a = 12 (7 on each half), O_proj 16, merge 2, selected entries
+# mtp x K = 4,096 per request. A latent entry is 656 B; at LINK = 1.312 GB/s a miss of each of the micro-batch's 2
+# requests takes 2 x 656 / 1.312e9 = 1 us, and the write-back link is infinitely fast and uncapped by host memory
+# (no D2H term). With x misses per request and layer, per micro-batch:
 #   none = x us
-#   DA   = max(x (1 + 12/4096) - (8 + 12), 0) + 2 (merge, when x > 0)      -> 2 us for 0 < x <= 19
-#   DBA  = max(x/2 - 4/2, 0) + max(x/2 - (8 + 12/2), 0)                    -> 0 for x <= 4, 3 at x = 10
+#   DA   = (a_hit + a_miss - a) + merge + max(x - p - a_hit, 0), each query token missing x/2 of its 2,048 entries:
+#          a_hit = 2 + 2 x 0.125 x ((2048 - x/2)/64 + 8) = 12 - x/512, a_miss = 4 + x/512, so
+#          DA = 4 + 2 + max(x (1 + 1/512) - 20, 0)                          -> 6 us for x <= 19
+#   DBA  = (2 x 2.5 - 3) + (2 x 7 - 12) + max(x/2 - 2.5, 0) + max(x/2 - (8 + 7), 0)
+#          = 4 + max(x/2 - 2.5, 0) + max(x/2 - 15, 0)                       -> 4 for x <= 5, 6.5 at x = 10
 LINK = 1.312
 
 
@@ -93,18 +112,20 @@ def test_offload_overhead_counts_twice_and_hides_behind_the_all_to_all(monkeypat
     install(monkeypatch, dispatch_us=7, combine_us=8)
     ten = np.full(MODEL.n_layers, 10.0)
     r, step = step_us(strategy="best", misses=ten)
-    # x = 10: none 10, DA 2, DBA 3 us per micro-batch -> DA, two micro-batches: 4 us on every layer's compute lane
-    # layers: 3 x (160 + 4) + 58 x max(240 + 4, 120) = 492 + 14,152 = 14,644;  step = 14,644 + 127 + 500
-    assert step == pytest.approx(15_271)
-    assert r.stall_s[0] / US == pytest.approx(61 * 4)
-    assert r.to_frame().stall_ms[0] == pytest.approx(0.244)
+    # x = 10: none 10, DA 6, DBA 6.5 us per micro-batch -> DA, two micro-batches: 12 us on every layer's compute lane
+    # layers: 3 x (160 + 12) + 58 x max(240 + 12, 120) = 516 + 14,616 = 15,132;  step = 15,132 + 127 + 500
+    assert step == pytest.approx(15_759)
+    assert r.stall_s[0] / US == pytest.approx(61 * 12)
+    assert r.to_frame().stall_ms[0] == pytest.approx(0.732)
     assert (r.layer_strategy == TL.STRATEGIES.index("da")).all()
-    assert r.layer_overhead_s[0] / US == pytest.approx(np.full(61, 4.0))
+    assert r.layer_overhead_s[0] / US == pytest.approx(np.full(61, 12.0))
     _, none = step_us(strategy="none", misses=ten)      # 2 x 10 = 20 us per layer, 61 layers
     assert none - 15_027 == pytest.approx(61 * 20)
-    per_layer = ["none"] * 3 + ["dba"] * 58              # 3 x 20 + 58 x 2 x 3
+    per_layer = ["none"] * 3 + ["dba"] * 58              # 3 x 20 + 58 x 2 x 6.5
     _, mixed = step_us(strategy=per_layer, misses=ten)
-    assert mixed - 15_027 == pytest.approx(3 * 20 + 58 * 6)
+    assert mixed - 15_027 == pytest.approx(3 * 20 + 58 * 13)
+    _, no_offload = step_us(ratio=1.0, strategy="dba", misses=np.zeros(61))   # nothing copied: no split either
+    assert no_offload == pytest.approx(15_027)
 
 
 def test_an_overhead_shorter_than_the_all_to_all_costs_only_the_dense_layers(monkeypatch):
@@ -140,25 +161,38 @@ def test_the_cost_parameters_scale_their_own_lanes(monkeypatch):
 
 
 def test_best_takes_the_cheapest_strategy_of_each_layer(monkeypatch):
-    """10 misses on even layers (none 10, DA 2, DBA 3 us per micro-batch), 4 on odd ones (none 4, DA 2, DBA 0): the
-    per-layer choice is DA on the 31 even layers and DBA on the 30 odd ones, 2 x (31 x 2 + 30 x 0) = 124 us over
-    both micro-batches; a fixed strategy pays 2 x (31 x 10 + 30 x 4) = 860 (none), 2 x 61 x 2 = 244 (DA),
-    2 x (31 x 3 + 30 x 0) = 186 (DBA)."""
+    """10 misses on even layers (none 10, DA 6, DBA 6.5 us per micro-batch), 3 on odd ones (none 3, DA 6, DBA 4):
+    the per-layer choice is DA on the 31 even layers and none on the 30 odd ones, 2 x (31 x 6 + 30 x 3) = 552 us
+    over both micro-batches; a fixed strategy pays 2 x (31 x 10 + 30 x 3) = 800 (none), 2 x 61 x 6 = 732 (DA),
+    2 x (31 x 6.5 + 30 x 4) = 643 (DBA)."""
     install(monkeypatch, dispatch_us=7, combine_us=8)
     odd = np.arange(61) % 2 == 1
-    misses = np.where(odd, 4.0, 10.0)
+    misses = np.where(odd, 3.0, 10.0)
     r, best = step_us(strategy="best", misses=misses)
-    assert best - 15_027 == pytest.approx(124)
-    assert r.layer_strategy[0].tolist() == [2 if o else 1 for o in odd]
-    for strategy, extra in (("none", 860), ("da", 244), ("dba", 186)):
+    assert best - 15_027 == pytest.approx(552)
+    assert r.layer_strategy[0].tolist() == [0 if o else 1 for o in odd]
+    for strategy, extra in (("none", 800), ("da", 732), ("dba", 643)):
         assert step_us(strategy=strategy, misses=misses)[1] - 15_027 == pytest.approx(extra), strategy
 
 
-def test_best_breaks_ties_towards_the_simpler_strategy(monkeypatch):
-    """Equal overheads: 'best' keeps none (no merge, no split batch), and between DA and DBA keeps DA."""
+def test_few_misses_do_not_pay_a_split(monkeypatch):
+    """At 4 misses DBA's split costs as much as the copy it hides (4 us); at 0 misses (the write-back alone, here
+    free) every split only costs: the per-layer choice is none."""
     install(monkeypatch, dispatch_us=7, combine_us=8)
+    r, step = step_us(strategy="best", misses=np.zeros(MODEL.n_layers))
+    assert (r.layer_strategy == 0).all() and step == pytest.approx(15_027)
+    r, _ = step_us(strategy="best", misses=np.full(MODEL.n_layers, 2.0))      # none 2, DA 6, DBA 4
+    assert (r.layer_strategy == 0).all()
+    assert r.layer_overhead_s[0] / US == pytest.approx(np.full(61, 4.0))
+
+
+def test_best_breaks_ties_towards_the_simpler_strategy(monkeypatch):
+    """Equal overheads: 'best' keeps none (no merge, no split batch), and between DA and DBA keeps DA. Here no
+    strategy has a cost of its own (no fixed parts, halves that halve), so the ties are exact zeros."""
+    install(monkeypatch, dispatch_us=7, combine_us=8, own=False)
     r, _ = step_us(strategy="best", misses=np.zeros(MODEL.n_layers))        # none = DA = DBA = 0
     assert (r.layer_strategy == 0).all()
-    r, _ = step_us(strategy="best", misses=np.full(MODEL.n_layers, 8.0))     # none 8, DA 2, DBA 4 - 2 = 2
-    assert r.layer_overhead_s[0] / US == pytest.approx(np.full(61, 4.0))
+    # 2 misses: none 2; DA max(2 - 8 - a_hit, 0) = 0; DBA max(1 - 3, 0) + max(1 - 8 - 6, 0) = 0: DA
+    r, _ = step_us(strategy="best", misses=np.full(MODEL.n_layers, 2.0))
+    assert r.layer_overhead_s[0] / US == pytest.approx(np.zeros(61), abs=1e-12)
     assert (r.layer_strategy == 1).all()

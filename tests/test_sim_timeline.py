@@ -15,10 +15,17 @@ MISSES = RNG.uniform(0, 1500, NL)
 
 @pytest.mark.parametrize("strategy", ["none", "dba", "best"])
 def test_infinite_link_has_no_offload_overhead(strategy):
+    """On an infinitely fast link the copies cost nothing: none adds nothing, and DA and DBA only their own split
+    (a second attention launch and the merge; the halves of the indexer and attention) -- which the per-layer choice
+    never takes when nothing has to be hidden."""
     r = simulate([64, 160], 32768, [0.2, 0.1], misses=MISSES,
                  scenario=Scenario(h2d_GB_per_s=np.inf, d2h_GB_per_s=np.inf, strategy=strategy, host_memory_cap=False))
     assert r.feasible.all()
-    assert np.allclose(r.step_s, r.step_no_offload_s, rtol=0, atol=1e-12)
+    if strategy in ("none", "best"):
+        assert np.allclose(r.step_s, r.step_no_offload_s, rtol=0, atol=1e-12)
+        assert (r.layer_strategy == 0).all()
+    else:
+        assert (r.step_s > r.step_no_offload_s).all()
 
 
 def test_host_memory_caps_an_infinite_link():
@@ -27,12 +34,14 @@ def test_host_memory_caps_an_infinite_link():
     assert capped.step_s[0] == pytest.approx(at_cap.step_s[0])
 
 
-def test_dual_attention_on_an_infinite_link_costs_only_the_merge():
+def test_dual_attention_on_an_infinite_link_costs_its_split_whatever_the_misses():
+    """DA's own cost (the second attention launch and the merge) does not depend on the misses: on an infinite link
+    the stall is the same with misses as without, and positive."""
     sc = Scenario(h2d_GB_per_s=np.inf, d2h_GB_per_s=np.inf, strategy="da", host_memory_cap=False)
     r = simulate(64, 32768, 0.2, misses=MISSES, scenario=sc)
-    assert r.stall_s[0] > 0
     r0 = simulate(64, 32768, 0.2, misses=np.zeros(NL), scenario=sc)
-    assert r0.stall_s[0] == pytest.approx(0, abs=1e-12)
+    assert r.stall_s[0] > 0
+    assert r0.stall_s[0] == pytest.approx(r.stall_s[0], rel=1e-9)
 
 
 @pytest.mark.parametrize("strategy", ["none", "da", "dba", "best"])

@@ -31,15 +31,25 @@ def t2_zero():
 
 
 def test_table2_has_every_held_back_configuration_and_no_published_value(t2_zero):
+    """Every (batch, ratio) pair of the paper's Table 2, at each MTP 4 accept ratio, once at the paper's ratio and,
+    for the offload rows, once more at ess's; plus the calibration row."""
     pub = published("paper_table2")
-    capped = t2_zero.row.str.endswith("_host_capped")          # the 128K rows where ess's host memory binds
-    n = (sum(len(e["batches"]) * len(e.get("accept_ratios", [0])) for e in pub.values() if "batches" in e)
-         + len(pub["t2_128k_mtp2"]["ratios"]) + 1)
-    assert len(t2_zero[~capped]) == n and t2_zero.row.is_unique
-    held = t2_zero[t2_zero.role == "held_back"]
-    assert held.published.isna().all()
-    # none infeasible: MTP 4 at batch 160 fits now that a step's pool holds the union of its query tokens' sets
-    assert (t2_zero.status != "infeasible").all(), t2_zero[t2_zero.status == "infeasible"][["row", "reason"]]
+    held = [e for e in pub.values() if e["role"] == "held_back" and "rows" in e]
+    n_paper = sum(len(e["rows"]) * len(e.get("accept_ratios", [0])) for e in held) + 1
+    n_ess = sum(sum(r < 1 for _, r in e["rows"]) * len(e.get("accept_ratios", [0])) for e in held)
+    assert (t2_zero.setting == "paper").sum() == n_paper and (t2_zero.setting == "ess").sum() == n_ess
+    assert t2_zero.row.is_unique
+    held_rows = t2_zero[t2_zero.role == "held_back"]
+    assert held_rows.published.isna().all()
+    paper = t2_zero[t2_zero.setting == "paper"]
+    for e in held:                                        # the paper's pairs, as given
+        got = paper[(paper.context_len == e["context_len"]) & (paper.mtp == e["mtp"]) & (paper.role == "held_back")]
+        assert sorted({(int(b), round(float(r), 2)) for b, r in zip(got.batch, got.ratio)}) == \
+            sorted({(int(b), float(r)) for b, r in e["rows"]})
+    # none infeasible at the paper's ratio (memory as the paper ran it); at ess's ratio only where the host binds
+    assert (paper.status != "infeasible").all()
+    bad = t2_zero[t2_zero.status == "infeasible"]
+    assert (bad.setting == "ess").all() and bad.limit_binds.str.contains("host memory").all(), bad
 
 
 def test_mtp4_is_a_sweep_over_accept_ratios_never_a_published_fact(t2_zero):
@@ -104,15 +114,14 @@ def test_article_table_mtp4_rows_agree_with_a_direct_simulation(t2_zero):
 
 
 def test_claim_128k(t2_zero):
-    """Our 128K gain, recomputed from simulate at the paper's memory-rule batches (the KV budget; ess's host limit
-    left out, as the claim is about the paper's configurations): zero misses, so the best ratio is the one with the
-    largest batch."""
+    """Our 128K gain, recomputed from simulate at the paper's (batch, ratio) rows (memory as the paper ran them):
+    zero misses, so the best row is the one with the largest batch, (54, 0.1)."""
     c = ts.claim_128k(t2_zero)
     assert c["baseline_batch"] == largest_batch(131072, 1.0).batch == 13          # the paper's 128K limit
     r = simulate([c["baseline_batch"], c["batch"]], 131072, [1.0, c["ratio"]], misses=np.zeros(NL),
                  scenario=S.replace(check_memory=False))
     assert c["ours_pct"] == pytest.approx((r.throughput[1] / r.throughput[0] - 1) * 100)
-    assert c["ours_pct"] > 0 and c["batch"] == max(largest_batch(131072, q).batch_gpu for q in (0.2, 0.1))
+    assert c["ours_pct"] > 0 and (c["batch"], c["ratio"]) == (54, 0.1)
 
 
 def test_deployment_benefits_state_assumptions():
@@ -169,25 +178,29 @@ def test_table2_figure_labels_configured_accept_ratios(t2_zero):
     assert hasattr(vs, "fig_sim_misses_per_layer") and not hasattr(vs, "fig_misses_per_layer")
 
 
-def test_128k_memory_rule_shows_both_batches_where_the_host_binds(t2_zero):
-    """The paper keeps batch x (indexer + ratio x latent) at the KV budget; ess also needs the whole latent cache in
-    host memory (256 GB per GPU on the assumed DGX H200). At ratio 0.1 the KV rule allows 52 requests of 128K
-    (budget / (1.055 + 0.1 x 5.245) GB), the host 48 (256 / 5.245 GB): both rows, the host binding."""
+def test_128k_rows_name_the_limit_that_binds(t2_zero):
+    """ess keeps batch x (indexer + ratio x latent) within its KV budget and the whole latent cache in host memory
+    (256 GB per GPU on the assumed DGX H200). A 128K request takes 1.055 + ratio x 5.245 GB of GPU memory and
+    5.245 GB of host memory: the paper's (40, 0.2) takes 40 x 2.104 = 84.2 GB, 1.8 % over the budget (39 fit), and
+    ess's rule gives batch 40 a slightly smaller ratio; (54, 0.1) needs 54 x 5.245 = 283 GB of host memory, more than
+    256 (48 fit): no ratio holds 54 requests there, so its ess row is infeasible, the host named."""
     t = t2_zero[t2_zero.context_len == 131072].set_index("row")
-    for ratio in (1.0, 0.2, 0.1):
-        lim = largest_batch(131072, ratio)
-        r = t.loc[f"t2_128k_mtp2_r{ratio:g}"]
-        assert r.batch == lim.batch_gpu == r.batch_gpu_rule                    # the paper's rule
-    capped = t.loc["t2_128k_mtp2_r0.1_host_capped"]
-    assert capped.batch == largest_batch(131072, 0.1).batch == capped.batch_host_limit < capped.batch_gpu_rule
-    assert "host" in capped.limit_binds and "GPU" in t.loc["t2_128k_mtp2_r0.2"].limit_binds
-    assert "t2_128k_mtp2_r0.2_host_capped" not in t.index and t.status.eq("predicted").all()
-    # the records say which rows were predicted without the memory check (the paper's batch beyond ess's host)
+    r40 = t.loc["t2_128k_mtp2_b40_r0.2"]
+    assert r40.batch_gpu_rule == largest_batch(131072, 0.2).batch_gpu == 39
+    assert 1.0 < r40.kv_budget_use < 1.03 and "GPU memory" in r40.limit_binds
+    e40 = t.loc["t2_128k_mtp2_b40_ess"]
+    assert e40.ratio < 0.2 and e40.limit_binds == "" and e40.status == "predicted"
+    r54 = t.loc["t2_128k_mtp2_b54_r0.1"]
+    assert r54.batch_host_limit == largest_batch(131072, 0.1).batch_host == 48 and "host memory" in r54.limit_binds
+    e54 = t.loc["t2_128k_mtp2_b54_ess"]
+    assert e54.status == "infeasible" and "host memory" in e54.reason
+    assert t.loc["t2_128k_mtp2_b13_r1"].limit_binds == ""
+    # the records say which rows were predicted without the memory check (the paper's rows)
     t128, _ = ts.table2_bands(BandInputs(P, {"c": P}, [], {"z": flat_misses(0.0)}, 1), contexts=("128k",))
     recs = {r["name"]: r for r in ts.table2_128k_records(t128, {"check_memory": True, "strategy": "best"})}
-    assert recs["t2_128k_mtp2_r0.1_throughput"]["config"]["check_memory"] is False
-    assert recs["t2_128k_mtp2_r0.1_host_capped_throughput"]["config"]["check_memory"] is True
-    assert recs["t2_128k_mtp2_r0.2_otps"]["config"]["check_memory"] is True
+    assert recs["t2_128k_mtp2_b54_r0.1_throughput"]["config"]["check_memory"] is False
+    assert recs["t2_128k_mtp2_b40_ess_throughput"]["config"]["check_memory"] is True
+    assert recs["t2_128k_mtp2_b54_ess_throughput"]["value"] is None
 
 
 def test_table2_bands_are_the_lowest_and_highest_over_the_combinations():

@@ -260,22 +260,18 @@ def _layer(costs: OpCosts, run, t: int, layer: int, schedule: str | None = None)
     attn_all = op("attn", **s) + op("merge", **s)
     h = costs.link_s("h2d", s["misses"] * E, gbps) if offload else 0.0
     d = costs.link_s("d2h", B * E, gbps) if offload else 0.0
-    parts = {"pre_attn": pre, "finish": fin, "commit": commit}
-    if sched == "dba":
-        s0, s1 = (_sizes(run, t, layer, r) for r in _halves(B))
-        I0, I1 = (op("indexer", **x) + op("plan", **x) for x in (s0, s1))
-        a0, a1 = (op("attn", **x) + op("merge", **x) for x in (s0, s1))
-        ops = LayerOps(indexer=I0 + I1, pre_attn=0.0, attn=a0 + a1, attn_hit=0.0, o_proj=fin, merge=0.0,
-                       h2d=h, d2h=d, indexer_b1=I1, attn_b0=a0, attn_b1=a1,
-                       h2d_b0=costs.link_s("h2d", s0["misses"] * E, gbps),
-                       h2d_b1=costs.link_s("h2d", s1["misses"] * E, gbps))
-        parts.update(select=I0 + I1, attention=a0 + a1)
-    else:
-        hits_s = op("attn", requests=s["requests"], entries=s["hits"])
-        extra = hits_s + op("attn", requests=s["requests"], entries=s["misses"]) - op("attn", **s)
-        ops = LayerOps(indexer=sel_all, pre_attn=0.0, attn=attn_all, attn_hit=hits_s, o_proj=fin, merge=extra,
-                       h2d=h, d2h=d)
-        parts.update(select=sel_all, attention=attn_all)
+    parts = {"pre_attn": pre, "finish": fin, "commit": commit, "select": sel_all, "attention": attn_all}
+    hits_s = op("attn", requests=s["requests"], entries=s["hits"])
+    misses_s = op("attn", requests=s["requests"], entries=s["misses"])
+    merge_s = op("merge", **s)
+    s0, s1 = (_sizes(run, t, layer, r) for r in _halves(B)) if B > 1 else (s, s)
+    I0, I1 = (op("indexer", **x) + op("plan", **x) for x in (s0, s1))
+    a0, a1 = (op("attn", **x) + op("merge", **x) for x in (s0, s1))
+    # the merge runs once over every column whatever the schedule: DA's two gather-and-score calls are its own cost
+    ops = LayerOps(indexer=sel_all, indexer_b0=I0, indexer_b1=I1, pre_attn=0.0, attn=attn_all, attn_b0=a0,
+                   attn_b1=a1, attn_hit=hits_s, attn_miss=misses_s + merge_s, merge=0.0, o_proj=fin, h2d=h,
+                   h2d_b0=costs.link_s("h2d", s0["misses"] * E, gbps),
+                   h2d_b1=costs.link_s("h2d", s1["misses"] * E, gbps), d2h=d)
     over = float(overlap_overhead_s(ops)[sched]) if offload else 0.0
     parts["overhead"] = over
     return sum(parts.values()), parts

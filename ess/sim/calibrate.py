@@ -72,7 +72,9 @@ def _step_without_fixed(points, compute_scale, comm_scale, scenario: Scenario):
     mtp = np.array([p.mtp for p in points])
     a = np.array([p.accept_ratio for p in points])
     res = simulate(B, L, 1.0, mtp=mtp, accept_ratio=a,
-                   scenario=scenario.replace(params=CostParams(compute_scale, comm_scale, 0.0), check_memory=False))
+                   scenario=scenario.replace(params=CostParams(compute_scale, comm_scale, 0.0,
+                                                              part_batch=scenario.params.part_batch),
+                                             check_memory=False))
     return res.step_s
 
 
@@ -145,7 +147,8 @@ def calibrate(points: list[CalibrationPoint] | None = None, *, table2_weight: fl
     params = CostParams(float(sc), float(sm), float(f) * 1e3,
                         fitted_on=f"{sum(p.read_from_chart for p in points)} paper Fig. 1 chart points + "
                                   f"{sum(not p.read_from_chart for p in points)} Table 2 rows (paper-facts.md, "
-                                  f"Calibration data); Table 2 weight {table2_weight:g}{pinned}")
+                                  f"Calibration data); Table 2 weight {table2_weight:g}{pinned}; part-batch "
+                                  f"evidence {scen.params.part_batch}", part_batch=scen.params.part_batch)
     pred = predict_points(points, params, scenario=scen)
     obs = np.array([p.throughput for p in points])
     rel = (pred - obs) / obs
@@ -205,7 +208,8 @@ def compute_scale_from_cost(target_ms: float, *, lo: float = 0.05, hi: float = 5
     """The ``compute_scale`` at which :func:`cost_growth_ms` (``comm_scale`` 1, ``fixed_ms`` 0: the fixed time
     cancels in the difference) equals ``target_ms``, by bisection to 1e-4 relative (the growth rises with the
     scale)."""
-    f = lambda s: cost_growth_ms(CostParams(s, 1.0, 0.0), scenario=scenario) - target_ms        # noqa: E731
+    pbv = as_scenario(scenario).params.part_batch
+    f = lambda s: cost_growth_ms(CostParams(s, 1.0, 0.0, part_batch=pbv), scenario=scenario) - target_ms  # noqa: E731
     if f(lo) > 0 or f(hi) < 0:
         raise ValueError(f"no compute_scale in [{lo}, {hi}] gives a growth of {target_ms:.4f} ms per token")
     while hi / lo > 1 + 1e-4:

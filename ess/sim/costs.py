@@ -11,10 +11,21 @@ Costs are computed **per micro-batch** of ``b`` requests (Two-Batch Overlap spli
 carrying ``mtp`` query tokens per step (MTP: 1 verified token + mtp-1 drafts), so a micro-batch has ``n = b x mtp``
 tokens. Everything is vectorised: ``b``, ``context_len`` and ``mtp`` may be numpy arrays that broadcast together.
 
+**Part batches.** A kernel's time is not proportional to the batch it runs on (``data/calibration/part_batch.yaml``,
+each value with its source, :func:`part_batch`): every launch has a fixed part (the indexer's logits kernel about
+8 us, sparse MLA its launch plus FlashMLA's per-part scheduler overhead, the merge its launch); the indexer's top-K
+runs one block per query row and one block per SM, so it costs one row's latency (13 us at 4K to 67 us at 128K on an
+H200) per wave of ``sm_count`` rows, flat in the batch until a wave fills; sparse MLA weighs each request's entry
+blocks plus a fixed overhead of 5 blocks, as FlashMLA's scheduler does. So halving the batch (dual-batch attention)
+leaves most of the indexer's cost in each half, and running a kernel as two launches pays its fixed part twice
+(:mod:`ess.sim.timeline`). The small GEMMs of PreAttn and O_proj are already nearly flat below M = 64: their time is
+the weights' read (DeepGEMM's points start at M = 64 and are held below it).
+
 Glossary: B batch per GPU, b = B/2 micro-batch, mtp query tokens per request per step, L context length, K top-k.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass, field
 from typing import Mapping
@@ -28,7 +39,8 @@ from ..specs import DATA_DIR, DeploymentSpec, GPUSpec, ModelSpec, gpu_spec
 from ..validate import number_array, positive_int, real
 
 __all__ = ["KernelPoints", "kernel_points", "calibration_data", "CostParams", "Efficiencies", "efficiencies",
-           "fp8_weight_bytes_per_param", "gemm_time_s", "memory_time_s", "LayerCosts", "layer_costs", "lm_head_time_s"]
+           "PART_BATCH_VARIANTS", "PartBatch", "part_batch", "fp8_weight_bytes_per_param", "gemm_time_s",
+           "memory_time_s", "LayerCosts", "layer_costs", "lm_head_time_s"]
 
 # float32: the format of the per-block scales of FP8 weights and FP8 activations ([DS] model.py; DeepEP FP8 dispatch)
 _SCALE_BYTES = np.dtype(np.float32).itemsize
@@ -69,6 +81,7 @@ class KernelPoints:
     fp8_gemm_bandwidth_GB_per_s: tuple[np.ndarray, np.ndarray]
     fp8_gemm_TFLOPS: tuple[np.ndarray, np.ndarray]
     sparse_mla_TFLOPS: tuple[np.ndarray, np.ndarray]
+    sparse_mla_point: Mapping[str, int]
     memory_bound_GB_per_s: float
     ep_dispatch_GB_per_s: tuple[np.ndarray, np.ndarray]
     ep_combine_GB_per_s: tuple[np.ndarray, np.ndarray]
@@ -88,7 +101,7 @@ def kernel_points() -> KernelPoints:
     values, sources = {}, {}
     for key, entry in raw.items():
         v = entry["value"]
-        values[key] = _table(v) if isinstance(v, Mapping) else v
+        values[key] = _table(v) if isinstance(v, Mapping) and key != "sparse_mla_point" else v
         sources[key] = entry["source"]
     return KernelPoints(**values, sources=sources)
 
@@ -99,7 +112,6 @@ class Efficiencies:
 
     gemm_mem: tuple[np.ndarray, np.ndarray]      # attained HBM fraction of FP8 GEMMs against M
     gemm_compute: tuple[np.ndarray, np.ndarray]  # attained FP8 tensor fraction against M
-    mla_compute: float                           # sparse MLA, fraction of BF16 dense peak
     memory_bound: float                          # streaming kernels, fraction of HBM bandwidth
     ep_dispatch_GB_per_s: tuple[np.ndarray, np.ndarray]
     ep_combine_GB_per_s: tuple[np.ndarray, np.ndarray]
@@ -114,8 +126,7 @@ def efficiencies() -> Efficiencies:
     mem = (x, y / ref.hbm_bandwidth_GB_per_s)
     x2, y2 = kp.fp8_gemm_TFLOPS
     comp = (x2, y2 / ref.fp8_dense_TFLOPS)
-    mla = float(kp.sparse_mla_TFLOPS[1][0]) / ref.bf16_dense_TFLOPS     # one point: constant
-    return Efficiencies(mem, comp, mla, kp.memory_bound_GB_per_s / ref.hbm_bandwidth_GB_per_s,
+    return Efficiencies(mem, comp, kp.memory_bound_GB_per_s / ref.hbm_bandwidth_GB_per_s,
                         kp.ep_dispatch_GB_per_s, kp.ep_combine_GB_per_s)
 
 
@@ -125,12 +136,16 @@ class CostParams:
     returns fitted values (and says on which data).
 
     ``compute_scale`` multiplies every compute-lane kernel time, ``comm_scale`` the expert-parallel all-to-all
-    times, ``fixed_ms`` is the per-step time outside the layers (scheduling, sampling, launch gaps)."""
+    times, ``fixed_ms`` is the per-step time outside the layers (scheduling, sampling, launch gaps).
+    ``part_batch`` picks which end of the part-batch evidence the kernels are priced with
+    (:func:`part_batch`: ``"central"``, ``"low"``, ``"high"``; ``"off"`` drops every fixed part, the model
+    without it, for comparison); the calibration is fitted under it."""
 
     compute_scale: float = 1.0
     comm_scale: float = 1.0
     fixed_ms: float = 0.0
     fitted_on: str = "unfitted"
+    part_batch: str = "central"
 
     def __post_init__(self) -> None:
         for name in ("compute_scale", "comm_scale"):
@@ -138,11 +153,88 @@ class CostParams:
         real("CostParams.fixed_ms", self.fixed_ms, lo=0.0)
         if not isinstance(self.fitted_on, str):
             raise TypeError(f"CostParams.fitted_on must be a string, got {type(self.fitted_on).__name__}")
+        if self.part_batch not in PART_BATCH_VARIANTS:
+            raise ValueError(f"CostParams.part_batch must be one of {PART_BATCH_VARIANTS}, got {self.part_batch!r}")
 
     def to_dict(self) -> dict:
         """The parameters and what they were fitted on, for a record's configuration."""
         return {"compute_scale": self.compute_scale, "comm_scale": self.comm_scale, "fixed_ms": self.fixed_ms,
-                "fitted_on": self.fitted_on}
+                "fitted_on": self.fitted_on, "part_batch": self.part_batch}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Part batches: the fixed part of each launch
+# ----------------------------------------------------------------------------------------------------------------
+
+#: which end of ``data/calibration/part_batch.yaml`` a cost model uses; ``"off"``: no fixed parts, no top-K term
+PART_BATCH_VARIANTS = ("central", "low", "high", "off")
+
+
+@dataclass(frozen=True)
+class PartBatch:
+    """The part-batch evidence of ``data/calibration/part_batch.yaml`` at one end of its band (seconds).
+
+    * the indexer's logits kernel costs ``logits_launch_s`` per launch on top of its roofline, and reads each
+      request's keys once (``index_rows_read_keys == "request"``) or once per query row (``"row"``);
+    * its top-K costs the latency of one row (``topk_row_s``: contexts, seconds, interpolated) per wave of
+      ``topk_rows_per_sm x sm_count`` rows (rows = requests x MTP): flat in the batch until a wave fills;
+    * sparse MLA (FlashMLA's scheduler): ``mla_launch_s`` per launch, and work counted in blocks of
+      ``mla_block_entries`` entries x ``mla_heads_per_block`` heads of one query token, each request weighing its
+      blocks plus ``mla_overhead_blocks_per_request``, spread over the SMs, plus ``mla_overhead_blocks_per_part``;
+    * the log-sum-exp merge of two attention parts: ``merge_launch_s`` per launch on top of its bytes."""
+
+    variant: str
+    logits_launch_s: float
+    topk_row_s: tuple
+    topk_rows_per_sm: int
+    index_rows_read_keys: str
+    mla_launch_s: float
+    mla_block_entries: int
+    mla_heads_per_block: int
+    mla_overhead_blocks_per_request: float
+    mla_overhead_blocks_per_part: float
+    merge_launch_s: float
+
+    def topk_latency_s(self, context_len):
+        """Seconds of one top-K row over ``context_len`` columns: linear between the measured contexts and along
+        the end segments beyond them (never below 0)."""
+        xs, ys = self.topk_row_s
+        L = np.asarray(context_len, dtype=float)
+        lo = ys[0] + (L - xs[0]) * (ys[1] - ys[0]) / (xs[1] - xs[0])
+        hi = ys[-1] + (L - xs[-1]) * (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
+        out = np.where(L < xs[0], lo, np.where(L > xs[-1], hi, np.interp(L, xs, ys)))
+        return np.maximum(out, 0.0)
+
+
+@functools.lru_cache(maxsize=None)
+def part_batch(variant: str = "central") -> PartBatch:
+    """The part-batch evidence at ``variant`` (:data:`PART_BATCH_VARIANTS`): each entry's ``value``, or its ``low``
+    / ``high`` end; ``"off"`` zeroes every fixed part (launches, scheduler overheads, the top-K term) -- the cost
+    model as it was before part batches were priced."""
+    if variant not in PART_BATCH_VARIANTS:
+        raise ValueError(f"variant must be one of {PART_BATCH_VARIANTS}, got {variant!r}")
+    raw = calibration_data("part_batch")
+
+    def pick(key):
+        e = raw[key]
+        return e.get(variant, e["value"]) if variant in ("low", "high") else e["value"]
+
+    us = 1e-6
+    xs, ys = _table(raw["topk_row_latency_us"]["value"])
+    scale = pick("topk_row_latency_us") if variant in ("low", "high") else 1.0
+    off = variant == "off"
+    return PartBatch(variant=variant,
+                     logits_launch_s=0.0 if off else float(pick("logits_launch_us")) * us,
+                     topk_row_s=(xs, ys * us * (0.0 if off else float(scale))),
+                     topk_rows_per_sm=int(raw["topk_rows_per_sm"]["value"]),
+                     index_rows_read_keys=str(pick("index_rows_read_keys")),
+                     mla_launch_s=0.0 if off else float(pick("mla_launch_us")) * us,
+                     mla_block_entries=int(raw["mla_block_entries"]["value"]),
+                     mla_heads_per_block=int(raw["mla_heads_per_block"]["value"]),
+                     mla_overhead_blocks_per_request=0.0 if off else float(
+                         raw["mla_overhead_blocks_per_request"]["value"]),
+                     mla_overhead_blocks_per_part=0.0 if off else float(raw["mla_overhead_blocks_per_part"]["value"]),
+                     merge_launch_s=0.0 if off else float(pick("merge_launch_us")) * us)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -200,39 +292,67 @@ def lm_head_time_s(tokens, model: ModelSpec, gpu: GPUSpec):
 class LayerCosts:
     """Seconds per micro-batch and layer (arrays broadcast over the configurations).
 
-    ``indexer`` (projections, FP8 key scan over L, logits write and top-k read), ``pre_attn`` (norms, q/kv
-    projections, q absorption), ``attn`` (sparse MLA over min(K, L) entries per token), ``o_proj`` (value absorption
-    and output projection), ``ffn_dense`` (dense FFN of the first layers), ``moe`` (router, shared and routed
-    experts), ``dispatch`` and ``combine`` (expert-parallel all-to-all), ``merge`` (log-sum-exp merge of two
-    attention partials, used by dual attention)."""
+    ``indexer`` the whole selection of the micro-batch: projections, the FP8 logits kernel over L cached keys and
+    the top-K over the logits; ``indexer_split`` its part that dual-batch attention runs per half batch (logits and
+    top-K: the projections run once for the micro-batch) and ``indexer_half`` that part on half the micro-batch;
+    ``pre_attn`` (norms, q/kv projections, q absorption), ``attn`` (sparse MLA over min(K, L) entries per query
+    token) and ``attn_half`` (the same on half the micro-batch), ``o_proj`` (value absorption and output
+    projection), ``ffn_dense`` (dense FFN of the first layers), ``moe`` (router, shared and routed experts),
+    ``dispatch`` and ``combine`` (expert-parallel all-to-all), ``merge`` (log-sum-exp merge of two attention
+    partials, used by dual attention).
+
+    Sparse MLA over any part of the entries, for dual attention's two launches (:meth:`attention`):
+    ``attn_fixed + n x attn_block x (e / block_entries + attn_overhead_blocks)`` seconds for ``n`` requests of
+    ``e`` entries per query token; ``entries`` = min(K, L) per query token, ``selected`` = mtp x entries per
+    request and step."""
 
     indexer: np.ndarray
+    indexer_split: np.ndarray
+    indexer_half: np.ndarray
     pre_attn: np.ndarray
     attn: np.ndarray
+    attn_half: np.ndarray
     o_proj: np.ndarray
     ffn_dense: np.ndarray
     moe: np.ndarray
     dispatch: np.ndarray
     combine: np.ndarray
     merge: np.ndarray
-    selected: np.ndarray          # latent entries selected per request per step (mtp x min(K, L))
+    attn_fixed: np.ndarray
+    attn_block: np.ndarray
+    attn_overhead_blocks: float
+    block_entries: int
+    entries: np.ndarray
+    selected: np.ndarray
 
     @property
     def attention_block(self):
         """Indexer + PreAttn + Attn + O_proj: the part the offload strategies rearrange."""
         return self.indexer + self.pre_attn + self.attn + self.o_proj
 
+    def attention(self, requests, entries):
+        """Seconds of one sparse-MLA launch over ``requests`` requests (of this micro-batch's MTP) each reading
+        ``entries`` entries per query token (the class docstring's rule; ``attention(b, self.entries)`` is
+        ``attn``)."""
+        return self.attn_fixed + requests * self.attn_block * (entries / self.block_entries
+                                                                + self.attn_overhead_blocks)
+
     def scaled(self, compute_scale: float, comm_scale: float) -> "LayerCosts":
+        """Every compute-lane time x ``compute_scale``, the all-to-all x ``comm_scale``; counts unchanged."""
         c, m = compute_scale, comm_scale
-        return LayerCosts(self.indexer * c, self.pre_attn * c, self.attn * c, self.o_proj * c, self.ffn_dense * c,
-                          self.moe * c, self.dispatch * m, self.combine * m, self.merge * c, self.selected)
+        return dataclasses.replace(
+            self, indexer=self.indexer * c, indexer_split=self.indexer_split * c, indexer_half=self.indexer_half * c,
+            pre_attn=self.pre_attn * c, attn=self.attn * c, attn_half=self.attn_half * c, o_proj=self.o_proj * c,
+            ffn_dense=self.ffn_dense * c, moe=self.moe * c, dispatch=self.dispatch * m, combine=self.combine * m,
+            merge=self.merge * c, attn_fixed=self.attn_fixed * c, attn_block=self.attn_block * c)
 
 
-def layer_costs(model: ModelSpec, gpu: GPUSpec, deployment: DeploymentSpec, micro_batch, context_len, mtp,
-                ) -> LayerCosts:
+def layer_costs(model: ModelSpec, gpu: GPUSpec, deployment: DeploymentSpec, micro_batch, context_len, mtp, *,
+                part_batch_variant: str = "central") -> LayerCosts:
     """Operation costs of one layer for a micro-batch of ``micro_batch`` requests, ``context_len`` tokens of
-    context and ``mtp`` query tokens per request (arrays broadcast). Geometry from [DS]. ``micro_batch > 0`` (half a
-    request is a micro-batch of a batch of one), ``context_len >= 1``, ``mtp`` a whole number >= 1."""
+    context and ``mtp`` query tokens per request (arrays broadcast), with the part-batch evidence at
+    ``part_batch_variant`` (:func:`part_batch`). Geometry from [DS]. ``micro_batch > 0`` (half a request is a
+    micro-batch of a batch of one), ``context_len >= 1``, ``mtp`` a whole number >= 1."""
     for name, spec, cls in (("model", model, ModelSpec), ("gpu", gpu, GPUSpec), ("deployment", deployment,
                                                                                 DeploymentSpec)):
         if not isinstance(spec, cls):
@@ -240,6 +360,7 @@ def layer_costs(model: ModelSpec, gpu: GPUSpec, deployment: DeploymentSpec, micr
     b = number_array("micro_batch", micro_batch, max_ndim=None)
     L = number_array("context_len", context_len, at_least=1, max_ndim=None)
     mtp = number_array("mtp", mtp, whole=True, at_least=1, max_ndim=None)
+    pb = part_batch(part_batch_variant)
     n = b * mtp                                                   # tokens in the micro-batch
     h, H = model.hidden_size, model.n_heads
     fp8 = "fp8" if model.weight_bytes_per_param == 1 else "bf16"
@@ -257,33 +378,58 @@ def layer_costs(model: ModelSpec, gpu: GPUSpec, deployment: DeploymentSpec, micr
            + gemm_time_s(n, model.kv_lora_rank, model.qk_nope_head_dim, gpu, model=model, groups=H,
                          dtype="bf16"))
 
-    # Indexer: projections (q from the q-LoRA output, one key per token, per-head weights), the FP8 MQA logits
-    # over all L cached keys (DeepGEMM fp8_paged_mqa_logits: M = index heads x mtp per request), then the fp32
-    # logits are written and read back by top-k.
+    # Indexer: projections (q from the q-LoRA output, one key per token, per-head weights) for the micro-batch,
+    # then the split part: the FP8 MQA logits over all L cached keys (DeepGEMM fp8_paged_mqa_logits, M = index
+    # heads x mtp per request; its keys read once per request or once per query row, its fp32 logits written and
+    # read back) plus its launch, and the top-K, one row per query token, a wave of rows per sm_count
+    # (data/calibration/part_batch.yaml).
     ih, idim = model.index_n_heads, model.index_head_dim
     proj = (gemm_time_s(n, ih * idim, model.q_lora_rank, gpu, model=model, dtype=fp8)
             + gemm_time_s(n, idim, h, gpu, model=model, dtype=fp8)
             + gemm_time_s(n, ih, h, gpu, model=model, dtype="bf16"))
-    scan_bytes = b * L * indexer_entry_bytes(model) + n * L * 4.0 * 2
     peak8 = (gpu.fp8_dense_TFLOPS or gpu.bf16_dense_TFLOPS) * 1e12
-    scan_flops = 2.0 * n * ih * idim * L
-    scan = np.maximum(scan_bytes / bw, scan_flops / (peak8 * np.interp(ih * mtp, *eff.gemm_compute)))
-    indexer = proj + scan
+    rows_per_wave = pb.topk_rows_per_sm * gpu.sm_count
+    t_row = pb.topk_latency_s(L)
 
-    # Sparse MLA (FlashMLA, MQA mode): each query token reads its own min(K, L) latent entries; QK over 576 dims
-    # and PV over 512 dims for every head, at the measured sparse-decode efficiency.
+    def split_part(req):                                          # logits + top-K of ``req`` requests
+        rows = req * mtp
+        reads = req if pb.index_rows_read_keys == "request" else rows
+        scan_bytes = reads * L * indexer_entry_bytes(model) + rows * L * 4.0 * 2
+        scan_flops = 2.0 * rows * ih * idim * L
+        logits = pb.logits_launch_s + np.maximum(scan_bytes / bw,
+                                                 scan_flops / (peak8 * np.interp(ih * mtp, *eff.gemm_compute)))
+        return logits + np.ceil(rows / rows_per_wave - 1e-9) * t_row
+
+    split, half = split_part(b), split_part(b / 2)
+
+    # Sparse MLA (FlashMLA, MQA mode), as its scheduler counts the work: blocks of 64 selected entries x 64 query
+    # heads of one query token, each request its blocks plus a fixed overhead, spread over the SMs, plus a fixed
+    # overhead per SM part and the launch. The time of one block comes from the measured point (kernel_points.yaml:
+    # 410 TFLOPS on H800 at batch 128, s_q 2), moved to this GPU by its BF16 peak; a memory floor (each query token
+    # reads its own entries) never binds on the GPUs of data/ (compute is 3-4x longer).
+    kp = kernel_points()
+    pt, ref = kp.sparse_mla_point, gpu_spec(kp.measured_on)
+    t_pt = (2.0 * pt["batch"] * pt["s_q"] * pt["heads"] * pt["topk"] * (pt["qk_dim"] + pt["v_dim"])
+            / (float(kp.sparse_mla_TFLOPS[1][0]) * 1e12))
+    units_pt = (pt["batch"] * pt["s_q"] * pt["heads"] / pb.mla_heads_per_block
+                * (pt["topk"] / pb.mla_block_entries + pb.mla_overhead_blocks_per_request) / ref.sm_count
+                + pb.mla_overhead_blocks_per_part)
+    unit = (t_pt - pb.mla_launch_s) / units_pt * ref.bf16_dense_TFLOPS / gpu.bf16_dense_TFLOPS
     ksel = np.minimum(float(model.index_topk), L)
-    attn_bytes = n * ksel * latent_entry_bytes(model, deployment.kv_dtype) + n * H * model.latent_dim * 2.0
-    attn_flops = 2.0 * n * H * ksel * (model.latent_dim + model.kv_lora_rank)
-    attn = np.maximum(attn_bytes / bw, attn_flops / (gpu.bf16_dense_TFLOPS * 1e12 * eff.mla_compute))
+    block_compute = unit * mtp * H / pb.mla_heads_per_block / gpu.sm_count       # per request and entry block
+    block_memory = (mtp * pb.mla_block_entries * latent_entry_bytes(model, deployment.kv_dtype)) / bw
+    attn_block = np.maximum(block_compute, block_memory)
+    attn_fixed = pb.mla_launch_s + pb.mla_overhead_blocks_per_part * unit
+    ovh = pb.mla_overhead_blocks_per_request
+    attn_of = lambda req: attn_fixed + req * attn_block * (ksel / pb.mla_block_entries + ovh)   # noqa: E731
 
     # O_proj: value absorption (bf16 bmm per head) then wo.
     o_proj = (gemm_time_s(n, model.v_head_dim, model.kv_lora_rank, gpu, model=model, groups=H, dtype="bf16")
               + gemm_time_s(n, h, H * model.v_head_dim, gpu, model=model, dtype=fp8))
 
     # Dual attention merges two partial outputs (bf16, H x kv_lora_rank per token) with their log-sum-exp:
-    # read two, write one.
-    merge = memory_time_s(n * 3 * H * model.kv_lora_rank * 2.0, gpu)
+    # read two, write one; plus its launch.
+    merge = pb.merge_launch_s + memory_time_s(n * 3 * H * model.kv_lora_rank * 2.0, gpu)
 
     # FFNs. Dense layers: up (gate+up fused) and down. MoE layers: router (bf16), shared expert, and the local
     # experts as grouped GEMMs with M = tokens each expert receives from all ep GPUs.
@@ -311,5 +457,8 @@ def layer_costs(model: ModelSpec, gpu: GPUSpec, deployment: DeploymentSpec, micr
     else:
         dispatch = combine = np.zeros_like(n)
     z = np.zeros(np.broadcast(b, L, mtp).shape)
-    return LayerCosts(indexer + z, pre + z, attn + z, o_proj + z, ffn_dense + z, moe + z, dispatch + z, combine + z,
-                      merge + z, mtp * ksel + z)
+    return LayerCosts(indexer=proj + split + z, indexer_split=split + z, indexer_half=half + z, pre_attn=pre + z,
+                      attn=attn_of(b) + z, attn_half=attn_of(b / 2) + z, o_proj=o_proj + z, ffn_dense=ffn_dense + z,
+                      moe=moe + z, dispatch=dispatch + z, combine=combine + z, merge=merge + z,
+                      attn_fixed=attn_fixed + z, attn_block=attn_block + z, attn_overhead_blocks=float(ovh),
+                      block_entries=int(pb.mla_block_entries), entries=ksel + z, selected=mtp * ksel + z)

@@ -36,7 +36,8 @@ def step_breakdown(batches, context_len: int | None = None, *, scenario: Scenari
     if context_len is None:
         context_len = int(published("paper_table2")["t2_32k_mtp2_b52_r1"]["context_len"])
     B = np.asarray(batches, dtype=float)
-    c = layer_costs(model_, gpu, dep, B / 2, context_len, sc.mtp).scaled(params.compute_scale, params.comm_scale)
+    c = layer_costs(model_, gpu, dep, B / 2, context_len, sc.mtp, part_batch_variant=params.part_batch).scaled(
+        params.compute_scale, params.comm_scale)
     nl, nd = model_.n_layers, model_.n_dense_layers
     r = simulate(B, context_len, 1.0, scenario=sc.replace(check_memory=False))
     ms = 2e3
@@ -95,19 +96,30 @@ class BandInputs:
 
 
 def band_inputs(*, variant_fit: dict | None = None, cachesim_steps: int = 64, cachesim_batch: int = 4,
-                band_batch: int = 2, ratios=()) -> BandInputs:
+                band_batch: int = 2, ratios=(), part_batch_band: bool = True) -> BandInputs:
     """The calibrations of notebook 05 (:func:`ess.sim.calibrate.calibration_set` with ``variant_fit``) and the
     locality models of notebook 04 (:func:`ess.tracegen.locality_alternatives`), each model with its miss table
     (``cachesim_steps`` steps; ``cachesim_batch`` requests for the central model, ``band_batch`` for the others,
-    which only bound the band; ``ratios`` the tables' grid)."""
+    which only bound the band; ``ratios`` the tables' grid).
+
+    With ``part_batch_band`` the central calibration under each end of the part-batch evidence
+    (``data/calibration/part_batch.yaml``: ``"low"`` and ``"high"``, each calibrated anew on the same data) joins
+    the calibrations, so that every band also spans what the kernels' fixed parts leave open."""
     from ..tracegen import locality_alternatives
-    from .calibrate import calibration_set
+    from .calibrate import calibrate, calibration_set, compute_scale_from_cost, cost_growth_evidence
     cs = calibration_set(**(variant_fit or {}))
+    calibrations = cs.kept_params()
+    if part_batch_band:                     # the central calibration (default fit) under each end of the evidence
+        for end in ("low", "high"):
+            scen = Scenario(params=CostParams(part_batch=end))
+            scale = compute_scale_from_cost(cost_growth_evidence()["central"], scenario=scen)
+            q = calibrate(compute_scale=scale, scenario=scen, **(variant_fit or {})).params
+            calibrations[f"part-batch evidence {end}, compute central ({q.compute_scale:.3f}), default"] = q
     models = list(locality_alternatives())
     tables = {m.name: MissesTable(ratios, steps=cachesim_steps, locality=m,
                                   batch=cachesim_batch if i == 0 else band_batch)
               for i, m in enumerate(models)}
-    return BandInputs(cs.params, cs.kept_params(), models, tables, int(band_batch))
+    return BandInputs(cs.params, calibrations, models, tables, int(band_batch))
 
 
 def predict_configs(configs: pd.DataFrame, misses: Misses | None = None, *,
@@ -172,7 +184,9 @@ def overlap_vs_misses(miss_counts, *, scenario: Scenario | None = None, context_
     (``paper_table2.yaml: overlap_overhead_128k``); the link is the scenario's (default FlashTrans, ``links.yaml``).
     The per-layer shape is ``profile`` (normalised to mean 1, e.g. a cache-simulated miss profile) or uniform;
     memory is not checked (the configuration is the paper's overlap stress point), so ``ratio`` (< 1) only switches
-    offload on. Overhead is the step-time increase over no offload, in % and ms."""
+    offload on. Overhead is the step-time increase over no offload, in % and ms, and in the paper's units,
+    ``overhead_us_per_layer``: the extra microseconds each strategy puts on the compute lane of one layer and one
+    Two-Batch-Overlap micro-batch (the mean over the layers; what the all-to-all lane may hide is not taken off)."""
     sc = as_scenario(scenario)
     model_ = sc.specs()[0]
     chart = published("paper_table2")["overlap_overhead_128k"]
@@ -192,9 +206,11 @@ def overlap_vs_misses(miss_counts, *, scenario: Scenario | None = None, context_
     for s in STRATEGIES + ("best",):
         r = simulate(np.full(len(counts), batch), context_len, ratio, misses=m, mtp=mtp,
                      scenario=sc.replace(strategy=s, check_memory=False))
-        for c, st, s0, ch in zip(counts, r.step_s, r.step_no_offload_s, r.layer_strategy):
+        per_layer_us = r.layer_overhead_s.mean(axis=1) / 2 * 1e6          # both micro-batches -> one
+        for c, st, s0, ch, us in zip(counts, r.step_s, r.step_no_offload_s, r.layer_strategy, per_layer_us):
             rows.append({"strategy": s, "misses_per_layer": c, "step_ms": st * 1e3, "overhead_ms": (st - s0) * 1e3,
-                         "overhead_pct": (st / s0 - 1) * 100, "layers_da": int((ch == 1).sum()),
+                         "overhead_pct": (st / s0 - 1) * 100, "overhead_us_per_layer": us,
+                         "layers_da": int((ch == 1).sum()),
                          "layers_dba": int((ch == 2).sum()), "context_len": context_len, "batch": batch, "mtp": mtp,
                          "h2d_GB_per_s": float(r.h2d_GB_per_s[0])})
     return pd.DataFrame(rows)
@@ -262,12 +278,63 @@ def band_frames(frames, columns) -> pd.DataFrame:
 def overlap_bands(calibrations, profiles, miss_counts, *, scenario: Scenario | None = None, **chart) -> pd.DataFrame:
     """:func:`overlap_vs_misses` for every calibration (``{name: CostParams}``, each replacing the scenario's)
     crossed with every per-layer miss profile (``{locality name: profile}``; the first of each is the central one),
-    banded by :func:`band_frames` (``overhead_pct`` and ``overhead_ms``); ``chart``: ``context_len``, ``batch``,
-    ``mtp``, ``ratio`` of :func:`overlap_vs_misses`."""
+    banded by :func:`band_frames` (``overhead_pct``, ``overhead_ms`` and ``overhead_us_per_layer``); a profile of
+    ``None`` is uniform over the layers; ``chart``: ``context_len``, ``batch``, ``mtp``, ``ratio`` of
+    :func:`overlap_vs_misses`."""
     sc = as_scenario(scenario)
     frames = [overlap_vs_misses(miss_counts, scenario=sc.replace(params=p), profile=prof, **chart)
               for prof in profiles.values() for p in calibrations.values()]
-    return band_frames(frames, ("overhead_pct", "overhead_ms"))
+    return band_frames(frames, ("overhead_pct", "overhead_ms", "overhead_us_per_layer"))
+
+
+def split_costs(batch: int, context_len: int, *, scenario: Scenario | None = None,
+                mtp: int | None = None) -> dict:
+    """What splitting costs for one configuration of ``scenario`` (its calibrated cost parameters and part-batch
+    evidence; Two-Batch Overlap micro-batch ``b = batch / 2``), in microseconds per layer and micro-batch: the
+    indexer's split part (logits + top-K) on ``b`` and on ``b / 2`` and their ratio; attention on ``b`` and ``b / 2``
+    and their ratio; DA's own cost (a second attention launch over no entries plus the merge) and DBA's (both halves
+    of the indexer and of attention, minus the whole)."""
+    from .costs import layer_costs
+    sc = as_scenario(scenario).resolved()
+    model, dep, gpu, _ = sc.specs()
+    mtp = sc.mtp if mtp is None else int(mtp)
+    q = sc.params
+    c = layer_costs(model, gpu, dep, batch / 2, context_len, mtp, part_batch_variant=q.part_batch).scaled(
+        q.compute_scale, q.comm_scale)
+    us = lambda x: float(np.asarray(x)) * 1e6                                                  # noqa: E731
+    b = batch / 2
+    da_own = us(c.attention(b, 0.0)) + us(c.merge)
+    dba_own = us(2 * c.indexer_half - c.indexer_split) + us(2 * c.attn_half - c.attn)
+    return {"batch": int(batch), "micro_batch": b, "context_len": int(context_len), "mtp": mtp,
+            "indexer_us": us(c.indexer_split), "indexer_half_us": us(c.indexer_half),
+            "indexer_half_ratio": us(c.indexer_half) / us(c.indexer_split), "attn_us": us(c.attn),
+            "attn_half_us": us(c.attn_half), "attn_half_ratio": us(c.attn_half) / us(c.attn),
+            "da_own_us": da_own, "dba_own_us": dba_own, "part_batch": q.part_batch}
+
+
+def strategy_map(batches, miss_counts, *, context_len: int, scenario: Scenario | None = None,
+                 mtp: int | None = None) -> pd.DataFrame:
+    """Which overlap strategy is cheapest at each batch and uniform miss count (per request, step and layer), in
+    ``scenario`` (its link and cost parameters; memory not checked, offload on): one row per (batch, misses) with
+    each strategy's extra microseconds per layer and micro-batch and ``best``, the cheapest (ties to the simpler:
+    none, then DA). Where the misses are few the strategies' own costs decide (DA's second attention launch and
+    merge, DBA's split indexer and attention); where they are many, what each hides."""
+    sc = as_scenario(scenario)
+    nl = sc.specs()[0].n_layers
+    Bs = np.asarray(batches, dtype=float)
+    counts = np.asarray(miss_counts, dtype=float)
+    B, M = (x.ravel() for x in np.meshgrid(Bs, counts, indexing="ij"))
+    out = {"batch": B.astype(int), "misses_per_layer": M}
+    for s in STRATEGIES:
+        r = simulate(B, context_len, 0.5, misses=np.repeat(M[:, None], nl, axis=1), mtp=mtp,
+                     scenario=sc.replace(strategy=s, check_memory=False))
+        out[f"{s}_us_per_layer"] = r.layer_overhead_s.mean(axis=1) / 2 * 1e6
+    df = pd.DataFrame(out)
+    us = df[[f"{s}_us_per_layer" for s in STRATEGIES]].to_numpy()
+    df["best"] = np.array(STRATEGIES)[np.argmin(us, axis=1)]
+    df["best_us_per_layer"] = us.min(axis=1)
+    df["context_len"] = int(context_len)
+    return df
 
 
 def strategy_overheads(misses, *, scenario: Scenario | None = None, context_len: int, batch: int, mtp: int,

@@ -12,16 +12,25 @@ per request per step (MTP) and ``a`` accepted on average, ``OTPS = a / step`` an
 
 The offload overhead of one micro-batch and layer, for ``m`` misses per request (H2D ``h = b m 656 B / link``,
 D2H ``d = b mtp 656 B / d2h``), relative to the no-offload sequence ``Indexer -> PreAttn -> Attn -> O_proj``
-(paper's strategies, paper-facts.md "Overlap strategies"):
+(paper's strategies, paper-facts.md "Overlap strategies" and "How the overlap strategies behave"):
 
-* ``none`` (fully serial): ``h + d``
-* ``da`` (dual attention: H2D issued after the indexer, overlapping PreAttn and the attention over hits; the misses
-  are attended after they land and merged by log-sum-exp; D2H overlaps O_proj):
-  ``max(0, h - PreAttn - Attn_hit) + merge [m > 0] + max(0, d - O_proj)``
-* ``dba`` (dual-batch attention: indexer split in two halves, each half's H2D overlaps the next compute):
-  ``max(0, h/2 - Indexer/2) + max(0, h/2 - PreAttn - Attn/2) + max(0, d - Attn/2)``
-* ``best``: per layer, the cheapest of the three (the offline per-layer choice); or a sequence of names, one per
-  layer.
+* ``none`` (SGLang's serial order): ``h + d``
+* ``da`` (dual attention: the H2D issued after the indexer overlaps PreAttn and the attention over the hits,
+  ``Attn0``; the misses are attended by a second launch ``Attn1`` after they land and the two merged by their
+  log-sum-exp; D2H overlaps O_proj):
+  ``(Attn0 + Attn1 - Attn) + Merge + max(0, h - PreAttn - Attn0) + max(0, d - O_proj)``
+  -- the first two terms are DA's cost of its own: a second launch (its fixed part, and FlashMLA's per-request
+  overhead paid twice) and the merge, also where few entries miss;
+* ``dba`` (dual-batch attention: the indexer's logits and top-K, and attention, run per half batch B0, B1; B0's
+  copy overlaps B1's indexer, B1's copy overlaps PreAttn and B0's attention, the write-back B1's attention):
+  ``(I0 + I1 - I) + (a0 + a1 - a) + max(0, h0 - I1) + max(0, h1 - PreAttn - a0) + max(0, d - a1)``
+  with every half priced at half the batch (:mod:`ess.sim.costs`: a half keeps most of the indexer's cost, the
+  top-K's row latency and each launch's fixed part do not halve) -- the first two terms are the split's own cost;
+* ``best``: per layer, the cheapest of the three at that layer's miss count -- the paper's offline per-layer choice
+  made on the profiled per-layer misses (here the cache simulation's for the configuration); or a sequence of
+  names, one per layer.
+
+Without offload (ratio 1) nothing is copied and no strategy splits anything: the overhead is 0.
 
 The three formulas are written once, in :func:`overlap_overhead_s`, over a layer's operation times
 (:class:`LayerOps`); :func:`offload_overhead_s` feeds it the cost model's times, and the check of the formulas
@@ -65,29 +74,32 @@ class LayerOps:
     DeepSeek (:func:`offload_overhead_s`) and from measured operation times for the real model
     (:mod:`ess.engine.timing`).
 
-    ``indexer`` (I) selection over the batch (indexer scan and top-K, with the plan where a caller counts it);
-    ``pre_attn`` (p) work after the selection and before attention, which the copies can hide behind (DeepSeek's
-    PreAttn; 0 for a model whose indexer needs the attention queries first); ``attn`` (a) attention over every
-    selected entry in one pass; ``attn_hit`` the part of attention over the hits that can run while the misses are
-    copied (DA's Attn0); ``o_proj`` (o) work after attention that the write-back can hide behind; ``merge`` DA's
-    extra cost over ``attn`` for attending in two parts (0 without misses); ``h2d`` and ``d2h`` the host -> device
-    copy of the misses and the device -> host write-back. DBA splits the batch into halves B0 and B1:
-    ``indexer_b1`` (I1), ``attn_b0`` (a0), ``attn_b1`` (a1), ``h2d_b0`` (h0), ``h2d_b1`` (h1), by default half of
-    ``indexer``, ``attn`` and ``h2d`` each."""
+    ``indexer`` (I) the selection work dual-batch attention splits, over the whole batch (DeepSeek: the logits and
+    top-K of the indexer; the real model: its indexer and plan), ``indexer_b0`` / ``indexer_b1`` (I0, I1) the same
+    over each half; ``pre_attn`` (p) work after the selection and before attention, which the copies can hide
+    behind (DeepSeek's PreAttn; 0 for a model whose indexer needs the attention queries first); ``attn`` (a)
+    attention over every selected entry in one launch, ``attn_b0`` / ``attn_b1`` (a0, a1) over each half's;
+    ``attn_hit`` / ``attn_miss`` DA's two launches, over the hits (Attn0, while the misses are copied) and over the
+    misses (Attn1); ``merge`` DA's merge of the two; ``o_proj`` (o) work after attention that the write-back can
+    hide behind; ``h2d`` the host -> device copy of the misses (h), ``h2d_b0`` / ``h2d_b1`` (h0, h1) of each half's;
+    ``d2h`` (d) the device -> host write-back. Every half is given, not derived: halving the batch does not halve a
+    kernel's time."""
 
     indexer: np.ndarray
+    indexer_b0: np.ndarray
+    indexer_b1: np.ndarray
     pre_attn: np.ndarray
     attn: np.ndarray
+    attn_b0: np.ndarray
+    attn_b1: np.ndarray
     attn_hit: np.ndarray
-    o_proj: np.ndarray
+    attn_miss: np.ndarray
     merge: np.ndarray
+    o_proj: np.ndarray
     h2d: np.ndarray
+    h2d_b0: np.ndarray
+    h2d_b1: np.ndarray
     d2h: np.ndarray
-    indexer_b1: np.ndarray | None = None
-    attn_b0: np.ndarray | None = None
-    attn_b1: np.ndarray | None = None
-    h2d_b0: np.ndarray | None = None
-    h2d_b1: np.ndarray | None = None
 
 
 def overlap_overhead_s(ops: LayerOps) -> dict:
@@ -95,44 +107,56 @@ def overlap_overhead_s(ops: LayerOps) -> dict:
     (paper's strategies, paper-facts.md "Overlap strategies"; see the module docstring):
 
     * ``none``  ``h + d`` (the copies run between the indexer and attention, fully serial);
-    * ``da``    ``max(0, h - p - a_hit) + merge + max(0, d - o)`` (the copy is issued after the selection and
-      overlaps p and the attention over the hits; the write-back overlaps o);
-    * ``dba``   ``max(0, h0 - I1) + max(0, h1 - p - a0) + max(0, d - a1)`` (B0's copy overlaps B1's indexer,
-      B1's copy overlaps p and B0's attention, the write-back overlaps B1's attention).
+    * ``da``    ``(a_hit + a_miss - a) + merge + max(0, h - p - a_hit) + max(0, d - o)`` (attention in two
+      launches and their merge; the copy is issued after the selection and overlaps p and the attention over the
+      hits; the write-back overlaps o);
+    * ``dba``   ``(I0 + I1 - I) + (a0 + a1 - a) + max(0, h0 - I1) + max(0, h1 - p - a0) + max(0, d - a1)`` (the
+      split's own cost; B0's copy overlaps B1's indexer, B1's copy overlaps p and B0's attention, the write-back
+      overlaps B1's attention).
 
     Returns ``{"none", "da", "dba"}``, each the broadcast shape of the inputs."""
     if not isinstance(ops, LayerOps):
         raise TypeError(f"ops must be a LayerOps, got {type(ops).__name__}")
     f = lambda x: np.asarray(x, dtype=float)                                       # noqa: E731
-    I, p, a, o, h, d = f(ops.indexer), f(ops.pre_attn), f(ops.attn), f(ops.o_proj), f(ops.h2d), f(ops.d2h)
-    half = lambda x, default: default / 2 if x is None else f(x)                   # noqa: E731
-    I1, h0, h1 = half(ops.indexer_b1, I), half(ops.h2d_b0, h), half(ops.h2d_b1, h)
-    a0, a1 = half(ops.attn_b0, a), half(ops.attn_b1, a)
+    I, I0, I1 = f(ops.indexer), f(ops.indexer_b0), f(ops.indexer_b1)
+    p, a, a0, a1 = f(ops.pre_attn), f(ops.attn), f(ops.attn_b0), f(ops.attn_b1)
+    ah, am, o = f(ops.attn_hit), f(ops.attn_miss), f(ops.o_proj)
+    h, h0, h1, d = f(ops.h2d), f(ops.h2d_b0), f(ops.h2d_b1), f(ops.d2h)
     none = h + d
-    da = np.maximum(h - p - f(ops.attn_hit), 0.0) + f(ops.merge) + np.maximum(d - o, 0.0)
-    dba = np.maximum(h0 - I1, 0.0) + np.maximum(h1 - p - a0, 0.0) + np.maximum(d - a1, 0.0)
+    da = (ah + am - a) + f(ops.merge) + np.maximum(h - p - ah, 0.0) + np.maximum(d - o, 0.0)
+    dba = ((I0 + I1 - I) + (a0 + a1 - a) + np.maximum(h0 - I1, 0.0) + np.maximum(h1 - p - a0, 0.0)
+           + np.maximum(d - a1, 0.0))
     return {"none": none, "da": da, "dba": dba}
 
 
 def offload_overhead_s(costs, micro_batch, misses, mtp, h2d_GB_per_s, d2h_GB_per_s, entry_bytes: int,
                        offload=True):
     """Extra compute-lane seconds of one micro-batch for each strategy: dict ``{name: array}`` shaped like
-    ``misses`` (N, n_layers); per-configuration inputs have shape (N,). ``offload`` (bool or (N,)) switches the
-    write-back off for rows without offload. The cost model's operations as a :class:`LayerOps` for
-    :func:`overlap_overhead_s`: ``h = m x b x entry / link``, ``d = b x mtp x entry / d2h``, ``Attn_hit = Attn (1 -
-    m / selected)`` (FlashMLA attends over the hits in full, then the merge), the merge only where ``m > 0``, the
-    DBA halves half of each."""
+    ``misses`` (N, n_layers); per-configuration inputs have shape (N,) (``costs`` a :class:`~ess.sim.costs.
+    LayerCosts` of those configurations). ``offload`` (bool or (N,)): rows without offload add nothing. The cost
+    model's operations as a :class:`LayerOps` for :func:`overlap_overhead_s`: ``h = m x b x entry / link``,
+    ``d = b x mtp x entry / d2h``; DA's launches over the hits and the misses, each query token missing
+    ``entries x m / selected`` of its entries (:meth:`~ess.sim.costs.LayerCosts.attention`); DBA's halves at half
+    the batch (``indexer_half``, ``attn_half``) with half the misses each. The readable reference of the Numba
+    kernel of :func:`simulate`."""
     b = np.asarray(micro_batch, dtype=float)
     mtp = np.asarray(mtp, dtype=float)
     m = np.asarray(misses, dtype=float)
     col = lambda x: np.broadcast_to(np.asarray(x, dtype=float), m.shape[:1])[:, None]   # noqa: E731
     k_h = b * entry_bytes / (np.asarray(h2d_GB_per_s, dtype=float) * 1e9)                # seconds per miss
-    d = np.where(offload, b * mtp * entry_bytes / (np.asarray(d2h_GB_per_s, dtype=float) * 1e9), 0.0)
-    a = col(costs.attn)
-    ops = LayerOps(indexer=col(costs.indexer), pre_attn=col(costs.pre_attn), attn=a,
-                   attn_hit=a * (1.0 - m / col(costs.selected)), o_proj=col(costs.o_proj),
-                   merge=(m > 0) * col(costs.merge), h2d=m * col(k_h), d2h=col(d))
-    return overlap_overhead_s(ops)
+    d = b * mtp * entry_bytes / (np.asarray(d2h_GB_per_s, dtype=float) * 1e9)
+    e_miss = col(costs.entries) * m / col(costs.selected)
+    attention = lambda e: (col(costs.attn_fixed) + col(b) * col(costs.attn_block)                   # noqa: E731
+                           * (e / costs.block_entries + costs.attn_overhead_blocks))
+    h = m * col(k_h)
+    ops = LayerOps(indexer=col(costs.indexer_split), indexer_b0=col(costs.indexer_half),
+                   indexer_b1=col(costs.indexer_half), pre_attn=col(costs.pre_attn), attn=col(costs.attn),
+                   attn_b0=col(costs.attn_half), attn_b1=col(costs.attn_half),
+                   attn_hit=attention(col(costs.entries) - e_miss), attn_miss=attention(e_miss),
+                   merge=col(costs.merge), o_proj=col(costs.o_proj), h2d=h, h2d_b0=h / 2, h2d_b1=h / 2,
+                   d2h=col(d))
+    on = col(np.asarray(offload, dtype=float)) > 0
+    return {k: np.where(on, v, 0.0) for k, v in overlap_overhead_s(ops).items()}
 
 
 @dataclass(frozen=True)
@@ -254,10 +278,13 @@ def simulate(batch, context_len, ratio=1.0, *, misses=None, scenario: Scenario |
     first, inv = group_rows(B, L, mtp)
     Bg, Lg, Tg = B[first], L[first], mtp[first]
     bg = Bg / 2.0                                                     # Two-Batch Overlap micro-batch
-    c = layer_costs(model, gpu, dep, bg, Lg, Tg).scaled(params.compute_scale, params.comm_scale)
+    pbv = params.part_batch
+    c = layer_costs(model, gpu, dep, bg, Lg, Tg, part_batch_variant=pbv).scaled(params.compute_scale,
+                                                                                params.comm_scale)
     # MTP: mtp-1 draft passes through the MTP module (one MoE block at one token per request, eh_proj 2h -> h), plus
     # the output head for the mtp verified tokens and each draft ([DS]: one MTP module sharing the head).
-    c1 = layer_costs(model, gpu, dep, bg, Lg, np.ones_like(Tg)).scaled(params.compute_scale, params.comm_scale)
+    c1 = layer_costs(model, gpu, dep, bg, Lg, np.ones_like(Tg), part_batch_variant=pbv).scaled(params.compute_scale,
+                                                                                              params.comm_scale)
     fp8 = "fp8" if model.weight_bytes_per_param == 1 else "bf16"
     draft = (np.maximum(2 * (c1.attention_block + c1.moe), 2 * (c1.dispatch + c1.combine))
              + params.compute_scale * (gemm_time_s(Bg, model.hidden_size, 2 * model.hidden_size, gpu, model=model,
@@ -278,10 +305,11 @@ def simulate(batch, context_len, ratio=1.0, *, misses=None, scenario: Scenario |
     layer_over = np.empty((N, nl))
     choice = np.empty((N, nl), dtype=np.int8)
     layers, layers0 = np.empty(N), np.empty(N)
-    bad = _timeline_kernel()(m, offload, k_h, d, g(c.indexer), g(c.pre_attn), g(c.attn), g(c.o_proj), g(c.merge),
-                             g(c.selected), g(2 * (c.attention_block + c.ffn_dense)),
-                             g(2 * (c.attention_block + c.moe)), g(2 * (c.dispatch + c.combine)), dense, per_layer,
-                             layer_over, choice, layers, layers0)
+    bad = _timeline_kernel()(m, offload, k_h, d, g(bg), g(c.indexer_split), g(c.indexer_half), g(c.pre_attn),
+                             g(c.attn), g(c.attn_half), g(c.o_proj), g(c.merge), g(c.attn_fixed), g(c.attn_block),
+                             float(c.attn_overhead_blocks), float(c.block_entries), g(c.entries), g(c.selected),
+                             g(2 * (c.attention_block + c.ffn_dense)), g(2 * (c.attention_block + c.moe)),
+                             g(2 * (c.dispatch + c.combine)), dense, per_layer, layer_over, choice, layers, layers0)
     if bad == 1:
         raise ValueError("misses must be finite and >= 0")
     if bad == 2:
@@ -323,45 +351,48 @@ def _timeline_kernel():
     from numba import njit
 
     @njit(cache=True, nogil=True)
-    def kernel(m, offload, k_h, d, I, p, a, o, merge, sel, comp_d, comp_m, comm_m, dense, per_layer,
-               layer_over, choice, layers, layers0):
+    def kernel(m, offload, k_h, d, bm, I, Ih, p, a, ah2, o, merge, fa, ab, ob, be, ent, sel, comp_d, comp_m, comm_m,
+               dense, per_layer, layer_over, choice, layers, layers0):
         N, nl = layer_over.shape
         shared = m.shape[0] == 1
         for i in range(N):
             row = 0 if shared else i
-            kh, di, ai, mg, si = k_h[i], d[i], a[i], merge[i], sel[i]
+            kh, di, ai, si, ei = k_h[i], d[i], a[i], sel[i], ent[i]
             on = offload[i]
             # per row: the constants of the three formulas (see offload_overhead_s)
-            da_c = kh + ai / si
-            da_0 = p[i] + ai
+            per_block = bm[i] * ab[i]                 # one more entry block for every request of the micro-batch
+            launch = fa[i] + per_block * ob           # a launch over no entries: fixed part + per-request overhead
+            da_own = merge[i] + 2.0 * launch + per_block * ei / be - ai    # a_hit + a_miss - a, plus the merge
             da_d = max(di - o[i], 0.0)
-            kh2 = kh / 2
-            dba_1 = I[i] / 2
-            dba_2 = p[i] + ai / 2
-            dba_d = max(di - ai / 2, 0.0)
+            dba_own = (2.0 * Ih[i] - I[i]) + (2.0 * ah2[i] - ai)
+            dba_2 = p[i] + ah2[i]
+            dba_d = max(di - ah2[i], 0.0)
             tot = 0.0
             tot0 = 0.0                                # the same sum without offload, in the same order
             for l in range(nl):
                 x = m[row, l]
                 if not (x >= 0.0 and x < np.inf):
                     return 1
-                if not on:
-                    x = 0.0
-                elif x > si + 1e-9:
-                    return 2
-                none = x * kh + di
-                da = max(x * da_c - da_0, 0.0) + (mg if x > 0 else 0.0) + da_d
-                h2 = x * kh2
-                dba = max(h2 - dba_1, 0.0) + max(h2 - dba_2, 0.0) + dba_d
                 s = per_layer[l]
-                if s < 0:
-                    best, s = none, 0
-                    if da < best:
-                        best, s = da, 1
-                    if dba < best:
-                        best, s = dba, 2
+                if not on:
+                    best = 0.0
+                    s = 0
                 else:
-                    best = none if s == 0 else (da if s == 1 else dba)
+                    if x > si + 1e-9:
+                        return 2
+                    none = x * kh + di
+                    a_hit = launch + per_block * (ei - ei * x / si) / be
+                    da = da_own + max(x * kh - p[i] - a_hit, 0.0) + da_d
+                    h2 = x * kh / 2
+                    dba = dba_own + max(h2 - Ih[i], 0.0) + max(h2 - dba_2, 0.0) + dba_d
+                    if s < 0:
+                        best, s = none, 0
+                        if da < best:
+                            best, s = da, 1
+                        if dba < best:
+                            best, s = dba, 2
+                    else:
+                        best = none if s == 0 else (da if s == 1 else dba)
                 over = 2.0 * best
                 layer_over[i, l] = over
                 choice[i, l] = s

@@ -22,7 +22,7 @@ from ..sim.costs import calibration_data
 from ..sim.predictions import BandInputs, Misses, band_frames, predict_configs
 from ..sim.timeline import simulate
 
-__all__ = ["table2_predictions", "table2_bands", "band_over", "BAND_COLUMNS", "article_table_32k", "claim_128k",
+__all__ = ["table2_predictions", "table2_bands", "previous_table2", "table2_moves", "band_over", "BAND_COLUMNS", "article_table_32k", "claim_128k",
            "table2_records", "article_records", "table2_128k_records", "deployment_records",
            "deployment_benefits", "section12_claims", "deployment_assumptions"]
 
@@ -31,16 +31,46 @@ BAND_COLUMNS = ("throughput", "otps", "step_ms", "stall_ms", "misses_per_step", 
                 "gain_no_miss_pct")
 
 
+def _memory_verdict(batch: int, ratio: float, context_len: int, mtp: int, kw: dict) -> dict:
+    """What ess's memory rule says of ``batch`` requests at ``ratio``: the share of the KV budget they use
+    (``batch x (indexer + ratio x latent) / budget``), the largest batch each limit allows (GPU KV budget, host
+    memory, :func:`ess.memory.largest_batch`) and which one binds, in words (``""`` where the batch fits)."""
+    from ..layout import request_cache
+    from ..memory import kv_budget_bytes
+    model, dep = kw["model"], kw["deployment"]
+    lim = largest_batch(context_len, ratio, mtp=mtp, **kw)
+    rc = request_cache(model, context_len, ratio, dep.kv_dtype)
+    use = batch * rc.gpu_bytes / kv_budget_bytes(model, dep, kw["gpu"])
+    if lim.limited_by == "infeasible":
+        binds = f"no batch fits: {lim.reason}"
+    elif batch <= lim.batch:
+        binds = ""
+    elif lim.batch_host is not None and batch > lim.batch_host:
+        binds = (f"host memory: ess's assumed host ({kw['host'].name}) holds {lim.batch_host} requests at this "
+                 f"ratio")
+    else:
+        binds = (f"GPU memory: the batch uses {use:.1%} of ess's KV budget (the pool holds {lim.batch_gpu} "
+                 "requests at this ratio)")
+    return {"kv_budget_use": use, "batch_gpu_rule": lim.batch_gpu, "batch_host_limit": lim.batch_host,
+            "limit_binds": binds}
+
+
 def table2_predictions(misses: Misses | None = None, *, scenario: Scenario | None = None,
                        contexts=("32k", "128k")) -> pd.DataFrame:
     """Paper Table 2, predicted in ``scenario`` (its cost parameters and strategy; each row's batch, ratio, MTP and
-    accept ratio are the table's) with the miss counts of ``misses``: every held-back configuration of
-    ``data/published/paper_table2.yaml`` plus the calibration row. At 32K each batch gets the ratio it needs
-    (:func:`ess.memory.ratio_for_batch`); at 128K
-    each ratio gets its memory-limited batch. An entry with ``accept_ratios`` (MTP 4) is swept over them, one row
-    per accept ratio and batch; ``accept_ratio_source`` says where each row's accept ratio comes from.
-    ``gain_pct`` is against the no-offload reference of the same context predicted by the same simulator: the
-    calibration row where the context has one, else the ratio-1 row with the fewest MTP tokens."""
+    accept ratio are the table's) with the miss counts of ``misses``: the calibration row and every held-back row of
+    ``data/published/paper_table2.yaml``, each a (batch, ratio) pair the paper ran, predicted twice (``setting``):
+
+    * ``"paper"`` at the paper's ratio, memory not checked (the paper ran it); ``limit_binds`` says which of ess's
+      limits it exceeds, if any (its rows use slightly more than the no-offload KV budget, paper-facts.md), with
+      ``kv_budget_use`` the share of ess's KV budget the batch takes;
+    * ``"ess"`` at the largest ratio ess's memory rule gives that batch (:func:`ess.memory.ratio_for_batch`),
+      memory checked: infeasible, with the limit named, where no ratio fits (e.g. ess's assumed host memory).
+
+    A row at ratio 1 is predicted once (both settings agree). An entry with ``accept_ratios`` (MTP 4) is swept over
+    them; ``accept_ratio_source`` says where each row's accept ratio comes from. ``gain_pct`` is against the
+    no-offload reference of the same context predicted by the same simulator: the calibration row where the context
+    has one, else the ratio-1 row with the fewest MTP tokens."""
     pub = published("paper_table2")
     sc = as_scenario(scenario)
     model, dep, gpu, host = sc.specs()
@@ -49,43 +79,42 @@ def table2_predictions(misses: Misses | None = None, *, scenario: Scenario | Non
     for key, e in pub.items():
         if e["role"] == "target" or "strategies" in e:          # targets; the overlap chart (notebook 06)
             continue
-        if f"{e['context_len'] // 1024}k" not in contexts:
+        L = int(e["context_len"])
+        if f"{L // 1024}k" not in contexts:
             continue
-        memory = {}                              # per tag: the batch rule and which limit binds
-        if "batches" in e:
-            B = np.array(e["batches"])
-            points = [(f"b{b}", int(b), float(ri))
-                      for b, ri in zip(B, ratio_for_batch(B, e["context_len"], mtp=e["mtp"], **dep_kw))]
-        elif "ratios" in e:
-            points = []
-            for ri in e["ratios"]:
-                lim = largest_batch(e["context_len"], ri, mtp=e["mtp"], **dep_kw)
-                host_cap = lim.batch_host is not None and lim.batch_host < lim.batch_gpu
-                binds = ("host memory (ess's assumed host)" if host_cap else "GPU memory (KV budget)")
-                points.append((f"r{ri:g}", lim.batch_gpu, float(ri)))
-                memory[f"r{ri:g}"] = {"batch_rule": "paper: batch x (indexer + ratio x latent) = KV budget",
-                                      "batch_gpu_rule": lim.batch_gpu, "batch_host_limit": lim.batch_host,
-                                      "limit_binds": binds, "check_memory": not host_cap}
-                if host_cap:                      # ess's host memory caps the paper's batch: show both
-                    points.append((f"r{ri:g}_host_capped", lim.batch_host, float(ri)))
-                    memory[f"r{ri:g}_host_capped"] = {**memory[f"r{ri:g}"], "check_memory": True,
-                                                      "batch_rule": "ess: the host memory per GPU caps the batch"}
-        else:
-            points = [("", int(e["batch"]), float(e["ratio"]))]
+        pairs = [(int(b), float(r)) for b, r in e["rows"]] if "rows" in e else [(int(e["batch"]), float(e["ratio"]))]
         accepts = e["accept_ratios"] if "accept_ratios" in e else [e["accept_ratio"]]
         for acc in accepts:
-            for tag, b, ri in points:
-                row = "_".join(x for x in (key, f"acc{acc:g}" if "accept_ratios" in e else "", tag) if x)
-                cfg.append({"row": row, "key": key, "batch": b, "ratio": ri, "context_len": e["context_len"],
-                            "mtp": e["mtp"], "accept_ratio": float(acc), "role": e["role"],
-                            "published": e["value"] if e["role"] == "calibration" else None, "source": e["source"],
-                            "accept_ratio_source": e.get("accept_ratio_source", e["source"]),
-                            "batch_rule": "paper: batch x (indexer + ratio x latent) = KV budget",
-                            "check_memory": True, **memory.get(tag, {})})
+            for b, r_paper in pairs:
+                stem = "_".join(x for x in (key, f"acc{acc:g}" if "accept_ratios" in e else "") if x)
+                r_ess = 1.0 if r_paper >= 1 else float(ratio_for_batch(b, L, mtp=e["mtp"], **dep_kw))
+                settings = [("paper", r_paper)] + ([("ess", r_ess)] if r_paper < 1 else [])
+                for setting, r in settings:
+                    if "rows" not in e:
+                        row = key
+                    elif r_paper >= 1:
+                        row = f"{stem}_b{b}_r1"
+                    else:
+                        row = f"{stem}_b{b}_r{r_paper:g}" if setting == "paper" else f"{stem}_b{b}_ess"
+                    if np.isnan(r):                  # no ratio fits: say which limit, at the paper's ratio
+                        why = _memory_verdict(b, r_paper, L, int(e["mtp"]), dep_kw)["limit_binds"]
+                        verdict = {"kv_budget_use": np.nan, "batch_gpu_rule": np.nan, "batch_host_limit": np.nan,
+                                   "limit_binds": f"no ratio fits this batch in ess's memory rule ({why} at the "
+                                                  f"paper's ratio {r_paper:g})"}
+                    else:
+                        verdict = _memory_verdict(b, r, L, int(e["mtp"]), dep_kw)
+                    cfg.append({"row": row, "key": key, "setting": setting, "batch": b, "ratio": r,
+                                "paper_ratio": r_paper, "context_len": L, "mtp": e["mtp"], "accept_ratio": float(acc),
+                                "role": e["role"], "published": e["value"] if e["role"] == "calibration" else None,
+                                "source": e["source"], "accept_ratio_source": e.get("accept_ratio_source",
+                                                                                   e["source"]),
+                                "batch_rule": ("the paper's configuration" if setting == "paper" else
+                                               "ess: the largest ratio its memory rule gives this batch"),
+                                "check_memory": setting == "ess", **verdict})
     cfg = pd.DataFrame(cfg)
     pred = predict_configs(cfg, misses, scenario=sc)
-    extra = ["row", "role", "published", "source", "accept_ratio_source", "batch_rule", "batch_gpu_rule",
-             "batch_host_limit", "limit_binds", "check_memory"]
+    extra = ["row", "setting", "role", "published", "source", "accept_ratio_source", "paper_ratio", "batch_rule",
+             "kv_budget_use", "batch_gpu_rule", "batch_host_limit", "limit_binds", "check_memory"]
     out = pd.concat([cfg[[c for c in extra if c in cfg]].reset_index(drop=True), pred], axis=1)
     ref = pd.Series(np.nan, index=out.index)
     for L, part in out.groupby("context_len"):
@@ -96,6 +125,8 @@ def table2_predictions(misses: Misses | None = None, *, scenario: Scenario | Non
     out["gain_pct"] = (out.get("throughput") / ref - 1) * 100
     out["gain_no_miss_pct"] = (out.throughput_no_miss / ref - 1) * 100
     out["status"] = np.where(out.role == "calibration", "calibration (fitted)", out.status)
+    no_ratio = out.ratio.isna()
+    out.loc[no_ratio, "reason"] = out.loc[no_ratio, "limit_binds"]      # say which limit leaves no ratio
     return out
 
 
@@ -116,6 +147,70 @@ def table2_bands(band: BandInputs, *, scenario: Scenario | None = None, contexts
     t2 = band_frames(frames, BAND_COLUMNS)
     t2["band_infeasible"] = np.sum([(f.status == "infeasible").to_numpy() for f in frames.values()], axis=0)
     return t2, frames
+
+
+def previous_table2() -> pd.DataFrame:
+    """ess's earlier predictions of Table 2 (``data/history/table2_previous_model.yaml``: the model before the
+    part-batch costs and the restated DA / DBA formulas, frozen with the run that produced them), one row each:
+    ``row``, the configuration it was predicted at, ``throughput`` and its band."""
+    import yaml
+    from ..specs import DATA_DIR
+    raw = yaml.safe_load((DATA_DIR / "history" / "table2_previous_model.yaml").read_text(encoding="utf-8"))
+    need = {"batch", "ratio", "context_len", "mtp", "accept_ratio", "throughput", "record"}
+    rows = []
+    for name, e in raw["rows"].items():
+        if not isinstance(e, dict) or not need <= set(e):
+            raise ValueError(f"data/history/table2_previous_model.yaml: row {name!r} needs {sorted(need)}")
+        rows.append({"row": name, **e})
+    return pd.DataFrame(rows)
+
+
+def table2_moves(t2: pd.DataFrame, misses: Misses, *, scenario: Scenario, scenario_off: Scenario,
+                 before: pd.DataFrame | None = None) -> pd.DataFrame:
+    """What moved each Table 2 prediction from ess's earlier model (:func:`previous_table2`) to now, one row per
+    earlier prediction, in four steps on the same miss counts (``misses``):
+
+    * ``before``: the earlier model at the configuration it used then;
+    * ``formulas``: the restated overlap formulas without the part-batch costs (``scenario_off``: cost parameters
+      with ``part_batch="off"``, calibrated under it) at that configuration;
+    * ``part_batch``: the central model (``scenario``) at that configuration;
+    * ``paper`` / ``ess``: the central model at the paper's (batch, ratio) and at ess's ratio for the paper's batch
+      (the rows of ``t2``, :func:`table2_predictions`; matched by MTP, accept ratio and batch at 32K, by the paper's
+      ratio at 128K, where ess used the memory-rule batch of each ratio).
+
+    ``moved_by`` names the step that moved the throughput most: the overlap formulas, the part-batch costs, or the
+    configuration (the paper's batch and ratio instead of ess's)."""
+    before = previous_table2() if before is None else before
+    # the earlier model's host-capped 128K variant (ratio 0.1 at the host's 48 requests) has no row of its own now:
+    # the paper's (54, 0.1) row stands for ratio 0.1, compared with the earlier memory-rule batch (52)
+    before = before[~before.row.str.endswith("_host_capped")]
+    cols = ["batch", "context_len", "ratio", "mtp", "accept_ratio"]
+    cfg = before[cols].assign(check_memory=False)
+    at_off = predict_configs(cfg, misses, scenario=scenario_off).throughput.to_numpy()
+    at_new = predict_configs(cfg, misses, scenario=scenario).throughput.to_numpy()
+    out = []
+    for i, b in before.reset_index(drop=True).iterrows():
+        same = t2[(t2.context_len == b.context_len) & (t2.mtp == b.mtp) & np.isclose(t2.accept_ratio, b.accept_ratio)]
+        if b.context_len < 131072:
+            same = same[same.batch == b.batch]
+        else:
+            same = same[np.isclose(same.paper_ratio, b.ratio)]
+        paper = same[same.setting == "paper"]
+        ess = same[same.setting == "ess"]
+        if paper.empty:
+            continue                           # an earlier row with no counterpart among the paper's rows
+        p_row = paper.iloc[0]
+        e_row = ess.iloc[0] if len(ess) else p_row
+        steps = {"the overlap formulas": at_off[i] - b.throughput, "the part-batch costs": at_new[i] - at_off[i],
+                 "the configuration (the paper's batch and ratio)": p_row.throughput - at_new[i]}
+        finite = {k: v for k, v in steps.items() if np.isfinite(v)}
+        out.append({"row": p_row.row, "before_row": b.row, "before_batch": int(b.batch), "before_ratio": b.ratio,
+                    "before": b.throughput, "formulas": at_off[i], "part_batch": at_new[i],
+                    "ess_ratio": e_row.ratio, "ess": e_row.get("throughput", np.nan), "paper_batch": int(p_row.batch),
+                    "paper_ratio": p_row.ratio, "paper": p_row.throughput,
+                    **{f"by {k.split(' (')[0].replace('the ', '')}": v for k, v in steps.items()},
+                    "moved_by": max(finite, key=lambda k: abs(finite[k])) if finite else ""})
+    return pd.DataFrame(out)
 
 
 def band_over(values, central=None) -> tuple:
@@ -162,6 +257,8 @@ def article_table_32k(t2: pd.DataFrame, *, mtp4_accepts=None) -> pd.DataFrame:
         if mtp4.empty:
             raise ValueError(f"mtp4_accepts: t2 has no MTP {m4['mtp']} rows at accept ratio {acc}; it has "
                              f"{sorted(t2[t2.mtp == m4['mtp']].accept_ratio.unique())}")
+        if "setting" in mtp4:                    # the ESS row is the paper's configuration, as the article's is
+            mtp4 = mtp4[mtp4.setting == "paper"]
         mtp4_b = mtp4[mtp4.batch == base.batch].iloc[0]
         off = mtp4[mtp4.ratio < 1]
         ess = off[off.status == "predicted"]
@@ -189,8 +286,9 @@ def article_table_32k(t2: pd.DataFrame, *, mtp4_accepts=None) -> pd.DataFrame:
              "paper_tok_s": None, "paper_pct": blog_all,
              "ours_tok_s": ess_best.throughput if ess_best is not None else np.nan, "ours_pct": ours_ess,
              "ours_pct_no_miss": ours_ess_bound,
-             "explanation": f"best batch of the {int(mtp4.batch.min())}-{int(mtp4.batch.max())} grid with the "
-                            "cache-simulated misses and the per-layer overlap choice; without misses (D2H only) "
+             "explanation": f"best of the paper's MTP {m4['mtp']} rows (batch {int(mtp4.batch.min())}-"
+                            f"{int(mtp4.batch.max())}, the paper's ratios) with the cache-simulated misses and the "
+                            "per-layer overlap choice; without misses (D2H only) "
                             f"the best is {ours_ess_bound:+.1f} % at batch {int(ess_bound.batch)}"},
             {"row": "Offload contribution", **common, "maps_to": "ESS row minus MTP=4 row, percentage points",
              "article_batch": None, "article_tok_s": a_off["value"], "article_pct": a_off["improvement_pct"],
@@ -206,12 +304,12 @@ def article_table_32k(t2: pd.DataFrame, *, mtp4_accepts=None) -> pd.DataFrame:
 
 
 def claim_128k(t2: pd.DataFrame) -> dict:
-    """The 128K claim (+123 % with MTP 2): our best 128K offload row at the paper's batches (the memory rule it
-    keeps; rows capped by ess's host memory are left out) against the 128K no-offload row."""
+    """The 128K claim (+123 % with MTP 2): our best 128K offload row at the paper's (batch, ratio) rows against the
+    128K no-offload row."""
     pub = published("paper_table2")["claim_128k_gain"]
     sub = t2[t2.context_len == pub["context_len"]]
-    if "row" in sub:
-        sub = sub[~sub.row.str.endswith("_host_capped")]
+    if "setting" in sub:                           # the paper's (batch, ratio) rows
+        sub = sub[sub.setting == "paper"]
     base = sub[sub.ratio == 1.0].iloc[0]
     off = sub[(sub.ratio < 1) & (sub.status == "predicted")]
     best = off.loc[off.throughput.idxmax()] if len(off) else None
@@ -349,6 +447,17 @@ def section12_claims(scenario: Scenario | None = None) -> pd.DataFrame:
 # Records: each prediction with its configuration and band, as keyword arguments of ess.results.Recorder.record
 # ----------------------------------------------------------------------------------------------------------------
 
+def _setting(r) -> dict:
+    """A Table 2 row's setting for its records: at the paper's ratio or at ess's, the paper's ratio, and which of
+    ess's memory limits it exceeds (:func:`table2_predictions`)."""
+    out = {"setting": r.get("setting", "paper"), "paper_ratio": r.get("paper_ratio", r.ratio)}
+    if "limit_binds" in r and isinstance(r.limit_binds, str):
+        out["limit_binds"] = r.limit_binds
+    if "kv_budget_use" in r and not pd.isna(r.kv_budget_use):
+        out["kv_budget_use"] = float(r.kv_budget_use)
+    return out
+
+
 def table2_records(t2: pd.DataFrame, provenance: dict) -> list[dict]:
     """The records of the 32K rows of :func:`table2_bands` (notebook 07): per row its throughput (the calibration
     row with its published value), OTPS and zero-miss bound, each with the row's configuration (batch, context,
@@ -356,9 +465,15 @@ def table2_records(t2: pd.DataFrame, provenance: dict) -> list[dict]:
     row's) and with its band."""
     out = []
     for _, r in t2.iterrows():
-        cfg = {"batch": int(r.batch), "context_len": int(r.context_len), "ratio": float(r.ratio), "mtp": int(r.mtp),
-               "accept_ratio": float(r.accept_ratio), "accept_ratio_source": r.accept_ratio_source, **provenance,
+        cfg = {"batch": int(r.batch), "context_len": int(r.context_len),
+               "ratio": None if pd.isna(r.ratio) else float(r.ratio), "mtp": int(r.mtp),
+               "accept_ratio": float(r.accept_ratio), "accept_ratio_source": r.accept_ratio_source,
+               **_setting(r), **provenance,
                "check_memory": bool(provenance.get("check_memory", True) and r.check_memory)}
+        if r.status == "infeasible":
+            out.append(dict(name=f"{r.row}_throughput", value=None, unit="tokens/s per node", config=cfg,
+                            note=f"infeasible: {r.reason}", status="held back (predicted)"))
+            continue
         if r.status == "calibration (fitted)":
             out.append(dict(name=f"{r.row}_throughput", value=r.throughput, unit="tokens/s per node", config=cfg,
                             published=r.published, source=r.source, note="calibration row", low=r.throughput_low,
@@ -412,16 +527,20 @@ def table2_128k_records(t128: pd.DataFrame, provenance: dict) -> list[dict]:
     the memory rule that sized its batch, and its band."""
     out = []
     for _, r in t128.iterrows():
-        cfg = {"batch": int(r.batch), "context_len": int(r.context_len), "ratio": float(r.ratio), "mtp": int(r.mtp),
-               "accept_ratio": float(r.accept_ratio), "batch_rule": r.batch_rule,
-               "batch_gpu_rule": int(r.batch_gpu_rule),
-               "batch_host_limit": None if pd.isna(r.batch_host_limit) else int(r.batch_host_limit),
-               "limit_binds": r.limit_binds, **provenance,
+        cfg = {"batch": int(r.batch), "context_len": int(r.context_len),
+               "ratio": None if pd.isna(r.ratio) else float(r.ratio), "mtp": int(r.mtp),
+               "accept_ratio": float(r.accept_ratio), "batch_rule": r.batch_rule, **_setting(r),
+               "batch_gpu_rule": None if pd.isna(r.batch_gpu_rule) else int(r.batch_gpu_rule),
+               "batch_host_limit": None if pd.isna(r.batch_host_limit) else int(r.batch_host_limit), **provenance,
                "check_memory": bool(provenance.get("check_memory", True) and r.check_memory)}
+        if r.status == "infeasible":
+            out.append(dict(name=f"{r.row}_throughput", value=None, unit="tokens/s per node", config=cfg,
+                            note=f"infeasible: {r.reason}", status="held back (predicted)"))
+            continue
         out.append(dict(name=f"{r.row}_throughput", value=r.throughput, unit="tokens/s per node", config=cfg,
                         note=f"held back: prediction; gain vs ratio 1 {r.gain_pct:+.1f} % ({r.gain_pct_low:+.1f} to "
-                             f"{r.gain_pct_high:+.1f} %); zero-miss bound {r.throughput_no_miss:,.0f}; binding limit: "
-                             f"{r.limit_binds}", low=r.throughput_low, high=r.throughput_high,
+                             f"{r.gain_pct_high:+.1f} %); zero-miss bound {r.throughput_no_miss:,.0f}; the limit "
+                             f"that binds: {r.limit_binds or 'none'}", low=r.throughput_low, high=r.throughput_high,
                         status="held back (predicted)"))
         out.append(dict(name=f"{r.row}_otps", value=r.otps, unit="tokens/s per request", config=cfg,
                         note="held back: prediction", low=r.otps_low, high=r.otps_high,

@@ -3,6 +3,7 @@ overhead against misses, and deployment ratios. Data in, plotly figure out."""
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
@@ -59,50 +60,82 @@ def fig_step_breakdown(df) -> go.Figure:
 
 
 def fig_table2(t2, context_len: int) -> go.Figure:
-    """Predicted node throughput against batch for each MTP setting (solid: cache-simulated misses, with the band
-    of ``throughput_low`` / ``throughput_high`` shaded where the frame has it; dotted: no misses, write-back only).
-    An accept ratio that is a configuration rather than a published value (its ``accept_ratio_source`` differs from
-    the row's ``source``) is labelled so."""
+    """Predicted node throughput against batch for each MTP setting at the paper's (batch, ratio) rows (solid:
+    cache-simulated misses, with the band of ``throughput_low`` / ``throughput_high`` shaded where the frame has
+    it; dotted: no misses, write-back only) and, where the frame has them (``setting == "ess"``), at the ratio ess's
+    memory rule gives each batch (dashed). An accept ratio that is a configuration rather than a published value
+    (its ``accept_ratio_source`` differs from the row's ``source``) is labelled so."""
     sub = t2[t2.context_len == context_len]
-    if "row" in sub:                                  # one line per MTP setting: the paper's batch rule only
-        sub = sub[~sub.row.str.endswith("_host_capped")]
+    setting = sub.setting if "setting" in sub else pd.Series("paper", index=sub.index)
     fig = go.Figure()
     for i, ((mtp, acc), part) in enumerate(sub.groupby(["mtp", "accept_ratio"])):
-        part = part.sort_values("batch")
         color = COLORS[i % len(COLORS)]
         name = f"MTP {mtp}, accept {acc:g}"
         if "accept_ratio_source" in part and (part.accept_ratio_source != part.source).any():
             name += " (a configuration)"
+        paper = part[setting[part.index] == "paper"].sort_values("batch")
+        ess = part[(setting[part.index] == "ess") | (part.ratio >= 1)].sort_values("batch")
         if "throughput" in part:
             if "throughput_low" in part:
-                add_band(fig, part.batch, part.throughput_low, part.throughput_high, name=name + " (band)",
+                add_band(fig, paper.batch, paper.throughput_low, paper.throughput_high, name=name + " (band)",
                          color=color, group=name, show_legend=True)
-            fig.add_scatter(x=part.batch, y=part.throughput, mode="lines+markers", name=name + " (simulated misses)",
-                            line={"color": color}, legendgroup=name)
-        fig.add_scatter(x=part.batch, y=part.throughput_no_miss, mode="lines", line={"dash": "dot", "color": color},
+            fig.add_scatter(x=paper.batch, y=paper.throughput, mode="lines+markers",
+                            name=name + ", paper's ratio (simulated misses)", line={"color": color}, legendgroup=name)
+            if (setting[part.index] == "ess").any():
+                fig.add_scatter(x=ess.batch, y=ess.throughput, mode="lines+markers", marker={"symbol": "diamond"},
+                                name=name + ", ess's ratio", line={"color": color, "dash": "dash"}, legendgroup=name)
+        fig.add_scatter(x=paper.batch, y=paper.throughput_no_miss, mode="lines", line={"dash": "dot", "color": color},
                         name=name + " (no misses)", legendgroup=name)
     pub = sub[sub.published.notna()]
     fig.add_scatter(x=pub.batch, y=pub.published, mode="markers", marker={"symbol": "x", "size": 12, "color": "black"},
                     name="paper Table 2 row 1 (calibration)")
-    fig.update_layout(template=_TEMPLATE, title=f"Table 2 predicted: {context_len // 1024}K, ratio each batch needs",
-                      xaxis={"title": "batch per GPU"}, yaxis={"title": "tokens/s per node"},
-                      legend=LEGEND_LOW)
+    fig.update_layout(template=_TEMPLATE, title=f"Table 2 predicted: {context_len // 1024}K, the paper's (batch, "
+                                                "ratio) rows", xaxis={"title": "batch per GPU"},
+                      yaxis={"title": "tokens/s per node"}, legend=LEGEND_LOW)
     return fig
 
 
-def fig_overlap_vs_misses(df, title: str = "Offload overhead against misses") -> go.Figure:
-    """Overhead (% of the no-offload step) per strategy against mean misses per request, step and layer, with the
-    band of ``overhead_pct_low`` / ``overhead_pct_high`` shaded where the frame has it."""
+_AXIS_TITLES = {"misses_per_layer": "misses per request, step and layer", "overhead_pct": "step-time overhead, %",
+                "overhead_us_per_layer": "extra us per layer and micro-batch", "h2d_GB_per_s": "host-to-device GB/s",
+                "throughput": "tokens/s per node"}
+
+
+def fig_overlap_vs_misses(df, title: str = "Offload overhead against misses", *, value: str = "overhead_pct",
+                          x: str = "misses_per_layer", log_x: bool = False) -> go.Figure:
+    """``value`` (default the overhead in % of the no-offload step; ``"overhead_us_per_layer"``: the paper's units,
+    extra microseconds per layer and micro-batch) per strategy against ``x`` (default the mean misses per request,
+    step and layer), with the band of ``<value>_low`` / ``<value>_high`` shaded where the frame has it."""
     fig = go.Figure()
     for i, (s, part) in enumerate(df.groupby("strategy", sort=False)):
         color = COLORS[i % len(COLORS)]
-        if "overhead_pct_low" in part:
-            add_band(fig, part.misses_per_layer, part.overhead_pct_low, part.overhead_pct_high, name=f"{s} (band)",
-                     color=color, group=s)
-        fig.add_scatter(x=part.misses_per_layer, y=part.overhead_pct, mode="lines+markers", name=s,
-                        line={"color": color}, legendgroup=s)
+        part = part.sort_values(x)
+        if f"{value}_low" in part:
+            add_band(fig, part[x], part[f"{value}_low"], part[f"{value}_high"], name=f"{s} (band)", color=color,
+                     group=s)
+        fig.add_scatter(x=part[x], y=part[value], mode="lines+markers", name=s, line={"color": color},
+                        legendgroup=s)
+    fig.update_layout(template=_TEMPLATE, title=title,
+                      xaxis={"title": _AXIS_TITLES.get(x, x), "type": "log" if log_x else "linear"},
+                      yaxis={"title": _AXIS_TITLES.get(value, value)}, legend=LEGEND)
+    return fig
+
+
+def fig_strategy_map(df, title: str = "The cheapest strategy") -> go.Figure:
+    """Which overlap strategy is cheapest (``best``: ``"none"``, ``"da"``, ``"dba"``) at each batch (y) and miss
+    count (x) of ``df`` (:func:`ess.sim.predictions.strategy_map`), with its overhead in the hover text."""
+    order = ("none", "da", "dba")
+    piv = df.pivot(index="batch", columns="misses_per_layer", values="best")
+    over = df.pivot(index="batch", columns="misses_per_layer", values="best_us_per_layer")
+    z = piv.apply(lambda col: col.map(order.index)).to_numpy(dtype=float)
+    text = [[f"{piv.iloc[i, j]}: {over.iloc[i, j]:.1f} us" for j in range(piv.shape[1])] for i in range(piv.shape[0])]
+    colors = [COLORS[0], COLORS[1], COLORS[2]]
+    scale = [[0.0, colors[0]], [1 / 3, colors[0]], [1 / 3, colors[1]], [2 / 3, colors[1]], [2 / 3, colors[2]],
+             [1.0, colors[2]]]
+    fig = go.Figure(go.Heatmap(z=z, x=[str(int(c)) for c in piv.columns], y=[str(int(b)) for b in piv.index],
+                               zmin=-0.5, zmax=2.5, colorscale=scale, text=text, hoverinfo="text",
+                               colorbar={"tickvals": [0, 1, 2], "ticktext": list(order), "title": "cheapest"}))
     fig.update_layout(template=_TEMPLATE, title=title, xaxis={"title": "misses per request, step and layer"},
-                      yaxis={"title": "step-time overhead, %"}, legend=LEGEND)
+                      yaxis={"title": "batch per GPU"})
     return fig
 
 

@@ -2,18 +2,23 @@
 # # 06 · Overlap strategies
 #
 # **Overview.** Each decode step copies the missed latent entries host-to-device and writes the new tokens back.
-# The paper hides these copies in three ways, chosen per layer offline: **none** (SGLang's serial order),
-# **DA** (dual attention: attend over the hits while the misses are copied, then over the misses, and merge by
-# log-sum-exp) and **DBA** (dual-batch attention: also split the indexer along the batch, so one half's copy hides
-# behind the other half's indexer). This notebook prices the three with the calibrated simulator and predicts the
-# paper's held-back overlap-overhead chart: the overhead of each strategy against the miss count at 128K, batch 160,
-# MTP 2, 37 GB/s. It also shows which strategy each layer picks and how the overhead depends on the link. Every
-# overhead carries a band: over the equally good calibrations of notebook 05 and the locality models the evidence
-# leaves open (notebook 04; they shape the per-layer misses).
+# The paper hides these copies in three ways, chosen per layer offline from profiled miss counts: **none** (SGLang's
+# serial order), **DA** (dual attention: attend over the hits while the misses are copied, then over the misses in a
+# second launch, and merge the two by log-sum-exp) and **DBA** (dual-batch attention: split the indexer's logits and
+# top-K, and attention, along the batch, so that one half's copy hides behind the other half's indexer). Neither is
+# free: DA pays a second attention launch and the merge, DBA runs each half at a cost that does not halve (a kernel's
+# launch, FlashMLA's per-part scheduling and the top-K's row latency stay; `data/calibration/part_batch.yaml`), so a
+# layer with few misses is best left serial. This notebook prices the three with the calibrated simulator and
+# predicts the paper's held-back overlap chart in its own units: the extra microseconds per layer and Two-Batch-Overlap
+# micro-batch of each strategy at 32 to 512 misses per request and layer, 128K, batch 160, MTP 2, 37 GB/s. It also
+# shows what a half batch costs, where each strategy is the cheapest, which strategy each layer picks and how the
+# overhead depends on the link. Every number carries a band: over the equally good calibrations of notebook 05, the two
+# ends of the part-batch evidence (each calibrated anew) and the locality models the evidence leaves open (notebook
+# 04; they shape the per-layer misses).
 #
 # **Prerequisites.** Notebook 05 (calibrated simulator). The formulas of each strategy are in the docstring of
-# `ess/sim/timeline.py`. Batch 160 at 128K exceeds the memory model's limit (48 at ratio 0.1); like the paper's chart,
-# it is a stress configuration, so memory is not checked here.
+# `ess/sim/timeline.py`, the part-batch costs in `ess/sim/costs.py`. Batch 160 at 128K exceeds the memory model's limit
+# (48 at ratio 0.1); like the paper's chart, it is a stress configuration, so memory is not checked here.
 #
 # The chart's configuration is in the parameters: 128K, batch 160, MTP 2 (the paper's overlap chart,
 # `data/published/paper_table2.yaml: overlap_overhead_128k`) and the FlashTrans link, 37 GB/s host-to-device and
@@ -23,7 +28,10 @@
 # %% [parameters]
 smoke = False
 results_path = ""
+chart_misses = [32, 64, 128, 256, 512]
 miss_grid = [0, 25, 50, 100, 150, 200, 300, 400, 600, 800, 1200, 1600, 2400, 3200, 4096]
+map_batches = [16, 32, 52, 80, 128, 160, 200, 264]
+map_misses = [0, 16, 32, 64, 128, 256, 512]
 links_GB_per_s = [4, 8, 16, 24, 37, 48, 64, 96, 128, 256]
 cachesim_steps = 64
 cachesim_batch = 4
@@ -38,6 +46,7 @@ context_len_short = 32768
 profile_ratio_short = 0.2
 offload_ratios = [0.2, 0.1]
 smoke_sizes = {"miss_grid": [0, 100, 400, 1600, 4096], "links_GB_per_s": [8, 37, 128], "cachesim_steps": 16,
+               "map_batches": [16, 52, 160, 264], "map_misses": [0, 32, 128, 512],
                "cachesim_batch": 2, "band_batch": 1, "variant_fit": {"grid": 12, "refine": 1}}
 variant_fit = {}
 
@@ -50,7 +59,8 @@ import ess
 from ess import viz
 from ess.sim.sweep import sweep
 from ess.published import published
-from ess.specs import link_figures
+from ess.layout import latent_entry_bytes
+from ess.specs import link_figures, model_spec
 from ess.sim import STRATEGIES, predictions
 from ess.viz import sim as vsim
 
@@ -74,9 +84,94 @@ print(f"memory model's limit at {L // 1024}K, ratio {profile_ratio}: batch "
       f"{ess.largest_batch(L, profile_ratio).batch} (the chart's batch {B} is a stress point)")
 print("configuration: the paper's overlap chart with the FlashTrans link" if as_data else
       f"what-if: the parameters differ from the chart ({chart['source']}) or FlashTrans ({flashtrans})")
+label = f"{L // 1024}K, batch {B}, MTP {mtp}, {LINK:g} GB/s"
 cfg = {"context_len": L, "batch": B, "mtp": mtp, "h2d_GB_per_s": LINK, "d2h_GB_per_s": D2H,
        "params": "central calibration (notebook 05)", "memory_checked": False, "as_published_chart": as_data,
        "band": band.describe()}
+
+# %% [markdown]
+# ## The paper's chart, in its units
+# Extra microseconds each strategy adds to the compute lane of one layer and one micro-batch (b = 80 requests of the
+# batch of 160), at the same miss count on every layer: the x axis of the paper's overlap chart. These are held-back
+# results of the paper: predictions. The band spans the equally good calibrations and the two ends of the part-batch
+# evidence (the misses are given here, so the locality models do not enter).
+
+# %%
+chart_ov = predictions.overlap_bands(calibrations, {"uniform": None}, chart_misses, scenario=scenario,
+                                     context_len=L, batch=B, mtp=mtp)
+chart_ov = chart_ov[chart_ov.strategy.isin(STRATEGIES)]
+display(chart_ov.pivot(index="misses_per_layer", columns="strategy",
+                       values=["overhead_us_per_layer", "overhead_us_per_layer_low",
+                               "overhead_us_per_layer_high"]).round(1))
+vsim.fig_overlap_vs_misses(chart_ov, f"Extra time per layer and micro-batch, {label} (band: calibrations x "
+                                     "part-batch evidence)", value="overhead_us_per_layer").show()
+for _, r in chart_ov.iterrows():
+    rec.record(f"overlap_us_{r.strategy}_m{int(r.misses_per_layer)}", r.overhead_us_per_layer,
+               "us per layer and micro-batch",
+               config={**cfg, "strategy": r.strategy, "misses_per_layer": r.misses_per_layer,
+                       "profile": "uniform over the layers", "micro_batch": B / 2},
+               note="held back in the paper (the overlap chart): prediction", low=r.overhead_us_per_layer_low,
+               high=r.overhead_us_per_layer_high, status="held back (predicted)")
+
+# %% [markdown]
+# Checks: the serial order pays every byte (its overhead is the copy time, `misses x b x 656 B / 37 GB/s`, plus the
+# write-back, exactly); DA and DBA cost something of their own even where they hide the whole copy; no strategy gets
+# cheaper as the misses grow.
+
+# %%
+cpiv = chart_ov.pivot(index="misses_per_layer", columns="strategy", values="overhead_us_per_layer")
+entry = latent_entry_bytes(model_spec(), "fp8")
+copy_us = cpiv.index.to_numpy() * (B / 2) * entry / (LINK * 1e9) * 1e6
+write_back_us = (B / 2) * mtp * entry / (D2H * 1e9) * 1e6
+assert np.allclose(cpiv["none"].to_numpy(), copy_us + write_back_us, rtol=1e-9)
+assert (cpiv[["da", "dba"]].to_numpy() > 0).all()
+for s in STRATEGIES:
+    assert np.all(np.diff(cpiv[s].to_numpy()) >= -1e-9), s
+
+# %% [markdown]
+# ## What a half batch costs
+# Dual-batch attention runs the indexer's logits and top-K, and attention, once per half batch. A half costs more
+# than half: each launch has a fixed part (the logits kernel about 8 us, FlashMLA its launch and scheduler overhead),
+# the top-K takes one row's latency per wave of 132 rows whatever the rows, and FlashMLA weighs each request's blocks
+# plus a fixed overhead (`data/calibration/part_batch.yaml`, each value with its source). Dual attention's own cost is
+# a second attention launch and the merge. Below, for the chart's batch and for Table 2's first row (32K, batch 52),
+# in microseconds per layer and micro-batch with the central calibration; notebook 09 measures the same ratio on the
+# real model's engine.
+
+# %%
+splits = pd.DataFrame([predictions.split_costs(b_, L_, scenario=scenario, mtp=mtp)
+                       for b_, L_ in ((B, L), (52, context_len_short), (B, context_len_short), (40, L))])
+display(splits.round(3))
+for _, r in splits.iterrows():
+    tag = f"{r.context_len // 1024}k_b{r.batch}"
+    for col, unit in (("indexer_half_ratio", "half / whole"), ("attn_half_ratio", "half / whole"),
+                      ("da_own_us", "us per layer and micro-batch"), ("dba_own_us", "us per layer and micro-batch")):
+        rec.record(f"split_{col}_{tag}", r[col], unit,
+                   config={**cfg, "batch": int(r.batch), "context_len": int(r.context_len),
+                           "micro_batch": r.micro_batch, "part_batch": r.part_batch},
+                   note="the cost model's part-batch rule (data/calibration/part_batch.yaml), central calibration",
+                   status="computed")
+assert (splits.indexer_half_ratio > 0.5).all() and (splits.attn_half_ratio > 0.5).all()
+
+# %% [markdown]
+# ## Where each strategy is the cheapest
+# The cheapest strategy at each batch and miss count (the same count on every layer), at 32K and at 128K: with few
+# misses the strategies' own costs decide and the serial order wins; with more, DA (whose own cost is smallest at
+# small batches) and then DBA (which hides a half's copy behind the other half's indexer). From a batch of 133 on
+# (more than 132 top-K rows per micro-batch at MTP 2) the indexer's top-K takes two waves, and each half fits in one:
+# the split costs little, and DBA wins early.
+
+# %%
+maps = {}
+for L_ in (context_len_short, L):
+    maps[L_] = predictions.strategy_map(map_batches, map_misses, context_len=L_, scenario=scenario, mtp=mtp)
+    vsim.fig_strategy_map(maps[L_], f"The cheapest strategy at {L_ // 1024}K, MTP {mtp}, {LINK:g} GB/s").show()
+    grid = maps[L_].pivot(index="batch", columns="misses_per_layer", values="best")
+    rec.record(f"cheapest_strategy_{L_ // 1024}k", {str(b_): list(row) for b_, row in grid.iterrows()}, "",
+               config={**cfg, "context_len": L_, "batches": map_batches, "misses_per_layer": map_misses,
+                       "profile": "uniform over the layers"},
+               note="per batch (keys), the cheapest strategy at each miss count", status="predicted")
+    assert (grid[0] == "none").all()            # nothing to hide: a split only costs
 
 # %% [markdown]
 # ## Overhead against the miss count (the paper's chart, predicted)
@@ -90,7 +185,6 @@ ov = predictions.overlap_bands(calibrations, profiles, miss_grid, scenario=scena
 piv = ov.pivot(index="misses_per_layer", columns="strategy", values="overhead_pct")
 display(ov.pivot(index="misses_per_layer", columns="strategy",
                  values=["overhead_pct", "overhead_pct_low", "overhead_pct_high"]).round(2))
-label = f"{L // 1024}K, batch {B}, MTP {mtp}, {LINK:g} GB/s"
 vsim.fig_overlap_vs_misses(ov, f"Offload overhead, {label} (band: calibrations x locality models)").show()
 for _, r in ov.iterrows():
     rec.record(f"overhead_{r.strategy}_m{int(r.misses_per_layer)}", r.overhead_pct, "% of step",
@@ -100,8 +194,8 @@ for _, r in ov.iterrows():
                status="held back (predicted)")
 
 # %% [markdown]
-# Checks: the per-layer choice is never worse than any single strategy; no misses cost almost nothing (the D2H
-# write-back hides behind attention); the overhead never falls as misses grow.
+# Checks: the per-layer choice is never worse than any single strategy; without misses it keeps the serial order
+# and pays only the write-back; the overhead never falls as misses grow.
 
 # %%
 assert (piv["best"] <= piv[list(STRATEGIES)].min(axis=1) + 1e-9).all()
@@ -185,11 +279,8 @@ for s, part in links.groupby("strategy"):
         rec.record(f"throughput_{s}_link{r.h2d_GB_per_s:g}", r.throughput, "tokens/s per node",
                    config={**cfg, "ratio": profile_ratio, "strategy": s, "h2d_GB_per_s": r.h2d_GB_per_s,
                            "misses": misses.config})
-fig = vsim.fig_overlap_vs_misses(links.rename(columns={"h2d_GB_per_s": "misses_per_layer",
-                                                       "throughput": "overhead_pct"}), "")
-fig.update_layout(title=f"Throughput against link bandwidth, {L // 1024}K, batch {B}, ratio {profile_ratio}",
-                  xaxis={"title": "host-to-device GB/s", "type": "log"}, yaxis={"title": "tokens/s per node"})
-fig.show()
+vsim.fig_overlap_vs_misses(links, f"Throughput against link bandwidth, {L // 1024}K, batch {B}, ratio "
+                                  f"{profile_ratio}", value="throughput", x="h2d_GB_per_s", log_x=True).show()
 
 # %%
 saved = rec.save()
@@ -197,10 +288,13 @@ rec.to_frame()[["name", "value", "unit", "published", "error"]].head(30)
 
 # %% [markdown]
 # ## Summary
-# * With few misses every overlapping strategy hides the copies; the serial order pays for every byte.
-# * As misses grow DBA pulls ahead of DA at this long context: its first half's copy hides behind the second half's
-#   indexer, which is long at 128K; the per-layer choice follows the misses of each layer.
-# * At the cache-simulated miss counts the copies are far larger than the attention they could hide behind, so
+# * Neither overlap is free: dual attention pays a second attention launch and the merge, dual-batch attention runs
+#   each half at more than half the cost (launches, FlashMLA's per-part overhead and the top-K's row latency stay).
+#   With few misses the serial order is the cheapest; the per-layer choice keeps it there.
+# * As misses grow DA and then DBA pay off; at the paper's chart configuration (batch 160, so 160 top-K rows per
+#   micro-batch: two waves, one per half) DBA's split is cheap and it wins from a few dozen misses on; at smaller
+#   batches DA wins first, as the paper says of few misses.
+# * At the cache-simulated miss counts the copies are far larger than the compute they could hide behind, so
 #   every strategy leaves most of the transfer exposed: the miss rate, not the overlap, is the bottleneck.
 #
 # **Next:** the 32K table (notebook 07) and 128K with the deployment benefits (notebook 08).

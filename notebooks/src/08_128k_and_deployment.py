@@ -3,9 +3,10 @@
 #
 # **Overview.** At 128K a request's cache is 6.3 GB, so only 13 requests fit on a GPU without offload, and the paper
 # reports its largest gain there (up to +123 % with MTP 2). This notebook predicts the held-back 128K rows of Table 2
-# (ratio 1, 0.2 and 0.1, each at the batch the paper's memory rule gives, with a band over the equally good
-# calibrations and the locality models; where `ess`'s assumed host memory would cap that batch, both batches are
-# shown and the binding limit named), sizes the batch adaptively (the batch and ratio that
+# at the paper's own (batch, ratio) pairs -- (13, 1.0), (40, 0.2), (54, 0.1) -- and at the ratio `ess`'s memory rule
+# gives each batch, naming the limit that binds (ess's KV budget, or its assumed host memory), each with a band over
+# the equally good calibrations, the part-batch evidence and the locality models; sizes the batch adaptively (the
+# batch and ratio that
 # maximise throughput, with and without a per-request speed floor), rebuilds the article's deployment benefits
 # (section 3.3: GPUs per task 8 -> 3, energy per token -58 %, sessions per node 1,200 -> 3,500) with every assumption
 # stated, and checks the article's section 1.2 claims (8-bit halves the cache; NVLink expansion adds 30 %+). It ends
@@ -60,31 +61,54 @@ limit128 = published("paper")["batch_limit_128k"]
 
 # %% [markdown]
 # ## The 128K rows of Table 2 (held back: predicted, with bands)
-# The paper keeps `batch x (indexer share + latent share x ratio)` equal to the no-offload KV budget at every ratio.
-# `ess` also assumes a host (a DGX H200 with 2 TB, 256 GB per GPU) whose memory must hold every request's whole
-# latent cache; where that caps the batch below the paper's rule, both batches are predicted: the row at the paper's
-# batch (its configuration; the host is then assumed large enough) and a `_host_capped` row at `ess`'s limit.
+# Each of the paper's rows is predicted at its own ratio (memory as the paper ran it; `limit_binds` names the limit
+# of `ess`'s memory model it exceeds: the KV budget, by a few per cent, or the host memory `ess` assumes, a DGX H200
+# with 2 TB, 256 GB per GPU, which must hold every request's whole latent cache) and at the largest ratio `ess`'s
+# rule gives the same batch (infeasible, with the limit named, where none does).
 
 # %%
 t128, frames128 = tsim.table2_bands(band, scenario=scenario, contexts=("128k",))
-display(t128[["row", "batch", "ratio", "batch_gpu_rule", "batch_host_limit", "limit_binds", "throughput",
-              "throughput_low", "throughput_high", "otps", "stall_ms", "misses_per_step", "gain_pct", "gain_pct_low",
-              "gain_pct_high", "throughput_no_miss", "gain_no_miss_pct", "status", "band_infeasible"]].round(3))
+display(t128[["row", "setting", "batch", "ratio", "kv_budget_use", "batch_gpu_rule", "batch_host_limit",
+              "limit_binds", "throughput", "throughput_low", "throughput_high", "otps", "stall_ms", "misses_per_step",
+              "gain_pct", "gain_pct_low", "gain_pct_high", "throughput_no_miss", "gain_no_miss_pct", "status",
+              "band_infeasible"]].round(3))
 for r in tsim.table2_128k_records(t128, sim_cfg):
     rec.record(**r)
-assert t128[t128.ratio == 1.0].batch.iloc[0] == limit128["value"]          # the paper's 128K limit (calibration data)
-assert (t128.status == "predicted").all() and (t128.band_infeasible == 0).all()
-main_rows = t128[~t128.row.str.endswith("_host_capped")]
-assert (main_rows.sort_values("ratio", ascending=False).batch.diff().dropna() >= 0).all()
-for _, r in t128[t128.row.str.endswith("_host_capped")].iterrows():        # the host binds: the capped batch is lower
-    assert r.batch == r.batch_host_limit < r.batch_gpu_rule, r
-rec.record("memory_rule_128k_batches", {f"ratio {r.ratio:g}": {"paper_rule": int(r.batch_gpu_rule),
-                                                                "host_limit": None if pd.isna(r.batch_host_limit)
-                                                                else int(r.batch_host_limit),
-                                                                "binds": r.limit_binds}
-                                        for _, r in main_rows.iterrows()}, "requests/GPU",
+paper_rows = t128[t128.setting == "paper"]
+assert paper_rows[paper_rows.ratio == 1.0].batch.iloc[0] == limit128["value"]     # the paper's 128K limit
+assert (paper_rows.status == "predicted").all() and (paper_rows.band_infeasible == 0).all()
+for _, r in t128[t128.status == "infeasible"].iterrows():                 # every infeasible row says which limit
+    assert r.setting == "ess" and "host memory" in r.limit_binds, r
+rec.record("memory_rule_128k_batches", {f"batch {r.batch} at ratio {r.ratio:g}": {
+               "kv_budget_use": None if pd.isna(r.kv_budget_use) else round(float(r.kv_budget_use), 4),
+               "gpu_limit": None if pd.isna(r.batch_gpu_rule) else int(r.batch_gpu_rule),
+               "host_limit": None if pd.isna(r.batch_host_limit) else int(r.batch_host_limit),
+               "binds": r.limit_binds or "none"} for _, r in paper_rows.iterrows()}, "requests/GPU",
            config={"context_len": limit128["context_len"], "deployment": "paper-table1", "host": dep.host},
-           note="the paper's KV-budget rule against ess's host-memory assumption, per ratio")
+           note="the paper's 128K rows against ess's memory limits (KV budget, assumed host memory)")
+
+# %% [markdown]
+# ### What moved since ess's earlier model
+# As in notebook 07: each earlier 128K prediction (then at the memory-rule batch of each ratio: 13, 39, 52) beside the
+# restated formulas, the part-batch costs and the paper's (batch, ratio).
+
+# %%
+from ess.sim import Scenario
+from ess.sim.calibrate import calibration_set
+from ess.sim.costs import CostParams
+
+off_params = calibration_set(scenario=Scenario(params=CostParams(part_batch="off")), **variant_fit).params
+moves = tsim.table2_moves(t128, misses, scenario=scenario, scenario_off=scenario.replace(params=off_params))
+moves = moves[moves.row.str.startswith("t2_128k")]
+display(moves.round(1))
+for _, r in moves.iterrows():
+    rec.record(f"moved_{r.row}", r.paper - r.before, "tokens/s per node",
+               config={"before": r.before, "before_row": r.before_row, "before_batch": r.before_batch,
+                       "before_ratio": r.before_ratio, "formulas_only": r.formulas, "part_batch_costs": r.part_batch,
+                       "ess_ratio": None if pd.isna(r.ess_ratio) else r.ess_ratio,
+                       "at_ess_ratio": None if pd.isna(r.ess) else r.ess, "paper_ratio": r.paper_ratio,
+                       "at_paper_ratio": r.paper, "off_params": off_params.to_dict(), **sim_cfg},
+               note=f"after (paper's batch and ratio) minus before; moved most by {r.moved_by}", status="computed")
 
 # %% [markdown]
 # ## The 128K claim
