@@ -6,6 +6,7 @@ what was checked.
 * :func:`integer` (and :func:`positive_int`, :func:`non_negative_int`): ``int`` and NumPy integers; ``bool`` and
   floats are refused, even when whole;
 * :func:`real` (and :func:`ratio`, :func:`fraction`): finite ``int``/``float``/NumPy numbers in a range;
+* :func:`boolean`: ``True`` or ``False`` (not ``1``, not ``"no"``);
 * :func:`one_of`: a value from a fixed set;
 * :func:`int_array`: a NumPy integer array of a given rank with values in a range;
 * :func:`number_array`: numbers or arrays of numbers (vectorised arguments), finite, optionally > 0 and whole;
@@ -23,7 +24,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-__all__ = ["integer", "positive_int", "non_negative_int", "real", "ratio", "fraction", "one_of", "int_array",
+__all__ = ["integer", "positive_int", "non_negative_int", "real", "ratio", "fraction", "boolean", "one_of", "int_array",
            "number_array", "float_array", "entries"]
 
 
@@ -89,6 +90,14 @@ def ratio(name: str, value: Any) -> float:
 def fraction(name: str, value: Any) -> float:
     """A share or probability: a number in [0, 1]."""
     return real(name, value, lo=0.0, hi=1.0)
+
+
+def boolean(name: str, value: Any) -> bool:
+    """``value`` when it is ``True`` or ``False`` (a Python or NumPy bool); a string such as ``"no"``, a number or
+    ``None`` is a ``TypeError`` (``bool("no")`` is ``True``)."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be True or False, got {_what(value)}")
+    return bool(value)
 
 
 def one_of(name: str, value: Any, choices: Iterable) -> Any:

@@ -5,6 +5,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+import torch
 from hypothesis import given, settings, strategies as st
 
 from ess import decode as D
@@ -89,8 +90,10 @@ def test_decode_step_checks_every_request_before_any_step(bad_at, kind):
 def test_decode_step_needs_the_cache_contract():
     rng = np.random.default_rng(13)
     lat, keys, qi, w, q = _decode_inputs(rng, TINY, 1, [50])
-    with pytest.raises(TypeError, match=r"cache must provide plan\(\), copy\(\), commit\(\), device_rows\(\)"):
-        D.decode_layer(SimpleNamespace(plan=None), 0, ["r"], qi, w, keys, q, TINY)
+    with pytest.raises(TypeError, match=r"cache must follow ess.decode.LatentCache \(entry_bytes, plan, copy, commit, "
+                                        r"dtype, device_pool\); SimpleNamespace has no entry_bytes, copy"):
+        D.decode_layer(SimpleNamespace(plan=None, commit=None, dtype="fp8", device_pool=None), 0, ["r"], qi, w, keys,
+                       q, TINY)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -98,16 +101,16 @@ def test_decode_step_needs_the_cache_contract():
 # ---------------------------------------------------------------------------------------------------------------
 
 class _ScatterCache:
-    """A minimal cache with the contract decode_layer uses (plan / copy / commit / device_rows) that scatters each
-    request's entries over random slots of its own block and evicts at random: the decode step must not depend on
-    where rows live."""
+    """A minimal cache with the contract decode_layer uses (ess.decode.LatentCache: plan / copy / commit, the entry
+    bytes, the layout and the device pool) that scatters each request's entries over random slots of its own block
+    and evicts at random: the decode step must not depend on where rows live."""
 
     dtype = "fp8"
 
     def __init__(self, capacity, entry_bytes, seed, max_requests=4):
         self.rng = np.random.default_rng(seed)
-        self.capacity = capacity
-        self.pool = np.zeros((max_requests * capacity, entry_bytes), np.uint8)
+        self.capacity, self.entry_bytes = capacity, entry_bytes
+        self.device_pool = torch.zeros((max_requests * capacity, entry_bytes), dtype=torch.uint8)
         self.where = {}                                                # (rid, layer, token) -> global slot
         self.host, self.base = {}, {}
 
@@ -139,20 +142,18 @@ class _ScatterCache:
                 where[key] = free[self.rng.integers(len(free))]
                 loads.append((key, where[key]))
             slots[j] = where[key]
-        return SimpleNamespace(request_id=rid, indices=indices, slots=slots, where=where, loads=loads)
+        return SimpleNamespace(request_id=rid, indices=indices, slots=slots, where=where, loads=loads,
+                               n_misses=len(loads))
 
     def copy(self, plan):
         for (rid, layer, t), s in plan.loads:
-            self.pool[s] = self.host[rid][layer, t]
+            self.device_pool[s] = torch.from_numpy(self.host[rid][layer, t])
 
     def commit(self, plan):
         self.where.update({k: s for k, s in plan.where.items() if k[0] == plan.request_id})
         for k in [k for k in self.where if k[0] == plan.request_id and k not in plan.where]:
             del self.where[k]
         return plan
-
-    def device_rows(self, slots):
-        return self.pool[slots]
 
 
 def _decode_inputs(rng, model, B, lens):

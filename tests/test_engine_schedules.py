@@ -5,6 +5,7 @@ import time
 
 import numpy as np
 import pytest
+import torch
 
 from ess.decode import run_layer
 from ess.link import EmulatedLink, SyncLink, make_link
@@ -52,7 +53,7 @@ class _Wiring:
 
     def new_entries(self):
         self.log.append("new entries")
-        return np.ones((len(self.rids), 10), np.uint8)
+        return torch.ones((len(self.rids), 10), dtype=torch.uint8)
 
 
 class _DeferredLink:
@@ -81,7 +82,7 @@ def _order(schedule, B=2):
     log = []
     wiring = _Wiring(log)
     wiring.rids = list(range(B))
-    staging = np.zeros((1, B, 10), np.uint8)
+    staging = torch.zeros((1, B, 10), dtype=torch.uint8)
     run_layer(_Cache(log), 0, list(range(B)), wiring, schedule=schedule, link=_DeferredLink(log), staging=staging)
     return log
 
@@ -115,7 +116,38 @@ def test_dual_batch_attention_needs_two_requests():
         _order("dba", B=1)
 
 
-def test_unknown_schedule_is_refused():
+def test_a_cache_or_a_wiring_that_breaks_the_contract_is_refused_before_anything_runs():
+    log = []
+    wiring = _Wiring(log)
+    wiring.rids = [0]
+
+    class NoCommit:
+        entry_bytes = 10
+
+        def plan(self, *a, **k):
+            log.append("plan")
+
+        def copy(self, plan):
+            pass
+    with pytest.raises(TypeError, match=r"cache must follow ess.decode.StepCache .* NoCommit has no commit"):
+        run_layer(NoCommit(), 0, [0], wiring)
+
+    class NoFinish:
+        def select(self, rows):
+            log.append("select")
+
+        def attend(self, plans, rows, part):
+            pass
+
+        def merge(self, rows):
+            pass
+
+        def new_entries(self):
+            return None
+    with pytest.raises(TypeError, match=r"wiring must follow ess.decode.Wiring .* NoFinish has no finish"):
+        run_layer(_Cache(log), 0, [0], NoFinish())
+    assert log == []                                                 # nothing ran
+
     with pytest.raises(ValueError, match="schedule"):
         _order("triple")
 
@@ -215,6 +247,12 @@ def test_an_attention_failure_during_a_copy_waits_for_it_then_commits_it():
 
         def attend(self, plans, rows, part):
             raise RuntimeError("injected: attention failed")
+
+        def merge(self, rows):
+            pass
+
+        def finish(self):
+            pass
 
         def new_entries(self):
             return None
