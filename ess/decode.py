@@ -28,7 +28,7 @@ and once per step, after the last layer, **write back** -- the staged new tokens
   D2H issued -> attend B1 (overlapping it) -> wait -> commit -> finish.
 
 :mod:`ess.sim.timeline` prices the same orders (:func:`ess.sim.timeline.overlap_overhead_s`), and
-:mod:`ess.engine.timing` checks the prices against these schedules run for real.
+:mod:`ess.engine.overlap_check` checks the prices against these schedules run for real.
 
 What a model does at each stage is its **wiring** (the :class:`Wiring` protocol: ``select(rows)``,
 ``attend(plans, rows, part)``, ``merge(rows)``, ``finish()``, ``new_entries()``). Two wirings exist:
@@ -174,9 +174,18 @@ def _protocol_members(protocol) -> list:
     return names
 
 
+_FOLLOWS: dict = {}          # (type, protocol) -> whether instances of the type follow it (checked once per type)
+
+
 def _check_protocol(name: str, value, protocol) -> None:
     """A ``TypeError`` naming ``name`` and what it lacks unless ``value`` follows ``protocol``."""
-    if not isinstance(value, protocol):
+    key = (type(value), protocol)
+    ok = _FOLLOWS.get(key)
+    if ok is None:
+        ok = isinstance(value, protocol)
+        if type(value).__module__ != "types":           # a SimpleNamespace's members vary from object to object
+            _FOLLOWS[key] = ok
+    if not ok:
         want = _protocol_members(protocol)
         missing = [m for m in want if not hasattr(value, m)]
         raise TypeError(f"{name} must follow ess.decode.{protocol.__name__} ({', '.join(want)}); "
@@ -233,6 +242,11 @@ def run_layer(cache, layer: int, request_ids: Sequence, wiring, *, schedule: str
     submitted = []
 
     def h2d(rows):
+        if not any(plans[r].n_misses for r in rows):   # nothing misses: nothing to copy, no job on the link
+            for r in rows:
+                copied[r] = True
+            return None
+
         def chunk(r):
             def fn():
                 cache.copy(plans[r])

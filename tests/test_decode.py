@@ -183,6 +183,10 @@ def test_decode_step_through_a_scattering_cache_is_bitwise_lossless(backend):
         assert (step.indices[2] >= 0).sum() == 40 and (step.indices[0] >= 0).all()
 
 
+def _never_read_back(*args):
+    raise AssertionError("a decode step copied device rows back to the host")
+
+
 @settings(max_examples=12, deadline=None)
 @given(ratio=st.floats(0.05, 1.0), policy=st.sampled_from(["lru", "fifo", "heat"]), B=st.integers(1, 3),
        backend=st.sampled_from(BACKENDS), seed=st.integers(0, 2 ** 16))
@@ -197,6 +201,7 @@ def test_decode_step_through_tiered_cache_is_bitwise_lossless(ratio, policy, B, 
     ids = [f"req{b}" for b in range(B)]
     for rid, e in zip(ids, lat):
         cache.add_request(rid, e)
+    cache.device_rows = _never_read_back                              # attention reads the device pool in place
     misses = 0
     for layer in rng.integers(0, TINY.n_layers, size=3):
         step = D.decode_layer(cache, int(layer), ids, qi, w, keys, q, TINY, backend=backend)
@@ -262,3 +267,26 @@ def test_write_back_checks_every_request_first_then_appends():
     assert D.write_back(cache, ["r0", "r1"], new) == [100, 90]
     np.testing.assert_array_equal(cache.host.entries("r1")[:, 90], new[1])
     assert cache.metrics.totals()["append"]["bytes_d2h"] == 2 * 4 * cache.entry_bytes
+
+
+@pytest.mark.cuda
+def test_decode_step_on_cuda_attends_over_the_device_pool_in_place(monkeypatch):
+    # DeepSeek's wiring with the device pool on the GPU: no row comes back to the host (device_rows is never
+    # called) and the result is bit for bit the all-resident attention on the GPU
+    rng = np.random.default_rng(17)
+    lens = [300, 190]
+    lat, keys, qi, w, q = _decode_inputs(rng, TINY, 2, lens)
+    cache = TieredCache(TINY, capacity=80, device="cuda")
+    for b, e in enumerate(lat):
+        cache.add_request(f"r{b}", e)
+    assert cache.device_pool.is_cuda
+    monkeypatch.setattr(cache, "device_rows", lambda *a: pytest.fail("a decode step read device rows back"))
+    misses = 0
+    for layer in (0, 1, 0):
+        step = D.decode_layer(cache, layer, ["r0", "r1"], qi, w, keys, q, TINY, backend="torch", device="cuda")
+        base = resident_attention(q, [e[layer] for e in lat], step.indices, TINY, backend="torch", device="cuda")
+        np.testing.assert_array_equal(step.out, base.out)
+        np.testing.assert_array_equal(step.lse, base.lse)
+        misses += sum(int(s.miss_pos.size) for s in step.steps)
+        qi = qi + rng.standard_normal(qi.shape) * 0.3
+    assert misses > 0

@@ -264,3 +264,18 @@ def test_an_attention_failure_during_a_copy_waits_for_it_then_commits_it():
     assert sorted(slots) == [2, 3, 10, 11]                           # the copy landed and was committed
     toks = np.fromiter(slots, np.int64)
     np.testing.assert_array_equal(cache.device_rows(np.fromiter(slots.values(), np.int64)), host[0][toks])
+
+
+@pytest.mark.cuda
+def test_cuda_stream_link_copies_on_its_stream_and_times_the_job():
+    # the CUDA-only remainder of the link: a D2H copy into pinned host memory enqueued on the copy stream; the wait
+    # makes the bytes visible to the host and records when the job crossed
+    from ess.link import CudaStreamLink
+    src = torch.arange(1 << 20, dtype=torch.uint8, device="cuda")
+    dst = torch.zeros(1 << 20, dtype=torch.uint8, pin_memory=True)
+    link = make_link(None, device="cuda")
+    assert isinstance(link, CudaStreamLink)
+    job = link.submit("d2h", 0, [(lambda: dst.copy_(src, non_blocking=True), src.numel())])
+    job.wait()
+    assert torch.equal(dst, src.cpu()) and job.end_s >= job.start_s and job.waited_s >= 0
+    assert link.busy_s() >= 0 and link.records == [job]

@@ -4,19 +4,19 @@ copied in while attention had started on the others (the DA schedule).
 
 Per request ``b`` the step reads ``K + 1`` **columns**: columns ``0 .. K - 1`` the selected cache entries in top-K
 order (position order; padding: empty columns at the end), column ``K`` the request's own new entry (computed this
-step, never read from the cache). Work per column is independent of every other column:
+step, never read from the cache). The work is the kernel family :mod:`ess.kernels.kv_attention`, per column
+independent of every other column:
 
-* :meth:`StepAttention.load` gathers entries from the device pool (any rows, any subset of columns) into their
-  columns of a work buffer and computes their scores ``q_h . k / sqrt(hd)`` with an element-wise product and a sum
-  over the head dimension, whose result for a column does not depend on which other columns are computed with it
-  (a matrix product's does: its blocking depends on the shape);
+* :meth:`StepAttention.load` scores entries where they lie in the device pool (any rows, any subset of columns):
+  ``q_h . k / sqrt(hd)`` per column, whose bits do not depend on which other columns are scored with it, and notes
+  each column's slot;
 * :meth:`StepAttention.combine` then, per request, the softmax over all ``K + 1`` columns and the weighted sum of
-  the values, always over the same shapes.
+  the values, read from their slots, always over the same shapes.
 
-So DA's "attention over the hits" is the hits' gather and scores, its "attention over the misses" the misses', and
-its merge the softmax and weighted sum over both; the serial schedule loads every column at once. The arithmetic
-is float32 and equals dense attention over the same entries to rounding (a test checks both). The same torch code
-runs on the CPU and on CUDA.
+So DA's "attention over the hits" is the hits' scores, its "attention over the misses" the misses', and its merge
+the softmax and weighted sum over both; the serial schedule scores every column at once. The arithmetic is float32
+and equals dense attention over the same entries to rounding (a test checks both). The same code runs on the CPU
+and on CUDA (``backend``: Numba reads a CPU pool in place; torch gathers on the pool's device).
 
 One :class:`StepAttention` serves a whole decode run (its buffers are allocated once and reused by every layer of
 every step: :meth:`StepAttention.begin` starts a layer).
@@ -28,11 +28,13 @@ import math
 import numpy as np
 import torch
 
+from ..kernels.kv_attention import combine_columns, score_columns
+
 __all__ = ["StepAttention"]
 
 
 class StepAttention:
-    """The attention work buffers of a decode run of ``batch`` requests reading up to ``width`` (K) entries each.
+    """The attention buffers of a decode run of ``batch`` requests reading up to ``width`` (K) entries each.
 
     Parameters
     ----------
@@ -41,56 +43,46 @@ class StepAttention:
     n_heads, n_kv_heads, head_dim : int
         H, Hkv, hd.
     device : torch device
+    backend : the kernels' backend (:func:`ess.kernels.resolve_backend`)
     """
 
-    def __init__(self, batch: int, width: int, n_heads: int, n_kv_heads: int, head_dim: int, device="cpu"):
-        B, K, H, Hkv, hd = batch, int(width), n_heads, n_kv_heads, head_dim
-        self.B, self.K, self.H, self.Hkv, self.hd, self.G = B, K, H, Hkv, hd, H // Hkv
-        self.scale = 1.0 / math.sqrt(hd)
-        self.device = torch.device(device)
-        # the gathered entries; columns past a request's valid entries are never written and stay zero (their
-        # weight is exactly 0), and a column that is valid once stays valid (contexts only grow)
-        self.kv = torch.zeros((B, K, 2, Hkv, hd), dtype=torch.float32, device=self.device)
+    def __init__(self, batch: int, width: int, n_heads: int, n_kv_heads: int, head_dim: int, device="cpu",
+                 backend: str = "auto"):
+        B, K, H = batch, int(width), n_heads
+        self.B, self.K, self.H, self.Hkv, self.hd, self.G = B, K, H, n_kv_heads, head_dim, H // n_kv_heads
+        self.scale = 1.0 / math.sqrt(head_dim)
+        self.device, self.backend = torch.device(device), backend
         self.scores = torch.empty((B, K + 1, H), dtype=torch.float32, device=self.device)
-        self.out = torch.empty((B, H, hd), dtype=torch.float32, device=self.device)
+        self.slots = torch.full((B, K), -1, dtype=torch.int64, device=self.device)      # each column's pool slot
+        self.out = torch.zeros((B, H, head_dim), dtype=torch.float32, device=self.device)
         self.q = self.own_v = None
 
-    def begin(self, q: torch.Tensor, k_own: torch.Tensor, v_own: torch.Tensor) -> None:
-        """Start one layer: the new token's queries ``q`` (B, H, hd) and its own key and value ``k_own``, ``v_own``
-        (B, Hkv, hd); every cache column unscored (``-inf``) until :meth:`load` scores it."""
-        self.q = q
-        self.own_v = v_own
+    def begin(self, q: torch.Tensor, k_own: torch.Tensor, v_own: torch.Tensor, pool: torch.Tensor) -> None:
+        """Start one layer: the new token's queries ``q`` (B, H, hd), its own key and value ``k_own``, ``v_own``
+        (B, Hkv, hd), and the layer's device pool seen as ``(slots, 2, Hkv, hd)`` float32 (a view of its bytes,
+        read in place); every cache column empty (``-inf``, no slot) until :meth:`load` scores it."""
+        self.q, self.own_v, self.pool = q.contiguous(), v_own.contiguous(), pool
         self.scores.fill_(-math.inf)
-        self.scores[:, self.K] = self._score(q, k_own)
+        self.slots.fill_(-1)
+        qg = self.q.view(-1, self.Hkv, self.G, self.hd)
+        self.scores[:, self.K] = (qg * k_own[:, :, None, :]).sum(-1).view(-1, self.H) * self.scale
 
-    def _score(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-        """Scores (n, H) of n keys ``k`` (n, Hkv, hd) for the queries ``q`` (n, H, hd): a product and a sum over hd
-        per column (the same bits whatever else is computed with it)."""
-        qg = q.view(-1, self.Hkv, self.G, self.hd)                                        # (n, Hkv, G, hd)
-        return (qg * k[:, :, None, :]).sum(-1).view(-1, self.H) * self.scale            # (n, H)
+    def _index(self, a) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(a, np.int64)).to(self.device)
 
-    def load(self, b: np.ndarray, cols: np.ndarray, pool: torch.Tensor, rows: np.ndarray) -> None:
-        """Gather the entries ``pool[rows]`` into columns ``cols`` of requests ``b`` and score them.
-
-        ``pool`` the device pool seen as ``(slots, 2, Hkv, hd)`` float32 (a view of its bytes); ``b``, ``cols``,
-        ``rows`` (n,) int arrays; ``cols`` in ``0 .. K - 1``."""
+    def load(self, b: np.ndarray, cols: np.ndarray, rows: np.ndarray) -> None:
+        """Score the entries in pool slots ``rows`` in columns ``cols`` of requests ``b`` (``(n,)`` int arrays;
+        ``cols`` in ``0 .. K - 1``)."""
         if len(rows) == 0:
             return
-        dev = self.device
-        rows_t = torch.from_numpy(np.ascontiguousarray(rows, np.int64)).to(dev)
-        b_t = torch.from_numpy(np.ascontiguousarray(b, np.int64)).to(dev)
-        cols_t = torch.from_numpy(np.ascontiguousarray(cols, np.int64)).to(dev)
-        kv = pool.index_select(0, rows_t)                                                   # (n, 2, Hkv, hd)
-        self.kv[b_t, cols_t] = kv
-        self.scores[b_t, cols_t] = self._score(self.q.index_select(0, b_t), kv[:, 0])      # (n, H)
+        b_t, cols_t, rows_t = self._index(b), self._index(cols), self._index(rows)
+        self.slots[b_t, cols_t] = rows_t
+        score_columns(self.q, self.pool, b_t, cols_t, rows_t, self.scale, self.scores, backend=self.backend)
 
     def combine(self, rows) -> None:
         """Softmax over all columns and the weighted sum of the values, for each request in ``rows``."""
-        for b in np.asarray(rows, np.int64).tolist():
-            p = torch.softmax(self.scores[b], dim=0)                                        # (K+1, H)
-            p = p.T.reshape(self.Hkv, self.G, self.K + 1)                                   # (Hkv, G, K+1)
-            v = torch.cat([self.kv[b, :, 1], self.own_v[b, None]], 0).transpose(0, 1)       # (Hkv, K+1, hd)
-            self.out[b] = torch.matmul(p, v).reshape(self.H, self.hd)
+        combine_columns(self.scores, self.pool, self.slots, self.own_v, self._index(rows), self.out,
+                        backend=self.backend)
 
     def output(self) -> torch.Tensor:
         """(B, H, 1, hd): what :meth:`ess.llm.LlamaModel.attention_output` takes."""

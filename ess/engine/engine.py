@@ -48,7 +48,7 @@ from .kv import kv_entries, kv_entry_format, kv_view
 from .wiring import KVWiring
 
 __all__ = ["TOPK_DIVISOR", "WARMUP_WINDOWS", "default_topk", "Prefilled", "DecodeRun", "DecodeEngine",
-           "DecodeSession"]
+           "DecodeSession", "DenseSession"]
 
 
 @dataclass
@@ -304,49 +304,112 @@ class DecodeEngine:
                 "output_meaningful": end <= self.trained_context_length}
 
     # -- the dense baseline ---------------------------------------------------------------------------------------
+    def start_dense(self, pre: Prefilled, steps: int, *, feed=None, keep_logits: bool = False,
+                    clock: str = "wall") -> "DenseSession":
+        """A session of the model's own dense decoding from the same prefill (needs ``keep_dense=True`` at
+        prefill): every step attends over every cached token; :meth:`decode_dense` runs it to the end."""
+        return DenseSession(self, pre, steps, feed=feed, keep_logits=keep_logits, clock=clock)
+
     def decode_dense(self, pre: Prefilled, steps: int, *, feed=None, keep_logits: bool = False,
                      clock: str = "wall") -> DecodeRun:
-        """The model's own dense decoding from the same prefill (needs ``keep_dense=True`` at prefill): every step
-        attends over every cached token. Same outputs as :meth:`decode` (no cache metrics); ``clock`` as there."""
+        """The model's own dense decoding (:meth:`start_dense`) to the end. Same outputs as :meth:`decode` (no cache
+        metrics); ``clock`` as there."""
+        session = self.start_dense(pre, steps, feed=feed, keep_logits=keep_logits, clock=clock)
+        while not session.done:
+            session.step()
+        return session.close()
+
+
+class _Session:
+    """What a dense and a sparse decode run in progress share: the tokens (greedy or fed), the kept logits and
+    log-probabilities, the step metrics and the step loop (:meth:`step` times :meth:`_decode_step`)."""
+
+    def _begin(self, engine: DecodeEngine, pre: Prefilled, steps: int, feed, keep_logits: bool, clock: str):
+        self.engine, self.steps, self.B = engine, steps, pre.batch
+        self.feed = engine._feed(feed, pre.batch, steps)
+        self.clock = CLOCKS[validate.one_of("clock", clock, tuple(CLOCKS))]
+        self.tokens = np.zeros((pre.batch, steps + 1), np.int64)
+        self.tokens[:, 0] = (self.feed[:, 0] if self.feed is not None
+                             else torch.argmax(pre.first_logits, -1).cpu().numpy())
+        self.logits_kept = [] if keep_logits else None
+        self.logprobs = np.zeros((pre.batch, steps)) if self.feed is not None else None
+        self.log = DecodeMetricsLog()
+        self.context_len = max(pre.lengths)
+        self.t = 0
+        self._run = None
+
+    @property
+    def done(self) -> bool:
+        return self.t >= self.steps
+
+    def step(self) -> DecodeStepMetrics:
+        """Decode the next token of every request; returns (and logs) the step's metrics."""
+        if self.done:
+            raise RuntimeError(f"the session has decoded its {self.steps} steps")
+        t, B = self.t, self.B
+        self.timer.step = t
+        t0 = self.clock()
+        with torch.no_grad():
+            logits = self._decode_step(self.tokens[:, t])                                # (B, V)
+        step_s = self.clock() - t0
+        nxt = self.feed[:, t + 1] if self.feed is not None else torch.argmax(logits, dim=-1).cpu().numpy()
+        self.tokens[:, t + 1] = nxt
+        if self.logits_kept is not None:
+            self.logits_kept.append(logits.cpu())
+        if self.logprobs is not None:
+            lp = torch.log_softmax(logits.double(), dim=-1).cpu()
+            self.logprobs[:, t] = lp[torch.arange(B), torch.as_tensor(nxt)].numpy()
+        rec = self._metrics(t, step_s)
+        self.t += 1
+        self.log.add(rec)
+        return rec
+
+    def _run_record(self, link_records, cache_metrics, trace, hits=None, misses=None) -> DecodeRun:
+        n = self.t
+        logits = torch.stack(self.logits_kept, dim=1) if self.logits_kept else None
+        return DecodeRun(self.tokens[:, :n + 1], logits, None if self.logprobs is None else self.logprobs[:, :n],
+                         self.log, self.timer, link_records, cache_metrics, trace, {**self.config, "steps": n},
+                         hits, misses)
+
+
+class DenseSession(_Session):
+    """One dense decode run in progress (:meth:`DecodeEngine.start_dense`): :meth:`step` decodes the next token of
+    every request over the whole dense K/V cache (a copy of the prefill's), :meth:`close` returns the
+    :class:`DecodeRun`."""
+
+    def __init__(self, engine: DecodeEngine, pre: Prefilled, steps: int, *, feed=None, keep_logits: bool = False,
+                 clock: str = "wall"):
         if not isinstance(pre, Prefilled):
             raise TypeError(f"pre must be a Prefilled (DecodeEngine.prefill), got {type(pre).__name__}")
         if pre.dense_cache is None:
             raise ValueError("this prefill kept no dense cache: prefill with keep_dense=True")
         steps = validate.positive_int("steps", steps)
         keep_logits = validate.boolean("keep_logits", keep_logits)
-        B = pre.batch
         if max(pre.lengths) + steps > pre.dense_cache.capacity:
             raise ValueError(f"the dense cache holds {pre.dense_cache.capacity} tokens per request, fewer than the "
                              f"longest prompt ({max(pre.lengths)}) + steps ({steps})")
-        feed = self._feed(feed, B, steps)
-        tick = CLOCKS[validate.one_of("clock", clock, tuple(CLOCKS))]
-        cache = _clone_cache(pre.dense_cache)
-        tokens = np.zeros((B, steps + 1), np.int64)
-        tokens[:, 0] = feed[:, 0] if feed is not None else torch.argmax(pre.first_logits, -1).cpu().numpy()
-        kept, logprobs = ([] if keep_logits else None), (np.zeros((B, steps)) if feed is not None else None)
-        log, timer = DecodeMetricsLog(), OpTimer(clock=tick)
-        with torch.no_grad():
-            for t in range(steps):
-                timer.step = t
-                t0 = tick()
-                with timer.span("dense_step"):
-                    logits = self.model.decode(tokens[:, t].tolist(), cache)
-                step_s = tick() - t0
-                nxt = feed[:, t + 1] if feed is not None else torch.argmax(logits, -1).cpu().numpy()
-                tokens[:, t + 1] = nxt
-                if kept is not None:
-                    kept.append(logits.cpu())
-                if logprobs is not None:
-                    lp = torch.log_softmax(logits.double(), -1).cpu()
-                    logprobs[:, t] = lp[torch.arange(B), torch.as_tensor(nxt)].numpy()
-                log.add(DecodeStepMetrics(t, step_s, 0.0, 0.0, 0, 0, (), (), schedule="dense", batch=B,
-                                          context_len=max(pre.lengths) + t))
-        return DecodeRun(tokens, torch.stack(kept, 1) if kept is not None else None, logprobs, log, timer, [],
-                         None, None, {"mode": "dense", "batch": B, "context_len": max(pre.lengths), "steps": steps,
-                                      "clock": clock, "device": self.device, **self._run_facts(pre, steps)})
+        self._begin(engine, pre, steps, feed, keep_logits, clock)
+        self.timer = OpTimer(clock=self.clock)
+        self.cache = _clone_cache(pre.dense_cache)
+        self.config = {"mode": "dense", "batch": self.B, "context_len": self.context_len, "steps": steps,
+                       "clock": clock, "device": engine.device, **engine._run_facts(pre, steps)}
+
+    def _decode_step(self, tokens: np.ndarray) -> torch.Tensor:
+        with self.timer.span("dense_step"):
+            return self.engine.model.decode(tokens.tolist(), self.cache)
+
+    def _metrics(self, t: int, step_s: float) -> DecodeStepMetrics:
+        return DecodeStepMetrics(t, step_s, 0.0, 0.0, 0, 0, (), (), schedule="dense", batch=self.B,
+                                 context_len=self.context_len + t)
+
+    def close(self) -> DecodeRun:
+        """The run so far (idempotent)."""
+        if self._run is None:
+            self._run = self._run_record([], None, None)
+        return self._run
 
 
-class DecodeSession:
+class DecodeSession(_Session):
     """One sparse decode run in progress (:meth:`DecodeEngine.start`): its caches, link, timer and metrics.
     :meth:`step` decodes the next token of every request; :meth:`close` stops the link and returns the
     :class:`DecodeRun` (also after an error, with the steps done)."""
@@ -365,11 +428,11 @@ class DecodeSession:
                              f"{c.context_length} tokens")
         K = default_topk(L) if cfg.topk is None else cfg.topk
         capacity = pool_slots(engine.format, cfg.ratio, L, need=min(K, L)) if cfg.offload else None
-        feed = engine._feed(feed, B, steps)
         if on_step is not None and not callable(on_step):
             raise TypeError(f"on_step must be callable, got {type(on_step).__name__}")
+        self._begin(engine, pre, steps, feed, cfg.keep_logits, cfg.clock)
 
-        self.engine, self.cfg, self.steps, self.topk, self.recorder = engine, cfg, steps, K, recorder
+        self.cfg, self.topk, self.recorder = cfg, K, recorder
         self.offload = cfg.offload
         self.schedule = cfg.schedule if cfg.offload else "none"
         self.rids = list(range(B))
@@ -397,25 +460,18 @@ class DecodeSession:
                 recorder.observe_windows(layer, np.stack([w[layer] for w in wins]))
         self.cache, self.indexer = cache, indexer
         self.pool = kv_view(cache.device_pool, c.n_kv_heads, c.head_dim)                # read in place
-        self.att = StepAttention(B, K, c.n_heads, c.n_kv_heads, c.head_dim, device=dev)
+        self.att = StepAttention(B, K, c.n_heads, c.n_kv_heads, c.head_dim, device=dev, backend=cfg.backend)
         self.link = (make_link(cfg.link_GB_per_s, device=dev, emulate=cfg.emulate_link, clock=cfg.clock)
                      if cfg.offload else SyncLink())
         # the D2H copies of the new tokens' entries land here, one row per layer (pinned for a CUDA device)
         self.staging = torch.zeros((c.n_layers, B, engine.format.entry_bytes), dtype=torch.uint8,
                                    pin_memory=engine.model.device.type == "cuda")
-        self.clock = CLOCKS[cfg.clock]
         self.timer = OpTimer(cfg.timing, clock=self.clock)
-        self.log = DecodeMetricsLog()
         if on_step is not None:
             self.log.subscribe(on_step)
-        self.feed = feed
-        self.tokens = np.zeros((B, steps + 1), np.int64)
-        self.tokens[:, 0] = feed[:, 0] if feed is not None else torch.argmax(pre.first_logits, -1).cpu().numpy()
-        self.logits_kept = [] if cfg.keep_logits else None
-        self.logprobs = np.zeros((B, steps)) if feed is not None else None
         self.hits = np.zeros((steps, c.n_layers, B), np.int64)
         self.misses = np.zeros((steps, c.n_layers, B), np.int64)
-        self.context_len = L
+        self._step_counts = None
         self.config = {**cfg.to_dict(), "mode": "offload" if cfg.offload else "resident", "batch": B,
                        "context_len": L, "prompt_lens": list(pre.lengths), "steps": steps,
                        "entry_bytes": engine.format.entry_bytes, "topk": K,
@@ -423,44 +479,22 @@ class DecodeSession:
                        "schedule": self.schedule, "link_GB_per_s": cfg.link_GB_per_s if cfg.offload else None,
                        "link": self.link.name, "warmup": cfg.warmup and cfg.offload, "device": dev,
                        **engine._run_facts(pre, steps)}
-        self.t = 0
-        self._run = None
 
-    @property
-    def done(self) -> bool:
-        return self.t >= self.steps
-
-    def step(self) -> DecodeStepMetrics:
-        """Decode the next token of every request; returns (and logs) the step's metrics."""
-        if self.done:
-            raise RuntimeError(f"the session has decoded its {self.steps} steps")
-        t, B, E, nl = self.t, len(self.rids), self.engine.format.entry_bytes, self.engine.config.n_layers
-        self.timer.step = t
-        n_link = len(self.link.records)
-        t0 = self.clock()
-        with torch.no_grad():
-            logits, hits, misses, stall = self._decode_step(self.tokens[:, t])
-        step_s = self.clock() - t0
-        nxt = self.feed[:, t + 1] if self.feed is not None else torch.argmax(logits, dim=-1).cpu().numpy()
-        self.tokens[:, t + 1] = nxt
-        if self.logits_kept is not None:
-            self.logits_kept.append(logits.cpu())
-        if self.logprobs is not None:
-            lp = torch.log_softmax(logits.double(), dim=-1).cpu()
-            self.logprobs[:, t] = lp[torch.arange(B), torch.as_tensor(nxt)].numpy()
+    def _metrics(self, t: int, step_s: float) -> DecodeStepMetrics:
+        hits, misses, stall, n_link = self._step_counts
         self.hits[t], self.misses[t] = hits, misses
-        rec = DecodeStepMetrics(t, step_s, stall, self.link.busy_s(n_link) if self.offload else 0.0,
-                                int(misses.sum()) * E, B * nl * E if self.offload else 0,
-                                tuple(hits.sum(1).tolist()), tuple(misses.sum(1).tolist()),
-                                schedule=self.schedule, batch=B, context_len=self.context_len + t)
-        self.t += 1
-        self.log.add(rec)
-        return rec
+        E, nl, B = self.engine.format.entry_bytes, self.engine.config.n_layers, self.B
+        return DecodeStepMetrics(t, step_s, stall, self.link.busy_s(n_link) if self.offload else 0.0,
+                                 int(misses.sum()) * E, B * nl * E if self.offload else 0,
+                                 tuple(hits.sum(1).tolist()), tuple(misses.sum(1).tolist()),
+                                 schedule=self.schedule, batch=B, context_len=self.context_len + t)
 
-    def _decode_step(self, tokens: np.ndarray):
+    def _decode_step(self, tokens: np.ndarray) -> torch.Tensor:
         """One decode step of the batch: every layer through :func:`ess.decode.run_layer`, the logits, the
-        write-back and the new indexer keys. Returns (logits (B, V), hits, misses (n_layers, B), stall seconds)."""
+        write-back and the new indexer keys. Returns the logits (B, V); keeps the step's hits and misses
+        (n_layers, B), its stall and where its link jobs start for :meth:`_metrics`."""
         model, c, timer, rids = self.engine.model, self.engine.config, self.timer, self.rids
+        n_link = len(self.link.records)
         B, dev = len(rids), model.device
         with timer.span("embed"):
             h = model.embed(torch.as_tensor(tokens, device=dev)[:, None])                # (B, 1, D)
@@ -496,19 +530,16 @@ class DecodeSession:
             self.indexer.append_tokens(rids, new_keys)
         if self.recorder is not None:
             self.recorder.end_step()
-        return logits, hits, misses, stall
+        self._step_counts = (hits, misses, stall, n_link)
+        return logits
 
     def close(self) -> DecodeRun:
         """Stop the link; the run so far (idempotent)."""
         if self._run is None:
             self.link.close()
-            n = self.t
-            trace = self.recorder.to_trace() if self.recorder is not None and n else None
-            logits = torch.stack(self.logits_kept, dim=1) if self.logits_kept else None
-            self._run = DecodeRun(self.tokens[:, :n + 1], logits,
-                                  None if self.logprobs is None else self.logprobs[:, :n], self.log, self.timer,
-                                  [_job_record(j) for j in self.link.records], self.cache.metrics, trace,
-                                  {**self.config, "steps": n}, self.hits[:n], self.misses[:n])
+            trace = self.recorder.to_trace() if self.recorder is not None and self.t else None
+            self._run = self._run_record([_job_record(j) for j in self.link.records], self.cache.metrics, trace,
+                                         self.hits[:self.t], self.misses[:self.t])
         return self._run
 
 

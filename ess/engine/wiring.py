@@ -59,7 +59,7 @@ class KVWiring:
         self.indexer, self.topk, self.pool, self.backend = indexer, int(topk), pool, backend
         self.q = q[:, :, 0].contiguous()                                              # (B, H, hd)
         self.att = att
-        att.begin(self.q, k[:, :, 0], v[:, :, 0])
+        att.begin(self.q, k[:, :, 0], v[:, :, 0], pool)
         self._k, self._v = k, v
         self.hidden_out = None
 
@@ -73,8 +73,8 @@ class KVWiring:
         return idx.cpu().numpy(), picked.cpu().numpy().astype(np.float64)
 
     def attend(self, plans, rows, part):
-        """Gather the ``part`` (``"all"``, ``"hits"``, ``"misses"``) of each plan's entries from the device pool
-        into the attention's columns (a selected entry at top-K position ``j`` goes to column ``j``)."""
+        """Score the ``part`` (``"all"``, ``"hits"``, ``"misses"``) of each plan's entries where they lie in the
+        device pool, in the attention's columns (a selected entry at top-K position ``j`` is column ``j``)."""
         bs, cols, slots = [], [], []
         for plan, r in zip(plans, np.asarray(rows).tolist()):
             if part == "all":
@@ -84,7 +84,7 @@ class KVWiring:
             bs.append(np.full(pos.size, r, np.int64))
             cols.append(pos)
             slots.append(np.asarray(plan.slots)[pos])
-        self.att.load(np.concatenate(bs), np.concatenate(cols), self.pool, np.concatenate(slots))
+        self.att.load(np.concatenate(bs), np.concatenate(cols), np.concatenate(slots))
 
     def merge(self, rows):
         self.att.combine(rows)

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import functools
 import importlib
+import threading
 
 __all__ = ["BACKENDS", "resolve_backend", "cuda_available", "is_tensor", "device_of", "as_kernel_array",
-           "family_module"]
+           "family_module", "scratch"]
 
 BACKENDS = ("reference", "numba", "torch")
 
@@ -76,3 +77,24 @@ def family_module(family: str, backend: str):
     """The kernel module of family ``family`` (a package name, e.g. ``"ess.kernels.topk"``) for a resolved backend
     name (``"reference"``, ``"numba"`` or ``"torch"``)."""
     return importlib.import_module(f"{family}.{_FILES[backend]}")
+
+
+_LOCAL = threading.local()      # per-thread scratch buffers: two threads never share one
+
+
+def scratch(name: str, shape: tuple, dtype=None):
+    """A NumPy scratch buffer of ``shape`` for kernel ``name``, reused by later calls **of the same thread** (a fresh
+    buffer of a few hundred KB per call costs its page faults every time; ``benchmarks/README.md`` has the
+    measurement). Each thread has its own (``threading.local``), so concurrent callers never overwrite each other's
+    data; the buffer grows to the largest size asked for and is handed out as a view of the shape asked for.
+    Contents are undefined: a kernel overwrites what it reads."""
+    import numpy as np
+    dtype = np.dtype(np.float32 if dtype is None else dtype)
+    size = int(np.prod(shape))
+    bufs = getattr(_LOCAL, "buffers", None)
+    if bufs is None:
+        bufs = _LOCAL.buffers = {}
+    buf = bufs.get((name, dtype.str))
+    if buf is None or buf.size < size:
+        buf = bufs[(name, dtype.str)] = np.empty(max(size, 1), dtype)
+    return buf[:size].reshape(shape)

@@ -21,6 +21,8 @@ import numpy as np
 from numba import njit, types
 from numba.extending import intrinsic
 
+from .. import scratch
+
 __all__ = ["indexer_scores"]
 
 # reassociation (vectorised sums), contraction (FMA), approximate functions; NaN and inf keep their meaning
@@ -41,13 +43,23 @@ def _bits_as_f32(typingctx, bits):
     return sig, codegen
 
 
-@njit(fastmath=_FAST, inline="always")
-def _fp8(code):
-    """The value of one FP8 e4m3 byte, exactly (NaN for 0x7f / 0xff)."""
-    c = np.int32(code)
-    v = _bits_as_f32(((c & np.int32(0x7F)) << np.int32(20)) | ((c & np.int32(0x80)) << np.int32(24)))
-    v = v * np.float32(2.0 ** 120)
-    return v if (c & np.int32(0x7F)) != np.int32(0x7F) else np.float32(np.nan)
+@intrinsic
+def _fp8(typingctx, code):
+    """The value of one FP8 e4m3 byte, exactly (NaN for 0x7f / 0xff), in 32-bit integer arithmetic (written in
+    LLVM IR: Numba would widen the integer operations to 64 bits, halving the vector lanes)."""
+    sig = types.float32(types.uint8)
+
+    def codegen(context, builder, signature, args):
+        from llvmlite import ir
+        i32, f32 = ir.IntType(32), ir.FloatType()
+        c = builder.zext(args[0], i32)
+        mag = builder.and_(c, ir.Constant(i32, 0x7F))
+        sign = builder.shl(builder.and_(c, ir.Constant(i32, 0x80)), ir.Constant(i32, 24))
+        bits = builder.or_(builder.shl(mag, ir.Constant(i32, 20)), sign)
+        value = builder.fmul(builder.bitcast(bits, f32), ir.Constant(f32, 2.0 ** 120))
+        nan = builder.icmp_unsigned("==", mag, ir.Constant(i32, 0x7F))
+        return builder.select(nan, ir.Constant(f32, float("nan")), value)
+    return sig, codegen
 
 
 @njit(fastmath=_FAST, inline="always")
@@ -66,6 +78,24 @@ def _exp_nonpositive(x):
     return p * _bits_as_f32((np.int32(m) + np.int32(127)) << np.int32(23))     # times 2**m
 
 
+@njit(fastmath=_FAST, inline="always")
+def _logits(qb, key, f, logits, s, mx, g, G, hd):
+    """The logits of token ``s`` for the G query heads of KV head ``g`` (key widened in ``key``), their maxima."""
+    nan = False
+    for j in range(G):
+        h = g * G + j
+        acc = np.float32(0.0)
+        for d in range(hd):
+            acc += qb[h, d] * key[g * hd + d]
+        x = acc * f
+        logits[h, s] = x
+        if x > mx[h]:
+            mx[h] = x
+        elif x != x:
+            nan = True
+    return nan
+
+
 @njit(fastmath=_FAST, nogil=True, cache=True, error_model="numpy")
 def _scores(q, codes, scales, lengths, inv_sqrt, logits, out):
     B, H, hd = q.shape
@@ -73,7 +103,8 @@ def _scores(q, codes, scales, lengths, inv_sqrt, logits, out):
     Hkv = scales.shape[2]
     G = H // Hkv
     D = Hkv * hd
-    key = np.empty(D, np.float32)                    # one token's keys, widened (stays in L1)
+    key0 = np.empty(D, np.float32)                    # two tokens' keys, widened (they stay in L1)
+    key1 = np.empty(D, np.float32)
     mx = np.empty(H, np.float32)
     for b in range(B):
         n = min(lengths[b], L)
@@ -82,23 +113,36 @@ def _scores(q, codes, scales, lengths, inv_sqrt, logits, out):
         for h in range(H):
             mx[h] = -np.inf
         nan = False
-        for s in range(n):
-            row = codes[b, s]
+        for s in range(0, n, 2):                      # two tokens at a time: each q value loaded feeds two FMAs
+            two = s + 1 < n
+            r0 = codes[b, s]
+            r1 = codes[b, s + 1 if two else s]
             for d in range(D):
-                key[d] = _fp8(row[d])
+                key0[d] = _fp8(r0[d])
+                key1[d] = _fp8(r1[d])
             for g in range(Hkv):
-                f = scales[b, s, g] * inv_sqrt
+                f0 = scales[b, s, g] * inv_sqrt
+                if not two:
+                    nan |= _logits(qb, key0, f0, logits, s, mx, g, G, hd)
+                    continue
+                f1 = scales[b, s + 1, g] * inv_sqrt
                 for j in range(G):
                     h = g * G + j
-                    acc = np.float32(0.0)
+                    a0 = np.float32(0.0)
+                    a1 = np.float32(0.0)
                     for d in range(hd):
-                        acc += qb[h, d] * key[g * hd + d]
-                    x = acc * f
-                    logits[h, s] = x
-                    if x > mx[h]:
-                        mx[h] = x
-                    elif x != x:                     # a NaN byte: the request's scores are NaN, as in the reference
-                        nan = True
+                        x = qb[h, d]
+                        a0 += x * key0[g * hd + d]
+                        a1 += x * key1[g * hd + d]
+                    x0 = a0 * f0
+                    x1 = a1 * f1
+                    logits[h, s] = x0
+                    logits[h, s + 1] = x1
+                    for x in (x0, x1):
+                        if x > mx[h]:
+                            mx[h] = x
+                        elif x != x:
+                            nan = True
         for s in range(n):
             ob[s] = 0.0
         for h in range(H if n > 0 else 0):           # softmax over the tokens, summed over the heads
@@ -112,7 +156,7 @@ def _scores(q, codes, scales, lengths, inv_sqrt, logits, out):
             inv = np.float32(1.0) / z
             for s in range(n):
                 ob[s] += lh[s] * inv
-        if nan:
+        if nan:                                      # a NaN byte: the request's scores are NaN, as in the reference
             for s in range(n):
                 ob[s] = np.nan
         for s in range(n, L):
@@ -122,5 +166,5 @@ def _scores(q, codes, scales, lengths, inv_sqrt, logits, out):
 def indexer_scores(q, codes, scales, lengths, out) -> None:
     """Shapes as in :mod:`.reference` (C-contiguous NumPy arrays, checked by the public wrapper)."""
     H, L = q.shape[1], codes.shape[1]
-    logits = np.empty((H, L), np.float32)             # per-head logits, then their exponentials (scratch)
+    logits = scratch("gqa_indexer_logits", (H, L))    # per-head logits, then their exponentials
     _scores(q, codes, scales, lengths, np.float32(1.0 / np.sqrt(q.shape[2])), logits, out)

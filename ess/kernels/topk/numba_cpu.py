@@ -6,6 +6,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from .. import scratch
+
 __all__ = ["topk_positions"]
 
 
@@ -43,4 +45,4 @@ def _topk(scores, k, neg, out):
 
 
 def topk_positions(scores, k, out) -> None:
-    _topk(scores, k, np.empty(scores.shape[1], scores.dtype), out)
+    _topk(scores, k, scratch("topk_negated", (scores.shape[1],), scores.dtype), out)
