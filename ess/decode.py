@@ -257,8 +257,10 @@ def run_layer(cache, layer: int, request_ids: Sequence, wiring, *, schedule: str
         return job
 
     def d2h():
+        if staging is None:
+            return None
         entries = wiring.new_entries()
-        if entries is None or staging is None:
+        if entries is None:
             return None
         def fn():
             staging[layer].copy_(entries, non_blocking=True)       # device -> host (pinned: asynchronous on CUDA)

@@ -163,3 +163,24 @@ def test_the_engine_needs_a_float32_llama_model():
     m = LlamaModel(LlamaWeights.random(SMALL), SMALL, dtype=torch.float64)
     with pytest.raises(ValueError, match="float32"):
         DecodeEngine(m)
+
+
+def test_past_the_trained_context_is_explicit_and_recorded(tmp_path):
+    import torch
+    from ess.llm import LlamaModel, LlamaWeights, load_model
+    good = tmp_path / "tiny.gguf"
+    write_tiny_gguf(good)
+    plain = load_model(good, cache_dir=None)
+    longer = load_model(good, cache_dir=None, extrapolate_context_to=4 * plain.config.context_length)
+    assert longer.config.context_length == 4 * plain.config.context_length
+    assert longer.model.trained_context_length == plain.config.context_length == plain.model.trained_context_length
+    with pytest.raises(ValueError, match="extrapolate_context_to must be a positive integer"):
+        load_model(good, cache_dir=None, extrapolate_context_to=0)
+    # an engine whose model was trained on 100 tokens, run to 130: the run says its output is not meaningful
+    eng = DecodeEngine(LlamaModel(LlamaWeights.random(SMALL), SMALL, dtype=torch.float32,
+                                  trained_context_length=100))
+    pre = eng.prefill(prompts([120]), max_new_tokens=10)
+    run = eng.decode(pre, 2, offload=False)
+    assert run.config["trained_context"] == 100 and run.config["output_meaningful"] is False
+    pre = eng.prefill(prompts([90]), max_new_tokens=10)
+    assert eng.decode(pre, 2, offload=False).config["output_meaningful"] is True

@@ -27,10 +27,10 @@ def _all(q, pool, own_v, slots, backend, split=1):
     """Score every valid column (in ``split`` calls, columns dealt round robin), then combine every request."""
     B, K = slots.shape
     H = q.shape[1]
-    scores = np.full((B, K + 1, H), -np.inf, np.float32)
+    scores = np.full((B, H, K + 1), -np.inf, np.float32)
     scale = 1 / math.sqrt(q.shape[2])
     own = np.einsum("bgjd,bgd->bgj", q.reshape(B, pool.shape[2], -1, q.shape[2]), own_v)  # any own score
-    scores[:, K] = (own.reshape(B, H) * scale).astype(np.float32)
+    scores[:, :, K] = (own.reshape(B, H) * scale).astype(np.float32)
     b, c = np.nonzero(slots >= 0)
     for part in range(split):
         pick = np.arange(part, b.size, split)
@@ -75,12 +75,12 @@ def test_the_combination_is_dense_attention_over_the_columns():
     q, pool, own_v, slots = _case(rng, 2, 6, 4, 2, 8, 20)
     own_k = rng.standard_normal(own_v.shape).astype(np.float32)
     scale = 1 / math.sqrt(8)
-    scores = np.full((2, 7, 4), -np.inf, np.float32)
+    scores = np.full((2, 4, 7), -np.inf, np.float32)
     b, c = (np.ascontiguousarray(x) for x in np.nonzero(slots >= 0))
     score_columns(q, pool, b, c, slots[b, c], scale, scores, backend="reference")
     for r in range(2):
         for h in range(4):
-            scores[r, 6, h] = scale * q[r, h] @ own_k[r, h // 2]
+            scores[r, h, 6] = scale * q[r, h] @ own_k[r, h // 2]
     out = np.zeros((2, 4, 8), np.float32)
     combine_columns(scores, pool, slots, own_v, np.arange(2), out, backend="reference")
     for r in range(2):
@@ -95,7 +95,7 @@ def test_the_combination_is_dense_attention_over_the_columns():
 def test_bad_arguments_name_what_is_wrong():
     rng = np.random.default_rng(0)
     q, pool, own_v, slots = _case(rng, 2, 5, 4, 2, 8, 20)
-    scores = np.zeros((2, 6, 4), np.float32)
+    scores = np.zeros((2, 4, 6), np.float32)
     with pytest.raises(ValueError, match="b, cols and rows must have one length"):
         score_columns(q, pool, np.zeros(2, np.int64), np.zeros(3, np.int64), np.zeros(3, np.int64), 1.0, scores)
     with pytest.raises(ValueError, match="pool must be a 4-D float32"):
@@ -114,8 +114,8 @@ def test_cuda_matches_the_reference():
     ref_s, ref_o = _all(*case, "reference")
     q, pool, own_v, slots = (torch.from_numpy(a).cuda() for a in case)
     B, K = slots.shape
-    scores = torch.full((B, K + 1, 9), float("-inf"), device="cuda")
-    scores[:, K] = torch.from_numpy(ref_s[:, K]).cuda()
+    scores = torch.full((B, 9, K + 1), float("-inf"), device="cuda")
+    scores[:, :, K] = torch.from_numpy(ref_s[:, :, K]).cuda()
     b, c = (x.contiguous() for x in torch.nonzero(slots >= 0, as_tuple=True))
     score_columns(q, pool, b, c, slots[b, c].contiguous(), 1 / 8, scores)
     out = torch.zeros((B, 9, 64), device="cuda")

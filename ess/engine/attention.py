@@ -52,7 +52,7 @@ class StepAttention:
         self.B, self.K, self.H, self.Hkv, self.hd, self.G = B, K, H, n_kv_heads, head_dim, H // n_kv_heads
         self.scale = 1.0 / math.sqrt(head_dim)
         self.device, self.backend = torch.device(device), backend
-        self.scores = torch.empty((B, K + 1, H), dtype=torch.float32, device=self.device)
+        self.scores = torch.empty((B, H, K + 1), dtype=torch.float32, device=self.device)   # (B, H, columns)
         self.slots = torch.full((B, K), -1, dtype=torch.int64, device=self.device)      # each column's pool slot
         self.out = torch.zeros((B, H, head_dim), dtype=torch.float32, device=self.device)
         self.q = self.own_v = None
@@ -65,7 +65,7 @@ class StepAttention:
         self.scores.fill_(-math.inf)
         self.slots.fill_(-1)
         qg = self.q.view(-1, self.Hkv, self.G, self.hd)
-        self.scores[:, self.K] = (qg * k_own[:, :, None, :]).sum(-1).view(-1, self.H) * self.scale
+        self.scores[:, :, self.K] = (qg * k_own[:, :, None, :]).sum(-1).view(-1, self.H) * self.scale
 
     def _index(self, a) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(a, np.int64)).to(self.device)

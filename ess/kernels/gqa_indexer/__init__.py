@@ -23,10 +23,6 @@ def get(backend: str):
     return family_module(__name__, backend)
 
 
-def _dtype_name(a) -> str:
-    return str(a.dtype).replace("torch.", "")
-
-
 def _check(name, a, dtype: str, ndim: int, tensors: bool):
     if is_tensor(a) != tensors:
         kind = "torch tensors" if tensors else "NumPy arrays"
@@ -34,10 +30,10 @@ def _check(name, a, dtype: str, ndim: int, tensors: bool):
                         f"{type(a).__name__}")
     if not tensors and not isinstance(a, np.ndarray):
         raise TypeError(f"{name} must be a NumPy array or a torch tensor, got {type(a).__name__}")
-    if _dtype_name(a) != dtype or a.ndim != ndim:
-        raise ValueError(f"{name} must be a {ndim}-D {dtype} array, got {_dtype_name(a)} of shape {tuple(a.shape)}")
-    contiguous = a.is_contiguous() if tensors else a.flags.c_contiguous
-    if not contiguous:
+    got = str(a.dtype)
+    if (got[6:] if tensors else got) != dtype or a.ndim != ndim:
+        raise ValueError(f"{name} must be a {ndim}-D {dtype} array, got {got} of shape {tuple(a.shape)}")
+    if not (a.is_contiguous() if tensors else a.flags.c_contiguous):
         raise ValueError(f"{name} must be C-contiguous")
 
 
@@ -64,7 +60,7 @@ def gqa_indexer_scores(q, codes, scales, lengths, *, backend: str = "auto", out=
                          f"multiple of Hkv)")
     if tuple(lengths.shape) != (B,):
         raise ValueError(f"lengths must have shape ({B},), got {tuple(lengths.shape)}")
-    devices = {device_of(a) for a in (q, codes, scales, lengths)}
+    devices = {str(a.device) for a in (q, codes, scales, lengths)} if tensors else ()
     if len(devices) > 1:
         raise ValueError(f"q, codes, scales and lengths must be on one device, got {sorted(devices)}")
     if out is None:

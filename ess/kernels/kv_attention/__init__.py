@@ -44,8 +44,8 @@ def score_columns(q, pool, b, cols, rows, scale: float, scores, *, backend: str 
     if cols.shape[0] != n or rows.shape[0] != n:
         raise ValueError(f"b, cols and rows must have one length, got {n}, {cols.shape[0]}, {rows.shape[0]}")
     if q.shape[1] % pool.shape[2] or q.shape[2] != pool.shape[3] or scores.shape[0] != q.shape[0] or \
-            scores.shape[2] != q.shape[1] or pool.shape[1] != 2:
-        raise ValueError(f"q (B, H, hd), pool (N, 2, Hkv, hd) and scores (B, C, H) do not fit: {tuple(q.shape)}, "
+            scores.shape[1] != q.shape[1] or pool.shape[1] != 2:
+        raise ValueError(f"q (B, H, hd), pool (N, 2, Hkv, hd) and scores (B, H, C) do not fit: {tuple(q.shape)}, "
                          f"{tuple(pool.shape)}, {tuple(scores.shape)}")
     be = resolve_backend(backend, device=device_of(pool))
     get(be).score_columns(*(as_kernel_array(a, be) for a in (q, pool, b, cols, rows)), float(scale),
@@ -56,10 +56,10 @@ def combine_columns(scores, pool, slots, own_v, rows, out, *, backend: str = "au
     """Softmax over the columns and the weighted sum of their values for requests ``rows``, into ``out``."""
     _check(scores=(scores, "float32", 3), pool=(pool, "float32", 4), slots=(slots, "int64", 2),
            own_v=(own_v, "float32", 3), rows=(rows, "int64", 1), out=(out, "float32", 3))
-    B, C, H = scores.shape
+    B, H, C = scores.shape
     if tuple(slots.shape) != (B, C - 1) or tuple(own_v.shape) != (B,) + tuple(pool.shape[2:]) or \
             tuple(out.shape) != (B, H, pool.shape[3]):
-        raise ValueError(f"slots (B, C - 1), own_v (B, Hkv, hd) and out (B, H, hd) do not fit scores {(B, C, H)} "
+        raise ValueError(f"slots (B, C - 1), own_v (B, Hkv, hd) and out (B, H, hd) do not fit scores {(B, H, C)} "
                          f"and pool {tuple(pool.shape)}: {tuple(slots.shape)}, {tuple(own_v.shape)}, "
                          f"{tuple(out.shape)}")
     be = resolve_backend(backend, device=device_of(pool))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from .. import scratch
 from ..gqa_indexer.numba_cpu import _FAST, _exp_nonpositive
 
 __all__ = ["score_columns", "combine_columns"]
@@ -20,6 +21,7 @@ def _score(q, pool, b, cols, rows, scale, scores):
     G = H // Hkv
     for i in range(rows.shape[0]):
         bi = b[i]
+        c = cols[i]
         kr = pool[rows[i], 0]                        # (Hkv, hd), read in place
         for h in range(H):
             qh = q[bi, h]
@@ -27,48 +29,47 @@ def _score(q, pool, b, cols, rows, scale, scores):
             acc = np.float32(0.0)
             for d in range(hd):
                 acc += qh[d] * kg[d]
-            scores[bi, cols[i], h] = acc * scale
+            scores[bi, h, c] = acc * scale
 
 
 @njit(fastmath=_FAST, nogil=True, cache=True, error_model="numpy")
-def _combine(scores, pool, slots, own_v, rows, out):
-    C, H = scores.shape[1], scores.shape[2]
+def _combine(scores, pool, slots, own_v, rows, p, out):
+    H, C = scores.shape[1], scores.shape[2]
     Hkv, hd = pool.shape[2], pool.shape[3]
     G = H // Hkv
-    p = np.empty((C, H), np.float32)
-    mx = np.empty(H, np.float32)
-    z = np.empty(H, np.float32)
     for r in range(rows.shape[0]):
         b = rows[r]
-        sb = scores[b]
-        for h in range(H):
-            mx[h] = -np.inf
-            z[h] = 0.0
-        for c in range(C):
-            for h in range(H):
-                if sb[c, h] > mx[h]:
-                    mx[h] = sb[c, h]
-        for c in range(C):
-            for h in range(H):
-                e = _exp_nonpositive(sb[c, h] - mx[h]) if sb[c, h] > -np.inf else np.float32(0.0)
-                p[c, h] = e
-                z[h] += e
+        for h in range(H):                           # softmax over the columns, vectorised along them
+            sh = scores[b, h]
+            ph = p[h]
+            m = -np.inf
+            for c in range(C):
+                m = max(m, sh[c])
+            z = np.float32(0.0)
+            for c in range(C):
+                e = _exp_nonpositive(sh[c] - m) if sh[c] > -np.inf else np.float32(0.0)
+                ph[c] = e
+                z += e
+            inv = np.float32(1.0) / z
+            for c in range(C):
+                ph[c] *= inv
         ob = out[b]
         for h in range(H):
             for d in range(hd):
                 ob[h, d] = 0.0
-        for c in range(C):
+        for c in range(C):                           # the values, each read once, where they lie
             if c < C - 1:
                 if slots[b, c] < 0:
                     continue
-                v = pool[slots[b, c], 1]             # (Hkv, hd), read in place
+                v = pool[slots[b, c], 1]             # (Hkv, hd)
             else:
                 v = own_v[b]
             for h in range(H):
-                w = p[c, h] / z[h]
+                w = p[h, c]
                 vg = v[h // G]
+                oh = ob[h]
                 for d in range(hd):
-                    ob[h, d] += w * vg[d]
+                    oh[d] += w * vg[d]
 
 
 def score_columns(q, pool, b, cols, rows, scale, scores) -> None:
@@ -76,4 +77,4 @@ def score_columns(q, pool, b, cols, rows, scale, scores) -> None:
 
 
 def combine_columns(scores, pool, slots, own_v, rows, out) -> None:
-    _combine(scores, pool, slots, own_v, rows, out)
+    _combine(scores, pool, slots, own_v, rows, scratch("kv_attention_weights", scores.shape[1:]), out)

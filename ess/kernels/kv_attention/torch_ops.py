@@ -14,17 +14,16 @@ def score_columns(q, pool, b, cols, rows, scale, scores) -> None:
     Hkv = pool.shape[2]
     k = pool.index_select(0, rows)[:, 0]                                              # (n, Hkv, hd)
     qg = q.index_select(0, b).view(-1, Hkv, H // Hkv, hd)                            # (n, Hkv, G, hd)
-    scores[b, cols] = (qg * k[:, :, None, :]).sum(-1).view(-1, H) * scale           # (n, H)
+    scores.transpose(1, 2)[b, cols] = (qg * k[:, :, None, :]).sum(-1).view(-1, H) * scale   # (n, H)
 
 
 def combine_columns(scores, pool, slots, own_v, rows, out) -> None:
     import torch
-    C, H = scores.shape[1], scores.shape[2]
+    H, C = scores.shape[1], scores.shape[2]
     Hkv, hd = pool.shape[2], pool.shape[3]
     G = H // Hkv
     for b in rows.tolist():
-        p = torch.softmax(scores[b], dim=0)                                          # (C, H)
-        p = p.T.reshape(Hkv, G, C)                                                   # (Hkv, G, C)
+        p = torch.softmax(scores[b], dim=1).view(Hkv, G, C)                          # (Hkv, G, C)
         sl = slots[b]
         v = pool.index_select(0, sl.clamp(min=0))[:, 1]                              # (C - 1, Hkv, hd)
         v = torch.where((sl >= 0)[:, None, None], v, 0.0)                            # an empty column reads 0

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...validate import positive_int
 from .. import as_kernel_array, device_of, family_module, is_tensor, resolve_backend
 
 __all__ = ["topk_positions", "get"]
@@ -29,11 +30,11 @@ def get(backend: str):
     return family_module(__name__, backend)
 
 
-def topk_positions(scores, k: int, *, backend: str = "auto"):
+def topk_positions(scores, k: int, *, backend: str = "auto", out=None):
     """``(B, k)`` int64 positions of the top-``k`` scores of each row (module docstring): a NumPy array for a NumPy
-    ``scores``, a tensor on its device for a tensor. ``scores`` (B, L) float32 or float64, C-contiguous; its
-    values are not checked here (:func:`ess.attention.topk_indices` checks them: NaN and ``+inf`` are refused)."""
-    from ...validate import positive_int
+    ``scores``, a tensor on its device for a tensor (into ``out`` when given: a C-contiguous (B, k) int64 array of
+    the same kind). ``scores`` (B, L) float32 or float64, C-contiguous; its values are not checked here
+    (:func:`ess.attention.topk_indices` checks them: NaN and ``+inf`` are refused)."""
     k = positive_int("k", k)
     tensors = is_tensor(scores)
     if not tensors and not isinstance(scores, np.ndarray):
@@ -45,11 +46,16 @@ def topk_positions(scores, k: int, *, backend: str = "auto"):
     if not (scores.is_contiguous() if tensors else scores.flags.c_contiguous):
         raise ValueError("scores must be C-contiguous")
     B = scores.shape[0]
-    if tensors:
-        import torch
-        out = torch.empty((B, k), dtype=torch.int64, device=scores.device)
-    else:
-        out = np.empty((B, k), np.int64)
+    if out is None:
+        if tensors:
+            import torch
+            out = torch.empty((B, k), dtype=torch.int64, device=scores.device)
+        else:
+            out = np.empty((B, k), np.int64)
+    elif (is_tensor(out) != tensors or tuple(out.shape) != (B, k) or str(out.dtype).replace("torch.", "") != "int64"
+          or device_of(out) != device_of(scores)):
+        raise ValueError(f"out must be a ({B}, {k}) int64 array like scores, got {type(out).__name__} "
+                         f"{tuple(out.shape)}")
     be = resolve_backend(backend, device=device_of(scores))
     get(be).topk_positions(as_kernel_array(scores, be), k, as_kernel_array(out, be))
     return out
