@@ -187,7 +187,7 @@ def test_emulated_link_takes_at_least_bytes_over_bandwidth_and_keeps_order():
 
 
 def test_emulated_link_runs_beside_the_caller():
-    with EmulatedLink(0.001) as link:
+    with EmulatedLink(0.001, inline_below_bytes=0) as link:
         job = link.submit("h2d", 0, [(lambda: None, 30_000)])       # 30 ms on the link
         assert not job.done()                                        # submit returned at once
         waited = job.wait()
@@ -197,11 +197,25 @@ def test_emulated_link_runs_beside_the_caller():
 def test_link_errors_reach_the_waiter():
     def boom():
         raise OSError("injected")
-    for link in (SyncLink(), EmulatedLink(None)):
+    for link in (SyncLink(), EmulatedLink(None), EmulatedLink(None, inline_below_bytes=0)):
         with link:
             job = link.submit("h2d", 3, [(boom, 10)])
             with pytest.raises(OSError, match="injected"):
                 job.wait()
+
+
+def test_a_small_job_is_copied_by_its_waiter_a_large_one_by_the_worker():
+    ran_in = {}
+    with EmulatedLink(None, inline_below_bytes=100) as link:
+        small = link.submit("d2h", 0, [(lambda: ran_in.setdefault("small", threading.current_thread().name), 99)])
+        big = link.submit("h2d", 0, [(lambda: ran_in.setdefault("big", threading.current_thread().name), 100)])
+        big.wait()
+        assert not small.done()                                      # nobody copies it before its wait
+        small.wait()
+    assert ran_in["small"] == threading.current_thread().name
+    assert ran_in["big"] in ("ess-link", threading.current_thread().name)   # the worker (or a waiter that came first)
+    with pytest.raises(ValueError, match="inline_below_bytes"):
+        EmulatedLink(None, inline_below_bytes=-1)
 
 
 def test_a_closed_link_refuses_work_and_bad_chunks_are_refused():

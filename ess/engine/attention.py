@@ -28,7 +28,8 @@ import math
 import numpy as np
 import torch
 
-from ..kernels.kv_attention import combine_columns, score_columns
+from ..kernels import as_kernel_array, resolve_backend
+from ..kernels.kv_attention import get as _kernels
 
 __all__ = ["StepAttention"]
 
@@ -44,45 +45,54 @@ class StepAttention:
         H, Hkv, hd.
     device : torch device
     backend : the kernels' backend (:func:`ess.kernels.resolve_backend`)
-    """
+
+    The kernels (:mod:`ess.kernels.kv_attention`) are called directly, their backend resolved once: the buffers'
+    shapes are fixed here, and the public functions' checks would cost, per layer, more than the kernels at a short
+    context."""
 
     def __init__(self, batch: int, width: int, n_heads: int, n_kv_heads: int, head_dim: int, device="cpu",
                  backend: str = "auto"):
         B, K, H = batch, int(width), n_heads
         self.B, self.K, self.H, self.Hkv, self.hd, self.G = B, K, H, n_kv_heads, head_dim, H // n_kv_heads
         self.scale = 1.0 / math.sqrt(head_dim)
-        self.device, self.backend = torch.device(device), backend
+        self.device = torch.device(device)
+        self.backend = resolve_backend(backend, device=str(self.device))
+        self._kernel = _kernels(self.backend)
         self.scores = torch.empty((B, H, K + 1), dtype=torch.float32, device=self.device)   # (B, H, columns)
-        self.slots = torch.full((B, K), -1, dtype=torch.int64, device=self.device)      # each column's pool slot
+        self.slots = np.full((B, K), -1, np.int64)                    # each column's pool slot (host: the plans')
         self.out = torch.zeros((B, H, head_dim), dtype=torch.float32, device=self.device)
-        self.q = self.own_v = None
+        self._scores_k = as_kernel_array(self.scores, self.backend)
+        self._out_k = as_kernel_array(self.out, self.backend)
+        self.q = self.own_v = self.pool = None
 
     def begin(self, q: torch.Tensor, k_own: torch.Tensor, v_own: torch.Tensor, pool: torch.Tensor) -> None:
         """Start one layer: the new token's queries ``q`` (B, H, hd), its own key and value ``k_own``, ``v_own``
         (B, Hkv, hd), and the layer's device pool seen as ``(slots, 2, Hkv, hd)`` float32 (a view of its bytes,
         read in place); every cache column empty (``-inf``, no slot) until :meth:`load` scores it."""
         self.q, self.own_v, self.pool = q.contiguous(), v_own.contiguous(), pool
+        self._q_k, self._own_k, self._pool_k = (as_kernel_array(a, self.backend) for a in (self.q, self.own_v, pool))
         self.scores.fill_(-math.inf)
-        self.slots.fill_(-1)
+        self.slots.fill(-1)
         qg = self.q.view(-1, self.Hkv, self.G, self.hd)
         self.scores[:, :, self.K] = (qg * k_own[:, :, None, :]).sum(-1).view(-1, self.H) * self.scale
 
-    def _index(self, a) -> torch.Tensor:
-        return torch.from_numpy(np.ascontiguousarray(a, np.int64)).to(self.device)
+    def _index(self, a):
+        a = np.ascontiguousarray(a, np.int64)
+        return torch.from_numpy(a).to(self.device) if self.backend == "torch" else a
 
     def load(self, b: np.ndarray, cols: np.ndarray, rows: np.ndarray) -> None:
         """Score the entries in pool slots ``rows`` in columns ``cols`` of requests ``b`` (``(n,)`` int arrays;
         ``cols`` in ``0 .. K - 1``)."""
         if len(rows) == 0:
             return
-        b_t, cols_t, rows_t = self._index(b), self._index(cols), self._index(rows)
-        self.slots[b_t, cols_t] = rows_t
-        score_columns(self.q, self.pool, b_t, cols_t, rows_t, self.scale, self.scores, backend=self.backend)
+        self.slots[b, cols] = rows
+        self._kernel.score_columns(self._q_k, self._pool_k, self._index(b), self._index(cols), self._index(rows),
+                                   self.scale, self._scores_k)
 
     def combine(self, rows) -> None:
         """Softmax over all columns and the weighted sum of the values, for each request in ``rows``."""
-        combine_columns(self.scores, self.pool, self.slots, self.own_v, self._index(rows), self.out,
-                        backend=self.backend)
+        self._kernel.combine_columns(self._scores_k, self._pool_k, self._index(self.slots), self._own_k,
+                                     self._index(rows), self._out_k)
 
     def output(self) -> torch.Tensor:
         """(B, H, 1, hd): what :meth:`ess.llm.LlamaModel.attention_output` takes."""

@@ -25,8 +25,9 @@ mass (exact keys and per-head probabilities: 0.851), the logit sum 0.833, the Re
 (:func:`selection_mass` recomputes it). The kernels are the family :mod:`ess.kernels.gqa_indexer` (a NumPy float64
 oracle, Numba for the CPU, torch for CPU and CUDA), chosen by ``backend``.
 
-**Top-K**: :func:`ess.attention.topk_indices`, the library's one rule -- the ``min(K, n)`` best-scored cached
-tokens in position order, ties to the lower position, ``-1`` padded.
+**Top-K**: :func:`ess.kernels.topk.topk_positions` (what :func:`ess.attention.topk_indices` checks and calls), the
+library's one rule -- the ``min(K, n)`` best-scored cached tokens in position order, ties to the lower position,
+``-1`` padded.
 """
 from __future__ import annotations
 
@@ -36,7 +37,10 @@ import numpy as np
 import torch
 
 from .. import validate
+from ..kernels import as_kernel_array, resolve_backend
+from ..kernels.gqa_indexer import get as _indexer_kernels
 from ..kernels.gqa_indexer import gqa_indexer_scores
+from ..kernels.topk import topk_positions
 from ..quant import FP8_E4M3_MAX
 
 __all__ = ["indexer_key_bytes", "quantize_keys", "IndexerCache", "selection_mass"]
@@ -62,7 +66,9 @@ class IndexerCache:
     """The device-resident indexer keys of a batch: for ``max_requests`` requests of up to ``capacity`` tokens,
     per layer one block of codes ``(n_layers, max_requests, capacity, Hkv hd)`` uint8 and one of scales
     ``(n_layers, max_requests, capacity, Hkv)`` float32, torch tensors on ``device`` (the first ``n_tokens`` of a
-    request's row are valid). ``backend`` picks the scoring kernel (:mod:`ess.kernels.gqa_indexer`)."""
+    request's row are valid). ``backend`` picks the kernels (:mod:`ess.kernels.gqa_indexer`, top-K), resolved once:
+    :meth:`select` calls the scoring kernel directly on buffers whose shapes are fixed here (the public function's
+    checks would cost, per layer, more than a short context's scan)."""
 
     def __init__(self, n_layers: int, n_kv_heads: int, head_dim: int, *, max_requests: int, capacity: int,
                  device="cpu", backend: str = "auto"):
@@ -80,6 +86,11 @@ class IndexerCache:
         self.lengths = torch.zeros(max_requests, dtype=torch.int64, device=self.device)   # tokens per row
         self._row: dict = {}                      # request id -> row
         self._n: list = [0] * max_requests        # tokens per row, on the host
+        self.resolved = resolve_backend(backend, device=str(self.device))
+        self._kernel = _indexer_kernels(self.resolved)
+        self._scores = torch.empty((max_requests, capacity), dtype=torch.float32, device=self.device)
+        self._k = {name: as_kernel_array(getattr(self, name), self.resolved)
+                   for name in ("codes", "scales", "lengths", "_scores")}
 
     @property
     def key_bytes(self) -> int:
@@ -138,9 +149,21 @@ class IndexerCache:
 
     def scores(self, layer: int, q: torch.Tensor, rows: slice) -> torch.Tensor:
         """Scores ``(n, capacity)`` float32 of the requests in ``rows`` (consecutive rows, a slice) against their
-        queries ``q`` ``(n, H, hd)``; ``-inf`` past each request's tokens."""
+        queries ``q`` ``(n, H, hd)``; ``-inf`` past each request's tokens (the public kernel function, checked)."""
         return gqa_indexer_scores(q.contiguous(), self.codes[layer, rows], self.scales[layer, rows],
                                   self.lengths[rows], backend=self.backend)
+
+    def select(self, layer: int, q: torch.Tensor, rows: slice, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """The top-``k`` of requests ``rows`` (a slice of consecutive rows) for their queries ``q`` ``(n, H, hd)``
+        float32 (contiguous, on the device): positions ``(n, k)`` int64 in position order, ``-1`` padded, and their
+        scores ``(n, k)`` float64 (0 at padding), NumPy arrays on the host."""
+        K = self._k
+        self._kernel.indexer_scores(as_kernel_array(q, self.resolved), K["codes"][layer, rows],
+                                    K["scales"][layer, rows], K["lengths"][rows], K["_scores"][rows])
+        scores = self._scores[rows]                                                  # (n, capacity)
+        idx = topk_positions(scores, k, backend=self.resolved)                        # (n, k) on the device
+        picked = scores.gather(1, idx.clamp(min=0)).masked_fill_(idx < 0, 0.0)
+        return idx.cpu().numpy(), picked.cpu().numpy().astype(np.float64)
 
     @property
     def nbytes(self) -> int:

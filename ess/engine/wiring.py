@@ -10,7 +10,6 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..attention import topk_indices
 from .attention import StepAttention
 from .indexer import IndexerCache
 from .kv import kv_entries
@@ -49,7 +48,7 @@ class KVWiring:
     att : StepAttention
         The run's attention buffers (this layer begins on them).
     backend : str
-        The top-K kernel's backend (the indexer's is the indexer cache's).
+        Kept for the record (the indexer's and top-K's kernels are the indexer cache's, attention's the buffers').
 
     After :meth:`finish`, ``hidden_out`` (B, 1, D) is the residual stream leaving the layer."""
 
@@ -67,10 +66,7 @@ class KVWiring:
         """Top-K of the indexer for requests ``rows``: positions (n, K) int64 in position order, -1 padded, and
         their scores (n, K) float64 (the heat policy's weights), NumPy arrays on the host (the plan's input)."""
         span = _span(rows)
-        scores = self.indexer.scores(self.layer, self.q[span], span)                 # (n, capacity)
-        idx = topk_indices(scores, self.topk, backend=self.backend)                   # (n, K), on the device
-        picked = scores.gather(1, idx.clamp(min=0)).masked_fill_(idx < 0, 0.0)
-        return idx.cpu().numpy(), picked.cpu().numpy().astype(np.float64)
+        return self.indexer.select(self.layer, self.q[span], span, self.topk)
 
     def attend(self, plans, rows, part):
         """Score the ``part`` (``"all"``, ``"hits"``, ``"misses"``) of each plan's entries where they lie in the
