@@ -11,8 +11,9 @@ decoding of the real model (SmolLM2-135M-Instruct, float32), and their ratios, m
 One prompt of ``--context`` tokens of real text (Python's language reference topics, ``pydoc_data.topics``),
 prefilled once. Timing: ``--repeats`` rounds, each decoding ``--steps`` steps in every mode, the modes' steps
 interleaved (a dense step, a resident step, an offloaded step, the next dense step, ...), so that load from other
-processes falls on all three alike; the first step of every run is left out (first touch of new memory); wall time (``time.perf_counter``, or ``--clock cpu``: the compute thread's CPU time), the garbage
-collector off while timing (as ``timeit`` does). Reported: the distribution of seconds per step, steps/s from the
+processes falls on all three alike; ``--warmup`` untimed rounds first, and the first step of every run is left out
+(first touch of new memory); wall time (``time.perf_counter``, or ``--clock cpu``: the compute thread's CPU time),
+the garbage collector off while timing (as ``timeit`` does). Reported: the distribution of seconds per step, steps/s from the
 median, the ratios (goals: resident / dense >= 1.0 at 8K and >= 1.5 at 32K, offloaded / resident >= 0.9 at ratio
 0.5 with DA), where a step's time goes in each sparse mode (the engine's per-operation timer, ms per step), and the
 machine's load average before and after. Nothing is asserted.
@@ -23,7 +24,7 @@ extrapolated), the tokens it generates there are not meaningful, the work per st
 (``output_meaningful``). ``--prefill-attention sdpa`` prefills with torch's
 fused attention (faster for a long prompt; decoding keeps the model's own attention).
 
-    .venv/bin/python benchmarks/engine_decode.py [--context 8186] [--steps 6] [--repeats 3] [--ratio 0.5]
+    .venv/bin/python benchmarks/engine_decode.py [--context 8186] [--steps 6] [--repeats 3] [--warmup 1] [--ratio 0.5]
                                                 [--schedule da] [--link-GB-per-s GBPS] [--threads 1]
                                                 [--device cpu] [--clock wall] [--backend auto]
                                                 [--extrapolate-context] [--prefill-attention matmul]
@@ -64,6 +65,8 @@ def main(argv=None) -> dict:
                          "steps, 8,186; more with --extrapolate-context)")
     ap.add_argument("--steps", type=int, default=6, help="decode steps per run (the first is not timed)")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=1, help="untimed rounds of 2 steps per mode first (compilation, "
+                                                           "first allocations)")
     ap.add_argument("--ratio", type=float, default=0.5)
     ap.add_argument("--schedule", default="da", choices=("none", "da", "dba"))
     ap.add_argument("--link-GB-per-s", type=float, default=None, help="emulated link bandwidth (default: unpaced)")
@@ -123,6 +126,13 @@ def main(argv=None) -> dict:
     }
     samples = {m: [] for m in starts}
     last = {}
+    for _ in range(max(0, args.warmup)):            # untimed: compiled kernels loaded, first allocations made
+        warm = {m: (eng.start_dense(pre, 2, clock=args.clock) if m == "dense"
+                    else eng.start(pre, 2, configs[m])) for m in starts}
+        for s in warm.values():
+            while not s.done:
+                s.step()
+            s.close()
     gc.disable()                                    # as timeit does: no collection inside a timed step
     try:
         for rnd in range(max(1, args.repeats)):
@@ -143,7 +153,8 @@ def main(argv=None) -> dict:
               "resident_over_dense": rate["resident"] / rate["dense"]}
     off = last["offloaded"]
     report = {"benchmark": "engine_decode", "device": args.device, "context": L, "steps": args.steps,
-              "repeats": args.repeats, "threads": args.threads, "clock": args.clock, "backend": args.backend,
+              "repeats": args.repeats, "warmup_rounds": args.warmup, "threads": args.threads, "clock": args.clock,
+              "backend": args.backend,
               "topk": off.config["topk"], "ratio": args.ratio, "schedule": args.schedule,
               "link_GB_per_s": args.link_GB_per_s, "pool_slots": off.config["capacity"], "prefill_s": prefill_s,
               "prefill_attention": args.prefill_attention,
