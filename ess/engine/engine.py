@@ -506,8 +506,7 @@ class DecodeSession(_Session):
         for layer in range(c.n_layers):
             with timer.span("pre_attn", layer):
                 q, k, v = model.attention_inputs(layer, h, positions)
-                wiring = KVWiring(model, layer, h, q, k, v, self.indexer, self.topk, self.pool, self.att,
-                                  backend=self.cfg.backend)
+                wiring = KVWiring(model, layer, h, q, k, v, self.indexer, self.topk, self.pool, self.att)
             run = run_layer(self.cache, layer, rids, wiring, schedule=self.schedule, link=self.link, timer=timer,
                             staging=self.staging if self.offload else None)
             h = wiring.hidden_out

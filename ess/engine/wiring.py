@@ -46,16 +46,15 @@ class KVWiring:
     pool : (slots, 2, Hkv, hd) float32
         The cache's device pool seen through :func:`ess.engine.kv.kv_view` (read in place).
     att : StepAttention
-        The run's attention buffers (this layer begins on them).
-    backend : str
-        Kept for the record (the indexer's and top-K's kernels are the indexer cache's, attention's the buffers').
+        The run's attention buffers (this layer begins on them; their kernels' backend is theirs, the indexer's
+        and top-K's the indexer cache's).
 
     After :meth:`finish`, ``hidden_out`` (B, 1, D) is the residual stream leaving the layer."""
 
     def __init__(self, model, layer: int, hidden: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                 indexer: IndexerCache, topk: int, pool: torch.Tensor, att: StepAttention, backend: str = "auto"):
+                 indexer: IndexerCache, topk: int, pool: torch.Tensor, att: StepAttention):
         self.model, self.layer, self.hidden = model, layer, hidden
-        self.indexer, self.topk, self.pool, self.backend = indexer, int(topk), pool, backend
+        self.indexer, self.topk, self.pool = indexer, int(topk), pool
         self.q = q[:, :, 0].contiguous()                                              # (B, H, hd)
         self.att = att
         att.begin(self.q, k[:, :, 0], v[:, :, 0], pool)

@@ -84,8 +84,8 @@ _LOCAL = threading.local()      # per-thread scratch buffers: two threads never 
 
 def scratch(name: str, shape: tuple, dtype=None):
     """A NumPy scratch buffer of ``shape`` for kernel ``name``, reused by later calls **of the same thread** (a fresh
-    buffer of a few hundred KB per call costs its page faults every time; ``benchmarks/README.md`` has the
-    measurement). Each thread has its own (``threading.local``), so concurrent callers never overwrite each other's
+    buffer per call pays its page faults every time: ``benchmarks/README.md`` measures it for the sparse MLA
+    workspace). Each thread has its own (``threading.local``), so concurrent callers never overwrite each other's
     data; the buffer grows to the largest size asked for and is handed out as a view of the shape asked for.
     Contents are undefined: a kernel overwrites what it reads."""
     import numpy as np
