@@ -70,7 +70,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--ratio", type=float, default=0.5)
     ap.add_argument("--schedule", default="da", choices=("none", "da", "dba"))
     ap.add_argument("--link-GB-per-s", type=float, default=None, help="emulated link bandwidth (default: unpaced)")
-    ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1, see benchmarks/README.md)")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch and Numba threads (default 1, see benchmarks/README.md)")
     ap.add_argument("--device", default="cpu", help="cpu, or cuda (the device pool on the GPU, a copy stream)")
     ap.add_argument("--clock", default="wall", choices=("wall", "cpu"),
                     help="wall time, or the compute thread's CPU time (a shared machine's other processes left out)")
@@ -84,6 +85,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--out-dir", default=None)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
+    import numba
+    numba.set_num_threads(min(args.threads, numba.config.NUMBA_NUM_THREADS))   # every kernel on --threads threads
     if args.device.startswith("cuda") and args.clock == "cpu":
         ap.error("--clock cpu measures the CPU; on CUDA use the wall clock")
     if args.device.startswith("cuda") and not torch.cuda.is_available():

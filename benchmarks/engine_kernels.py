@@ -53,6 +53,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
+    import numba
+    numba.set_num_threads(min(args.threads, numba.config.NUMBA_NUM_THREADS))   # every kernel on --threads threads
     rng = np.random.default_rng(0)
     report = {"benchmark": "engine_kernels", "threads": args.threads, "reps": args.reps, "contexts": {}}
     for L in args.contexts:

@@ -168,9 +168,9 @@ class _PacedTransfer(Transfer):
         return self.waited_s
 
 
-#: Jobs below this many bytes are copied by their waiter, not the copy worker (design choice: where a copy costs about
-#: what handing it to the worker costs the compute thread, see :class:`EmulatedLink`; 64 KiB, as the Numba transfer
-#: kernel's single-thread limit, ess.kernels.transfer.numba_cpu.PARALLEL_MIN_BYTES)
+#: Jobs below this many bytes are copied by their waiter, not the copy worker (design choice: well below what a copy
+#: costs in the time a handoff to the worker costs the compute thread, see :class:`EmulatedLink`; 64 KiB, as the Numba
+#: transfer kernel's single-thread limit, ess.kernels.transfer.numba_cpu.PARALLEL_MIN_BYTES)
 INLINE_BELOW_BYTES = 1 << 16
 
 # a wait sleeps until this long before the job is due, then spins (a thread woken from sleep on a loaded machine
@@ -191,12 +191,13 @@ class EmulatedLink(_Link):
     when it is submitted and a wait returns when its bytes are copied. A chunk that raises stops its job; the error
     is re-raised by :meth:`Transfer.wait`.
 
-    A job of fewer than ``inline_below_bytes`` bytes is not handed to the worker: its waiter copies it (a few
-    microseconds for such a job; it still lands when the link's clock says). Handing it over would cost the compute
-    thread more than the copy: the worker must be woken and must take Python's lock from the compute thread, about
-    150 us per job measured on the loaded 2-core machine (cProfile of the engine's offloaded decode at a 64-token
-    context: 1,076 jobs, 0.16 s in the submitting thread's waits for the lock), against about 10 us to copy 64 KB.
-    Default :data:`INLINE_BELOW_BYTES`; 0 hands every job to the worker."""
+    A job of fewer than ``inline_below_bytes`` bytes is not handed to the worker: its waiter copies it (it still
+    lands when the link's clock says). Handing it over would cost the compute thread more than the copy: the worker
+    must be woken and must take Python's lock from the compute thread, about 150 us per job measured on the loaded
+    2-core machine (cProfile of the engine's offloaded decode at a 64-token context: 1,076 jobs, 0.16 s in the
+    submitting thread's waits for the lock), where copying 64 KB takes about 10 us. Larger jobs go to the worker,
+    whose copy can overlap the compute thread's work. Default :data:`INLINE_BELOW_BYTES`; 0 hands every job to the
+    worker."""
 
     name = "emulated"
 

@@ -1,16 +1,17 @@
 """Numba kernel of the real model's indexer for the CPU: same signature as :mod:`.reference` (shapes there).
 
-How it is fast (measured in ``benchmarks/README.md``, "The real model's indexer"): one pass over each request's
-cached keys, FP8 read in place. Each token's ``Hkv x hd`` codes are widened to float32 into a small buffer that stays
-in L1 (never a float32 copy of the cache) by bit arithmetic that the compiler vectorises, not by a 256-entry table
-(a table lookup is a gather, which LLVM does not vectorise here): for a byte ``c``, the float32 with bits
-``(c & 0x7f) << 20 | (c & 0x80) << 24`` is the e4m3 value times ``2**-120`` -- exponent and mantissa land in
-float32's fields, and the e4m3 subnormals (exponent field 0) land on float32 subnormals of the same significand
--- so one multiplication by ``2**120`` gives the value exactly; the NaN bytes ``0x7f`` / ``0xff`` are set to NaN.
-Then every query head's dot product with its KV head's key, vectorised over the head dimension. The softmax over the
-tokens uses an exponential written in arithmetic (Cody-Waite range reduction, a degree-6 polynomial and the power
-of two built in the float's exponent bits; relative error below 2e-7), which vectorises where a call to ``exp``
-does not.
+How it is fast (measured in ``benchmarks/README.md``, "The real model's FP8 indexer"): one pass over each request's
+cached keys, FP8 read in place, two tokens at a time (each query value loaded feeds two multiply-adds). Each token's
+``Hkv x hd`` codes are widened to float32 into a small buffer that stays in L1 (never a float32 copy of the cache)
+by bit arithmetic that the compiler vectorises, not by a 256-entry table (a table lookup is a gather, which LLVM
+does not vectorise here): for a byte ``c``, the float32 with bits ``(c & 0x7f) << 20 | (c & 0x80) << 24`` is the
+e4m3 value times ``2**-120`` -- exponent and mantissa land in float32's fields, and the e4m3 subnormals (exponent
+field 0) land on float32 subnormals of the same significand -- so one multiplication by ``2**120`` gives the value
+exactly; the NaN bytes ``0x7f`` / ``0xff`` are set to NaN. The widening is written in LLVM IR (:func:`_fp8`) with
+32-bit integers: Numba's own integer arithmetic widens to 64 bits, which halves the vector lanes. Then every query
+head's dot product with its KV head's key, vectorised over the head dimension. The softmax over the tokens uses an
+exponential written in arithmetic (Cody-Waite range reduction, a degree-6 polynomial and the power of two built in
+the float's exponent bits; relative error below 2e-7), which vectorises where a call to ``exp`` does not.
 
 Compiled without the ``nnan`` / ``ninf`` fast-math flags (reassociation and contraction only), so a NaN byte gives
 NaN scores, as in the reference. Arithmetic is float32 (compare with the reference with a tolerance).
