@@ -6,6 +6,7 @@ what was checked.
 * :func:`integer` (and :func:`positive_int`, :func:`non_negative_int`): ``int`` and NumPy integers; ``bool`` and
   floats are refused, even when whole;
 * :func:`real` (and :func:`ratio`, :func:`fraction`): finite ``int``/``float``/NumPy numbers in a range;
+* :func:`boolean`: ``True`` or ``False`` (not ``1``, not ``"no"``);
 * :func:`one_of`: a value from a fixed set;
 * :func:`int_array`: a NumPy integer array of a given rank with values in a range;
 * :func:`number_array`: numbers or arrays of numbers (vectorised arguments), finite, optionally > 0 and whole;
@@ -30,8 +31,8 @@ from typing import Any, Iterable
 
 import numpy as np
 
-__all__ = ["integer", "positive_int", "non_negative_int", "real", "ratio", "fraction", "one_of", "int_array",
-           "number_array", "float_array", "entries", "boolean", "request_id", "frame", "path"]
+__all__ = ["integer", "positive_int", "non_negative_int", "real", "ratio", "fraction", "boolean", "one_of",
+           "int_array", "number_array", "float_array", "entries", "request_id", "frame", "path"]
 
 
 def _what(value: Any) -> str:
@@ -96,6 +97,14 @@ def ratio(name: str, value: Any) -> float:
 def fraction(name: str, value: Any) -> float:
     """A share or probability: a number in [0, 1]."""
     return real(name, value, lo=0.0, hi=1.0)
+
+
+def boolean(name: str, value: Any) -> bool:
+    """``value`` when it is ``True`` or ``False`` (a Python or NumPy bool); a string such as ``"no"``, a number or
+    ``None`` is a ``TypeError`` (``bool("no")`` is ``True``)."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be True or False, got {_what(value)}")
+    return bool(value)
 
 
 def one_of(name: str, value: Any, choices: Iterable) -> Any:
@@ -203,14 +212,6 @@ def entries(name: str, value: Any, tail: tuple[int, ...], *, ndim: int | tuple[i
     if not rank_ok or any(want is not None and have != want for have, want in zip(got, tail)):
         raise ValueError(f"{name} must have shape {doc}, got {arr.shape}")
     return np.ascontiguousarray(arr)
-
-
-def boolean(name: str, value: Any) -> bool:
-    """``value`` as a ``bool``: ``True``/``False`` (or a NumPy bool); ``0``, ``1``, ``None`` and strings such as
-    ``"no"`` (which ``bool()`` would take as true) are a ``TypeError``."""
-    if not isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name} must be True or False, got {_what(value)}")
-    return bool(value)
 
 
 def request_id(name: str, value: Any) -> int | str:

@@ -1,6 +1,11 @@
-"""The overlap formulas checked against the real engine: per-operation costs measured on some decode runs (the
-calibration runs), the step time of other runs (held out) predicted from them with the formulas that also price
-DeepSeek (:func:`ess.sim.timeline.overlap_overhead_s`), and set beside the step time measured.
+"""The check of the simulator's overlap formulas against the real engine: per-operation costs measured on some
+decode runs (the calibration runs), the step time of other runs (held out) predicted from them with the formulas
+that also price DeepSeek (:func:`ess.sim.timeline.overlap_overhead_s`), and set beside the step time measured.
+
+**The check as a whole** (what notebook 09 calls): :class:`CheckDesign` says which configurations calibrate and which
+are held out, :func:`check_prefills` prefills their prompts, :func:`run_check` decodes them all (interleaved, step
+by step), fits the costs and predicts every configuration, and returns an :class:`OverlapCheck` (the table, the
+runs, the held-out errors, the step's breakdown, the serial formula's gap).
 
 **Operation costs.** Every operation the engine times (:class:`ess.metrics.OpTimer`) is a linear function of what it
 works on, fitted by least squares on the calibration runs' records (one record per operation, layer and step) --
@@ -48,10 +53,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .. import validate
 from ..sim.timeline import LayerOps, overlap_overhead_s
+from .config import DecodeConfig
 
 __all__ = ["FAMILIES", "op_samples", "link_samples", "measured_breakdown", "OpCosts", "fit_op_costs", "predict_run",
-           "check_runs", "run_configs"]
+           "check_runs", "CheckConfig", "run_configs", "CheckDesign", "check_prefills", "OverlapCheck", "run_check",
+           "step_lanes", "misses_by_layer"]
 
 #: family -> the features its time is linear in (besides a constant)
 FAMILIES = {
@@ -326,26 +334,42 @@ def check_runs(calibration, held_out):
     return costs, pd.DataFrame(rows)
 
 
+@dataclass(frozen=True)
+class CheckConfig:
+    """One configuration of the check: the first ``batch`` requests of the prefill at ``context_len`` tokens, decoded
+    as ``decode`` says."""
+
+    context_len: int
+    batch: int
+    decode: DecodeConfig
+
+    def __post_init__(self):
+        validate.positive_int("context_len", self.context_len)
+        validate.positive_int("batch", self.batch)
+        if not isinstance(self.decode, DecodeConfig):
+            raise TypeError(f"decode must be an ess.engine.DecodeConfig, got {type(self.decode).__name__}")
+
+
 def run_configs(engine, prefills: dict, configs, *, steps: int = 4, progress: bool = True) -> list:
-    """Decode every configuration, its steps interleaved with every other's: all sessions are started, then round
-    by round each advances one step, so that the load of a shared machine falls alike on every configuration.
-    ``configs``: dicts with ``context_len`` (a key of ``prefills``, each a :class:`~ess.engine.Prefilled`),
-    ``batch`` (its first requests), and the keyword arguments of :meth:`~ess.engine.DecodeEngine.start`
-    (``ratio``, ``schedule``, ``link_GB_per_s`` ...). The garbage collector is off while they run (as
-    :mod:`timeit` does). Returns one run per configuration, in order."""
+    """Decode every configuration (:class:`CheckConfig`), its steps interleaved with every other's: all sessions
+    are started, then round by round each advances one step, so that the load of a shared machine falls alike on
+    every configuration. ``prefills`` maps each ``context_len`` to a :class:`~ess.engine.Prefilled` (a configuration
+    takes its first ``batch`` requests). The garbage collector is off while they run (as :mod:`timeit` does).
+    Returns one run per configuration, in order."""
     import gc
     from tqdm.auto import tqdm
-    configs = [dict(c) for c in configs]
-    for c in configs:
-        if c.get("context_len") not in prefills:
-            raise ValueError(f"no prefill for context_len={c.get('context_len')!r}; have {sorted(prefills)}")
+    configs = list(configs)
+    for i, c in enumerate(configs):
+        if not isinstance(c, CheckConfig):
+            raise TypeError(f"configs[{i}] must be a CheckConfig, got {type(c).__name__}")
+        if c.context_len not in prefills:
+            raise ValueError(f"no prefill for context_len={c.context_len!r}; have {sorted(prefills)}")
     sessions = []
     gc_was_on = gc.isenabled()
     gc.disable()                  # as timeit does: a collection would land, long, in one step of one configuration
     try:
         for c in configs:
-            kw = {k: v for k, v in c.items() if k not in ("context_len", "batch")}
-            sessions.append(engine.start(prefills[c["context_len"]].select(range(c["batch"])), steps, **kw))
+            sessions.append(engine.start(prefills[c.context_len].select(range(c.batch)), steps, c.decode))
         bar = tqdm(total=steps * len(configs), desc="decode steps", unit="step", disable=not progress)
         for _ in range(steps):
             for s in sessions:
@@ -357,3 +381,181 @@ def run_configs(engine, prefills: dict, configs, *, steps: int = 4, progress: bo
         if gc_was_on:
             gc.enable()
     return runs
+
+
+@dataclass(frozen=True)
+class CheckDesign:
+    """Which configurations calibrate the costs and which are held out (predicted, never fitted).
+
+    Calibration: every context of ``calibration_contexts`` x batch of ``calibration_batches`` x schedule (none, DA,
+    and DBA from batch 2) at ``calibration_ratio`` on the first link of ``calibration_links_GB_per_s``, and every
+    schedule at the longest context and largest batch on each further link. Held out: every context of
+    ``held_out_contexts`` x batch of ``held_out_batches`` x link of ``held_out_links_GB_per_s`` x schedule at
+    ``held_out_ratio``. Every configuration decodes ``steps`` steps on ``clock`` (:data:`ess.link.CLOCKS`)."""
+
+    calibration_contexts: tuple
+    calibration_batches: tuple
+    calibration_ratio: float
+    calibration_links_GB_per_s: tuple
+    held_out_contexts: tuple
+    held_out_batches: tuple
+    held_out_ratio: float
+    held_out_links_GB_per_s: tuple
+    steps: int
+    clock: str = "cpu"
+
+    def __post_init__(self):
+        for name in ("calibration_contexts", "calibration_batches", "calibration_links_GB_per_s",
+                     "held_out_contexts", "held_out_batches", "held_out_links_GB_per_s"):
+            value = getattr(self, name)
+            if isinstance(value, (str, bytes)) or not hasattr(value, "__len__") or len(value) == 0:
+                raise TypeError(f"{name} must be a non-empty list, got {value!r}")
+            object.__setattr__(self, name, tuple(value))
+        validate.positive_int("steps", self.steps)
+        DecodeConfig(ratio=self.calibration_ratio, clock=self.clock)           # checks the ratio and the clock
+        DecodeConfig(ratio=self.held_out_ratio)
+
+    def _configs(self, contexts, batches, ratio, links) -> list:
+        out = []
+        for L in contexts:
+            for B in batches:
+                for bw in links:
+                    for s in ("none", "da", "dba"):
+                        if s == "dba" and B < 2:
+                            continue
+                        out.append(CheckConfig(L, B, DecodeConfig(ratio=ratio, schedule=s, link_GB_per_s=bw,
+                                                                  clock=self.clock)))
+        return out
+
+    def calibration(self) -> list:
+        """The calibration configurations (:class:`CheckConfig`), in the order they are decoded."""
+        first = self._configs(self.calibration_contexts, self.calibration_batches, self.calibration_ratio,
+                              self.calibration_links_GB_per_s[:1])
+        more = self._configs((max(self.calibration_contexts),), (max(self.calibration_batches),),
+                             self.calibration_ratio, self.calibration_links_GB_per_s[1:])
+        return first + more
+
+    def held_out(self) -> list:
+        """The held-out configurations (:class:`CheckConfig`)."""
+        out = []
+        for L in self.held_out_contexts:
+            for B in self.held_out_batches:
+                out += self._configs((L,), (B,), self.held_out_ratio, self.held_out_links_GB_per_s)
+        return out
+
+    @property
+    def contexts(self) -> list:
+        return sorted(set(self.calibration_contexts + self.held_out_contexts))
+
+    @property
+    def max_batch(self) -> int:
+        return max(self.calibration_batches + self.held_out_batches)
+
+    def describe(self) -> dict:
+        """The design as record fields (``calibration``, ``held_out``, ``steps``, ``clock``)."""
+        return {"steps": self.steps, "clock": self.clock,
+                "calibration": f"L {list(self.calibration_contexts)}, B {list(self.calibration_batches)}, ratio "
+                               f"{self.calibration_ratio}, links {list(self.calibration_links_GB_per_s)}",
+                "held_out": f"L {list(self.held_out_contexts)}, B {list(self.held_out_batches)}, ratio "
+                            f"{self.held_out_ratio}, links {list(self.held_out_links_GB_per_s)}"}
+
+
+def check_prefills(engine, design: CheckDesign) -> dict:
+    """One prefill per context of the design, of ``design.max_batch`` requests of real text (request ``b`` reads
+    :func:`ess.llm.reference_text_ids` from token ``2000 + 9000 b``), room for ``design.steps`` steps."""
+    from ..llm import reference_text_ids
+    n = design.max_batch
+    return {L: engine.prefill([reference_text_ids(engine.tokenizer, L, skip_tokens=2000 + 9000 * b)
+                               for b in range(n)], max_new_tokens=design.steps) for L in design.contexts}
+
+
+@dataclass
+class OverlapCheck:
+    """What :func:`run_check` found: ``costs`` (:class:`OpCosts`) fitted on the calibration runs, ``table`` one
+    row per configuration (:func:`check_runs`), and the runs of both roles."""
+
+    design: CheckDesign
+    costs: OpCosts
+    table: object
+    calibration_runs: list
+    held_out_runs: list
+
+    @property
+    def held(self):
+        """The held-out rows of :attr:`table`."""
+        return self.table[self.table.role == "held out"]
+
+    def held_out_errors(self) -> tuple[float, float]:
+        """``(median, worst)`` of ``|predicted / measured - 1|`` over the held-out configurations."""
+        err = self.held.error.abs()
+        return float(err.median()), float(err.max())
+
+    def serial_pricing_gap(self) -> tuple[float, float]:
+        """``(gap, own)``: the median ``|predicted / measured - 1|`` of the held-out DA and DBA runs priced with the
+        serial (``"none"``) formula, and with their own (could the check tell a wrong formula from the right
+        one?)."""
+        wrong = [predict_run(self.costs, r, schedule="none") for r in self.held_out_runs
+                 if r.config["schedule"] != "none"]
+        gap = float(np.median([abs(p["predicted_s"] / p["measured_s"] - 1) for p in wrong]))
+        own = float(self.held[self.held.schedule != "none"].error.abs().median())
+        return gap, own
+
+    def select(self, role: str = "held out", **match) -> list:
+        """The runs of ``role`` (``"held out"`` or ``"calibration"``) whose record (``run.config``) has every value
+        of ``match`` (e.g. ``schedule="da"``), in order."""
+        runs = {"held out": self.held_out_runs, "calibration": self.calibration_runs}[validate.one_of(
+            "role", role, ("held out", "calibration"))]
+        return [r for r in runs if all(r.config.get(k) == v for k, v in match.items())]
+
+    def breakdown(self, context_len: int, batch: int):
+        """Per part of a step, ms (columns ``config``, ``part``, ``ms``), measured (the engine's timer,
+        :func:`measured_breakdown`) and predicted (the formula's parts) for the held-out runs at ``context_len`` and
+        ``batch``."""
+        import pandas as pd
+        rows = []
+        for run in self.held_out_runs:
+            c = run.config
+            if c["context_len"] != context_len or c["batch"] != batch:
+                continue
+            name = f"{c['schedule']} {c['link_GB_per_s']:g} GB/s"
+            rows += [{"config": f"measured: {name}", "part": k, "ms": v * 1e3}
+                     for k, v in measured_breakdown(run).items()]
+            rows += [{"config": f"predicted: {name}", "part": k, "ms": v * 1e3}
+                     for k, v in predict_run(self.costs, run)["breakdown_s"].items()]
+        return pd.DataFrame(rows, columns=["config", "part", "ms"])
+
+
+def run_check(engine, design: CheckDesign, prefills: dict | None = None, *, progress: bool = True) -> OverlapCheck:
+    """The whole check: prefill (unless ``prefills`` are given, :func:`check_prefills`), decode every configuration
+    of ``design`` interleaved (:func:`run_configs`), fit the costs on the calibration runs and predict every
+    configuration (:func:`check_runs`)."""
+    if not isinstance(design, CheckDesign):
+        raise TypeError(f"design must be a CheckDesign, got {type(design).__name__}")
+    prefills = check_prefills(engine, design) if prefills is None else prefills
+    cal, held = design.calibration(), design.held_out()
+    runs = run_configs(engine, prefills, cal + held, steps=design.steps, progress=progress)
+    cal_runs, held_runs = runs[:len(cal)], runs[len(cal):]
+    costs, table = check_runs(cal_runs, held_runs)
+    return OverlapCheck(design, costs, table, cal_runs, held_runs)
+
+
+def step_lanes(run, step: int):
+    """``(ops, link)`` of one step of a run, for a timeline: the timed operations of that step
+    (:meth:`ess.metrics.OpTimer.to_frame`) and the link jobs submitted while they ran."""
+    import pandas as pd
+    ops = run.timer.to_frame()
+    ops = ops[ops.step == step]
+    link = pd.DataFrame(run.link_records, columns=["kind", "layer", "nbytes", "submit_s", "start_s", "end_s",
+                                                   "returned_s", "waited_s"])
+    link = link[(link.submit_s >= ops.start_s.min()) & (link.submit_s <= ops.end_s.max())]
+    return ops, link
+
+
+def misses_by_layer(runs, skip_steps: int = 1):
+    """Mean misses per step of each layer (all requests, steps from ``skip_steps`` on), one block of rows per run
+    labelled by its ratio and context: columns ``layer``, ``run``, ``misses``."""
+    import pandas as pd
+    return pd.concat([pd.DataFrame({"layer": range(r.misses.shape[1]),
+                                    "run": f"ratio {r.config['ratio']:g}, L {r.config['context_len']}",
+                                    "misses": r.misses[skip_steps:].sum(axis=2).mean(axis=0)}) for r in runs],
+                     ignore_index=True)

@@ -1,12 +1,13 @@
-"""The check of the overlap formulas against the engine (ess.engine.timing): how measured operation costs become a
-layer's LayerOps and a predicted step, pinned by a worked example computed by hand; the cost fit recovers known
-costs."""
+"""The check of the overlap formulas against the engine (ess.engine.overlap_check): how measured operation costs
+become a layer's LayerOps and a predicted step, pinned by a worked example computed by hand; the cost fit recovers
+known costs; the design's configurations; the whole check on a small engine."""
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
-from ess.engine.timing import FAMILIES, OpCosts, fit_op_costs, measured_breakdown, predict_run
+from ess.engine.overlap_check import (FAMILIES, CheckConfig, CheckDesign, OpCosts, fit_op_costs,
+                                      measured_breakdown, predict_run, run_check)
 from ess.metrics import OpTimer
 
 MS = 1e-3
@@ -118,3 +119,43 @@ def test_the_measured_breakdown_by_hand():
     got = measured_breakdown(run)
     assert list(got) == ["attn", "indexer", "other"]
     assert got == pytest.approx({"attn": 4.5 * MS, "indexer": 1 * MS, "other": 3.5 * MS})
+
+
+def _design(**kw):
+    base = dict(calibration_contexts=[40, 60], calibration_batches=[1, 2], calibration_ratio=0.5,
+                calibration_links_GB_per_s=[0.05, 0.5], held_out_contexts=[50], held_out_batches=[2],
+                held_out_ratio=0.75, held_out_links_GB_per_s=[0.1], steps=3)
+    return CheckDesign(**{**base, **kw})
+
+
+def test_the_design_lists_its_configurations():
+    d = _design()
+    cal = d.calibration()
+    # first link: 2 contexts x (batch 1: none, da; batch 2: none, da, dba) = 10; second link at L 60, B 2: 3 more
+    assert len(cal) == 13 and all(isinstance(c, CheckConfig) for c in cal)
+    assert [(c.context_len, c.batch, c.decode.schedule) for c in cal[:2]] == [(40, 1, "none"), (40, 1, "da")]
+    assert {c.decode.link_GB_per_s for c in cal[10:]} == {0.5} and {(c.context_len, c.batch) for c in cal[10:]} == {
+        (60, 2)}
+    held = d.held_out()
+    assert [c.decode.schedule for c in held] == ["none", "da", "dba"] and {c.decode.ratio for c in held} == {0.75}
+    assert d.contexts == [40, 50, 60] and d.max_batch == 2 and d.describe()["clock"] == "cpu"
+    with pytest.raises(TypeError, match="held_out_batches must be a non-empty list"):
+        _design(held_out_batches=[])
+    with pytest.raises(ValueError, match="ratio"):
+        _design(held_out_ratio=1.5)
+
+
+def test_the_whole_check_runs_on_a_small_engine():
+    from engine_helpers import prompts, small_engine
+    eng = small_engine()
+    d = _design(clock="wall")
+    pre = {L: eng.prefill(prompts([L, L], L), max_new_tokens=d.steps) for L in d.contexts}
+    check = run_check(eng, d, pre, progress=False)
+    assert len(check.table) == 13 + 3 and (check.table.predicted_ms > 0).all()
+    median, worst = check.held_out_errors()
+    assert np.isfinite(median) and worst >= median
+    gap, own = check.serial_pricing_gap()
+    assert np.isfinite(gap) and np.isfinite(own)
+    parts = check.breakdown(50, 2)
+    assert set(parts.config) == {f"{w}: {s} 0.1 GB/s" for w in ("measured", "predicted") for s in ("none", "da",
+                                                                                                       "dba")}
