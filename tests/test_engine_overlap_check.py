@@ -58,9 +58,9 @@ def test_dual_batch_attention_splits_every_operation_in_halves():
     assert predict_run(_costs(), _run("dba"))["predicted_s"] == pytest.approx(10.41 * MS)
 
 
-def _synthetic_run(batch, prompt, misses_per_layer, seed):
+def _synthetic_run(batch, prompt, misses_per_layer, seed, single_ms=3.0):
     """A run whose timed operations cost exactly: indexer 0.1 ms + 2 us per token scanned, attn 0.05 ms + 1 us
-    per selected entry, finish 3 ms per request, other 1 ms."""
+    per selected entry, finish 3 ms per request (``single_ms`` for one request), other 1 ms."""
     rng = np.random.default_rng(seed)
     n_layers, steps, K = 2, 3, 8
     timer = OpTimer()
@@ -75,7 +75,7 @@ def _synthetic_run(batch, prompt, misses_per_layer, seed):
             hits[t, layer] = K - misses[t, layer]
             tokens = batch * (prompt + t)
             for op, sec in (("indexer", 0.1 * MS + 2e-6 * tokens), ("attn", 0.05 * MS + 1e-6 * batch * K),
-                            ("finish", 3 * MS * batch)):
+                            ("finish", (single_ms if batch == 1 else 3.0) * MS * batch)):
                 timer.add(op, layer, clock, clock + sec)
                 clock += sec
         clock += 1 * MS
@@ -93,7 +93,18 @@ def test_the_fit_recovers_the_costs_it_was_given():
     assert costs.op_s("indexer", requests=1, tokens=1000) == pytest.approx(0.1 * MS + 2e-3, rel=1e-6)
     assert costs.op_s("attn", requests=2, entries=16) == pytest.approx(0.05 * MS + 16e-6, rel=1e-6)
     assert costs.op_s("finish", requests=4) == pytest.approx(12 * MS, rel=1e-6)
+    assert costs.op_s("finish", requests=1) == pytest.approx(3 * MS, rel=1e-6)     # batch 1 on the same line here
     assert costs.op_s("other", requests=2) == pytest.approx(1 * MS, rel=1e-6)
+
+
+def test_batch_one_has_a_constant_of_its_own():
+    """One request runs a matrix-vector product (here 5 ms), more a matrix product (3 ms per request): calibrated on
+    batches 1, 2 and 4, the rule gives 5 ms at batch 1 and the line through 2 and 4 elsewhere, 9 ms at 3, 24 at 8."""
+    runs = [_synthetic_run(b, 100, 3, s, single_ms=5.0) for s, b in enumerate([1, 2, 4])]
+    costs = fit_op_costs(runs)
+    assert costs.op_s("finish", requests=1) == pytest.approx(5 * MS, rel=1e-6)
+    assert costs.op_s("finish", requests=3) == pytest.approx(9 * MS, rel=1e-6)
+    assert costs.op_s("finish", requests=8) == pytest.approx(24 * MS, rel=1e-6)
 
 
 def test_a_fit_needs_runs():
@@ -159,3 +170,41 @@ def test_the_whole_check_runs_on_a_small_engine():
     parts = check.breakdown(50, 2)
     assert set(parts.config) == {f"{w}: {s} 0.1 GB/s" for w in ("measured", "predicted") for s in ("none", "da",
                                                                                                        "dba")}
+
+
+def _timed_run(schedule, ops_ms):
+    """A held-out run of B = 4 prompts of 10 tokens at L 10, two layers, two steps, whose calls cost ``ops_ms``
+    (op -> ms per call, every layer and step)."""
+    timer = OpTimer()
+    clock = 0.0
+    for t in range(2):
+        timer.step = t
+        for layer in range(2):
+            for op, ms in ops_ms.items():
+                timer.add(op, layer, clock, clock + ms * MS)
+                clock += ms * MS
+    cfg = {"batch": 4, "context_len": 10, "schedule": schedule, "link_GB_per_s": 0.01, "prompt_lens": [10] * 4,
+           "topk": 4, "steps": 2, "ratio": 0.5, "mode": "offload", "entry_bytes": 100}
+    zeros = np.zeros((2, 2, 4), np.int64)
+    return SimpleNamespace(config=cfg, timer=timer, hits=zeros, misses=zeros, step_times=lambda: np.ones(2))
+
+
+def test_half_batch_ratios_by_hand():
+    """Whole batch: indexer 1.0 + plan 0.2 ms per call, attention 0.5 + merge 0.1. Halves (DBA): indexer 0.6 + plan
+    0.15 each, attention 0.3 + merge 0.07 each. Measured half / whole: indexer 0.75 / 1.2 = 0.625, attention
+    0.37 / 0.6 = 0.61667. The rule (indexer 0.1 ms + 0.01 ms per token scanned, plan 0.2 ms, attention 0.1 ms per
+    request, merge 0): at step 1 the whole batch scans 4 x 11 = 44 tokens, a half 22: indexer
+    (0.1 + 0.22 + 0.2) / (0.1 + 0.44 + 0.2) = 0.52 / 0.74 = 0.70270; attention 0.2 / 0.4 = 0.5."""
+    from ess.engine.overlap_check import OverlapCheck
+    whole = _timed_run("none", {"indexer": 1.0, "plan": 0.2, "attn": 0.5, "merge": 0.1})
+    split = _timed_run("dba", {"indexer_b0": 0.6, "plan_b0": 0.15, "indexer_b1": 0.6, "plan_b1": 0.15,
+                               "attn_b0": 0.3, "merge_b0": 0.07, "attn_b1": 0.3, "merge_b1": 0.07})
+    z = lambda fam, *c: (fam, tuple(c) + (0.0,) * (1 + len(FAMILIES[fam]) - len(c)))    # noqa: E731
+    costs = OpCosts(dict([z("indexer", 0.1 * MS, 0.0, 0.01 * MS), z("plan", 0.2 * MS), z("attn", 0.0, 0.1 * MS),
+                          z("merge", 0.0)]), {}, {}, {}, ())
+    check = OverlapCheck(None, costs, None, [], [whole, split])
+    r = check.half_batch_ratios().set_index("operation")
+    assert r.loc["indexer", "measured_ratio"] == pytest.approx(0.625)
+    assert r.loc["attention", "measured_ratio"] == pytest.approx(0.37 / 0.6)
+    assert r.loc["indexer", "rule_ratio"] == pytest.approx(0.52 / 0.74)
+    assert r.loc["attention", "rule_ratio"] == pytest.approx(0.5)

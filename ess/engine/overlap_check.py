@@ -8,15 +8,17 @@ by step), fits the costs and predicts every configuration, and returns an :class
 runs, the held-out errors, the step's breakdown, the serial formula's gap).
 
 **Operation costs.** Every operation the engine times (:class:`ess.metrics.OpTimer`) is a linear function of what it
-works on, fitted by least squares on the calibration runs' records (one record per operation, layer and step) --
-except those that depend on the batch size alone (the projections, the MLP, the output head: a matrix-vector
-product at batch 1, a matrix product above), which are measured per batch size and interpolated between the sizes
-measured, as the paper's simulator interpolates between measured points ([BLOG], paper-facts.md):
+works on -- a fixed part per call plus a part per request, per token scanned, per entry -- fitted by least squares
+on the calibration runs' records (one record per operation, layer and step). The operations that depend on the
+batch size alone (the projections, the MLP, the output head) run a matrix-vector product for one request and a
+matrix product above (a different BLAS path), so their rule has a constant of its own at batch 1 (``single``).
+Every operation of a held-out run is priced from that rule: no time measured at a held-out batch enters its
+prediction.
 
 =============== ============================================================ =================================
 family          records                                                       features (besides a constant)
 =============== ============================================================ =================================
-``pre_attn``    norm, q/k/v projections, RoPE                                 requests
+``pre_attn``    norm, q/k/v projections, RoPE                                 requests, single
 ``indexer``     indexer scan and top-K (``indexer``, ``indexer_b0/_b1``)      requests, cached tokens scanned
 ``plan``        the cache's plans                                             requests, selected entries, misses
 ``attn``        one gather-and-score call over some entries: every selected   requests, entries
@@ -24,8 +26,8 @@ family          records                                                       fe
                 or misses (``attn_misses``) -- the same code on other rows
 ``merge``       softmax and weighted sum over the step's columns              requests, selected entries
 ``commit``      the plans applied                                             requests, selected entries, misses
-``finish``      output projection and MLP                                     requests
-``embed``, ``logits``, ``write_back``, ``other`` (per step; ``other`` is      requests
+``finish``      output projection and MLP                                     requests, single
+``embed``, ``logits``, ``write_back``, ``other`` (per step; ``other`` is      requests, single
                 the step's time outside every timed span)
 =============== ============================================================ =================================
 
@@ -49,7 +51,7 @@ lane), MoE and the MTP draft passes, and GPU kernels (a CUDA run of the same eng
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -63,10 +65,11 @@ __all__ = ["FAMILIES", "op_samples", "link_samples", "measured_breakdown", "OpCo
 
 #: family -> the features its time is linear in (besides a constant)
 FAMILIES = {
-    "pre_attn": ("requests",), "finish": ("requests",),
+    "pre_attn": ("requests", "single"), "finish": ("requests", "single"),
     "indexer": ("requests", "tokens"), "plan": ("requests", "selected", "misses"),
     "attn": ("requests", "entries"), "merge": ("requests", "selected"), "commit": ("requests", "selected", "misses"),
-    "embed": ("requests",), "logits": ("requests",), "write_back": ("requests",), "other": ("requests",),
+    "embed": ("requests", "single"), "logits": ("requests", "single"), "write_back": ("requests", "single"),
+    "other": ("requests", "single"),
 }
 _PER_STEP = ("embed", "logits", "write_back", "other")
 _SPLIT = {"indexer_b0": ("indexer", 0), "indexer_b1": ("indexer", 1), "plan_b0": ("plan", 0),
@@ -83,18 +86,6 @@ def _trimmed_mean(x, cut: float = 0.1) -> float:
     return float(x[k:x.size - k].mean())
 
 
-def _interp(x, xs, ys):
-    """Piecewise-linear through the points ``(xs, ys)``, extended along the end segments beyond them."""
-    x = np.asarray(x, float)
-    if xs.size == 1:
-        return float(ys[0]) if x.ndim == 0 else np.full(x.shape, ys[0])
-    out = np.interp(x, xs, ys)
-    lo = ys[0] + (x - xs[0]) * (ys[1] - ys[0]) / (xs[1] - xs[0])
-    hi = ys[-1] + (x - xs[-1]) * (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
-    out = np.where(x < xs[0], lo, np.where(x > xs[-1], hi, out))
-    return float(out) if out.ndim == 0 else out
-
-
 def _halves(B: int) -> tuple[np.ndarray, np.ndarray]:
     half = (B + 1) // 2                                            # as ess.decode.run_layer splits a batch
     return np.arange(half), np.arange(half, B)
@@ -105,8 +96,9 @@ def _sizes(run, t: int, layer: int, rows: np.ndarray) -> dict:
     cfg = run.config
     n_tok = np.asarray(cfg["prompt_lens"])[rows] + t
     sel = float(np.minimum(cfg["topk"], n_tok).sum())
-    return {"requests": float(rows.size), "tokens": float(n_tok.sum()), "selected": sel, "entries": sel,
-            "hits": float(run.hits[t, layer, rows].sum()), "misses": float(run.misses[t, layer, rows].sum())}
+    return {"requests": float(rows.size), "single": float(rows.size == 1), "tokens": float(n_tok.sum()),
+            "selected": sel, "entries": sel, "hits": float(run.hits[t, layer, rows].sum()),
+            "misses": float(run.misses[t, layer, rows].sum())}
 
 
 def op_samples(run, skip_steps: int = 1):
@@ -172,22 +164,20 @@ def link_samples(run, skip_steps: int = 1):
 
 @dataclass(frozen=True)
 class OpCosts:
-    """Fitted costs: ``coef[family]`` (constant, then one per feature of :data:`FAMILIES`), or for the families
-    that depend on the batch size alone ``tables[family]`` = (batch sizes, seconds) measured, interpolated between
-    them (and along the end segments beyond); ``link_latency_s`` per direction (paced links), ``unpaced`` per
-    direction ``(a, c)`` (seconds = a + c bytes), the RMS relative residual of each family's fit, and which runs
-    they came from."""
+    """Fitted costs: ``coef[family]`` (constant, then one per feature of :data:`FAMILIES`); ``link_latency_s`` per
+    direction (paced links), ``unpaced`` per direction ``(a, c)`` (seconds = a + c bytes), the RMS relative residual
+    of each family's fit, and which runs they came from."""
 
     coef: dict
     link_latency_s: dict
     unpaced: dict
     residual: dict
     calibrated_on: tuple
-    tables: dict = field(default_factory=dict)
 
     def op_s(self, family: str, **sizes) -> float:
-        if family in self.tables:                          # measured per batch size: interpolated between them
-            return _interp(sizes["requests"], *self.tables[family])
+        """Seconds of one call of ``family`` on ``sizes`` (the features of :data:`FAMILIES`; ``single`` follows from
+        ``requests`` when not given)."""
+        sizes.setdefault("single", float(sizes.get("requests") == 1))
         c = self.coef[family]
         return float(c[0] + sum(ci * sizes[f] for ci, f in zip(c[1:], FAMILIES[family])))
 
@@ -219,22 +209,16 @@ def fit_op_costs(runs) -> OpCosts:
             feats = part[list(FAMILIES[fam])].mean()
             points.append({"run": i, "family": fam, "seconds": _trimmed_mean(part.seconds), **feats.to_dict()})
     points = pd.DataFrame(points)
-    coef, residual, tables = {}, {}, {}
+    coef, residual = {}, {}
     for fam, feats in FAMILIES.items():
         part = points[points.family == fam]
         if part.empty:
             continue
         y = part.seconds.to_numpy()
-        if feats == ("requests",):
-            table = part.groupby("requests").seconds.mean()
-            tables[fam] = (table.index.to_numpy(float), table.to_numpy())
-            pred = _interp(part.requests.to_numpy(float), *tables[fam])
-        else:
-            X = np.column_stack([np.ones(len(part))] + [part[f].to_numpy(float) for f in feats])
-            c, *_ = np.linalg.lstsq(X, y, rcond=None)
-            coef[fam] = tuple(float(v) for v in c)
-            pred = X @ c
-        residual[fam] = float(np.sqrt(np.mean(((pred - y) / np.maximum(y, 1e-9)) ** 2)))
+        X = np.column_stack([np.ones(len(part))] + [part[f].to_numpy(float) for f in feats])
+        c, *_ = np.linalg.lstsq(X, y, rcond=None)
+        coef[fam] = tuple(float(v) for v in c)
+        residual[fam] = float(np.sqrt(np.mean(((X @ c - y) / np.maximum(y, 1e-9)) ** 2)))
     links = pd.concat([link_samples(r) for r in runs], ignore_index=True)
     latency, unpaced = {}, {}
     for kind, part in links.groupby("kind"):
@@ -249,7 +233,7 @@ def fit_op_costs(runs) -> OpCosts:
             X = np.column_stack([np.ones(len(free)), free.bytes.to_numpy(float)])
             a, c = np.linalg.lstsq(X, free.cross_s.to_numpy(), rcond=None)[0]
             unpaced[kind] = (wake + float(a) + resume, float(c))
-    return OpCosts(coef, latency, unpaced, residual, tuple(_describe(r) for r in runs), tables)
+    return OpCosts(coef, latency, unpaced, residual, tuple(_describe(r) for r in runs))
 
 
 def _layer(costs: OpCosts, run, t: int, layer: int, schedule: str | None = None) -> tuple[float, dict]:
@@ -303,7 +287,7 @@ def predict_run(costs: OpCosts, runs, skip_steps: int = 1, schedule: str | None 
                 for k, v in parts.items():
                     parts_sum[k] = parts_sum.get(k, 0.0) + v
             for fam in _PER_STEP:
-                v = costs.op_s(fam, requests=float(B))
+                v = costs.op_s(fam, requests=float(B), single=float(B == 1))
                 total += v
                 parts_sum[fam] = parts_sum.get(fam, 0.0) + v
             preds.append(total)
@@ -499,6 +483,38 @@ class OverlapCheck:
         gap = float(np.median([abs(p["predicted_s"] / p["measured_s"] - 1) for p in wrong]))
         own = float(self.held[self.held.schedule != "none"].error.abs().median())
         return gap, own
+
+    def half_batch_ratios(self):
+        """What a half batch costs on this engine: for every held-out context and batch with both a ``none`` run
+        (every operation on the whole batch) and a ``dba`` run (the selection and attention per half), the measured
+        mean time of one call of the indexer (with its plan) and of attention (gather, score and merge) on a half,
+        over the same on the whole batch, beside the fitted rule's ratio for the same sizes (step 1). Columns
+        ``context_len``, ``batch``, ``operation``, ``measured_ratio``, ``rule_ratio``."""
+        import pandas as pd
+        fams = {"indexer": ("indexer", "plan"), "attention": ("attn", "merge")}
+        rows = []
+        for whole in self.select(schedule="none"):
+            c = whole.config
+            split = self.select(schedule="dba", batch=c["batch"], context_len=c["context_len"],
+                                link_GB_per_s=c["link_GB_per_s"])
+            if not split or c["batch"] < 2:
+                continue
+            w, h = whole.timer.to_frame(), split[0].timer.to_frame()
+            w, h = w[w.step >= 1], h[h.step >= 1]
+            B = c["batch"]
+            s_all = _sizes(whole, 1, 0, np.arange(B))
+            s_half = _sizes(whole, 1, 0, _halves(B)[0])
+            for name, (sel, extra) in fams.items():
+                per_call = lambda df, tags: float(df[df.op.isin(tags)].groupby(["step", "layer"]).seconds.sum().mean())  # noqa: E731,E501
+                whole_s = per_call(w, (sel,)) + per_call(w, (extra,))
+                half_s = (per_call(h, (f"{sel}_b0", f"{sel}_b1")) + per_call(h, (f"{extra}_b0", f"{extra}_b1"))) / 2
+                rule = sum(self.costs.op_s(f, **s_half) for f in (sel, extra)) / sum(
+                    self.costs.op_s(f, **s_all) for f in (sel, extra))
+                rows.append({"context_len": c["context_len"], "batch": B, "link_GB_per_s": c["link_GB_per_s"],
+                             "operation": name, "whole_ms": whole_s * 1e3, "half_ms": half_s * 1e3,
+                             "measured_ratio": half_s / whole_s, "rule_ratio": rule})
+        return pd.DataFrame(rows, columns=["context_len", "batch", "link_GB_per_s", "operation", "whole_ms",
+                                           "half_ms", "measured_ratio", "rule_ratio"])
 
     def select(self, role: str = "held out", **match) -> list:
         """The runs of ``role`` (``"held out"`` or ``"calibration"``) whose record (``run.config``) has every value
