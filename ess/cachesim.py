@@ -221,7 +221,7 @@ def _kernels():
             e = epoch + 1
             _stamp(seq, t, ref, slot_of, e, True, res)                # hits: selected this step
             m = misses - min(misses, capacity - n_used)       # misses that need a victim
-            for j in range(W):                        # the first misses fill the free slots
+            for j in range(W if n_used < capacity else 0):    # the first misses fill the free slots
                 x = seq[t, j]
                 if x < 0 or res[x] or n_used == capacity:
                     continue
@@ -235,7 +235,9 @@ def _kernels():
                     looks = min(stripe, samples)
                     v = -1
                     for s in range(looks):
-                        c = (cursor + i + (s * stripe // looks) * m) % capacity
+                        c = cursor + i + (s * stripe // looks) * m    # i + (stripe - 1) m < capacity: one wrap
+                        if c >= capacity:
+                            c -= capacity
                         if ref[c] != e and (v < 0 or ref[c] < ref[v]):      # older = smaller stamp
                             v = c
                     victims[i] = v
@@ -268,8 +270,7 @@ def _kernels():
                 i += 1
             if m > 0:
                 cursor = (cursor + min(m, capacity)) % capacity
-            epoch = e
-            _stamp(seq, t, ref, slot_of, e, False, res)
+            epoch = e                                 # every slot of the step holds e already (hit, filled, claimed)
             if t >= n_free:
                 out[t - n_free] = misses
         return -1
