@@ -9,6 +9,7 @@ from hypothesis import assume, given, settings, strategies as st
 from engine_helpers import SMALL, prompts, small_engine
 from ess.engine.kv import kv_entry_format
 from ess.layout import pool_slots
+from ess.policies import ONLINE_POLICIES
 from llm_helpers import torch_threads
 
 ENGINE = small_engine()
@@ -27,7 +28,7 @@ def _same(a, b):
 
 @settings(max_examples=12, deadline=None)
 @given(lens=st.lists(st.integers(24, 160), min_size=1, max_size=3), topk=st.integers(2, 20),
-       ratio=st.floats(0.05, 1.0), policy=st.sampled_from(["lru", "fifo", "heat"]),
+       ratio=st.floats(0.05, 1.0), policy=st.sampled_from(ONLINE_POLICIES),
        schedule=st.sampled_from(["none", "da", "dba"]), link=st.sampled_from(["sync", "unpaced", "paced"]),
        warmup=st.booleans(), steps=st.integers(2, 5), seed=st.integers(0, 2 ** 16),
        backend=st.sampled_from(["auto", "torch"]))
@@ -51,7 +52,7 @@ def test_every_schedule_and_policy_on_one_batch():
     pre = ENGINE.prefill(prompts([150, 90, 200], 3), max_new_tokens=6)
     base = ENGINE.decode(pre, 6, offload=False, topk=12, keep_logits=True)
     for schedule in ("none", "da", "dba"):
-        for policy in ("lru", "fifo", "heat"):
+        for policy in ONLINE_POLICIES:
             run = ENGINE.decode(pre, 6, ratio=0.2, policy=policy, schedule=schedule, topk=12, keep_logits=True,
                                 link_GB_per_s=0.2)
             _same(run, base)
