@@ -149,6 +149,14 @@ class GridInputs:
         self.tables[(spec.name, loc.name, profile)] = t
         return t
 
+    def summary(self) -> dict:
+        """What the bands span, in short (for every record of a cell; :meth:`describe` in full, recorded once)."""
+        return {"calibration_band": f"{len(self.calibrations)} calibrations x {len(self.localities)} locality models",
+                "extrapolation_band": list(self.extrapolation) + ["Fig. 2 flat at its mean (another model)",
+                                                                  "all-to-all over RDMA (GB200 NVL72)"],
+                "cachesim": f"{self.cachesim_steps} steps x {self.cachesim_batch} requests (band: "
+                            f"{self.band_batch})"}
+
     def describe(self) -> dict:
         """What the bands span, for a record's configuration."""
         return {"calibration_band": {"calibrations": list(self.calibrations),
@@ -654,7 +662,7 @@ def cell_view(inputs: GridInputs, model: str, gpu: str, link: str, context_len: 
         i0 = np.flatnonzero(base)[np.nanargmax(t[base])]
         b0, t0 = int(B[i0]), float(t[i0])
     if not off.any():
-        why = "; ".join(f"ratio {r:g}: {v[1]}" for r, v in limits.items() if r < 1 and v[0] == 0)
+        why = "; ".join(v[1] for r, v in limits.items() if r < 1 and v[0] == 0)
         return CellView(model, gpu, link, int(context_len), T, acc, None, empty, empty, B[base], t[base], None, None,
                         b0, t0, "", limits[1.0][1] if b0 == limits[1.0][0] else "throughput", None,
                         reason=why or "no offload ratio fits")

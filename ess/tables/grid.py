@@ -13,7 +13,8 @@ import pandas as pd
 
 from ..published import published
 from ..sim import grid as sgrid
-from ..specs import host_link_spec, reference_link
+from ..specs import reference_link
+from ..viz.grid import context_label
 
 __all__ = ["SCOPE", "model_scope", "model_cache_table", "grid_table", "grid_records", "reference_cells", "paper_cell",
            "notebook07_record", "findings"]
@@ -120,7 +121,7 @@ def grid_records(df: pd.DataFrame, inputs: "sgrid.GridInputs", provenance: dict)
     every configuration."""
     out = []
     for _, r in df.iterrows():
-        tag = f"{r.model}_{r.gpu}_{r.link}_{int(r.context_len) // 1024}k"
+        tag = f"{r.model}_{r.gpu}_{r.link}_{context_label(r.context_len)}"
         prov = sgrid.cell_provenance(r.model, r.gpu)
         cfg = {"model": r.model, "gpu": r.gpu, "link": r.link, "link_label": r.link_label,
                "h2d_GB_per_s": float(r.h2d_GB_per_s), "d2h_GB_per_s": float(r.d2h_GB_per_s),

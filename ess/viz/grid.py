@@ -10,7 +10,7 @@ from plotly.subplots import make_subplots
 
 from ._style import COLORS, LEGEND_LOW, TEMPLATE, fig_message
 
-__all__ = ["context_label", "fig_gain_heatmap", "fig_break_even", "fig_cell"]
+__all__ = ["context_label", "fig_gain_heatmap", "fig_gain_vs_context", "fig_break_even", "fig_cell"]
 
 
 def context_label(L: int) -> str:
@@ -62,6 +62,41 @@ def fig_gain_heatmap(cells: pd.DataFrame, *, paper: tuple | None = None,
                           line={"color": "black", "width": 3}, row=1, col=j)
     fig.update_layout(template=TEMPLATE, title=title, height=120 + 48 * len(gpus))
     fig.update_xaxes(title_text="context")
+    return fig
+
+
+def fig_gain_vs_context(cells: pd.DataFrame, *,
+                        title: str = "Gain of offload against context, with the extrapolation band") -> go.Figure:
+    """The gain (%) against context, one line per GPU and one panel per model, the extrapolation band
+    (``gain_pct_low`` / ``_high``) shaded around each line and the calibration band (``gain_pct_cal_low`` /
+    ``_high``) as error bars."""
+    from ._style import add_band
+    models = list(dict.fromkeys(cells.model))
+    fig = make_subplots(rows=1, cols=len(models), subplot_titles=models, shared_yaxes=True,
+                        horizontal_spacing=0.04)
+    for i, g in enumerate(dict.fromkeys(cells.gpu)):
+        color = COLORS[i % len(COLORS)]
+        for j, m in enumerate(models, start=1):
+            part = cells[(cells.model == m) & (cells.gpu == g)].sort_values("context_len")
+            x = np.log2(part.context_len.to_numpy(dtype=float))
+            if "gain_pct_low" in part:
+                before = len(fig.data)
+                add_band(fig, x, part.gain_pct_low, part.gain_pct_high, name=f"{g} (extrapolation band)",
+                         color=color, group=g)
+                for tr in fig.data[before:]:
+                    tr.update(xaxis=f"x{'' if j == 1 else j}", yaxis=f"y{'' if j == 1 else j}")
+            err = None
+            if "gain_pct_cal_low" in part:
+                err = {"type": "data", "symmetric": False, "array": part.gain_pct_cal_high - part.gain_pct,
+                       "arrayminus": part.gain_pct - part.gain_pct_cal_low, "color": color, "thickness": 1}
+            fig.add_scatter(x=x, y=part.gain_pct, mode="lines+markers", name=g, legendgroup=g,
+                            showlegend=j == 1, line={"color": color}, error_y=err, row=1, col=j)
+    ticks = sorted(cells.context_len.unique())
+    fig.update_xaxes(tickvals=np.log2(np.array(ticks, dtype=float)), ticktext=[context_label(L) for L in ticks],
+                     title_text="context")
+    fig.add_hline(y=0, line={"color": "grey", "width": 1})
+    fig.update_yaxes(title_text="gain over no offload, %", row=1, col=1)
+    fig.update_layout(template=TEMPLATE, title=title, legend=LEGEND_LOW, height=440)
     return fig
 
 

@@ -54,13 +54,14 @@ def prepare_tables(inputs: "sgrid.GridInputs", models, contexts, *, mtps=MTPS, r
 
 
 def grid_view(inputs: "sgrid.GridInputs", model: str, gpu: str, link: str, context_len: int, mtp: int = 2,
-              ratio="best", *, tables: dict | None = None) -> tuple:
+              ratio="best", *, tables: dict | None = None, n_ratios: int = 8) -> tuple:
     """One cell at one MTP and ratio: ``(figure, summary)`` -- the figure of :func:`ess.viz.grid.fig_cell` and a
     dict with the best batch and ratio with and without offload, the throughputs per GPU, the gain, what binds,
-    the mean misses per layer and a ``reason`` where nothing with offload fits."""
+    the mean misses per layer and a ``reason`` where nothing with offload fits. ``n_ratios``: the size of the ratio
+    grid "best" searches (:func:`ess.sim.grid.ratio_grid`; the one :func:`prepare_tables` computed)."""
     if link not in widget_links(gpu):
         raise ValueError(f"link {link!r} does not serve {gpu}; it takes {widget_links(gpu)}")
-    view = sgrid.cell_view(inputs, model, gpu, link, context_len, mtp, ratio, tables=tables)
+    view = sgrid.cell_view(inputs, model, gpu, link, context_len, mtp, ratio, tables=tables, n_ratios=n_ratios)
     summary = {"ratio": view.ratio, "batch": view.best_batch, "throughput": view.best_throughput,
                "batch_no_offload": view.batch_no_offload, "throughput_no_offload": view.best_no_offload,
                "gain_pct": view.gain_pct, "limit": view.limit, "limit_no_offload": view.limit_no_offload,
@@ -82,10 +83,10 @@ def summary_text(s: dict) -> str:
 
 
 def grid_widget(inputs: "sgrid.GridInputs", tables: dict, models, gpus, contexts, *, model: str | None = None,
-                gpu: str | None = None, context_len: int | None = None):
+                gpu: str | None = None, context_len: int | None = None, n_ratios: int = 8):
     """Controls for :func:`grid_view` (needs a running kernel): model, GPU, link (the ones serving the GPU),
     context (the model's), MTP (1, 2, 4) and ratio ("best" or a stop of :data:`RATIOS`); ``tables`` from
-    :func:`prepare_tables`, so that no move simulates the cache."""
+    :func:`prepare_tables` (with the same ``n_ratios``), so that no move simulates the cache."""
     import ipywidgets as W
 
     models, gpus = list(models), list(gpus)
@@ -109,7 +110,7 @@ def grid_widget(inputs: "sgrid.GridInputs", tables: dict, models, gpus, contexts
         if holding[0]:
             return
         fig, s = grid_view(inputs, model_w.value, gpu_w.value, link_w.value, ctx_w.value, mtp_w.value,
-                           ratio_w.value, tables=tables)
+                           ratio_w.value, tables=tables, n_ratios=n_ratios)
         label.value = summary_text(s)
         lk = host_link_spec(link_w.value)
         note.value = (f"link: {lk.label}, {lk.h2d_GB_per_s:g} GB/s host to device, {lk.d2h_GB_per_s:g} back; "

@@ -37,7 +37,7 @@ widget_cachesim_batch = 1
 paper_cachesim_steps = 64
 paper_cachesim_batch = 4
 variant_fit = {}
-smoke_sizes = {"contexts": [8192], "n_ratios": 4, "cachesim_steps": 8, "cachesim_batch": 1, "band_batch": 1,
+smoke_sizes = {"gpus": ["H20", "H200", "B200", "GB200"], "contexts": [8192], "n_ratios": 3, "cachesim_steps": 8, "cachesim_batch": 1, "band_batch": 1,
                "widget_cachesim_steps": 4, "widget_cachesim_batch": 1, "paper_cachesim_steps": 16,
                "paper_cachesim_batch": 2, "variant_fit": {"grid": 12, "refine": 1}}
 
@@ -69,8 +69,13 @@ t_start = time.perf_counter()
 inputs = sgrid.grid_inputs(variant_fit=variant_fit, cachesim_steps=cachesim_steps, cachesim_batch=cachesim_batch,
                            band_batch=band_batch)
 provenance = {"calibration": "central of the equally good calibrations (notebook 05)",
-              "params": inputs.params.to_dict(), "strategy": "best (the per-layer choice of none, DA, DBA)",
-              "host_memory_cap": True, "bands": inputs.describe()}
+              "params": {k: v for k, v in inputs.params.to_dict().items() if k != "fitted_on"},
+              "strategy": "best (the per-layer choice of none, DA, DBA)", "host_memory_cap": True,
+              "bands": inputs.summary(), "in_full": "record grid_inputs"}
+rec.record("grid_inputs", len(inputs.calibrations), "calibrations",
+           config={"params": inputs.params.to_dict(), **inputs.describe()},
+           note="what every cell's bands span, in full: the calibrations (notebook 05), the locality models (notebook "
+                "04), the extrapolation variants, the cache simulation's sizes")
 print(f"central calibration: compute x{inputs.params.compute_scale:.3f}, comm x{inputs.params.comm_scale:.3f}, "
       f"fixed {inputs.params.fixed_ms:.1f} ms; calibration band: {len(inputs.calibrations)} calibrations x "
       f"{len(inputs.localities)} locality models; extrapolation variants: {', '.join(inputs.extrapolation)}")
@@ -178,6 +183,12 @@ paper_dep = ess.deployment_spec("paper-table1")
 fig_heat = vgrid.fig_gain_heatmap(ref, paper=("deepseek-v3.2", paper_dep.gpu, 32768))
 rec.figure("gain_heatmap", fig_heat).show()
 
+# %% [markdown]
+# The same gains against context, the extrapolation band shaded and the calibration band as error bars.
+
+# %%
+rec.figure("gain_vs_context", vgrid.fig_gain_vs_context(ref)).show()
+
 # %%
 link_lines = {host_link_spec(n).label.split(",")[0] + f" {host_link_spec(n).h2d_GB_per_s:g}":
               host_link_spec(n).h2d_GB_per_s for n in ("pcie4", "pcie5-flashtrans", "pcie6", "c2c-gh200")}
@@ -236,16 +247,17 @@ rec.record("paper_cell_best_gain", float(pb.gain_pct), "%",
 # book shows its default view below.
 
 # %%
-fig0, s0 = grid_view(inputs, "deepseek-v3.2", paper_dep.gpu, reference_link(paper_dep.gpu), 32768, 2, "best",
-                     tables=tables)
+fig0, s0 = grid_view(inputs, "deepseek-v3.2", paper_dep.gpu, reference_link(paper_dep.gpu), contexts[-1], 2,
+                     "best", tables=tables, n_ratios=n_ratios)
 fig0.show()
 print(s0)
 t0 = time.perf_counter()
 for _ in range(5):
-    grid_view(inputs, "glm-5", "B200", "pcie5", contexts[-1], 4, "best", tables=tables)
+    grid_view(inputs, "glm-5", gpus[-1], reference_link(gpus[-1]), contexts[-1], 4, "best", tables=tables,
+              n_ratios=n_ratios)
 print(f"one redraw's computation: {(time.perf_counter() - t0) / 5 * 1e3:.0f} ms (this machine, shared)")
 grid_widget(inputs, tables, models, gpus, widget_contexts, model="deepseek-v3.2", gpu=paper_dep.gpu,
-            context_len=32768)
+            context_len=32768, n_ratios=n_ratios)
 
 # %% [markdown]
 # ## What ess models, and what it does not
