@@ -104,7 +104,9 @@ def latent_layout(model: ModelSpec, dtype: str = "fp8") -> LatentLayout:
     n_scales = model.kv_lora_rank // model.latent_fp8_tile
     scales = n_scales * model.cache_scale_bytes
     rope = model.qk_rope_head_dim * model.cache_rope_bytes
-    return LatentLayout("fp8", ckv + scales + rope, 0, ckv, ckv, n_scales, ckv + scales, rope)
+    # latent_pad_bytes: DeepSeek-V4's row pads its 7 one-byte scales to 8 (584 B); 0 for the V3.2 layout
+    return LatentLayout("fp8", ckv + scales + rope + model.latent_pad_bytes, 0, ckv, ckv, n_scales, ckv + scales,
+                        rope)
 
 
 def latent_entry_bytes(model: ModelSpec, dtype: str = "fp8") -> int:
@@ -113,13 +115,23 @@ def latent_entry_bytes(model: ModelSpec, dtype: str = "fp8") -> int:
 
 
 def indexer_entry_bytes(model: ModelSpec) -> int:
-    """Bytes of one indexer key (one token, one layer): FP8 key plus one float32 scale (132 B)."""
-    return model.index_head_dim * model.cache_fp8_bytes + model.cache_scale_bytes
+    """Bytes of one indexer key (one token -- one compressed row of a compressed model -- and layer): FP8 key plus
+    one scale (132 B: a float32 scale, ``indexer_scale_bytes``, or the cache's scale size when that is not given)."""
+    scale = model.cache_scale_bytes if model.indexer_scale_bytes is None else model.indexer_scale_bytes
+    return model.index_head_dim * model.cache_fp8_bytes + scale
 
 
-def token_bytes(model: ModelSpec, dtype: str = "fp8") -> int:
-    """Latent plus indexer bytes of one token over all layers (48,068 B for DeepSeek-V3.2-Exp, FP8)."""
-    return (latent_entry_bytes(model, dtype) + indexer_entry_bytes(model)) * model.n_layers
+def token_bytes(model: ModelSpec, dtype: str = "fp8"):
+    """Latent plus indexer bytes one token adds over all layers, on a long context (48,068 B for DeepSeek-V3.2-Exp,
+    FP8). A compressed model's rows share their bytes among the tokens they hold (DeepSeek-V4-Flash: 21 C4 layers x
+    (584 + 132) B / 4 + 20 C128 layers x 584 B / 128 = 3,850.25 B); its sliding windows, a constant per request,
+    are left out (:func:`request_cache` counts them)."""
+    per = latent_entry_bytes(model, dtype) + indexer_entry_bytes(model)
+    if model.layer_compress_ratios is None:
+        return per * model.n_layers
+    latent = latent_entry_bytes(model, dtype)
+    return (model.n_sparse_layers * per / model.sparse_compress_ratio
+            + sum(latent / r for r in model.dense_compress_ratios))
 
 
 def check_context_len(model: ModelSpec | EntryFormat, context_len: int, name: str = "context_len") -> int:
@@ -168,7 +180,8 @@ def pool_slots(model: ModelSpec | EntryFormat, ratio: float, context_len: int, *
     ``need`` (e.g. :func:`step_entries`): raise a ``ValueError`` when the pool has fewer slots than that."""
     ratio = validate.ratio("ratio", ratio)
     context_len = check_context_len(model, context_len)
-    tokens = padded_tokens(model, context_len)
+    # a compressed model's pool holds rows, one per sparse_compress_ratio tokens (ModelSpec.sparse_rows)
+    tokens = padded_tokens(model, context_len if isinstance(model, EntryFormat) else model.sparse_rows(context_len))
     slots = int(math.floor(ratio * tokens + 1e-9))     # 1e-9: 0.3 * 960 is 287.99999999999997
     if need is not None and slots < need:
         raise ValueError(f"ratio {ratio} of context_len={context_len} ({tokens} allocated tokens) gives {slots} GPU "
@@ -248,9 +261,12 @@ def layer_pool_slots(model: ModelSpec, ratio: float, context_len: int, need) -> 
 class RequestCache:
     """Where one request's cache bytes live for a sparse-memory ratio (all layers).
 
-    ``indexer_bytes`` always sit on the GPU; ``latent_gpu_bytes`` is the ratio's share of the latent cache held in
-    the GPU pool; ``latent_host_bytes`` is the whole latent cache in host memory when offloading (ratio < 1), and 0
-    without offload (ratio == 1, everything on the GPU, as in the no-offload baseline)."""
+    ``indexer_bytes`` always sit on the GPU; ``latent_bytes`` is what offload moves (the sparse layers' entries);
+    ``latent_gpu_bytes`` is the ratio's share of it held in the GPU pool; ``latent_host_bytes`` is all of it in host
+    memory when offloading (ratio < 1), and 0 without offload (ratio == 1, everything on the GPU, as in the
+    no-offload baseline). ``resident_bytes`` is cache that never leaves the GPU besides the indexer keys: a
+    compressed model's densely attended rows and sliding windows (0 for a DSA model). ``tokens`` counts the entries
+    of one sparse layer, page-padded: tokens for a DSA model, compressed rows for a compressed one."""
 
     context_len: int
     ratio: float
@@ -260,14 +276,15 @@ class RequestCache:
     latent_bytes: int
     latent_gpu_bytes: float
     latent_host_bytes: int
+    resident_bytes: int = 0
 
     @property
     def gpu_bytes(self) -> float:
-        return self.indexer_bytes + self.latent_gpu_bytes
+        return self.indexer_bytes + self.resident_bytes + self.latent_gpu_bytes
 
     @property
     def total_bytes(self) -> int:
-        return self.indexer_bytes + self.latent_bytes
+        return self.indexer_bytes + self.resident_bytes + self.latent_bytes
 
 
 def request_cache(model: ModelSpec, context_len: int, ratio: float = 1.0, dtype: str = "fp8") -> RequestCache:
@@ -281,9 +298,14 @@ def request_cache(model: ModelSpec, context_len: int, ratio: float = 1.0, dtype:
     context_len = check_context_len(model, context_len)
     ratio = validate.ratio("ratio", ratio)
     _check_dtype(dtype)
-    tokens = padded_tokens(model, context_len)
-    indexer = tokens * indexer_entry_bytes(model) * model.n_layers
-    latent = tokens * latent_entry_bytes(model, dtype) * model.n_layers
+    tokens = padded_tokens(model, model.sparse_rows(context_len))
+    entry = latent_entry_bytes(model, dtype)
+    indexer = tokens * indexer_entry_bytes(model) * model.n_sparse_layers
+    latent = tokens * entry * model.n_sparse_layers
+    # a compressed model: densely attended rows (page-padded) and every layer's window stay on the GPU
+    resident = sum(padded_tokens(model, context_len // r) for r in model.dense_compress_ratios) * entry
+    if model.sliding_window:
+        resident += model.n_layers * min(model.sliding_window, context_len) * entry
     offload = ratio < 1.0
     return RequestCache(context_len, ratio, dtype, tokens, indexer, latent,
-                        latent * ratio, latent if offload else 0)
+                        latent * ratio, latent if offload else 0, int(resident))

@@ -26,7 +26,7 @@ from .specs import (DEFAULT_DEPLOYMENT, DEFAULT_MODEL, DeploymentSpec, GPUSpec, 
                     model_spec, resolve)
 
 __all__ = [
-    "GiB", "param_counts", "fp8_weight_bytes", "weights_per_gpu_bytes", "kv_budget_bytes", "BatchLimit", "BatchLimits",
+    "GiB", "param_counts", "fp8_weight_bytes", "expert_weight_bytes", "weights_per_gpu_bytes", "kv_budget_bytes", "BatchLimit", "BatchLimits",
     "batch_limits", "largest_batch", "step_slots_needed", "group_rows", "ratio_for_batch", "smallest_step_ratio",
     "host_memory_needed_bytes", "fit_mem_fraction_static", "tier_placement",
 ]
@@ -46,19 +46,25 @@ def param_counts(model: ModelSpec) -> dict[str, int]:
     ``mtp`` (the MTP module's own projection and norms; its decoder block is counted in the groups above).
     """
     h, heads = model.hidden_size, model.n_heads
+    # a shared-KV model (DeepSeek-V4) uses its one KV row as K and V: no up-projection of the latent; a grouped
+    # low-rank output projection maps each group's heads to o_lora_rank, then all groups to the hidden size
+    kv_up = 0 if model.kv_shared else _linear(model.kv_lora_rank, heads * (model.qk_nope_head_dim + model.v_head_dim))
+    out = (_linear(heads * model.v_head_dim, model.o_lora_rank) + _linear(model.o_groups * model.o_lora_rank, h)
+           if model.o_lora_rank else _linear(heads * model.v_head_dim, h))
     attn = (_linear(h, model.q_lora_rank) + model.q_lora_rank
             + _linear(model.q_lora_rank, heads * (model.qk_nope_head_dim + model.qk_rope_head_dim))
             + _linear(h, model.kv_lora_rank + model.qk_rope_head_dim) + model.kv_lora_rank
-            + _linear(model.kv_lora_rank, heads * (model.qk_nope_head_dim + model.v_head_dim))
-            + _linear(heads * model.v_head_dim, h) + 2 * h)
+            + kv_up + out + 2 * h)
     indexer = (_linear(model.q_lora_rank, model.index_n_heads * model.index_head_dim)
                + _linear(h, model.index_head_dim) + 2 * model.index_head_dim + _linear(h, model.index_n_heads))
     expert = 3 * _linear(h, model.moe_ffn_dim)
     blocks = model.n_layers + model.n_mtp_layers          # the MTP module carries one more MoE decoder block
     moe_blocks = model.n_moe_layers + model.n_mtp_layers
+    # an indexer on every layer the indexer selects from (every DSA layer and its MTP block; V4's C4 layers)
+    indexed = model.n_sparse_layers + model.mtp_kinds.count("sparse")
     return {
         "attention": attn * blocks,
-        "indexer": indexer * blocks,
+        "indexer": indexer * indexed,
         "dense_ffn": 3 * _linear(h, model.dense_ffn_dim) * model.n_dense_layers,
         "shared_experts": expert * model.n_shared_experts * moe_blocks,
         "routed_experts": expert * model.n_routed_experts * moe_blocks,
@@ -74,6 +80,16 @@ def fp8_weight_bytes(model: ModelSpec, params: float) -> float:
     return params * model.weight_bytes_per_param + params / model.weight_scale_block ** 2 * 4
 
 
+def expert_weight_bytes(model: ModelSpec, params: float) -> float:
+    """Bytes of ``params`` routed-expert weights: FP8 with block scales (:func:`fp8_weight_bytes`), unless the model
+    stores its experts in a format of their own (``expert_bytes_per_param``; DeepSeek-V4: FP4, 0.5 B) with one
+    1-byte scale per ``expert_scale_group`` values."""
+    if model.expert_bytes_per_param is None:
+        return fp8_weight_bytes(model, params)
+    group = model.expert_scale_group
+    return params * model.expert_bytes_per_param + (params / group if group else 0.0)
+
+
 def weights_per_gpu_bytes(model: ModelSpec, deployment: DeploymentSpec) -> float:
     """Weight bytes held by one decode GPU.
 
@@ -85,8 +101,9 @@ def weights_per_gpu_bytes(model: ModelSpec, deployment: DeploymentSpec) -> float
     attn_split = 1 if deployment.attention_dp else deployment.tp
     replicated_fp8 = (p["attention"] + p["indexer"] + p["dense_ffn"] + p["mtp"]) / attn_split \
         + p["shared_experts"] + p["router"]
-    routed_fp8 = p["routed_experts"] / deployment.ep
-    return fp8_weight_bytes(model, replicated_fp8 + routed_fp8) + p["embeddings"] * model.embedding_bytes_per_param
+    routed = p["routed_experts"] / deployment.ep
+    return (fp8_weight_bytes(model, replicated_fp8) + expert_weight_bytes(model, routed)
+            + p["embeddings"] * model.embedding_bytes_per_param)
 
 
 def kv_budget_bytes(model: ModelSpec, deployment: DeploymentSpec, gpu: GPUSpec | None = None) -> float:
@@ -172,10 +189,13 @@ def step_slots_needed(model: ModelSpec, context_len: int, mtp: int = 1) -> int:
     one query token ``min(K, L)``; with MTP, :func:`ess.layout.step_entries` under the default locality model's
     per-layer overlaps (paper Fig. 2, ``data/locality/``), averaged and rounded up. The layers share the ratio's
     slots (:func:`ess.layout.layer_pool_slots`), so a ratio is feasible when its even share reaches this mean."""
+    rows = model.sparse_rows(context_len)                   # a compressed model's pools hold rows
     if mtp == 1:
-        return step_entries(model, context_len)
+        return step_entries(model, rows)
     from .tracegen import locality_profile
-    need = step_entries(model, context_len, mtp, overlap=locality_profile("paper", model.n_layers))
+    # Fig. 2's profile mapped onto the model's depth, at its sparse layers (every layer of a DSA model)
+    overlap = locality_profile("paper", model.n_layers)[list(model.sparse_layers)]
+    need = step_entries(model, rows, mtp, overlap=overlap)
     return int(np.ceil(np.mean(need)))
 
 
@@ -313,7 +333,8 @@ def ratio_for_batch(batch, context_len, *, mtp=1, model: ModelSpec | str = DEFAU
     budget = kv_budget_bytes(model, dep, gpu)
     Lu, inv = np.unique(L.ravel(), return_inverse=True)
     caches = [request_cache(model, int(x), 1.0, dep.kv_dtype) for x in Lu]
-    idx = np.array([c.indexer_bytes for c in caches], dtype=float)[np.ravel(inv)].reshape(L.shape)
+    # what stays on the GPU whatever the ratio: the indexer keys (and a compressed model's resident rows)
+    idx = np.array([c.indexer_bytes + c.resident_bytes for c in caches], dtype=float)[np.ravel(inv)].reshape(L.shape)
     lat = np.array([c.latent_bytes for c in caches], dtype=float)[np.ravel(inv)].reshape(L.shape)
     with np.errstate(divide="ignore"):
         r = (budget / B - idx) / lat
@@ -345,7 +366,7 @@ def host_memory_needed_bytes(batch: int, context_len: int, *, model: ModelSpec |
     model = model_spec(model) if isinstance(model, str) else model
     batch = validate.positive_int("batch", batch)
     context_len = check_context_len(model, context_len)
-    return batch * padded_tokens(model, context_len) * latent_entry_bytes(model, dtype) * model.n_layers
+    return batch * request_cache(model, context_len, 1.0, dtype).latent_bytes
 
 
 def fit_mem_fraction_static(batch_limit: int, context_len: int, *, model: ModelSpec | str = DEFAULT_MODEL,
@@ -387,15 +408,18 @@ def tier_placement(context_len: int, ratio: float, *, batch: int | None = None, 
     entry = latent_entry_bytes(model, dep.kv_dtype)
     offload = ratio < 1.0
     capacity = pool_slots(model, ratio, context_len, need=step_entries(model, context_len)) if offload else rc.tokens
-    pool = batch * model.n_layers * capacity * entry
+    pool = batch * model.n_sparse_layers * capacity * entry
     budget = kv_budget_bytes(model, dep, gpu_)
     hbm = gpu_.hbm_capacity_GiB * GiB
     weights = weights_per_gpu_bytes(model, dep)
     host_total = host_.memory_capacity_GB_per_gpu * 1e9
     host_latent = batch * rc.latent_bytes if offload else 0
-    rows = [("GPU", "weights", weights), ("GPU", "indexer cache", batch * rc.indexer_bytes),
-            ("GPU", "latent pool" if offload else "latent cache (all)", pool),
-            ("GPU", "KV budget unused", max(budget - batch * rc.indexer_bytes - pool, 0.0)),
+    kept = batch * (rc.indexer_bytes + rc.resident_bytes)     # on the GPU whatever the ratio
+    rows = [("GPU", "weights", weights), ("GPU", "indexer cache", batch * rc.indexer_bytes)]
+    if rc.resident_bytes:                                      # a compressed model's dense rows and windows
+        rows.append(("GPU", "dense rows and windows", batch * rc.resident_bytes))
+    rows += [("GPU", "latent pool" if offload else "latent cache (all)", pool),
+            ("GPU", "KV budget unused", max(budget - kept - pool, 0.0)),
             ("GPU", "runtime reserve", hbm - weights - budget),
             ("host", "latent cache (all)", host_latent),
             ("host", "free", max(host_total - host_latent, 0.0)),
@@ -403,5 +427,5 @@ def tier_placement(context_len: int, ratio: float, *, batch: int | None = None, 
     df = pd.DataFrame(rows, columns=["tier", "part", "bytes"])
     df.attrs.update(batch=int(batch), capacity=int(capacity), limited_by=lim.limited_by, reason=lim.reason,
                     largest_batch=lim.batch, context_len=int(context_len), ratio=float(ratio), gpu=gpu_.name,
-                    deployment=dep.name, entry_bytes=entry, n_layers=model.n_layers)
+                    deployment=dep.name, entry_bytes=entry, n_layers=model.n_sparse_layers)
     return df

@@ -87,7 +87,7 @@ def test_bad_inputs_name_the_argument():
     with pytest.raises(ValueError, match="context_len"):
         memory.largest_batch(10 ** 6, 1.0)
     with pytest.raises(ValueError, match="unknown gpu"):
-        memory.largest_batch(4096, 1.0, gpu="B300")
+        memory.largest_batch(4096, 1.0, gpu="MI300X")
     with pytest.raises(TypeError, match="deployment must be"):
         memory.largest_batch(4096, 1.0, deployment=3)
 

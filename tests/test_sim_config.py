@@ -36,7 +36,8 @@ def test_to_dict_is_what_a_record_stores():
     assert d == {"model": "deepseek-v3.2-exp", "deployment": "paper-table1", "gpu": "H200", "host": "dgx-h200",
                  "mtp": 4, "accept_ratio": 2.8, "h2d_GB_per_s": 37.0, "d2h_GB_per_s": 43.0, "strategy": "best",
                  "params": {"compute_scale": 0.789, "comm_scale": 1.2, "fixed_ms": 43.6,
-                            "fitted_on": "a worked example", "part_batch": "central"},
+                            "fitted_on": "a worked example", "part_batch": "central", "efficiency": "central",
+                            "attention_transfer": "hopper"},
                  "check_memory": False, "host_memory_cap": True}
     small = dataclasses.replace(gpu_spec("H200"), hbm_capacity_GiB=120.0)     # not a preset any more: in full
     g = Scenario(gpu=small).to_dict()["gpu"]

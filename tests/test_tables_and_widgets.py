@@ -16,7 +16,7 @@ def test_memory_wall_claims():
 
 def test_batch_limits_table_and_figures():
     df = tables.batch_limits_by_gpu([32768, 131072], [1.0, 0.2])
-    assert set(df.gpu) == {"H800", "H100", "H200", "H20", "A100-80G"}
+    assert set(df.gpu) == {"H800", "H100", "H200", "H20", "A100-80G", "B200", "B300", "GH200", "GB200"}
     assert len(viz.fig_batch_limits(df, 32768).data) == 2
     kv = tables.kv_bytes_by_context([4096, 32768])
     assert len(viz.fig_cache_bytes(kv).data) == 3

@@ -21,6 +21,7 @@ the equally good calibrations behind every prediction's band and the central one
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -66,14 +67,20 @@ def calibration_points() -> list[CalibrationPoint]:
     return pts
 
 
+def _with(params: CostParams, compute_scale: float, comm_scale: float, fixed_ms: float, **kw) -> CostParams:
+    """``params`` with these fitted values: the evidence's ends it was chosen under (part batches, kernel
+    efficiencies, attention transfer) kept."""
+    return dataclasses.replace(params, compute_scale=float(compute_scale), comm_scale=float(comm_scale),
+                               fixed_ms=float(fixed_ms), fitted_on=kw.get("fitted_on", "unfitted"))
+
+
 def _step_without_fixed(points, compute_scale, comm_scale, scenario: Scenario):
     B = np.array([p.batch for p in points])
     L = np.array([p.context_len for p in points])
     mtp = np.array([p.mtp for p in points])
     a = np.array([p.accept_ratio for p in points])
     res = simulate(B, L, 1.0, mtp=mtp, accept_ratio=a,
-                   scenario=scenario.replace(params=CostParams(compute_scale, comm_scale, 0.0,
-                                                              part_batch=scenario.params.part_batch),
+                   scenario=scenario.replace(params=_with(scenario.params, compute_scale, comm_scale, 0.0),
                                              check_memory=False))
     return res.step_s
 
@@ -144,11 +151,12 @@ def calibrate(points: list[CalibrationPoint] | None = None, *, table2_weight: fl
     if compute_scale is not None:
         sc = float(compute_scale)
     pinned = "" if compute_scale is None else f"; compute_scale {compute_scale:.4g} held fixed"
-    params = CostParams(float(sc), float(sm), float(f) * 1e3,
-                        fitted_on=f"{sum(p.read_from_chart for p in points)} paper Fig. 1 chart points + "
-                                  f"{sum(not p.read_from_chart for p in points)} Table 2 rows (paper-facts.md, "
-                                  f"Calibration data); Table 2 weight {table2_weight:g}{pinned}; part-batch "
-                                  f"evidence {scen.params.part_batch}", part_batch=scen.params.part_batch)
+    variants = "" if scen.params.efficiency == "central" else f"; kernel efficiencies {scen.params.efficiency}"
+    params = _with(scen.params, float(sc), float(sm), float(f) * 1e3,
+                   fitted_on=f"{sum(p.read_from_chart for p in points)} paper Fig. 1 chart points + "
+                             f"{sum(not p.read_from_chart for p in points)} Table 2 rows (paper-facts.md, "
+                             f"Calibration data); Table 2 weight {table2_weight:g}{pinned}; part-batch "
+                             f"evidence {scen.params.part_batch}{variants}")
     pred = predict_points(points, params, scenario=scen)
     obs = np.array([p.throughput for p in points])
     rel = (pred - obs) / obs
@@ -208,8 +216,8 @@ def compute_scale_from_cost(target_ms: float, *, lo: float = 0.05, hi: float = 5
     """The ``compute_scale`` at which :func:`cost_growth_ms` (``comm_scale`` 1, ``fixed_ms`` 0: the fixed time
     cancels in the difference) equals ``target_ms``, by bisection to 1e-4 relative (the growth rises with the
     scale)."""
-    pbv = as_scenario(scenario).params.part_batch
-    f = lambda s: cost_growth_ms(CostParams(s, 1.0, 0.0, part_batch=pbv), scenario=scenario) - target_ms  # noqa: E731
+    base = as_scenario(scenario).params
+    f = lambda s: cost_growth_ms(_with(base, s, 1.0, 0.0), scenario=scenario) - target_ms      # noqa: E731
     if f(lo) > 0 or f(hi) < 0:
         raise ValueError(f"no compute_scale in [{lo}, {hi}] gives a growth of {target_ms:.4f} ms per token")
     while hi / lo > 1 + 1e-4:

@@ -20,28 +20,51 @@ from typing import Iterable
 import numpy as np
 
 from ..layout import pool_slots
-from ..specs import DEFAULT_MODEL, model_spec
+from ..specs import DEFAULT_MODEL, ModelSpec, model_spec
 from ..validate import positive_int
 
-__all__ = ["MissesTable"]
+__all__ = ["MissesTable", "PROFILES", "MAX_SIMULATED_ROWS"]
+
+#: how paper Fig. 2's per-layer overlap is carried to a model: ``"paper"`` the layer at the same relative depth
+#: (:func:`ess.tracegen.locality_profile`, then the model's sparse layers), ``"flat"`` every sparse layer at Fig. 2's
+#: mean (its level carried over, not its per-layer shape: the extrapolation band's other end,
+#: ``data/calibration/extrapolation.yaml``)
+PROFILES = ("paper", "flat")
+#: the longest context, in rows, the cache simulation runs here: it sizes its pools with DeepSeek-V3.2-Exp's cache
+#: pages and context limit (163,840 positions). A longer one (DeepSeek-V4-Flash's 1M tokens: 262,144 C4 rows) is
+#: simulated at this many rows; at a fixed ratio misses fall as the context grows (notebook 04), so its counts
+#: overstate the longer context's
+MAX_SIMULATED_ROWS = 131072
 
 
 class MissesTable:
-    """Mean misses per request, decode step and layer, shape ``(n_layers,)``, from the cache simulation
-    (:func:`ess.cachesim.sweep_synthetic`) of DeepSeek-V3.2-Exp's pools: synthetic traces of ``locality`` (an
-    :class:`ess.tracegen.LocalityModel`; default :func:`ess.tracegen.default_locality`, the central model; or
-    ``trace_model`` alone, that model with its defaults) with the paper's Fig. 2 profile, ``steps`` decode steps of
-    ``batch`` requests from ``seed``, ``policy`` (one of :data:`ess.policies.POLICIES`: ``"clock"`` or HiSparse's
-    ``"sampled_clock"`` price a CLOCK cache) with or without LRU-Warmup (``warmup``).
+    """Mean misses per request, decode step and sparse layer, shape ``(n_sparse_layers,)``, from the cache
+    simulation (:func:`ess.cachesim.sweep_synthetic`) of ``model``'s pools (default DeepSeek-V3.2-Exp; another
+    model at its own top-K, sparse-layer count and rows: GLM-5's 78 layers, DeepSeek-V4-Flash's 21 C4 layers of
+    top-512 rows over ``L / 4`` rows): synthetic traces of ``locality`` (an :class:`ess.tracegen.LocalityModel`;
+    default :func:`ess.tracegen.default_locality`, the central model; or ``trace_model`` alone, that model with its
+    defaults) with paper Fig. 2's profile carried to the model by ``profile`` (:data:`PROFILES`; for another model
+    than the paper's an extrapolation), ``steps`` decode steps of ``batch`` requests from ``seed``, ``policy`` (one
+    of :data:`ess.policies.POLICIES`: ``"clock"`` or HiSparse's ``"sampled_clock"`` price a CLOCK cache) with or
+    without LRU-Warmup (``warmup``).
 
     ``table(context_len, ratio, mtp)`` is one point; :meth:`row` a (context, MTP) row; :meth:`prefetch` many
-    points. ``ratios``: the grid a row is computed for when first met (default none: only the ratios asked for)."""
+    points. ``ratios``: the grid a row is computed for when first met (default none: only the ratios asked for).
+    Contexts are in tokens; a compressed model's pools hold rows (:meth:`ess.specs.ModelSpec.sparse_rows`)."""
 
     def __init__(self, ratios: Iterable[float] = (), *, steps: int = 64, batch: int = 4, seed: int = 0,
-                 warmup: bool = True, policy: str = "lru", locality=None, trace_model: str | None = None):
+                 warmup: bool = True, policy: str = "lru", locality=None, trace_model: str | None = None,
+                 model: ModelSpec | str = DEFAULT_MODEL, profile: str = "paper"):
         from ..policies import POLICIES
         from ..tracegen import LocalityModel, default_locality, fitted_drift_rho
         from ..validate import non_negative_int, one_of
+
+        if isinstance(model, str):
+            model = model_spec(model)
+        if not isinstance(model, ModelSpec):
+            raise TypeError(f"model must be a preset name or a ModelSpec, got {type(model).__name__}")
+        self.model = model
+        self.profile = one_of("profile", profile, PROFILES)
 
         if locality is None:
             locality = default_locality()
@@ -64,14 +87,39 @@ class MissesTable:
     @property
     def config(self) -> dict:
         """What produced the counts (for a record's configuration)."""
-        return {"steps": self.steps, "batch": self.batch, "seed": self.seed, "warmup": self.warmup,
-                "policy": self.policy, "profile": "paper", **self.locality.config()}
+        out = {"steps": self.steps, "batch": self.batch, "seed": self.seed, "warmup": self.warmup,
+               "policy": self.policy, "profile": self.profile, **self.locality.config()}
+        if self.model.name != DEFAULT_MODEL:
+            out.update(model=self.model.name, layers=self.model.n_sparse_layers, k=self.model.index_topk,
+                       tokens_per_row=self.model.sparse_compress_ratio)
+        return out
 
     def describe(self) -> str:
         """``config`` in words."""
+        other = "" if self.model.name == DEFAULT_MODEL else (
+            f", {self.model.name}: {self.model.n_sparse_layers} sparse layers, top-{self.model.index_topk}"
+            + (f" of rows of {self.model.sparse_compress_ratio} tokens" if self.model.sparse_compress_ratio > 1
+               else "") + f", Fig. 2 {'mapped by depth' if self.profile == 'paper' else 'flat at its mean'}")
         return (f"cache simulation ({self.policy.upper()}{' + warmup' if self.warmup else ''}, "
                 f"{self.locality.name} locality model {self.locality.label}, {self.steps} steps x "
-                f"{self.batch} requests, seed {self.seed})")
+                f"{self.batch} requests, seed {self.seed}{other})")
+
+    def simulated_rows(self, context_len: int) -> int:
+        """The rows the cache simulation runs for ``context_len`` tokens: the model's rows, at most
+        :data:`MAX_SIMULATED_ROWS`."""
+        return int(min(self.model.sparse_rows(int(context_len)), MAX_SIMULATED_ROWS))
+
+    def _profile(self):
+        """The per-layer overlaps the traces reproduce, over the model's sparse layers: ``"paper"`` for the default
+        geometry (the cache simulation maps Fig. 2 itself), else an array (the reading applied here)."""
+        from ..tracegen import locality_profile
+        reading = self.locality.reading
+        full = locality_profile("paper", None, reading)                       # Fig. 2 as read, 61 layers
+        if self.profile == "flat":
+            return float(np.mean(full))
+        if self.model.layer_compress_ratios is None:
+            return "paper"
+        return locality_profile("paper", self.model.n_layers, reading)[list(self.model.sparse_layers)]
 
     def with_ratios(self, ratios: Iterable[float]) -> "MissesTable":
         """The same table (same settings, the counts computed so far shared) with another grid of ratios."""
@@ -93,9 +141,9 @@ class MissesTable:
         key = (int(context_len), int(mtp))
         row = self._rows.setdefault(key, {})
         todo = sorted({float(r) for r in (*self.ratios, *ratios)} - set(row))
-        model = model_spec(DEFAULT_MODEL)
+        model = self.model
         for r in [r for r in todo if r >= 1.0]:
-            row[r] = np.zeros(model.n_layers)                     # no offload: nothing misses
+            row[r] = np.zeros(model.n_sparse_layers)              # no offload: nothing misses
         todo = [r for r in todo if r < 1.0]
         for r in list(todo):                                      # pools that cannot hold K entries (no trace needed)
             try:
@@ -103,13 +151,16 @@ class MissesTable:
             except ValueError as exc:
                 row[r] = str(exc)
                 todo.remove(r)
+        profile = self._profile()
         kw = dict(policies=(self.policy,), warmups=(self.warmup,), mtp=key[1], steps=self.steps, batch=self.batch,
-                  seed=self.seed, **self.locality.kwargs())
+                  seed=self.seed, n_layers=model.n_sparse_layers, k=model.index_topk, profile=profile,
+                  **self.locality.kwargs())
+        rows = self.simulated_rows(key[0])
         while todo:
             # a pool too small for what the layers' steps select together fails the sweep: the smallest ratio is set
             # apart with the reason (a smaller pool cannot hold what a larger one cannot) and the rest run again
             try:
-                res = sweep_synthetic(key[0], todo, **kw)
+                res = sweep_synthetic(rows, todo, **kw)
             except ValueError as exc:
                 row[todo.pop(0)] = str(exc)
                 continue

@@ -131,7 +131,7 @@ def predict_configs(configs: pd.DataFrame, misses: Misses | None = None, *,
     is ``None``, the row is marked ``blocked`` (only the zero-miss bound ``throughput_no_miss`` is given). Also
     returns the zero-miss bound for every row and the miss total."""
     sc = as_scenario(scenario)
-    nl = sc.specs()[0].n_layers
+    nl = sc.specs()[0].n_sparse_layers
     if isinstance(misses, MissesTable):                         # one cache simulation per context and MTP
         ok = configs.ratio.notna() & (configs.ratio < 1) & (configs.batch > 0)
         misses.prefetch(zip(configs.context_len[ok], configs.ratio[ok], configs.mtp[ok]))
@@ -195,7 +195,7 @@ def overlap_vs_misses(miss_counts, *, scenario: Scenario | None = None, context_
     mtp = int(chart["mtp"] if mtp is None else mtp)
     if not 0 < ratio < 1:
         raise ValueError(f"ratio must be in (0, 1) (offload on), got {ratio!r}")
-    nl = model_.n_layers
+    nl = model_.n_sparse_layers
     prof = np.ones(nl) if profile is None else np.asarray(profile, dtype=float) / np.mean(profile)
     if prof.shape != (nl,):
         raise ValueError(f"profile must have shape ({nl},), got {prof.shape}")
@@ -226,7 +226,7 @@ def break_even_misses(configs: pd.DataFrame, baseline_throughput: float, *, scen
     worst layers first); the mean is taken after the cap. NaN where even zero misses fall short."""
     sc = as_scenario(scenario)
     model_ = sc.specs()[0]
-    nl = model_.n_layers
+    nl = model_.n_sparse_layers
     prof = np.ones(nl) if profile is None else np.asarray(profile, dtype=float) / np.mean(profile)
     out = []
     for _, c in configs.iterrows():
@@ -320,7 +320,7 @@ def strategy_map(batches, miss_counts, *, context_len: int, scenario: Scenario |
     none, then DA). Where the misses are few the strategies' own costs decide (DA's second attention launch and
     merge, DBA's split indexer and attention); where they are many, what each hides."""
     sc = as_scenario(scenario)
-    nl = sc.specs()[0].n_layers
+    nl = sc.specs()[0].n_sparse_layers
     Bs = np.asarray(batches, dtype=float)
     counts = np.asarray(miss_counts, dtype=float)
     B, M = (x.ravel() for x in np.meshgrid(Bs, counts, indexing="ij"))

@@ -145,7 +145,7 @@ def offload_overhead_s(costs, micro_batch, misses, mtp, h2d_GB_per_s, d2h_GB_per
     col = lambda x: np.broadcast_to(np.asarray(x, dtype=float), m.shape[:1])[:, None]   # noqa: E731
     k_h = b * entry_bytes / (np.asarray(h2d_GB_per_s, dtype=float) * 1e9)                # seconds per miss
     d = b * mtp * entry_bytes / (np.asarray(d2h_GB_per_s, dtype=float) * 1e9)
-    e_miss = col(costs.entries) * m / col(costs.selected)
+    e_miss = col(costs.sparse_entries) * m / col(costs.selected)          # misses only among the selected rows
     attention = lambda e: (col(costs.attn_fixed) + col(b) * col(costs.attn_block)                   # noqa: E731
                            * (e / costs.block_entries + costs.attn_overhead_blocks))
     h = m * col(k_h)
@@ -192,6 +192,11 @@ class SimResult:
         """Output tokens per second per node: batch x GPUs per node x OTPS."""
         return self.batch * self.gpus_per_node * self.otps
 
+    @property
+    def throughput_per_gpu(self):
+        """Output tokens per second per GPU: batch x OTPS (nodes of different sizes compare per GPU)."""
+        return self.batch * self.otps
+
     def to_frame(self):
         import pandas as pd
         return pd.DataFrame({"batch": self.batch, "context_len": self.context_len, "ratio": self.ratio,
@@ -208,7 +213,8 @@ def simulate(batch, context_len, ratio=1.0, *, misses=None, scenario: Scenario |
 
     ``batch`` is requests per GPU, ``ratio`` the sparse-memory ratio (1 = no offload), ``misses`` the mean misses
     per request per decode step per layer, shape ``(n_layers,)`` or ``(N, n_layers)`` (required when any
-    ratio < 1; pass zeros for a perfect cache). ``mtp``, ``accept_ratio``, ``h2d_GB_per_s`` and ``d2h_GB_per_s``
+    ratio < 1; pass zeros for a perfect cache), over the model's sparse layers (the ones offload moves: every layer
+    of a DSA model; a compressed model's C4 layers, whose other layers add their time without offload). ``mtp``, ``accept_ratio``, ``h2d_GB_per_s`` and ``d2h_GB_per_s``
     vary the scenario's values per configuration (arrays broadcast with ``batch``; ``None``: the scenario's, which
     default to the deployment's and the FlashTrans link; ``np.inf`` = an infinitely fast link). The scenario's
     ``strategy`` is ``"none"``, ``"da"``, ``"dba"``, ``"best"`` (per-layer cheapest) or one name per layer. With
@@ -225,7 +231,7 @@ def simulate(batch, context_len, ratio=1.0, *, misses=None, scenario: Scenario |
     h2d_GB_per_s = sc.h2d_GB_per_s if h2d_GB_per_s is None else h2d_GB_per_s
     d2h_GB_per_s = sc.d2h_GB_per_s if d2h_GB_per_s is None else d2h_GB_per_s
     h2d_def, d2h_def = default_link_GB_per_s()
-    nl = model.n_layers
+    nl = model.n_sparse_layers
     if misses is not None:
         misses = number_array("misses", misses, positive=False, at_least=0, max_ndim=2)
         if misses.ndim == 0 or misses.shape[-1] != nl:
@@ -278,24 +284,35 @@ def simulate(batch, context_len, ratio=1.0, *, misses=None, scenario: Scenario |
     first, inv = group_rows(B, L, mtp)
     Bg, Lg, Tg = B[first], L[first], mtp[first]
     bg = Bg / 2.0                                                     # Two-Batch Overlap micro-batch
-    pbv = params.part_batch
-    c = layer_costs(model, gpu, dep, bg, Lg, Tg, part_batch_variant=pbv).scaled(params.compute_scale,
-                                                                                params.comm_scale)
-    # MTP: mtp-1 draft passes through the MTP module (one MoE block at one token per request, eh_proj 2h -> h), plus
-    # the output head for the mtp verified tokens and each draft ([DS]: one MTP module sharing the head).
-    c1 = layer_costs(model, gpu, dep, bg, Lg, np.ones_like(Tg), part_batch_variant=pbv).scaled(params.compute_scale,
-                                                                                              params.comm_scale)
+    kw = params.cost_kw()
+    scale = lambda x: x.scaled(params.compute_scale, params.comm_scale)          # noqa: E731
+    c = scale(layer_costs(model, gpu, dep, bg, Lg, Tg, **kw))
+    # MTP: mtp-1 draft passes through the MTP module (one MoE block at one token per request, eh_proj 2h -> h, its
+    # layer of the MTP block's kind: DSA for DeepSeek-V3.2, window-only for V4), plus the output head for the mtp
+    # verified tokens and each draft ([DS]: one MTP module sharing the head).
+    mtp_kind = model.mtp_kinds[0] if model.n_mtp_layers else "sparse"
+    c1 = scale(layer_costs(model, gpu, dep, bg, Lg, np.ones_like(Tg), kind=mtp_kind, **kw))
     fp8 = "fp8" if model.weight_bytes_per_param == 1 else "bf16"
     draft = (np.maximum(2 * (c1.attention_block + c1.moe), 2 * (c1.dispatch + c1.combine))
              + params.compute_scale * (gemm_time_s(Bg, model.hidden_size, 2 * model.hidden_size, gpu, model=model,
                                                    dtype=fp8)
                                        + lm_head_time_s(Bg, model, gpu)))
     heads = (params.compute_scale * lm_head_time_s(Bg * Tg, model, gpu) + (Tg - 1) * draft)[inv]
+    # a compressed model's layers outside offload (densely attended rows, window-only layers): their time on the two
+    # lanes, the same with and without offload
+    others = np.zeros_like(Bg)
+    for (kind, ratio_l, dense_ffn), count in _other_layers(model).items():    # identical layers priced once
+        co = scale(layer_costs(model, gpu, dep, bg, Lg, Tg, kind=kind, compress_ratio=ratio_l or None, **kw))
+        if dense_ffn:
+            others = others + count * 2 * (co.attention_block + co.ffn_dense)
+        else:
+            others = others + count * np.maximum(2 * (co.attention_block + co.moe), 2 * (co.dispatch + co.combine))
+    others = others[inv]
     entry = latent_entry_bytes(model, dep.kv_dtype)
     g = lambda x: np.ascontiguousarray(np.broadcast_to(x, Bg.shape)[inv], dtype=float)       # noqa: E731
     k_h = B / 2.0 * entry / (link_eff * 1e9)                          # seconds per miss (one micro-batch)
     d = np.where(offload, B / 2.0 * mtp * entry / (d2h_eff * 1e9), 0.0)
-    dense = model.n_dense_layers
+    dense = sum(1 for l in model.sparse_layers if l < model.n_dense_layers)   # the first sparse layers: dense FFN
     if isinstance(strategy, str):
         per_layer = np.full(nl, -1 if strategy == "best" else STRATEGIES.index(strategy), dtype=np.int8)
     else:
@@ -307,7 +324,8 @@ def simulate(batch, context_len, ratio=1.0, *, misses=None, scenario: Scenario |
     layers, layers0 = np.empty(N), np.empty(N)
     bad = _timeline_kernel()(m, offload, k_h, d, g(bg), g(c.indexer_split), g(c.indexer_half), g(c.pre_attn),
                              g(c.attn), g(c.attn_half), g(c.o_proj), g(c.merge), g(c.attn_fixed), g(c.attn_block),
-                             float(c.attn_overhead_blocks), float(c.block_entries), g(c.entries), g(c.selected),
+                             float(c.attn_overhead_blocks), float(c.block_entries), g(c.entries),
+                             g(c.sparse_entries), g(c.selected),
                              g(2 * (c.attention_block + c.ffn_dense)), g(2 * (c.attention_block + c.moe)),
                              g(2 * (c.dispatch + c.combine)), dense, per_layer, layer_over, choice, layers, layers0)
     if bad == 1:
@@ -315,8 +333,8 @@ def simulate(batch, context_len, ratio=1.0, *, misses=None, scenario: Scenario |
     if bad == 2:
         raise ValueError("misses cannot exceed the entries selected per request and step (mtp x min(K, L))")
     fixed = params.fixed_ms * 1e-3
-    step = layers + heads + fixed
-    step0 = layers0 + heads + fixed
+    step = layers + others + heads + fixed
+    step0 = layers0 + others + heads + fixed
 
     if sc.check_memory:
         # ess.memory's rule on the arrays validated above (batch_limits would check them again)
@@ -339,6 +357,17 @@ def simulate(batch, context_len, ratio=1.0, *, misses=None, scenario: Scenario |
                      dep.gpus_per_node)
 
 
+def _other_layers(model) -> dict:
+    """The layers outside offload (none for a DSA model), counted by ``(kind, compress ratio, dense FFN)``."""
+    out: dict = {}
+    ratios = model.layer_compress_ratios or (1,) * model.n_layers
+    for l, (kind, ratio_l) in enumerate(zip(model.layer_kinds, ratios)):
+        if kind != "sparse":
+            key = (kind, int(ratio_l), l < model.n_dense_layers)
+            out[key] = out.get(key, 0) + 1
+    return out
+
+
 @lru_cache(maxsize=None)
 def _timeline_kernel():
     """The per-layer part of :func:`simulate`, fused over the layers of each configuration (Numba): for every row
@@ -351,13 +380,13 @@ def _timeline_kernel():
     from numba import njit
 
     @njit(cache=True, nogil=True)
-    def kernel(m, offload, k_h, d, bm, I, Ih, p, a, ah2, o, merge, fa, ab, ob, be, ent, sel, comp_d, comp_m, comm_m,
-               dense, per_layer, layer_over, choice, layers, layers0):
+    def kernel(m, offload, k_h, d, bm, I, Ih, p, a, ah2, o, merge, fa, ab, ob, be, ent, spe, sel, comp_d, comp_m,
+               comm_m, dense, per_layer, layer_over, choice, layers, layers0):
         N, nl = layer_over.shape
         shared = m.shape[0] == 1
         for i in range(N):
             row = 0 if shared else i
-            kh, di, ai, si, ei = k_h[i], d[i], a[i], sel[i], ent[i]
+            kh, di, ai, si, ei, spi = k_h[i], d[i], a[i], sel[i], ent[i], spe[i]
             on = offload[i]
             # per row: the constants of the three formulas (see offload_overhead_s)
             per_block = bm[i] * ab[i]                 # one more entry block for every request of the micro-batch
@@ -381,7 +410,7 @@ def _timeline_kernel():
                     if x > si + 1e-9:
                         return 2
                     none = x * kh + di
-                    a_hit = launch + per_block * (ei - ei * x / si) / be
+                    a_hit = launch + per_block * (ei - spi * x / si) / be      # misses among the selected
                     da = da_own + max(x * kh - p[i] - a_hit, 0.0) + da_d
                     h2 = x * kh / 2
                     dba = dba_own + max(h2 - Ih[i], 0.0) + max(h2 - dba_2, 0.0) + dba_d

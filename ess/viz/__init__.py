@@ -1,13 +1,14 @@
 """Data to plotly figures: every function takes data (a DataFrame or arrays produced by ``ess``) and returns a
 ``plotly.graph_objects.Figure``; nothing here computes a result. One submodule per topic (``memory``, ``storage``,
-``attention``, ``prefetch``, ``sim``, ``engine``, ``monitor``), re-exported here."""
+``attention``, ``prefetch``, ``sim``, ``engine``, ``monitor``, ``grid``), re-exported here."""
 import plotly.io as _pio
 
-from . import attention, engine, memory, monitor, prefetch, sim, storage  # noqa: F401
+from . import attention, engine, grid, memory, monitor, prefetch, sim, storage  # noqa: F401
 from ._style import fig_message  # noqa: F401
 from .attention import fig_attention_cost, fig_indexer_selection, fig_storage_precision  # noqa: F401
 from .engine import (fig_engine_breakdown, fig_engine_layers, fig_engine_steps, fig_engine_timeline,  # noqa: F401
                      fig_engine_validation)
+from .grid import fig_break_even, fig_cell, fig_gain_heatmap  # noqa: F401
 from .memory import fig_batch_limits, fig_batch_vs_context, fig_cache_bytes, fig_gpu_memory  # noqa: F401
 from .monitor import fig_monitor  # noqa: F401
 from .prefetch import (fig_hit_rate_against_range, fig_locality_profile, fig_misses_per_layer,  # noqa: F401

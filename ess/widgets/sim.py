@@ -87,7 +87,7 @@ def sim_budget_view(scenario: Scenario | None = None, ratio: float = 0.2, contex
             except ValueError as exc:               # the pool cannot hold what one step selects
                 return _infeasible(f"the cache simulation cannot run this pool: {exc}")
         else:
-            mis = np.zeros(model.n_layers)
+            mis = np.zeros(model.n_sparse_layers)
     else:
         mis = np.asarray(misses, dtype=float)
     B = np.arange(1, lim.batch + 1)

@@ -27,7 +27,7 @@ from ess.widgets.storage import storage_budget_view
 
 COVERED = {"01_memory_wall": "memory_budget_widget", "02_tiered_storage": "storage_budget_widget",
            "04_prefetching": "prefetch_widget", "08_128k_and_deployment": "sim_budget_widget",
-           "09_real_model": "engine_widget"}
+           "09_real_model": "engine_widget", "10_beyond_the_paper": "grid_widget"}
 MONITORED = {"02_tiered_storage"}            # notebooks that show a LiveMonitor
 
 
@@ -284,6 +284,56 @@ def test_engine_widget(opened, measurements, out_dir):
         ("schedule", W.choose(root, "schedule", "none"), None),
         ("link GB/s", W.press(root, "link GB/s", "ArrowLeft"), None),
     ], expected, measurements, out_dir)
+
+
+@pytest.fixture(scope="module")
+def grid_setup():
+    """What notebook 10 gives its widget, at the smoke sizes the browser runs it with: the calibration and miss
+    tables (computed here the same way), the models and contexts of its parameters."""
+    from ess.sim import grid as sgrid
+    from ess.widgets.grid import prepare_tables
+    p = W.notebook_parameters("10_beyond_the_paper")
+    inputs = sgrid.grid_inputs(variant_fit=p["variant_fit"], cachesim_steps=p["cachesim_steps"],
+                               cachesim_batch=p["cachesim_batch"], band_batch=p["band_batch"], extrapolate=False)
+    contexts = list(p["contexts"]) + list(p["long_contexts"])
+    tables = prepare_tables(inputs, p["models"], contexts, steps=p["widget_cachesim_steps"],
+                            batch=p["widget_cachesim_batch"], n_ratios=p["n_ratios"])
+    return inputs, tables, contexts, p["n_ratios"]
+
+
+def test_grid_widget(opened, measurements, out_dir, grid_setup):
+    """Notebook 10's widget: every control moved (a GPU with another host interface changes the links offered, a
+    model with another maximum context the contexts offered), and the page then shows what ess.widgets.grid's pure
+    view gives for the new setting -- the figure's numbers and the summary line."""
+    import re
+
+    from ess.widgets.grid import MTPS, RATIOS, grid_view, summary_text, widget_contexts
+    inputs, tables, contexts, n_ratios = grid_setup
+    page, root = opened("10_beyond_the_paper")
+
+    def expected(shown):
+        model = W.dropdown_value(root, "model")
+        ctx = widget_contexts(model, contexts)[int(W.slider_position(root, "context"))]
+        mtp = MTPS[int(W.slider_position(root, "MTP"))]
+        ratio = (["best"] + list(RATIOS))[int(W.slider_position(root, "ratio"))]
+        fig, s = grid_view(inputs, model, W.dropdown_value(root, "GPU"), W.dropdown_value(root, "link"), ctx, mtp,
+                           ratio, tables=tables, n_ratios=n_ratios)
+        W.assert_same_figure(shown, fig)
+        assert shown["label"].strip() == re.sub(r"<[^>]+>", "", summary_text(s)).strip()
+
+    assert (W.dropdown_value(root, "model"), W.dropdown_value(root, "GPU"), W.dropdown_value(root, "link")) == \
+        ("deepseek-v3.2", "H200", "pcie5-flashtrans")
+    _move_each(page, root, "10_beyond_the_paper", [
+        ("MTP", W.press(root, "MTP", "ArrowLeft"), True),
+        ("ratio (0.05: too small a pool at 8K, the reason shown)", W.press(root, "ratio", "ArrowRight"), None),
+        ("ratio back to best", W.press(root, "ratio", "Home"), True),
+        ("GPU (the links follow)", W.choose(root, "GPU", "GB200"), True),
+        ("link", W.choose(root, "link", "c2c-gh200"), None),
+        ("model (the contexts follow)", W.choose(root, "model", "deepseek-v4-flash"), True),
+        ("context (1M)", W.press(root, "context", "End"), True),
+        ("MTP to 4", W.press(root, "MTP", "End"), True),
+    ], expected, measurements, out_dir)
+    assert W.dropdown_value(root, "link") == "c2c-gh200"
 
 
 def _cut_labels(root) -> list[str]:
