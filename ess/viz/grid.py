@@ -65,32 +65,39 @@ def fig_gain_heatmap(cells: pd.DataFrame, *, paper: tuple | None = None,
     return fig
 
 
+def _model_panels(cells: pd.DataFrame):
+    """A figure of one panel per model (shared y axis) and the ``(column, gpu, color, rows)`` to draw in it: each
+    GPU's cells of that model, sorted by context, one color per GPU across the panels."""
+    models = list(dict.fromkeys(cells.model))
+    fig = make_subplots(rows=1, cols=len(models), subplot_titles=models, shared_yaxes=True,
+                        horizontal_spacing=0.04)
+    panels = [(j, g, COLORS[i % len(COLORS)],
+               cells[(cells.model == m) & (cells.gpu == g)].sort_values("context_len"))
+              for i, g in enumerate(dict.fromkeys(cells.gpu)) for j, m in enumerate(models, start=1)]
+    return fig, panels
+
+
 def fig_gain_vs_context(cells: pd.DataFrame, *,
                         title: str = "Gain of offload against context, with the extrapolation band") -> go.Figure:
     """The gain (%) against context, one line per GPU and one panel per model, the extrapolation band
     (``gain_pct_low`` / ``_high``) shaded around each line and the calibration band (``gain_pct_cal_low`` /
     ``_high``) as error bars."""
     from ._style import add_band
-    models = list(dict.fromkeys(cells.model))
-    fig = make_subplots(rows=1, cols=len(models), subplot_titles=models, shared_yaxes=True,
-                        horizontal_spacing=0.04)
-    for i, g in enumerate(dict.fromkeys(cells.gpu)):
-        color = COLORS[i % len(COLORS)]
-        for j, m in enumerate(models, start=1):
-            part = cells[(cells.model == m) & (cells.gpu == g)].sort_values("context_len")
-            x = np.log2(part.context_len.to_numpy(dtype=float))
-            if "gain_pct_low" in part:
-                before = len(fig.data)
-                add_band(fig, x, part.gain_pct_low, part.gain_pct_high, name=f"{g} (extrapolation band)",
-                         color=color, group=g)
-                for tr in fig.data[before:]:
-                    tr.update(xaxis=f"x{'' if j == 1 else j}", yaxis=f"y{'' if j == 1 else j}")
-            err = None
-            if "gain_pct_cal_low" in part:
-                err = {"type": "data", "symmetric": False, "array": part.gain_pct_cal_high - part.gain_pct,
-                       "arrayminus": part.gain_pct - part.gain_pct_cal_low, "color": color, "thickness": 1}
-            fig.add_scatter(x=x, y=part.gain_pct, mode="lines+markers", name=g, legendgroup=g,
-                            showlegend=j == 1, line={"color": color}, error_y=err, row=1, col=j)
+    fig, panels = _model_panels(cells)
+    for j, g, color, part in panels:
+        x = np.log2(part.context_len.to_numpy(dtype=float))
+        if "gain_pct_low" in part:
+            before = len(fig.data)
+            add_band(fig, x, part.gain_pct_low, part.gain_pct_high, name=f"{g} (extrapolation band)",
+                     color=color, group=g)
+            for tr in fig.data[before:]:
+                tr.update(xaxis=f"x{'' if j == 1 else j}", yaxis=f"y{'' if j == 1 else j}")
+        err = None
+        if "gain_pct_cal_low" in part:
+            err = {"type": "data", "symmetric": False, "array": part.gain_pct_cal_high - part.gain_pct,
+                   "arrayminus": part.gain_pct - part.gain_pct_cal_low, "color": color, "thickness": 1}
+        fig.add_scatter(x=x, y=part.gain_pct, mode="lines+markers", name=g, legendgroup=g,
+                        showlegend=j == 1, line={"color": color}, error_y=err, row=1, col=j)
     ticks = sorted(cells.context_len.unique())
     fig.update_xaxes(tickvals=np.log2(np.array(ticks, dtype=float)), ticktext=[context_label(L) for L in ticks],
                      title_text="context")
@@ -105,16 +112,12 @@ def fig_break_even(cells: pd.DataFrame, *, links: dict | None = None, span: tupl
     """The break-even host-to-device speed (``break_even_GB_per_s``) against context, one line per GPU, one panel
     per model (log scale); a cell where offload pays even at the span's lower end is drawn there, one where it
     never pays is left out. ``links`` (``{label: GB/s}``) are drawn as dotted reference lines."""
+    fig, panels = _model_panels(cells)
     models = list(dict.fromkeys(cells.model))
-    fig = make_subplots(rows=1, cols=len(models), subplot_titles=models, shared_yaxes=True,
-                        horizontal_spacing=0.04)
-    for i, g in enumerate(dict.fromkeys(cells.gpu)):
-        color = COLORS[i % len(COLORS)]
-        for j, m in enumerate(models, start=1):
-            part = cells[(cells.model == m) & (cells.gpu == g)].sort_values("context_len")
-            fig.add_scatter(x=[context_label(L) for L in part.context_len], y=part.break_even_GB_per_s,
-                            mode="lines+markers", name=g, legendgroup=g, showlegend=j == 1, line={"color": color},
-                            row=1, col=j)
+    for j, g, color, part in panels:
+        fig.add_scatter(x=[context_label(L) for L in part.context_len], y=part.break_even_GB_per_s,
+                        mode="lines+markers", name=g, legendgroup=g, showlegend=j == 1, line={"color": color},
+                        row=1, col=j)
     for label, v in (links or {}).items():
         for j in range(1, len(models) + 1):
             fig.add_hline(y=v, line={"dash": "dot", "color": "grey", "width": 1}, row=1, col=j,

@@ -97,9 +97,11 @@ def grid_widget(inputs: "sgrid.GridInputs", tables: dict, models, gpus, contexts
     gpu_w = W.Dropdown(options=gpus, value=gpu, description="GPU", style=LABEL)
     link_w = W.Dropdown(options=[(n, n) for n in widget_links(gpu)], value=reference_link(gpu), description="link",
                         style=LABEL, layout=W.Layout(width="280px"))
-    ctx_w = W.SelectionSlider(options=[(context_label(L), L) for L in ctxs],
-                              value=context_len if context_len in ctxs else ctxs[0], description="context",
-                              style=LABEL)
+    # a dropdown, not a slider: the contexts offered follow the model, and a slider of one stop (a model that
+    # reaches one context of the list) cannot be drawn by the page's slider library (its range would be empty)
+    ctx_w = W.Dropdown(options=[(context_label(L), L) for L in ctxs],
+                       value=context_len if context_len in ctxs else ctxs[0], description="context", style=LABEL,
+                       layout=W.Layout(width="160px"))
     mtp_w = W.SelectionSlider(options=[(str(t), t) for t in MTPS], value=2, description="MTP", style=LABEL)
     ratio_w = W.SelectionSlider(options=[("best", "best")] + [(f"{r:g}", r) for r in RATIOS], value="best",
                                 description="ratio", style=LABEL)

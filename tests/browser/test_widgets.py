@@ -307,13 +307,14 @@ def test_grid_widget(opened, measurements, out_dir, grid_setup):
     view gives for the new setting -- the figure's numbers and the summary line."""
     import re
 
+    from ess.viz.grid import context_label
     from ess.widgets.grid import MTPS, RATIOS, grid_view, summary_text, widget_contexts
     inputs, tables, contexts, n_ratios = grid_setup
     page, root = opened("10_beyond_the_paper")
 
     def expected(shown):
         model = W.dropdown_value(root, "model")
-        ctx = widget_contexts(model, contexts)[int(W.slider_position(root, "context"))]
+        ctx = {context_label(L): L for L in widget_contexts(model, contexts)}[W.dropdown_value(root, "context")]
         mtp = MTPS[int(W.slider_position(root, "MTP"))]
         ratio = (["best"] + list(RATIOS))[int(W.slider_position(root, "ratio"))]
         fig, s = grid_view(inputs, model, W.dropdown_value(root, "GPU"), W.dropdown_value(root, "link"), ctx, mtp,
@@ -330,7 +331,7 @@ def test_grid_widget(opened, measurements, out_dir, grid_setup):
         ("GPU (the links follow)", W.choose(root, "GPU", "GB200"), True),
         ("link", W.choose(root, "link", "c2c-gh200"), None),
         ("model (the contexts follow)", W.choose(root, "model", "deepseek-v4-flash"), True),
-        ("context (1M)", W.press(root, "context", "End"), True),
+        ("context (1M)", W.choose(root, "context", "1M"), True),
         ("MTP to 4", W.press(root, "MTP", "End"), True),
     ], expected, measurements, out_dir)
     assert W.dropdown_value(root, "link") == "c2c-gh200"
