@@ -134,3 +134,12 @@ def test_calibration_data_loader():
     assert "gpu_power_W" in calibration_data("deployment_assumptions")
     with pytest.raises(ValueError, match="unknown calibration file"):
         calibration_data("nope")
+
+
+def test_two_expert_parallel_gpus_already_exchange_tokens():
+    """The all-to-all runs from EP 2 on (a mistake counting it from EP 3 would give two GPUs a free exchange); one
+    GPU (EP 1) exchanges nothing."""
+    model, dep, gpu, _ = resolve("deepseek-v3.2-exp", "paper-table1", None, None)
+    one, two = (layer_costs(model, gpu, dataclasses.replace(dep, ep=ep), 16, 32768, 2) for ep in (1, 2))
+    assert float(np.sum(one.dispatch)) == 0 and float(np.sum(one.combine)) == 0
+    assert float(np.min(two.dispatch)) > 0 and float(np.min(two.combine)) > 0

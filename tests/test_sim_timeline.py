@@ -1,4 +1,6 @@
 """The step timeline: limits and monotonicity of the offload overhead, memory feasibility, bad input."""
+import types
+
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -231,3 +233,11 @@ def test_one_row_of_misses_for_several_configurations_is_refused():
         simulate([32, 64], 32768, 0.5, misses=np.zeros((1, NL)))
     with pytest.raises(ValueError, match=r"misses \(rows\)"):
         simulate([32, 64, 96], 32768, 0.5, misses=np.zeros((2, NL)))
+
+
+def test_best_batch_keeps_a_ratio_whose_limit_is_one_request(monkeypatch):
+    """A ratio whose memory limit is exactly one request still offers batch 1 (only a limit of 0 drops it)."""
+    import ess.sim.timeline as TL
+    monkeypatch.setattr(TL, "batch_limits", lambda *a, **k: types.SimpleNamespace(batch=1))
+    got = best_batch(32768, [1.0])
+    assert got["batch"] == 1 and got["ratio"] == 1.0

@@ -38,8 +38,9 @@ ROOT = Path(__file__).resolve().parent.parent
 # module -> the test files that exercise it (run with -x against each mutant)
 MODULES = {
     "timeline": ("ess/sim/timeline.py", ["tests/test_sim_step_by_hand.py", "tests/test_sim_timeline.py",
-                                         "tests/test_sim_overlap.py"]),
-    "costs": ("ess/sim/costs.py", ["tests/test_sim_costs_by_hand.py", "tests/test_sim_costs.py"]),
+                                         "tests/test_sim_overlap.py", "tests/test_sim_costs_models.py"]),
+    "costs": ("ess/sim/costs.py", ["tests/test_sim_costs_by_hand.py", "tests/test_sim_costs.py",
+                                     "tests/test_sim_costs_models.py"]),
     "cachesim": ("ess/cachesim.py", ["tests/test_cachesim.py", "tests/test_memory_safety.py::test_index_rows_copies_and_checks",
                                      "tests/test_memory_safety.py::test_the_caller_keeps_its_array_and_the_trace_keeps_its_copy"]),
 }
