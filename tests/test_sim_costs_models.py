@@ -145,6 +145,7 @@ def test_kernel_efficiency_ends_bracket_the_central_points():
     lo, mid, hi = (efficiencies(v) for v in ("low", "central", "high"))
     for a, b, c in ((lo.gemm_mem, mid.gemm_mem, hi.gemm_mem), (lo.gemm_compute, mid.gemm_compute, hi.gemm_compute)):
         assert (a[1] <= b[1]).all() and (b[1] <= c[1]).all()
+        assert (a[1] < c[1]).any()                      # the ends are the data's ends, not the central points again
     with pytest.raises(ValueError, match="efficiency"):
         CostParams(efficiency="fast")
     with pytest.raises(ValueError, match="attention_transfer"):
