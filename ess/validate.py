@@ -72,7 +72,10 @@ def real(name: str, value: Any, *, lo: float | None = None, hi: float | None = N
     ``hi_open``; ``None``: unbounded on that side). ``bool`` and strings are refused."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (numbers.Real, np.floating, np.integer)):
         raise TypeError(f"{name} must be a number, got {_what(value)}")
-    value = float(value)
+    try:
+        value = float(value)
+    except OverflowError:                                # an int beyond the float range
+        raise ValueError(f"{name} must be finite, got an integer of {len(str(abs(value)))} digits") from None
     if not math.isfinite(value):
         raise ValueError(f"{name} must be finite, got {value}")
     low_ok = lo is None or (value > lo if lo_open else value >= lo)
@@ -143,9 +146,14 @@ def number_array(name: str, value: Any, *, positive: bool = True, whole: bool = 
         if isinstance(value, (str, bytes, bool, np.bool_)):
             raise TypeError
         raw = np.asarray(value)
-        if raw.dtype.kind not in "iuf":                  # bool, str, object (ragged) arrays
+        if raw.dtype.kind == "O":                        # Python ints beyond int64, or ragged / other objects
+            if not (raw.size and all(isinstance(x, int) and not isinstance(x, bool) for x in raw.ravel())):
+                raise TypeError
+        elif raw.dtype.kind not in "iuf":                # bool, str arrays
             raise TypeError
-        arr = raw.astype(float)
+        arr = raw.astype(float)                          # OverflowError for an int past the float range
+    except OverflowError:
+        raise ValueError(f"{name} must be finite, got an integer beyond the float range") from None
     except (TypeError, ValueError):
         raise TypeError(f"{name} must be a number or an array of numbers, got {_what(value)}") from None
     if max_ndim is not None and arr.ndim > max_ndim:
