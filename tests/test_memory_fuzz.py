@@ -188,7 +188,7 @@ def test_memory_tables_refuse_meaningless_arguments(data):
 def test_the_meaningless_memory_inputs_found_by_probing_are_refused():
     """Each once returned a silent answer or a raw traceback (the fuzz tests above found them)."""
     with pytest.raises(ValueError, match="batch=100000 does not fit: .* largest batch on H200 is 157"):
-        memory.tier_placement(32768, 0.2, batch=100_000)          # reported 11 TB of GPU memory on a 141 GB GPU
+        memory.tier_placement(32768, 0.2, batch=100_000)          # reported 52.7 TB on a 141 GB GPU
     with pytest.raises(ValueError, match="mtp must not exceed the maximum context"):
         memory.batch_limits(32768, 0.2, mtp=1e300)                 # an int64 cast of 1e300
     with pytest.raises(ValueError, match="context_len must not exceed the maximum context"):
