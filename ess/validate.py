@@ -15,7 +15,8 @@ what was checked.
 * :func:`request_id`: a request's id, an ``int`` or a ``str`` (ids that compare equal across types, such as ``1``,
   ``1.0`` and ``True``, would name one request);
 * :func:`frame`: a pandas DataFrame with the columns a figure or table reads;
-* :func:`path`: a file or folder path (``str`` or ``os.PathLike``, not bytes, not empty, no NUL byte).
+* :func:`path`: a file or folder path (``str`` or ``os.PathLike``, not bytes, not empty, no NUL byte);
+* :func:`fits_in_memory`: an array that an argument sizes, at most a quarter of this machine's memory.
 
 This module imports nothing from ``ess``: every layer may use it.
 """
@@ -31,7 +32,7 @@ from typing import Any, Iterable
 import numpy as np
 
 __all__ = ["integer", "positive_int", "non_negative_int", "real", "ratio", "fraction", "one_of", "int_array",
-           "number_array", "float_array", "entries", "boolean", "request_id", "frame", "path"]
+           "number_array", "float_array", "entries", "boolean", "request_id", "frame", "path", "fits_in_memory"]
 
 
 def _what(value: Any) -> str:
@@ -257,3 +258,22 @@ def path(name: str, value: Any) -> Path:
     if "\0" in text:
         raise ValueError(f"{name} must not hold a NUL byte, got {text!r}")
     return Path(text)
+
+
+def _physical_memory() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):        # not a POSIX system: no check
+        return None
+
+
+def fits_in_memory(name: str, nbytes: int | float, what: str = "") -> int:
+    """``nbytes`` (an array's size that the argument ``name`` sets) as an ``int`` when it takes at most a quarter of
+    this machine's physical memory (the computation around one such array needs the rest); a ``ValueError`` naming
+    ``name`` otherwise, before anything is allocated (an allocation past the memory is a ``MemoryError`` at best,
+    the process killed by the system at worst). ``what`` says what the array is."""
+    total = _physical_memory()
+    if total is not None and nbytes > total / 4:
+        raise ValueError(f"{name} is too large: {what or 'an array'} would take {nbytes / 1e9:,.3g} GB, more than a "
+                         f"quarter of this machine's {total / 1e9:,.0f} GB of memory")
+    return int(nbytes)
