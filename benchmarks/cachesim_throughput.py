@@ -1,5 +1,7 @@
 """Cache-simulation throughput: index lookups per second on one core, the Numba LRU kernel against the readable
-reference of ess.policies (simulate_misses).
+reference of ess.policies (simulate_misses), and the CLOCK kernels (classic second chance and SGLang HiSparse's
+sampled CLOCK) against the LRU kernel, timed in turn in the same run (their misses checked against their
+references on the first stream).
 
 A lookup is one valid index of one step checked against the pool (and the pool updated). Both simulators run on
 the same synthetic trace (32K context, K = 2,048, MTP 2, paper locality profile) in the same run; their miss counts
@@ -75,6 +77,28 @@ def main() -> None:
           f"max {max(rates) / 1e6:.1f}, n {len(rates)})")
     print(f"  reference: median {statistics.median(py_rates) / 1e6:8.2f} M lookups/s (ess.policies, same trace)")
     print(f"  ratio numba/reference {out['speedup_median']:.0f}x; ratio to the 20 M/s target {out['ratio_to_target_median']:.2f}")
+    # the CLOCK kernels beside LRU: each repeat times LRU, CLOCK and the sampled CLOCK in turn, so that the machine's
+    # load moves all three; the ratio is of the medians
+    clocks = ("clock", "sampled_clock")
+    for pol in clocks:
+        C.sequence_misses(streams[0][1][:2], cap, windows=streams[0][0], n_positions=n_pos, policy=pol)  # compile
+        want = simulate_misses(list(s0), cap, windows=list(w0), policy=pol)
+        got = C.sequence_misses(s0, cap, windows=w0, n_positions=n_pos, policy=pol)
+        assert got.tolist() == want.tolist(), f"the {pol} kernel and its reference disagree"
+    turns = {pol: [] for pol in ("lru",) + clocks}
+    for _ in range(repeats):
+        for pol in turns:
+            t0 = time.perf_counter()
+            for w, s in streams:
+                C.sequence_misses(s, cap, windows=w, n_positions=n_pos, policy=pol)
+            turns[pol].append(lookups / (time.perf_counter() - t0))
+    for pol in clocks:
+        ratio = statistics.median(turns[pol]) / statistics.median(turns["lru"])
+        out[f"{pol}_lookups_per_s"] = distribution(turns[pol])
+        out[f"{pol}_over_lru_median"] = ratio
+        print(f"  {pol:13s}: median {statistics.median(turns[pol]) / 1e6:8.1f} M lookups/s, {ratio:.2f} x LRU's "
+              f"{statistics.median(turns['lru']) / 1e6:.1f} M/s timed in turn (n {len(turns[pol])})")
+    out["lru_lookups_per_s_in_turn"] = distribution(turns["lru"])
     for pol in ("fifo", "heat", "belady"):
         C.sequence_misses(streams[0][1][:2], cap, windows=streams[0][0], n_positions=n_pos, policy=pol)  # compile
         t0 = time.perf_counter()

@@ -188,7 +188,7 @@ def main(argv=None) -> int:
     print("correctness:")
     ok = check_correctness(report)
     if not args.no_pytest:
-        r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "cuda", "tests/test_transfer_kernels.py",
+        r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "cuda", "tests/test_kernels_transfer.py",
                             "tests/test_storage.py"], cwd=ROOT, capture_output=True, text=True, timeout=120)
         tail = (r.stdout + r.stderr).strip().splitlines()[-3:]
         report["pytest_cuda"] = {"rc": r.returncode, "tail": tail}

@@ -9,8 +9,10 @@ The maths [DS ``inference/model.py``; paper-facts.md "DeepSeek-V3.2-Exp geometry
   constant factors of the model (``n_heads**-0.5``, ``head_dim**-0.5``) are folded into ``w`` by the caller. Keys are
   read from the 132-byte indexer entries (FP8 plus one float32 scale, :mod:`ess.quant`); queries may be FP8-rounded
   and Hadamard-rotated with :func:`prepare_index_queries`, as in the model.
-* **Top-K**: the ``min(K, L)`` highest scores; ties go to the **lower token index**; the result is ordered by score
-  (highest first) and padded with ``-1`` to width K when fewer than K tokens are visible.
+* **Top-K**: the ``min(K, L)`` highest scores; ties go to the **lower token index**; the result is in **position
+  order** (ascending token index) and padded with ``-1`` to width K when fewer than K tokens are visible -- the one
+  top-K rule of the library (:mod:`ess.kernels.topk` says why position order), also the real model's
+  (:mod:`ess.engine`).
 * **Sparse MLA, MQA mode**: each latent (``kv_lora_rank`` c_KV values + ``qk_rope_head_dim`` rope values, 576 for
   the full model) is shared by all H query heads; ``softmax(sm_scale * q . latent)`` over the selected entries; the
   value is the c_KV part (absorbed MLA: the output is 512-d per head, before the up-projection). Returns the output
@@ -156,10 +158,26 @@ def indexer_scores(q, weights, keys, lengths=None, *, backend: str = "auto", dev
     return out
 
 
-def topk_indices(scores, k: int) -> np.ndarray:
-    """The top-``k`` token indices of each row of ``scores`` (B, L): (B, k) int64, highest score first, ties to the
-    lower token index, ``-inf`` (invisible) tokens never chosen, padded with ``-1`` when fewer than ``k`` remain."""
+def topk_indices(scores, k: int, *, backend: str = "auto"):
+    """The top-``k`` token indices of each row of ``scores`` (B, L): (B, k) int64 in position order (ascending),
+    ties to the lower token index, ``-inf`` (invisible) tokens never chosen, padded with ``-1`` when fewer than
+    ``k`` remain. ``scores`` a NumPy float array (the result is NumPy) or a float32/float64 torch tensor (the result
+    is a tensor on its device); ``backend`` as in :func:`ess.kernels.resolve_backend`
+    (:mod:`ess.kernels.topk`)."""
+    from .kernels import is_tensor
+    from .kernels.topk import topk_positions
     k = validate.positive_int("k", k)
+    if is_tensor(scores):
+        import torch
+        if not scores.is_floating_point():
+            raise TypeError(f"scores must be a float tensor (B, L), got dtype {scores.dtype}")
+        if scores.ndim != 2:
+            raise ValueError(f"scores must be a float tensor (B, L), got shape {tuple(scores.shape)}")
+        s = scores if scores.dtype in (torch.float32, torch.float64) else scores.float()
+        top = float(s.max()) if s.numel() else 0.0                 # one reduction: NaN propagates to the max
+        if math.isnan(top) or top == math.inf:
+            raise ValueError("scores must not hold NaN or +inf (-inf marks an invisible token)")
+        return topk_positions(s.contiguous(), k, backend=backend)
     s = np.asarray(scores)
     if not np.issubdtype(s.dtype, np.floating):
         raise TypeError(f"scores must be a float array (B, L), got dtype {s.dtype}")
@@ -167,13 +185,9 @@ def topk_indices(scores, k: int) -> np.ndarray:
         raise ValueError(f"scores must be a float array (B, L), got shape {s.shape}")
     if np.isnan(s).any() or np.isposinf(s).any():
         raise ValueError("scores must not hold NaN or +inf (-inf marks an invisible token)")
-    B, L = s.shape
-    order = np.argsort(-s.astype(np.float64), axis=1, kind="stable")[:, :k]     # stable: ties keep index order
-    picked = np.take_along_axis(s, order, axis=1)
-    order = np.where(np.isneginf(picked), -1, order).astype(np.int64)
-    if k > L:
-        order = np.concatenate([order, np.full((B, k - L), -1, dtype=np.int64)], axis=1)
-    return order
+    if s.dtype not in (np.float32, np.float64):
+        s = s.astype(np.float64)
+    return topk_positions(np.ascontiguousarray(s), k, backend=backend)
 
 
 # ----------------------------------------------------------------------------------------------------------------

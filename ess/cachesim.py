@@ -9,7 +9,8 @@ with valid indices ``S`` (array order; -1 padding ignored):
 * victims for the misses are chosen among resident entries **not in S** by the policy;
 * afterwards every entry of S is resident.
 
-The policies (``policy=``, one of :data:`ess.policies.POLICIES`: ``"lru"``, ``"fifo"``, ``"heat"``, ``"belady"``)
+The policies (``policy=``, one of :data:`ess.policies.POLICIES`: ``"lru"``, ``"fifo"``, ``"heat"``, ``"clock"``,
+``"sampled_clock"``, ``"belady"``)
 are defined by their readable references in :mod:`ess.policies`; the Numba kernels here are their fast path and
 are tested against :func:`ess.policies.simulate_misses` miss for miss. Heat counts one per access (traces carry no
 indexer scores) with decay ``decay`` (:data:`ess.policies.DEFAULT_HEAT_DECAY`).
@@ -27,7 +28,8 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from .layout import layer_pool_slots, pool_slots, step_entries
-from .policies import DEFAULT_HEAT_DECAY, POLICIES
+from .policies import (DEFAULT_HEAT_DECAY, POLICIES, SAMPLED_CLOCK_BLOCK, SAMPLED_CLOCK_PROBE,
+                       SAMPLED_CLOCK_SAMPLES)
 from .specs import model_spec
 from .tracegen import (PAPER_WARMUP_WINDOWS, check_reading, check_trace_model, geometry, locality_profile,
                        synthetic_streams)
@@ -129,6 +131,146 @@ def _kernels():
                 if not res[x]:
                     res[x] = True
                     n_res += 1
+            if t >= n_free:
+                out[t - n_free] = misses
+        return -1
+
+    # ---- CLOCK and HiSparse's sampled CLOCK: slots in a ring, slot_tok (capacity,) the position each holds (-1
+    # free), slot_of (n_pos,) the slot of each resident position; free slots fill lowest first (ess.policies.SlotPool)
+    @njit(cache=True, inline="always")
+    def _install(x, s, slot_tok, slot_of, res):
+        """Position x into slot s; the position it held (if any) leaves the pool."""
+        old = slot_tok[s]
+        if old >= 0:
+            res[old] = False
+            slot_of[old] = -1
+        slot_tok[s] = x
+        slot_of[x] = s
+        res[x] = True
+
+    @njit(cache=True, inline="always")
+    def _stamp(seq, t, ref, slot_of, value, resident_only, res):
+        """ref[slot of x] = value for every valid x of step t (only those resident now when ``resident_only``)."""
+        for j in range(seq.shape[1]):
+            x = seq[t, j]
+            if x >= 0 and (not resident_only or res[x]):
+                ref[slot_of[x]] = value
+
+    @njit(cache=True, nogil=True)
+    def clock(seq, n_free, capacity, n_pos, out):
+        """ess.policies.ClockPolicy: each miss (in S order) takes the next free slot, else the hand sweeps the
+        ring: a slot selected by this step is passed, a set bit is cleared (second chance), the first clear one is
+        the victim and the hand stops past it. Then every entry of S has its bit set. (The reference clears the bits
+        of the step's own slots it passes too; the step sets them again, so the result is the same.)"""
+        slot_tok = np.full(capacity, -1, np.int64)
+        slot_of = np.full(n_pos, -1, np.int64)
+        ref = np.zeros(capacity, np.bool_)
+        res = np.zeros(n_pos, np.bool_)
+        mark = np.zeros(n_pos, np.int64)              # == t + 1: selected by step t
+        n_used = 0
+        hand = 0
+        T, W = seq.shape
+        for t in range(T):
+            size, misses, _ = _mark_step(seq, t, mark, res, n_used, capacity)
+            if size > capacity:
+                return t
+            for j in range(W):
+                x = seq[t, j]
+                if x < 0 or res[x]:
+                    continue
+                if n_used < capacity:
+                    s = n_used
+                    n_used += 1
+                else:
+                    while True:                       # ends: fewer than capacity slots hold entries of S
+                        s = hand
+                        hand = hand + 1 if hand + 1 < capacity else 0
+                        if mark[slot_tok[s]] == t + 1:
+                            continue
+                        if ref[s]:
+                            ref[s] = False
+                            continue
+                        break
+                _install(x, s, slot_tok, slot_of, res)
+            _stamp(seq, t, ref, slot_of, True, False, res)
+            if t >= n_free:
+                out[t - n_free] = misses
+        return -1
+
+    @njit(cache=True, nogil=True)
+    def sampled_clock(seq, n_free, capacity, n_pos, samples, block, probe, out):
+        """ess.policies.SampledClockPolicy (SGLang HiSparse's multi-step CLOCK): misses take the free slots first
+        (lowest first, in S order); the other m misses, numbered i = 0 .. m-1 in S order, each take the oldest of
+        up to ``samples`` positions of its stripe (cursor + i + j m) not stamped with this step, ``block`` misses
+        at a time, then the uint32 ``probe`` for misses whose samples were all taken; the cursor moves by m."""
+        slot_tok = np.full(capacity, -1, np.int64)
+        slot_of = np.full(n_pos, -1, np.int64)
+        ref = np.zeros(capacity, np.int64)            # the step at which each slot was last selected or filled
+        res = np.zeros(n_pos, np.bool_)
+        mark = np.zeros(n_pos, np.int64)
+        victims = np.empty(capacity, np.int64)
+        wrap = np.int64(4294967296)
+        n_used = 0
+        cursor = 0
+        epoch = 0
+        T, W = seq.shape
+        for t in range(T):
+            size, misses, _ = _mark_step(seq, t, mark, res, n_used, capacity)
+            if size > capacity:
+                return t
+            e = epoch + 1
+            _stamp(seq, t, ref, slot_of, e, True, res)                # hits: selected this step
+            m = misses - min(misses, capacity - n_used)       # misses that need a victim
+            for j in range(W if n_used < capacity else 0):    # the first misses fill the free slots
+                x = seq[t, j]
+                if x < 0 or res[x] or n_used == capacity:
+                    continue
+                _install(x, n_used, slot_tok, slot_of, res)
+                ref[n_used] = e
+                n_used += 1
+            for first in range(0, m, block):
+                last = min(m, first + block)
+                for i in range(first, last):          # each miss samples its own stripe
+                    stripe = (capacity - 1 - i) // m + 1
+                    looks = min(stripe, samples)
+                    v = -1
+                    for s in range(looks):
+                        c = cursor + i + (s * stripe // looks) * m    # i + (stripe - 1) m < capacity: one wrap
+                        if c >= capacity:
+                            c -= capacity
+                        if ref[c] != e and (v < 0 or ref[c] < ref[v]):      # older = smaller stamp
+                            v = c
+                    victims[i] = v
+                    if v >= 0:
+                        ref[v] = e
+                for i in range(first, last):          # the probe, for misses whose samples were all taken
+                    if victims[i] >= 0:
+                        continue
+                    start = (cursor + (i * probe) % wrap) % wrap % capacity
+                    v = -1
+                    for a in range(capacity):
+                        c = (start + (a * probe) % wrap) % wrap % capacity
+                        if ref[c] != e:
+                            v = c
+                            break
+                    if v < 0:                         # the probe did not cover the ring: from the cursor on
+                        for a in range(capacity):
+                            c = (cursor + a) % capacity
+                            if ref[c] != e:
+                                v = c
+                                break
+                    victims[i] = v
+                    ref[v] = e
+            i = 0
+            for j in range(W):                        # the remaining misses take the victims, in order
+                x = seq[t, j]
+                if x < 0 or res[x]:
+                    continue
+                _install(x, victims[i], slot_tok, slot_of, res)
+                i += 1
+            if m > 0:
+                cursor = (cursor + min(m, capacity)) % capacity
+            epoch = e                                 # every slot of the step holds e already (hit, filled, claimed)
             if t >= n_free:
                 out[t - n_free] = misses
         return -1
@@ -335,7 +477,8 @@ def _kernels():
                     nxt_use[x] = t
         return keys
 
-    return {"lru": lru, "fifo": fifo, "heat": heat, "keyed": keyed, "belady_keys": belady_keys}
+    return {"lru": lru, "fifo": fifo, "heat": heat, "clock": clock, "sampled_clock": sampled_clock, "keyed": keyed,
+            "belady_keys": belady_keys}
 
 
 def _pad_rows(rows: np.ndarray, width: int) -> np.ndarray:
@@ -382,8 +525,11 @@ def _run_seq(seq: np.ndarray, n_free: int, capacity: int, policy: str, n_pos: in
         raise ValueError(f"positions must lie in [-1, {n_pos}), got [{int(seq.min())}, {int(seq.max())}]")
     kern = _kernels()
     out = np.zeros(seq.shape[0] - n_free, np.int64)
-    if policy in ("lru", "fifo"):
+    if policy in ("lru", "fifo", "clock"):
         bad = kern[policy](seq, n_free, capacity, n_pos, out)
+    elif policy == "sampled_clock":
+        bad = kern[policy](seq, n_free, capacity, n_pos, SAMPLED_CLOCK_SAMPLES, SAMPLED_CLOCK_BLOCK,
+                           SAMPLED_CLOCK_PROBE, out)
     elif policy == "heat":
         bad = kern["heat"](seq, n_free, capacity, n_pos, float(decay), out)
     else:
@@ -432,7 +578,8 @@ def sweep_synthetic(context_len: int, ratios: Sequence[float], *, policies: Iter
                     warmups: Iterable[bool] = (True,), n_layers: int | None = None, k: int | None = None, mtp: int = 2,
                     steps: int = 64, batch: int = 4, seed: int = 0, profile: Any = "paper",
                     warmup_windows: int = PAPER_WARMUP_WINDOWS, decay: float = DEFAULT_HEAT_DECAY,
-                    threads: int = 1, trace_model: str | None = None, **generator: Any) -> dict:
+                    threads: int = 1, trace_model: str | None = None, selected: np.ndarray | None = None,
+                    **generator: Any) -> dict:
     """Generate each synthetic (request, layer) stream once and simulate every (ratio, policy, warmup) on it.
 
     ``trace_model`` is ``"uniform"`` or ``"drift"`` (``None`` = :func:`ess.tracegen.default_trace_model`); ``n_layers``
@@ -445,7 +592,9 @@ def sweep_synthetic(context_len: int, ratios: Sequence[float], *, policies: Iter
     takes them. Returns
     ``{(ratio, policy, warmup): misses}`` with ``misses`` of shape (n_layers, steps), the mean over the
     ``batch`` requests of misses per decode step. ``threads > 1`` simulates the configurations of one stream in
-    parallel (the kernels release the GIL); the result does not depend on it.
+    parallel (the kernels release the GIL); the result does not depend on it. ``selected`` (optional, a float64
+    array (n_layers, steps)) receives the mean over the requests of the entries each decode step selects (the
+    denominator of a hit rate).
     """
     trace_model = check_trace_model(trace_model)
     n_layers, k = geometry(n_layers, k)
@@ -464,6 +613,11 @@ def sweep_synthetic(context_len: int, ratios: Sequence[float], *, policies: Iter
     threads = positive_int("threads", threads)
     if warmup_windows == 0 and any(warmups):
         raise ValueError("warmup=True needs warmup_windows >= 1")
+    if selected is not None and (not isinstance(selected, np.ndarray) or selected.dtype != np.float64
+                                 or selected.shape != (n_layers, steps)):
+        raise TypeError(f"selected must be a float64 array of shape ({n_layers}, {steps}) (or None), got "
+                        f"{type(selected).__name__} {getattr(selected, 'dtype', '')} {getattr(selected, 'shape', '')}")
+    sizes = np.zeros((n_layers, steps))
     keys = list(out)
     pool = None
     if threads > 1:
@@ -488,11 +642,14 @@ def sweep_synthetic(context_len: int, ratios: Sequence[float], *, policies: Iter
                 raise ValueError(f"context {context_len}, layer {layer}: {exc}") from None
             for key, m in zip(keys, results):
                 out[key][layer] += m
+            sizes[layer] += (cold_seq >= 0).sum(axis=1)
     finally:
         if pool is not None:
             pool.shutdown()
     for acc in out.values():
         acc /= batch
+    if selected is not None:
+        selected[:] = sizes / batch
     return out
 
 

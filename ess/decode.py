@@ -28,38 +28,82 @@ and once per step, after the last layer, **write back** -- the staged new tokens
   D2H issued -> attend B1 (overlapping it) -> wait -> commit -> finish.
 
 :mod:`ess.sim.timeline` prices the same orders (:func:`ess.sim.timeline.overlap_overhead_s`), and
-:mod:`ess.engine.timing` checks the prices against these schedules run for real.
+:mod:`ess.engine.overlap_check` checks the prices against these schedules run for real.
 
-What a model does at each stage is its **wiring**, an object with ``select(rows)``, ``attend(plans, rows,
-part)``, ``merge(rows)``, ``finish()`` and ``new_entries()`` (see :func:`run_layer`). Two wirings exist:
+What a model does at each stage is its **wiring** (the :class:`Wiring` protocol: ``select(rows)``,
+``attend(plans, rows, part)``, ``merge(rows)``, ``finish()``, ``new_entries()``). Two wirings exist:
 :class:`LatentWiring` here, DeepSeek's (the lightning indexer over 132-byte keys, sparse MLA over 656-byte latent
 entries, split attention merged by log-sum-exp), used by :func:`decode_layer`; and the real model's K/V wiring in
 :mod:`ess.engine.wiring`.
 
-The cache is anything with ``plan``, ``copy``, ``commit`` (and, for :class:`LatentWiring`, ``device_rows``) as
-:class:`ess.storage.TieredCache` has them; :class:`ess.storage.ResidentCache` is the all-resident one (every
-entry a hit: offload off).
+The cache is anything that follows the :class:`StepCache` protocol (``plan``, ``copy``, ``commit``,
+``entry_bytes``), as :class:`ess.storage.TieredCache` does; :class:`ess.storage.ResidentCache` is the all-resident
+one (every entry a hit: offload off). :class:`LatentWiring` also reads the cache's ``device_pool`` (a torch tensor on
+the device, the :class:`LatentCache` protocol) in place: device rows never go back to the host.
 """
 from __future__ import annotations
 
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
 from . import validate
-from .attention import (AttentionOutput, indexer_scores, merge_attention, sparse_mla_decode, stack_ragged,
-                        topk_indices)
+from .attention import (AttentionOutput, indexer_scores, latent_format, merge_attention, softmax_scale,
+                        sparse_mla_decode, stack_ragged, topk_indices)
+from .kernels import resolve_backend
 from .layout import indexer_entry_bytes, latent_layout
 from .specs import ModelSpec
 
-__all__ = ["SCHEDULES", "LayerRun", "run_layer", "DecodeStep", "LatentWiring", "select", "attend", "decode_layer",
-           "write_back", "CACHE_CALLS"]
+__all__ = ["SCHEDULES", "StepCache", "LatentCache", "Wiring", "LayerRun", "run_layer", "DecodeStep",
+           "LatentWiring", "select", "attend", "decode_layer", "write_back"]
 
-#: What :func:`decode_layer` calls on the cache (:func:`run_layer` needs the first three).
-CACHE_CALLS = ("plan", "copy", "commit", "device_rows")
+
+@runtime_checkable
+class StepCache(Protocol):
+    """What :func:`run_layer` needs from a cache (:class:`ess.storage.TieredCache`, :class:`ess.storage.ResidentCache`):
+    ``plan`` returns a plan with ``n_misses``, ``hit_pos``, ``miss_pos``, ``slots``, ``indices`` (as
+    :class:`ess.storage.StepPlan`); ``copy`` moves its misses into their device slots; ``commit`` applies it and
+    returns a result with ``request_id``, ``n_hits``, ``n_misses`` (as :class:`ess.storage.PoolStep`)."""
+
+    entry_bytes: int
+
+    def plan(self, request_id, layer: int, indices: np.ndarray, *, scores: np.ndarray | None = None) -> Any: ...
+
+    def copy(self, plan) -> None: ...
+
+    def commit(self, plan) -> Any: ...
+
+
+@runtime_checkable
+class LatentCache(StepCache, Protocol):
+    """What :class:`LatentWiring` needs besides :class:`StepCache`: the latent layout (``dtype``, ``"fp8"`` or
+    ``"bf16"``) and the device pool, a ``(slots, entry_bytes)`` uint8 torch tensor on the device, read in place."""
+
+    dtype: str
+    device_pool: Any
+
+
+@runtime_checkable
+class Wiring(Protocol):
+    """A model's part of one layer of a decode step (:func:`run_layer`); ``rows`` are positions in the batch."""
+
+    def select(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(indices (n, K) int64 -1 padded, scores (n, K) float)`` of requests ``rows``, NumPy on the host."""
+
+    def attend(self, plans: list, rows: np.ndarray, part: str) -> None:
+        """Attention work over the device slots of ``plans`` for ``part``: ``"all"``, ``"hits"``, ``"misses"``."""
+
+    def merge(self, rows: np.ndarray) -> None:
+        """Combine what :meth:`attend` did into the rows' attention outputs."""
+
+    def finish(self) -> None:
+        """The rest of the layer, once for the whole batch."""
+
+    def new_entries(self) -> Any:
+        """This layer's entry of each request's new token, ``(B, entry_bytes)`` uint8 tensor, or ``None``."""
 
 
 @dataclass(frozen=True)
@@ -117,11 +161,35 @@ class _NullTimer:
         pass
 
 
-def _check_cache(cache, calls=("plan", "copy", "commit")) -> None:
-    missing = [c for c in calls if not callable(getattr(cache, c, None))]
-    if missing:
-        raise TypeError(f"cache must provide {', '.join(c + '()' for c in calls)} (an "
-                        f"ess.storage.TieredCache); {type(cache).__name__} has no {missing[0]}()")
+def _protocol_members(protocol) -> list:
+    """The attributes and methods a protocol asks for (its own and its bases')."""
+    names: list = []
+    for base in reversed(protocol.__mro__):
+        if base is object or base is Protocol or base.__module__ != __name__:
+            continue
+        for n in list(base.__dict__.get("__annotations__", {})) + [k for k, v in base.__dict__.items()
+                                                                   if callable(v) and not k.startswith("_")]:
+            if n not in names:
+                names.append(n)
+    return names
+
+
+_FOLLOWS: dict = {}          # (type, protocol) -> whether instances of the type follow it (checked once per type)
+
+
+def _check_protocol(name: str, value, protocol) -> None:
+    """A ``TypeError`` naming ``name`` and what it lacks unless ``value`` follows ``protocol``."""
+    key = (type(value), protocol)
+    ok = _FOLLOWS.get(key)
+    if ok is None:
+        ok = isinstance(value, protocol)
+        if type(value).__module__ != "types":           # a SimpleNamespace's members vary from object to object
+            _FOLLOWS[key] = ok
+    if not ok:
+        want = _protocol_members(protocol)
+        missing = [m for m in want if not hasattr(value, m)]
+        raise TypeError(f"{name} must follow ess.decode.{protocol.__name__} ({', '.join(want)}); "
+                        f"{type(value).__name__} has no {', '.join(missing) or 'matching members'}")
 
 
 def run_layer(cache, layer: int, request_ids: Sequence, wiring, *, schedule: str = "none", link=None,
@@ -140,8 +208,9 @@ def run_layer(cache, layer: int, request_ids: Sequence, wiring, *, schedule: str
       or ``None`` (nothing to write back).
 
     ``link`` (:mod:`ess.link`; default :class:`~ess.link.SyncLink`) carries the copies; ``timer`` an
-    :class:`ess.metrics.OpTimer`; ``staging`` a host array or tensor ``(n_layers, B, entry_bytes)`` uint8 the D2H
-    lands in (row ``layer``), for :func:`write_back` after the last layer (``None``: no write-back).
+    :class:`ess.metrics.OpTimer`; ``staging`` a host tensor ``(n_layers, B, entry_bytes)`` uint8 (pinned for a CUDA
+    device) the D2H lands in (row ``layer``), for :func:`write_back` after the last layer (``None``: no
+    write-back).
 
     Every request is planned before anything moves, except B1's under ``"dba"`` (planned after B0's copy is
     issued). A copy that fails (``TransferError`` from the cache, re-raised by the wait) leaves the requests whose
@@ -152,10 +221,11 @@ def run_layer(cache, layer: int, request_ids: Sequence, wiring, *, schedule: str
     validate.one_of("schedule", schedule, SCHEDULES)
     if schedule == "dba" and B < 2:
         raise ValueError("schedule 'dba' splits the batch in two halves and needs at least 2 requests")
-    _check_cache(cache)
+    _check_protocol("cache", cache, StepCache)
+    _check_protocol("wiring", wiring, Wiring)
     link = SyncLink() if link is None else link
     timer = _NullTimer() if timer is None else timer
-    entry_bytes = getattr(cache, "entry_bytes", 0)
+    entry_bytes = cache.entry_bytes
     plans: list = [None] * B
     copied = [False] * B
     stall = [0.0]
@@ -172,24 +242,28 @@ def run_layer(cache, layer: int, request_ids: Sequence, wiring, *, schedule: str
     submitted = []
 
     def h2d(rows):
+        if not any(plans[r].n_misses for r in rows):   # nothing misses: nothing to copy, no job on the link
+            for r in rows:
+                copied[r] = True
+            return None
+
         def chunk(r):
             def fn():
                 cache.copy(plans[r])
                 copied[r] = True
-            return fn, int(getattr(plans[r], "n_misses", 0)) * entry_bytes
+            return fn, int(plans[r].n_misses) * entry_bytes
         job = link.submit("h2d", layer, [chunk(r) for r in rows])
         submitted.append(job)
         return job
 
     def d2h():
+        if staging is None:
+            return None
         entries = wiring.new_entries()
-        if entries is None or staging is None:
+        if entries is None:
             return None
         def fn():
-            if hasattr(staging, "copy_"):                          # a torch tensor (pinned for a CUDA device)
-                staging[layer].copy_(entries, non_blocking=True)
-            else:
-                staging[layer] = entries.cpu().numpy() if hasattr(entries, "cpu") else entries
+            staging[layer].copy_(entries, non_blocking=True)       # device -> host (pinned: asynchronous on CUDA)
         return link.submit("d2h", layer, [(fn, int(entries.shape[0]) * int(entries.shape[1]))])
 
     def wait(job, what):
@@ -287,36 +361,49 @@ def select(q_index, index_weights, index_keys: Sequence, model: ModelSpec, *, to
 
 
 def attend(cache, plans: Sequence, q: np.ndarray, model: ModelSpec, *, positions: Sequence | None = None,
-           sm_scale: float | None = None, backend: str = "auto", device: str | None = None) -> AttentionOutput:
-    """Sparse MLA over the device rows of every plan's selected entries, in top-K order: the rows of request ``b``
-    are gathered from ``plans[b].slots`` (the device pool, read after the copy). ``positions`` (one index array
-    per plan, into its top-K) restricts each request to those entries (DA's hits or misses); default all."""
-    dtype = getattr(cache, "dtype", "fp8")
-    E = latent_layout(model, dtype).entry_bytes
+           sm_scale: float | None = None, backend: str = "auto") -> AttentionOutput:
+    """Sparse MLA over the device rows of every plan's selected entries, in top-K order, read where they lie in the
+    cache's device pool (:class:`LatentCache`): request ``b`` reads slots ``plans[b].slots`` (after the copy).
+    ``positions`` (one index array per plan, into its top-K) restricts each request to those entries (DA's hits or
+    misses); default all. The torch kernel gathers the rows on the pool's device (CPU or CUDA); the NumPy and Numba
+    kernels read a CPU pool's memory in place. Only the output (B, H, kv_lora_rank) comes to the host."""
+    pool = cache.device_pool
     B, K = len(plans), plans[0].indices.shape[0]
-    rows = np.zeros((B * K, E), dtype=np.uint8)                 # (B * K, E) the selected rows, request by request
-    local = np.full((B, K), -1, dtype=np.int64)                 # (B, K) row of each selected entry
+    slots = np.full((B, K), -1, dtype=np.int64)                 # (B, K) device slot of each attended entry
     for b, plan in enumerate(plans):
         pos = np.flatnonzero(plan.indices >= 0) if positions is None else np.asarray(positions[b], np.int64)
-        slots = np.asarray(plan.slots, np.int64)[pos]
-        if np.any(slots < 0):
+        slots[b, pos] = np.asarray(plan.slots, np.int64)[pos]
+        if np.any(slots[b, pos] < 0):
             raise RuntimeError(f"the plan of request {plan.request_id!r} leaves selected entries without a slot")
-        rows[b * K + pos] = np.asarray(cache.device_rows(slots), dtype=np.uint8)
-        local[b, pos] = b * K + pos
-    return sparse_mla_decode(q, rows, local, model, dtype=dtype, sm_scale=sm_scale, backend=backend, device=device)
+    be = resolve_backend(backend, device=str(pool.device))
+    if be != "torch":
+        return sparse_mla_decode(q, pool.numpy(), slots, model, dtype=cache.dtype, sm_scale=sm_scale, backend=be)
+    import torch
+    from .kernels.attention.torch_ops import sparse_mla_decode_t
+    fmt = latent_format(model, cache.dtype)
+    scale = softmax_scale(model) if sm_scale is None else validate.real("sm_scale", sm_scale, lo=0.0, lo_open=True)
+    q = validate.float_array("q", q, 3, "(B, H, kv_lora_rank + qk_rope_head_dim)")
+    out, lse = sparse_mla_decode_t(torch.from_numpy(q).to(pool.device), pool,
+                                   torch.from_numpy(slots).to(pool.device), scale, *fmt)
+    out, lse = out.cpu().numpy(), lse.cpu().numpy()
+    if not (np.isfinite(out).all() and not np.isnan(lse).any() and not np.isposinf(lse).any()):
+        raise ValueError("latents: the selected entries decode to non-finite values (an FP8 NaN byte 0x7f/0xff or "
+                         "a non-finite scale), or the logits overflowed")
+    return AttentionOutput(out, lse)
 
 
 class LatentWiring:
     """DeepSeek-V3.2-Exp's part of a decode step (:func:`run_layer`): the lightning indexer over each request's
     indexer cache, sparse MLA over the latent entries in the device pool; under ``"da"`` the hits and the misses
     are attended apart and merged by their log-sum-exps (exact, not bitwise). Inputs as in :func:`decode_layer`;
-    after the step ``out`` and ``lse`` hold the attention of every request."""
+    the cache follows :class:`LatentCache` (attention reads its device pool in place). After the step ``out`` and
+    ``lse`` hold the attention of every request."""
 
     def __init__(self, cache, q_index, index_weights, index_keys, q, model: ModelSpec, *, topk=None, sm_scale=None,
                  backend="auto", device=None):
         self.cache, self.model = cache, model
         self.q_index, self.index_weights, self.index_keys, self.q = q_index, index_weights, list(index_keys), q
-        self.kw = {"sm_scale": sm_scale, "backend": backend, "device": device}
+        self.kw = {"sm_scale": sm_scale, "backend": backend}
         self.topk, self.backend, self.device = topk, backend, device
         B, H, kv = q.shape[0], q.shape[1], model.kv_lora_rank
         self.out = np.zeros((B, H, kv), np.float32)
@@ -363,7 +450,7 @@ def decode_layer(cache, layer: int, request_ids: Sequence, q_index, index_weight
     attention does: the rows are in place once copied."""
     request_ids = _request_ids(request_ids)
     B = len(request_ids)
-    _check_cache(cache, CACHE_CALLS)
+    _check_protocol("cache", cache, LatentCache)
     if len(index_keys) != B:
         raise ValueError(f"index_keys must hold one cache per request ({B}), got {len(index_keys)}")
     q = validate.float_array("q", q, 3, "(B, H, kv_lora_rank + qk_rope_head_dim)")

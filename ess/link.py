@@ -4,8 +4,9 @@ A decode step (:mod:`ess.decode`) submits its copies -- the misses host -> devic
 device -> host (D2H) -- as :class:`Transfer` jobs and waits for them where its schedule needs the bytes. Three links:
 
 * :class:`SyncLink` runs each job at once, in the caller's thread (the serial order; no overlap is possible);
-* :class:`EmulatedLink` a copy worker thread beside the compute thread moves the real bytes (each job is a list of
-  chunks, e.g. one request's misses), and a link clock of ``GB_per_s`` says when they land: a job starts crossing
+* :class:`EmulatedLink` a copy worker thread beside the compute thread moves the real bytes of the larger jobs (each
+  job is a list of chunks, e.g. one request's misses; a small job is copied by its waiter), and a link clock of
+  ``GB_per_s`` says when they land: a job starts crossing
   when it is submitted or when the job before it has crossed, and lands ``bytes / bandwidth`` later (on the
   monotonic clock), so a job lasts as long as the link would take, whenever the worker thread gets a CPU. Jobs
   cross one after the other, in the order submitted (a half-duplex link). ``GB_per_s=None`` lands each job when it
@@ -25,7 +26,8 @@ from typing import Sequence
 
 from . import validate
 
-__all__ = ["CLOCKS", "Transfer", "SyncLink", "EmulatedLink", "CudaStreamLink", "make_link"]
+__all__ = ["CLOCKS", "INLINE_BELOW_BYTES", "Transfer", "SyncLink", "EmulatedLink", "CudaStreamLink",
+           "make_link"]
 
 #: ``"wall"``: :func:`time.perf_counter`. ``"cpu"``: :func:`time.thread_time` of the calling (compute) thread -- on a
 #: shared machine, the time this thread ran, without the other processes' share; an emulated link on this clock
@@ -166,6 +168,11 @@ class _PacedTransfer(Transfer):
         return self.waited_s
 
 
+#: Jobs below this many bytes are copied by their waiter, not the copy worker (design choice: well below what a copy
+#: costs in the time a handoff to the worker costs the compute thread, see :class:`EmulatedLink`; 64 KiB, as the Numba
+#: transfer kernel's single-thread limit, ess.kernels.transfer.numba_cpu.PARALLEL_MIN_BYTES)
+INLINE_BELOW_BYTES = 1 << 16
+
 # a wait sleeps until this long before the job is due, then spins (a thread woken from sleep on a loaded machine
 # may run late; spinning the last stretch keeps the landing time the link's). Design choice, like CUDA's default
 # of spinning in cudaEventSynchronize.
@@ -182,12 +189,22 @@ class EmulatedLink(_Link):
     :meth:`Transfer.wait` returns once it has landed and its bytes are copied. So a job lasts what the link would
     take, and jobs cross one after the other in the order submitted (one half-duplex link). Unpaced, a job lands
     when it is submitted and a wait returns when its bytes are copied. A chunk that raises stops its job; the error
-    is re-raised by :meth:`Transfer.wait`."""
+    is re-raised by :meth:`Transfer.wait`.
+
+    A job of fewer than ``inline_below_bytes`` bytes is not handed to the worker: its waiter copies it (it still
+    lands when the link's clock says). Handing it over would cost the compute thread more than the copy: the worker
+    must be woken and must take Python's lock from the compute thread, about 150 us per job measured on the loaded
+    2-core machine (cProfile of the engine's offloaded decode at a 64-token context: 1,076 jobs, 0.16 s in the
+    submitting thread's waits for the lock), where copying 64 KB takes about 10 us. Larger jobs go to the worker,
+    whose copy can overlap the compute thread's work. Default :data:`INLINE_BELOW_BYTES`; 0 hands every job to the
+    worker."""
 
     name = "emulated"
 
-    def __init__(self, GB_per_s: float | None, *, clock: str = "wall"):
+    def __init__(self, GB_per_s: float | None, *, clock: str = "wall", inline_below_bytes: int | None = None):
         super().__init__()
+        self.inline_below_bytes = (INLINE_BELOW_BYTES if inline_below_bytes is None
+                                   else validate.integer("inline_below_bytes", inline_below_bytes, lo=0))
         self.GB_per_s = None if GB_per_s is None else validate.real("GB_per_s", GB_per_s, lo=0.0, lo_open=True)
         self.clock = CLOCKS[validate.one_of("clock", clock, tuple(CLOCKS))]
         self._per_byte = 0.0 if self.GB_per_s is None else 1.0 / (self.GB_per_s * 1e9)
@@ -207,7 +224,8 @@ class EmulatedLink(_Link):
             self._free_at = start + nbytes * self._per_byte
             job = _PacedTransfer(kind, layer, nbytes, start, self._free_at, chunks, self.clock)
             self.records.append(job)
-        self._queue.put(job)
+        if nbytes >= self.inline_below_bytes:           # a smaller job is copied by its waiter (see the class)
+            self._queue.put(job)
         return job
 
     def _run(self) -> None:

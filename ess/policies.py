@@ -19,6 +19,34 @@ Ranking (lowest evicted first; ties by LRU order, which is unique among resident
   step: the indexer score of the selected token when the caller passes ``weights`` (aligned with S), else 1 (a
   decayed access count). An evicted entry's heat is forgotten. ``decay = 0`` keeps the last step's weight only,
   ``decay = 1`` sums all weights since the load.
+* ``"clock"``: CLOCK, the second-chance approximation of LRU (Corbató 1968, "A paging experiment with the Multics
+  system", MIT Project MAC report MAC-M-384, published in *In Honor of Philip M. Morse*, MIT Press 1969; the form
+  taught in Arpaci-Dusseau, *Operating Systems: Three Easy Pieces*, ch. 22 "Beyond Physical Memory: Policies",
+  section "Approximating LRU"). The slots form a ring with a hand (at slot 0 in a new pool) and one reference bit
+  each. Every entry a step selects, hit or loaded, gets its bit set (the hardware sets the use bit on every
+  reference, the one that faulted included). A miss that needs a victim moves the hand round the ring: a slot
+  whose bit is set loses it (its second chance) and is passed, a slot selected by this step is passed, and the
+  first unselected slot with a clear bit is the victim; the hand stops just past it, so the new entry in that slot
+  is the last the hand reaches again. Free slots are filled first, lowest first, without moving the hand (the
+  pool's rule for every policy). The reference bit is step-granular: what the step selects counts as one use.
+* ``"sampled_clock"``: the replacement of SGLang's HiSparse multi-step (MTP) swap kernel, the "CLOCK" production
+  sparse-KV offload uses when one call covers several speculative steps (``sgl-project/sglang``,
+  ``python/sglang/kernels/jit/csrc/kvcacheio/hisparse_spec.cuh``, ``load_cache_to_device_buffer_spec_commit_kernel``,
+  read at commit 98807b55; added by sgl-project/sglang PR 32162). Not CLOCK with a persistent bit: each slot keeps
+  the step (call epoch ``e``) at which it was last selected or filled, and its "bit" is set only during that step.
+  A step's ``M`` victims are chosen in miss order ``i = 0 .. M-1``: miss ``i`` owns the ring stripe
+  ``(cursor + i + j M) mod capacity`` for ``j = 0 .. P_i - 1``, ``P_i = (capacity - 1 - i) // M + 1``, looks at
+  ``n = min(P_i, 6)`` evenly spaced stripe positions ``j = s P_i // n`` (``CLOCK_VICTIM_SAMPLES = 6``), skips those
+  selected by this step or already claimed, and takes the one selected longest ago (ties: the first looked at).
+  Misses whose samples are all taken probe ``(cursor + i K + a K) mod capacity`` (``K = 2654435761``, uint32
+  arithmetic, ``a = 0, 1, ...``) for a free-to-claim slot; the kernel handles its misses 512 at a time (the commit
+  kernel's 512 threads per request), sampling for all of a block before the block's probes. Afterwards
+  ``cursor += M`` (mod capacity). Where ess differs: free slots are filled first (the pool's rule) and ``M``
+  counts the misses that need a victim, which is HiSparse's miss count once the pool is full (steady decoding);
+  a probe that finds no slot in ``capacity`` tries (possible only when the capacity is not a power of two; HiSparse's
+  buffer is 2 x top-k = 4,096 slots) takes the first claimable slot from the cursor on; step ages are exact
+  (HiSparse's epochs wrap after 2**17 - 1 calls or more, far beyond a trace here); HiSparse's overflow rule (a
+  call whose union exceeds the buffer) never applies, because a step larger than the pool is an error here.
 * ``"belady"``: the entry whose next use lies farthest in the future goes first (Belady 1966, "A study of
   replacement algorithms for a virtual-storage computer", IBM Syst. J. 5(2)); entries never used again first.
   It needs the future, so it runs offline only, over a whole sequence (:func:`simulate_misses`,
@@ -37,14 +65,20 @@ import numpy as np
 
 from .validate import fraction, int_array, integer, non_negative_int, one_of, positive_int
 
-__all__ = ["POLICIES", "ONLINE_POLICIES", "DEFAULT_HEAT_DECAY", "EvictionPolicy", "LRUPolicy", "FIFOPolicy",
-           "HeatPolicy", "BeladyPolicy", "make_policy", "SlotPlan", "SlotPool", "check_step_indices",
+__all__ = ["POLICIES", "ONLINE_POLICIES", "DEFAULT_HEAT_DECAY", "SAMPLED_CLOCK_SAMPLES", "SAMPLED_CLOCK_BLOCK",
+           "SAMPLED_CLOCK_PROBE", "EvictionPolicy", "LRUPolicy", "FIFOPolicy", "HeatPolicy", "ClockPolicy",
+           "SampledClockPolicy", "BeladyPolicy", "make_policy", "SlotPlan", "SlotPool", "check_step_indices",
            "simulate_misses", "next_uses", "first_in_order"]
 
-POLICIES = ("lru", "fifo", "heat", "belady")
-ONLINE_POLICIES = ("lru", "fifo", "heat")         # Belady needs the future: simulations over a whole sequence only
+POLICIES = ("lru", "fifo", "heat", "clock", "sampled_clock", "belady")
+ONLINE_POLICIES = ("lru", "fifo", "heat", "clock", "sampled_clock")   # Belady needs the future: offline only
 DEFAULT_HEAT_DECAY = 0.5   # design choice: a step's access weighs half the one after it (heat halves every step)
-POLICY_OPTIONS = {"lru": (), "fifo": (), "heat": ("decay",), "belady": ()}     # what make_policy passes on
+POLICY_OPTIONS = {"lru": (), "fifo": (), "heat": ("decay",), "clock": (), "sampled_clock": (),
+                  "belady": ()}                                       # what make_policy passes on
+# SGLang HiSparse, python/sglang/kernels/jit/csrc/kvcacheio/hisparse_spec.cuh (commit 98807b55):
+SAMPLED_CLOCK_SAMPLES = 6             # CLOCK_VICTIM_SAMPLES: stripe positions each miss looks at
+SAMPLED_CLOCK_BLOCK = 512             # the commit kernel's threads per request (its launch): misses per round
+SAMPLED_CLOCK_PROBE = 2654435761      # the fallback probe's multiplier (uint32; Knuth's multiplicative hash)
 
 
 def _array(name: str, value, kinds: str, what: str) -> np.ndarray:
@@ -148,7 +182,9 @@ class EvictionPolicy:
     def touch_cold(self, slots: np.ndarray) -> None:
         """Make ``slots`` the least recent, below every other entry, the first of them the warmest (a background
         load that should go first)."""
-        slots = self._check_slots("slots", slots)
+        self._touch_cold(self._check_slots("slots", slots))
+
+    def _touch_cold(self, slots: np.ndarray) -> None:
         low = min(int(self.stamp.min(initial=0)), 0)
         self.stamp[slots] = low - 1 - np.arange(slots.size)
 
@@ -173,6 +209,12 @@ class EvictionPolicy:
         for name in self._slot_arrays:
             getattr(self, name)[slots] = 0
 
+    def _evict(self, victims: np.ndarray) -> None:
+        """The policy's part of a step's evictions (:meth:`SlotPool.commit`, before :meth:`update`): ``victims`` the
+        slots whose entries the misses replace, first victim first, as :meth:`choose_victims` (or a caller's
+        ranking) gave them. Forgets their state; a policy with a hand also moves it."""
+        self._clear(victims)
+
     def state(self) -> dict:
         return {**{n: getattr(self, n) for n in self._counters}, **{n: getattr(self, n).copy() for n in
                                                                      self._slot_arrays}}
@@ -193,10 +235,14 @@ class EvictionPolicy:
             if arr.shape != ref.shape or not np.isfinite(arr).all():
                 raise ValueError(f"state[{n!r}] must be finite with shape {ref.shape}, got {arr.shape}")
             arrays[n] = arr
+        self._check_state(counters, arrays)
         for n, v in counters.items():
             setattr(self, n, v)
         for n, arr in arrays.items():
             getattr(self, n)[:] = arr
+
+    def _check_state(self, counters: dict, arrays: dict) -> None:
+        """Refuse (``ValueError``) a state this policy cannot be in, beyond types and shapes (checked already)."""
 
 
 class LRUPolicy(EvictionPolicy):
@@ -244,6 +290,145 @@ class HeatPolicy(EvictionPolicy):
         self._touch(slots)
 
 
+class ClockPolicy(EvictionPolicy):
+    """CLOCK (second chance): a hand over the ring of slots and a reference bit per slot (module docstring).
+    ``ref`` (capacity,) the bits (0 or 1), ``hand`` the slot the hand points at. :meth:`touch` sets the bits of its
+    slots (a use), :meth:`touch_cold` clears them (the hand takes them at its next pass)."""
+
+    name = "clock"
+    _slot_arrays = ("stamp", "ref")
+    _counters = ("clock", "hand")
+
+    def __init__(self, capacity: int):
+        super().__init__(capacity)
+        self.ref = np.zeros(self.capacity, np.int64)       # the reference bit of each slot
+        self.hand = 0
+
+    def _sweep(self, evictable: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray, int]:
+        """The hand's way round the ring until it evicted ``n`` slots of ``evictable`` (bool (capacity,), at least
+        ``n`` set): from the hand, a slot whose bit is set loses it and is passed, an evictable slot with a clear
+        bit is evicted, any other slot is passed; the hand stops just past the last victim. Returns ``(victims in
+        order, the bits after, the hand after)``; changes nothing."""
+        ref, evictable, hand = self.ref.copy(), evictable.copy(), self.hand
+        victims: list[int] = []
+        while len(victims) < n:                  # ends: after one turn every bit is clear
+            slot, hand = hand, (hand + 1) % self.capacity
+            if ref[slot]:
+                ref[slot] = 0                    # its second chance
+            elif evictable[slot]:
+                victims.append(slot)
+                evictable[slot] = False          # the slot now holds one of the step's misses
+        return np.asarray(victims, np.int64), ref, hand
+
+    def _choose_victims(self, candidates, n):
+        if n > candidates.size:
+            return super()._choose_victims(candidates, n)           # the common error
+        evictable = np.zeros(self.capacity, bool)
+        evictable[candidates] = True
+        return self._sweep(evictable, n)[0]
+
+    def _evict(self, victims):
+        # the sweep that chose these victims, again: every reached slot whose bit was set is cleared; a slot it
+        # passes with a clear bit is a victim or a slot of the step (whose bit the step sets anyway)
+        chosen = np.zeros(self.capacity, bool)
+        chosen[victims] = True
+        _, self.ref[:], self.hand = self._sweep(chosen, int(victims.size))
+        self._clear(victims)
+
+    def _touch(self, slots):
+        super()._touch(slots)
+        self.ref[slots] = 1
+
+    def _touch_cold(self, slots):
+        super()._touch_cold(slots)
+        self.ref[slots] = 0
+
+    def _check_state(self, counters, arrays):
+        if not 0 <= counters["hand"] < self.capacity:
+            raise ValueError(f"state['hand'] must be a slot in [0, {self.capacity}), got {counters['hand']}")
+        if not np.isin(arrays["ref"], (0, 1)).all():
+            raise ValueError("state['ref'] must hold reference bits (0 or 1)")
+
+
+def _stripe_probe(cursor: int, i: int, capacity: int):
+    """The slots HiSparse's fallback probes for miss ``i`` (all its stripe's samples taken), in order:
+    ``(start + a K) mod 2**32 mod capacity`` with ``start = (cursor + i K) mod 2**32 mod capacity`` and
+    ``K = SAMPLED_CLOCK_PROBE``, ``a = 0 .. capacity - 1`` (uint32 arithmetic as in the kernel); then, where those
+    did not cover the ring (a capacity that is not a power of two), every slot from the cursor on (ess's end)."""
+    wrap = 1 << 32
+    start = (cursor + i * SAMPLED_CLOCK_PROBE % wrap) % wrap % capacity
+    for a in range(capacity):
+        yield (start + a * SAMPLED_CLOCK_PROBE % wrap) % wrap % capacity
+    for a in range(capacity):
+        yield (cursor + a) % capacity
+
+
+class SampledClockPolicy(EvictionPolicy):
+    """SGLang HiSparse's multi-step "CLOCK" (module docstring): ``ref_epoch`` (capacity,) the step at which each
+    slot was last selected or filled (0: never), ``epoch`` the steps seen, ``cursor`` where the stripes start.
+    :meth:`touch` stamps its slots with the last step (a use), :meth:`touch_cold` with 0 (the oldest)."""
+
+    name = "sampled_clock"
+    _slot_arrays = ("stamp", "ref_epoch")
+    _counters = ("clock", "epoch", "cursor")
+
+    def __init__(self, capacity: int):
+        super().__init__(capacity)
+        self.ref_epoch = np.zeros(self.capacity, np.int64)
+        self.epoch = 0
+        self.cursor = 0
+
+    def _choose_victims(self, candidates, n):
+        if n == 0 or n > candidates.size:
+            return super()._choose_victims(candidates, n)           # empty, or the common error
+        cap, e = self.capacity, self.epoch + 1                      # e: this step's epoch
+        ref = self.ref_epoch.copy()
+        taken = np.ones(cap, bool)                                  # "bit set": selected or filled this step
+        taken[candidates] = False
+        victims = np.full(n, -1, np.int64)
+        for first in range(0, n, SAMPLED_CLOCK_BLOCK):              # the kernel's rounds of 512 misses
+            block = range(first, min(n, first + SAMPLED_CLOCK_BLOCK))
+            for i in block:                                         # each miss samples its own stripe
+                stripe = (cap - 1 - i) // n + 1
+                looks = min(stripe, SAMPLED_CLOCK_SAMPLES)
+                for s in range(looks):
+                    slot = (self.cursor + i + (s * stripe // looks) * n) % cap
+                    if not taken[slot] and (victims[i] < 0 or e - ref[slot] > e - ref[victims[i]]):
+                        victims[i] = slot                           # the oldest; the first looked at on ties
+                if victims[i] >= 0:
+                    taken[victims[i]] = True
+            for i in block:                                         # then the misses whose samples were all taken
+                if victims[i] < 0:
+                    victims[i] = next(s for s in _stripe_probe(self.cursor, i, cap) if not taken[s])
+                    taken[victims[i]] = True
+        return victims
+
+    def _evict(self, victims):
+        if victims.size:
+            self.cursor = (self.cursor + min(int(victims.size), self.capacity)) % self.capacity
+        self._clear(victims)
+
+    def _update(self, slots, inserted, weights):
+        self.epoch += 1
+        self._touch(slots)
+
+    def _touch(self, slots):
+        super()._touch(slots)
+        self.ref_epoch[slots] = self.epoch
+
+    def _touch_cold(self, slots):
+        super()._touch_cold(slots)
+        self.ref_epoch[slots] = 0
+
+    def _check_state(self, counters, arrays):
+        if not 0 <= counters["cursor"] < self.capacity:
+            raise ValueError(f"state['cursor'] must be a slot in [0, {self.capacity}), got {counters['cursor']}")
+        if counters["epoch"] < 0:
+            raise ValueError(f"state['epoch'] must be >= 0, got {counters['epoch']}")
+        if ((arrays["ref_epoch"] < 0) | (arrays["ref_epoch"] > counters["epoch"])).any():
+            raise ValueError(f"state['ref_epoch'] must hold steps in [0, epoch={counters['epoch']}]")
+
+
 class BeladyPolicy(EvictionPolicy):
     """Offline: :meth:`update` takes, as ``weights``, the step at which each selected entry is used next (a step
     past the end for "never"); the farthest goes first."""
@@ -265,7 +450,8 @@ class BeladyPolicy(EvictionPolicy):
         self._touch(slots)
 
 
-_CLASSES = {"lru": LRUPolicy, "fifo": FIFOPolicy, "heat": HeatPolicy, "belady": BeladyPolicy}
+_CLASSES = {"lru": LRUPolicy, "fifo": FIFOPolicy, "heat": HeatPolicy, "clock": ClockPolicy,
+            "sampled_clock": SampledClockPolicy, "belady": BeladyPolicy}
 
 
 def _check_weights(weights, shape: tuple, policy: "EvictionPolicy") -> np.ndarray | None:
@@ -396,7 +582,7 @@ class SlotPool:
         self.grow(int(plan.tokens.max(initial=-1)) + 1)
         evicted = self.token_of[plan.victims].copy()
         self.slot_of[evicted] = -1
-        self.policy._clear(plan.victims)
+        self.policy._evict(plan.victims)
         new_slots, new_tokens = plan.slots[plan.miss], plan.tokens[plan.miss]
         self.token_of[new_slots] = new_tokens
         self.slot_of[new_tokens] = new_slots
@@ -453,8 +639,8 @@ def check_step_indices(indices, n_tokens: int, capacity: int, name: str = "indic
     if valid.size > capacity:
         raise ValueError(f"{name} selects {valid.size} entries but the pool has only capacity={capacity} slots "
                          f"(the budget must hold one step's K entries)")
-    if np.unique(valid).size != valid.size:
-        u, c = np.unique(valid, return_counts=True)
+    if valid.size > 1 and not (valid[1:] > valid[:-1]).all() and np.unique(valid).size != valid.size:
+        u, c = np.unique(valid, return_counts=True)      # (ascending, as top-K gives them: distinct, no hashing)
         raise ValueError(f"{name} repeats token {int(u[c > 1][0])}; valid top-K indices must be distinct")
     return idx
 

@@ -6,9 +6,9 @@ ESS keeps the whole latent cache in (pinned) host memory and a bounded hot subse
   request (656-byte FP8 or 1,152-byte BF16 layout, :mod:`ess.layout`; or any :class:`~ess.layout.EntryFormat`, such
   as the real model's 1,536-byte K/V entries of :mod:`ess.engine`), grown one token per decode step
   (write-back of the new token only); pinned when the device is CUDA.
-* the device pool: ``capacity`` slots per (request, layer), one uint8 array ``(slots, entry_bytes)`` (a NumPy
-  array for ``device="cpu"``, a CUDA tensor otherwise). Slot numbers are global: request block ``b`` holds layer
-  ``l``'s pool in slots ``[(b * n_layers + l) * capacity, ... + capacity)``.
+* the device pool: ``capacity`` slots per (request, layer), one uint8 torch tensor ``(slots, entry_bytes)`` on the
+  cache's device (``"cpu"`` or ``"cuda[:n]"``: the same code on both). Slot numbers are global: request block ``b``
+  holds layer ``l``'s pool in slots ``[(b * n_layers + l) * capacity, ... + capacity)``.
 * :class:`TieredCache` the two pools, the requests' lifecycle (add, append, remove) and the step protocol below.
 
 What is not here: replaying a trace through a cache (:mod:`ess.replay`), the disk tier's archive of a cache's
@@ -257,8 +257,8 @@ class TieredCache:
     policy : ``"lru"`` (default, the paper's), ``"fifo"`` or ``"heat"`` (:data:`ess.policies.ONLINE_POLICIES`;
         Belady needs the future and runs in the simulations only)
     backend : transfer backend, ``"auto" | "reference" | "numba" | "torch"``
-    device : ``"cpu"`` (device pool is a NumPy array, for CPU runs and tests) or ``"cuda[:n]"`` (a CUDA tensor; the
-        host pool is pinned and misses are read zero-copy)
+    device : ``"cpu"`` or ``"cuda[:n]"``: where the device pool lives (a torch tensor on either; on CUDA the host
+        pool is pinned and misses are read zero-copy)
     max_requests : when given, the device pool is allocated once for that many requests (a fixed budget) and
         :meth:`add_request` refuses more; otherwise it grows by whole requests.
     policy_options : a dict passed to the policy (``decay`` for heat)
@@ -324,13 +324,11 @@ class TieredCache:
 
     # -- device pool memory ----------------------------------------------------------------------------------
     def _alloc_device(self, n_blocks: int):
+        import torch
         shape = (n_blocks * self._block_slots, self.entry_bytes)
         try:
-            if self.on_cuda:
-                import torch
-                return torch.zeros(shape, dtype=torch.uint8, device=self.device)
-            return np.zeros(shape, np.uint8)
-        except (MemoryError, ValueError, RuntimeError) as exc:   # too large to allocate (NumPy, torch, CUDA)
+            return torch.zeros(shape, dtype=torch.uint8, device=self.device)
+        except (MemoryError, ValueError, RuntimeError, TypeError) as exc:   # too large (a size past int64 too)
             raise ValueError(f"a device pool of {n_blocks} request(s) x {self.n_layers} layers x capacity="
                              f"{self.capacity} slots x {self.entry_bytes} B = {shape[0] * shape[1]:,} B cannot be "
                              f"allocated on {self.device} ({type(exc).__name__}); use a smaller capacity or "
@@ -353,7 +351,8 @@ class TieredCache:
 
     @property
     def device_pool(self):
-        """The device pool array ``(slots, entry_bytes)`` (NumPy or CUDA tensor)."""
+        """The device pool ``(slots, entry_bytes)`` uint8, a torch tensor on the cache's device (what a decode step
+        reads in place)."""
         return self._device
 
     @property
@@ -669,25 +668,14 @@ class TieredCache:
     # -- reading ---------------------------------------------------------------------------------------------
     def device_rows(self, slots: np.ndarray) -> np.ndarray:
         """The uint8 rows ``(n, entry_bytes)`` in device ``slots`` (global slot numbers, as in
-        :attr:`PoolStep.slots`), copied to a NumPy array; rows for slot ``-1`` are zero."""
+        :attr:`PoolStep.slots`), copied to a host NumPy array; rows for slot ``-1`` are zero. For checks and
+        inspection: a decode step reads :attr:`device_pool` in place and copies nothing back."""
         if not isinstance(slots, np.ndarray) or slots.ndim != 1 or slots.dtype.kind not in "iu":
             raise TypeError("slots must be a 1-D NumPy integer array")
         n = int(self._device.shape[0])
         if slots.size and (slots.min() < -1 or slots.max() >= n):
             raise ValueError(f"slots must be in [-1, {n}), got values in [{slots.min()}, {slots.max()}]")
-        slots = slots.astype(np.int64)
-        if self.on_cuda:
-            import torch
-            out = torch.zeros((slots.size, self.entry_bytes), dtype=torch.uint8, device=self._device.device)
-            ok = np.flatnonzero(slots >= 0)
-            if ok.size:
-                sel = torch.from_numpy(slots[ok]).to(self._device.device)
-                out[torch.from_numpy(ok).to(self._device.device)] = self._device.index_select(0, sel)
-            return out.cpu().numpy()
-        out = np.zeros((slots.size, self.entry_bytes), np.uint8)
-        ok = slots >= 0
-        out[ok] = self._device[slots[ok]]
-        return out
+        return _rows_to_host(self._device, slots.astype(np.int64))
 
     def resident(self, request_id, layer: int) -> np.ndarray:
         """Tokens resident in the pool of one (request, layer), in eviction order (first to go first)."""
@@ -701,7 +689,7 @@ class TieredCache:
 
     def snapshot(self) -> dict:
         """A deep copy of all bookkeeping and bytes (for tests that check a failed call changed nothing)."""
-        dev = self._device.cpu().numpy().copy() if self.on_cuda else self._device.copy()
+        dev = self._device.cpu().numpy().copy()
         return {"device": dev, "free_blocks": list(self._free_blocks),
                 "host": {r: self.host.entries(r).copy() for r in self.host.requests()},
                 "pools": {r: [p.copy_state() for p in q.pools] for r, q in self._requests.items()},
@@ -719,7 +707,7 @@ class ResidentCache:
 
     The pool is allocated once for ``max_requests`` requests of up to ``max_tokens`` tokens each: request block
     ``b`` holds layer ``l``'s entries in slots ``[(b * n_layers + l) * max_tokens, ... + max_tokens)``, token ``t``
-    at offset ``t``. ``device`` ``"cpu"`` (a NumPy array) or ``"cuda[:n]"`` (a CUDA tensor)."""
+    at offset ``t``. ``device`` ``"cpu"`` or ``"cuda[:n]"``: where the pool lives (a torch tensor on either)."""
 
     def __init__(self, model, *, max_requests: int, max_tokens: int, device: str = "cpu"):
         self.format = entry_format(model_spec(model) if isinstance(model, str) else model)
@@ -727,20 +715,18 @@ class ResidentCache:
         self.dtype = self.format.dtype
         self.max_requests = validate.positive_int("max_requests", max_requests)
         self.max_tokens = check_context_len(self.format, max_tokens, "max_tokens")
+        import torch
         self.device = str(device)
         self.on_cuda = self.device.startswith("cuda")
         shape = (self.max_requests * self.n_layers * self.max_tokens, self.entry_bytes)
-        if self.on_cuda:
-            import torch
-            self._device = torch.zeros(shape, dtype=torch.uint8, device=self.device)
-        else:
-            self._device = np.zeros(shape, np.uint8)
+        self._device = torch.zeros(shape, dtype=torch.uint8, device=self.device)
+        self._layer_base = torch.arange(self.n_layers, device=self.device) * self.max_tokens   # (n_layers,)
         self._requests: dict = {}                      # request_id -> [block, n_tokens, steps]
         self.metrics = MetricsLog()
 
     @property
     def device_pool(self):
-        """The pool ``(slots, entry_bytes)`` uint8 (NumPy or CUDA tensor)."""
+        """The pool ``(slots, entry_bytes)`` uint8, a torch tensor on the cache's device."""
         return self._device
 
     def _req(self, request_id) -> list:
@@ -776,10 +762,8 @@ class ResidentCache:
         self._requests[request_id] = [block, shape[1], np.zeros(self.n_layers, np.int64)]
 
     def _as_pool(self, rows):
-        if self.on_cuda:
-            import torch
-            return torch.as_tensor(np.asarray(rows) if not hasattr(rows, "device") else rows).to(self._device.device)
-        return rows.cpu().numpy() if hasattr(rows, "cpu") else rows
+        import torch
+        return torch.as_tensor(rows).to(self._device.device)
 
     def append_token(self, request_id, entries) -> int:
         """The new token's entries ``(n_layers, entry_bytes)`` written into the pool; returns its index."""
@@ -790,9 +774,7 @@ class ResidentCache:
         tok = req[1]
         if tok >= self.max_tokens:
             raise ValueError(f"request {request_id!r} is full: max_tokens={self.max_tokens}")
-        rows = self._as_pool(entries)
-        for layer in range(self.n_layers):
-            self._device[self._base(req[0], layer) + tok] = rows[layer]
+        self._device[self._base(req[0], 0) + tok + self._layer_base] = self._as_pool(entries)   # every layer at once
         req[1] = tok + 1
         self.metrics.add(StepMetrics("append", request_id, -1, int(req[2].max()), 0, 0, 0,
                                      self.n_layers * self.entry_bytes))
@@ -812,6 +794,10 @@ class ResidentCache:
     def copy(self, plan: StepPlan) -> None:
         """Nothing to copy: every entry is resident."""
 
+    def device_rows(self, slots: np.ndarray) -> np.ndarray:
+        """The rows in ``slots`` copied to a host NumPy array (zero for ``-1``), as :meth:`TieredCache.device_rows`."""
+        return _rows_to_host(self._device, np.asarray(slots, np.int64))
+
     def commit(self, plan: StepPlan) -> PoolStep:
         req = self._req(plan.request_id)
         req[2][plan.layer] += 1
@@ -820,3 +806,13 @@ class ResidentCache:
                        plan.miss_pos, np.empty(0, np.int64), 0)
         self.metrics.add(StepMetrics("step", plan.request_id, plan.layer, step, res.n_hits, 0, 0, 0))
         return res
+
+
+def _rows_to_host(pool, slots: np.ndarray) -> np.ndarray:
+    """Rows ``pool[slots]`` of a device pool (a torch tensor) copied to a NumPy array, zero where a slot is -1."""
+    import torch
+    out = torch.zeros((slots.size, pool.shape[1]), dtype=torch.uint8, device=pool.device)
+    ok = np.flatnonzero(slots >= 0)
+    if ok.size:
+        out[torch.from_numpy(ok).to(pool.device)] = pool.index_select(0, torch.from_numpy(slots[ok]).to(pool.device))
+    return out.cpu().numpy()

@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass
+from decimal import Decimal
 from functools import lru_cache, partial
 from pathlib import Path
 from typing import Any, Iterator
@@ -809,7 +810,7 @@ def synthetic_trace(context_len: int, *, n_layers: int | None = None, k: int | N
     trace_model = check_trace_model(trace_model)
     nbytes = batch * n_layers * steps * mtp * k * 4
     if nbytes > 2e9:
-        raise ValueError(f"this trace would take {nbytes / 1e9:.1f} GB (batch={batch} x n_layers={n_layers} x "
+        raise ValueError(f"this trace would take {Decimal(nbytes) / 10 ** 9:,.3g} GB (batch={batch} x n_layers={n_layers} x "
                          f"steps={steps} x mtp={mtp} x k={k} x 4 B); use synthetic_streams() or "
                          f"ess.cachesim.misses_per_layer(), which never hold the whole trace")
     idx = np.empty((batch, n_layers, steps, mtp * k), np.int32)

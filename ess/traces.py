@@ -229,9 +229,9 @@ class Trace:
         if path.suffix != ".npz":
             raise ValueError(f"path must end in .npz, got {path.name!r}")
         try:
-            metadata = json.dumps(self.metadata())
+            metadata = json.dumps(self.metadata(), allow_nan=False)   # NaN is not JSON
         except (TypeError, ValueError) as exc:
-            raise ValueError(f"meta must hold JSON data (str, numbers, lists, dicts) to be saved: {exc}") from None
+            raise ValueError(f"meta must hold JSON data (str, finite numbers, lists, dicts) to be saved: {exc}") from None
         windows = self.windows if self.windows is not None else np.zeros((0, 0, 0, 0), np.int32)
         with atomic_path(path, suffix=".npz") as tmp:
             np.savez_compressed(tmp, indices=self.indices, windows=windows, metadata=np.array(metadata))

@@ -6,6 +6,7 @@ what was checked.
 * :func:`integer` (and :func:`positive_int`, :func:`non_negative_int`): ``int`` and NumPy integers; ``bool`` and
   floats are refused, even when whole;
 * :func:`real` (and :func:`ratio`, :func:`fraction`): finite ``int``/``float``/NumPy numbers in a range;
+* :func:`boolean`: ``True`` or ``False`` (not ``1``, not ``"no"``);
 * :func:`one_of`: a value from a fixed set;
 * :func:`int_array`: a NumPy integer array of a given rank with values in a range;
 * :func:`number_array`: numbers or arrays of numbers (vectorised arguments), finite, optionally > 0 and whole;
@@ -26,13 +27,14 @@ import math
 import numbers
 import operator
 import os
+from decimal import Decimal
 from pathlib import Path
 from typing import Any, Iterable
 
 import numpy as np
 
-__all__ = ["integer", "positive_int", "non_negative_int", "real", "ratio", "fraction", "one_of", "int_array",
-           "number_array", "float_array", "entries", "boolean", "request_id", "frame", "path", "fits_in_memory"]
+__all__ = ["integer", "positive_int", "non_negative_int", "real", "ratio", "fraction", "boolean", "one_of",
+           "int_array", "number_array", "float_array", "entries", "request_id", "frame", "path", "fits_in_memory"]
 
 
 def _what(value: Any) -> str:
@@ -100,6 +102,14 @@ def ratio(name: str, value: Any) -> float:
 def fraction(name: str, value: Any) -> float:
     """A share or probability: a number in [0, 1]."""
     return real(name, value, lo=0.0, hi=1.0)
+
+
+def boolean(name: str, value: Any) -> bool:
+    """``value`` when it is ``True`` or ``False`` (a Python or NumPy bool); a string such as ``"no"``, a number or
+    ``None`` is a ``TypeError`` (``bool("no")`` is ``True``)."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be True or False, got {_what(value)}")
+    return bool(value)
 
 
 def one_of(name: str, value: Any, choices: Iterable) -> Any:
@@ -214,14 +224,6 @@ def entries(name: str, value: Any, tail: tuple[int, ...], *, ndim: int | tuple[i
     return np.ascontiguousarray(arr)
 
 
-def boolean(name: str, value: Any) -> bool:
-    """``value`` as a ``bool``: ``True``/``False`` (or a NumPy bool); ``0``, ``1``, ``None`` and strings such as
-    ``"no"`` (which ``bool()`` would take as true) are a ``TypeError``."""
-    if not isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name} must be True or False, got {_what(value)}")
-    return bool(value)
-
-
 def request_id(name: str, value: Any) -> int | str:
     """A request's id: an ``int`` (or NumPy integer, returned as ``int``; not ``bool``) or a ``str``. Other types are a
     ``TypeError``: a float or a bool would silently name the request of the int it equals (``1.0 == True == 1``), and
@@ -271,9 +273,10 @@ def fits_in_memory(name: str, nbytes: int | float, what: str = "") -> int:
     """``nbytes`` (an array's size that the argument ``name`` sets) as an ``int`` when it takes at most a quarter of
     this machine's physical memory (the computation around one such array needs the rest); a ``ValueError`` naming
     ``name`` otherwise, before anything is allocated (an allocation past the memory is a ``MemoryError`` at best,
-    the process killed by the system at worst). ``what`` says what the array is."""
+    the process killed by the system at worst). ``what`` says what the array is. ``nbytes`` may pass the float
+    range (a product of large arguments): the message is written in exact arithmetic."""
     total = _physical_memory()
     if total is not None and nbytes > total / 4:
-        raise ValueError(f"{name} is too large: {what or 'an array'} would take {nbytes / 1e9:,.3g} GB, more than a "
+        raise ValueError(f"{name} is too large: {what or 'an array'} would take {Decimal(nbytes) / 10 ** 9:,.3g} GB, more than a "
                          f"quarter of this machine's {total / 1e9:,.0f} GB of memory")
     return int(nbytes)

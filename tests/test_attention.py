@@ -4,6 +4,7 @@ import dataclasses
 import math
 
 import numpy as np
+import torch
 import pytest
 
 from ess import attention as A
@@ -27,12 +28,18 @@ def test_softmax_scale_sources():
     assert A.softmax_scale(TINY) == pytest.approx(48 ** -0.5)
 
 
-def test_topk_tie_rule_order_and_padding():
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_topk_tie_rule_order_and_padding(backend):
+    # by hand: row 0's best four are the three 3.0s and the 2.0 (position order: 1, 2, 4, 5); with k = 2 the tie
+    # at 3.0 goes to the lower positions 1 and 2, not 5; -inf is never chosen, -1 pads
     s = np.array([[1.0, 3.0, 3.0, -np.inf, 2.0, 3.0],
                   [-np.inf, 5.0, -np.inf, -np.inf, -np.inf, -np.inf]], dtype=np.float32)
-    np.testing.assert_array_equal(A.topk_indices(s, 4), [[1, 2, 5, 4], [1, -1, -1, -1]])
-    np.testing.assert_array_equal(A.topk_indices(s, 8)[0], [1, 2, 5, 4, 0, -1, -1, -1])
-    assert A.topk_indices(s, 1).shape == (2, 1)
+    np.testing.assert_array_equal(A.topk_indices(s, 4, backend=backend), [[1, 2, 4, 5], [1, -1, -1, -1]])
+    np.testing.assert_array_equal(A.topk_indices(s, 2, backend=backend), [[1, 2], [1, -1]])
+    np.testing.assert_array_equal(A.topk_indices(s, 8, backend=backend)[0], [0, 1, 2, 4, 5, -1, -1, -1])
+    assert A.topk_indices(s, 1, backend=backend).shape == (2, 1)
+    t = A.topk_indices(torch.from_numpy(s), 2, backend=backend if backend != "reference" else "torch")
+    assert isinstance(t, torch.Tensor) and t.tolist() == [[1, 2], [1, -1]]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -5,6 +5,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+import torch
 from hypothesis import given, settings, strategies as st
 
 from ess import decode as D
@@ -89,8 +90,10 @@ def test_decode_step_checks_every_request_before_any_step(bad_at, kind):
 def test_decode_step_needs_the_cache_contract():
     rng = np.random.default_rng(13)
     lat, keys, qi, w, q = _decode_inputs(rng, TINY, 1, [50])
-    with pytest.raises(TypeError, match=r"cache must provide plan\(\), copy\(\), commit\(\), device_rows\(\)"):
-        D.decode_layer(SimpleNamespace(plan=None), 0, ["r"], qi, w, keys, q, TINY)
+    with pytest.raises(TypeError, match=r"cache must follow ess.decode.LatentCache \(entry_bytes, plan, copy, commit, "
+                                        r"dtype, device_pool\); SimpleNamespace has no entry_bytes, copy"):
+        D.decode_layer(SimpleNamespace(plan=None, commit=None, dtype="fp8", device_pool=None), 0, ["r"], qi, w, keys,
+                       q, TINY)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -98,16 +101,16 @@ def test_decode_step_needs_the_cache_contract():
 # ---------------------------------------------------------------------------------------------------------------
 
 class _ScatterCache:
-    """A minimal cache with the contract decode_layer uses (plan / copy / commit / device_rows) that scatters each
-    request's entries over random slots of its own block and evicts at random: the decode step must not depend on
-    where rows live."""
+    """A minimal cache with the contract decode_layer uses (ess.decode.LatentCache: plan / copy / commit, the entry
+    bytes, the layout and the device pool) that scatters each request's entries over random slots of its own block
+    and evicts at random: the decode step must not depend on where rows live."""
 
     dtype = "fp8"
 
     def __init__(self, capacity, entry_bytes, seed, max_requests=4):
         self.rng = np.random.default_rng(seed)
-        self.capacity = capacity
-        self.pool = np.zeros((max_requests * capacity, entry_bytes), np.uint8)
+        self.capacity, self.entry_bytes = capacity, entry_bytes
+        self.device_pool = torch.zeros((max_requests * capacity, entry_bytes), dtype=torch.uint8)
         self.where = {}                                                # (rid, layer, token) -> global slot
         self.host, self.base = {}, {}
 
@@ -139,20 +142,18 @@ class _ScatterCache:
                 where[key] = free[self.rng.integers(len(free))]
                 loads.append((key, where[key]))
             slots[j] = where[key]
-        return SimpleNamespace(request_id=rid, indices=indices, slots=slots, where=where, loads=loads)
+        return SimpleNamespace(request_id=rid, indices=indices, slots=slots, where=where, loads=loads,
+                               n_misses=len(loads))
 
     def copy(self, plan):
         for (rid, layer, t), s in plan.loads:
-            self.pool[s] = self.host[rid][layer, t]
+            self.device_pool[s] = torch.from_numpy(self.host[rid][layer, t])
 
     def commit(self, plan):
         self.where.update({k: s for k, s in plan.where.items() if k[0] == plan.request_id})
         for k in [k for k in self.where if k[0] == plan.request_id and k not in plan.where]:
             del self.where[k]
         return plan
-
-    def device_rows(self, slots):
-        return self.pool[slots]
 
 
 def _decode_inputs(rng, model, B, lens):
@@ -182,6 +183,10 @@ def test_decode_step_through_a_scattering_cache_is_bitwise_lossless(backend):
         assert (step.indices[2] >= 0).sum() == 40 and (step.indices[0] >= 0).all()
 
 
+def _never_read_back(*args):
+    raise AssertionError("a decode step copied device rows back to the host")
+
+
 @settings(max_examples=12, deadline=None)
 @given(ratio=st.floats(0.05, 1.0), policy=st.sampled_from(["lru", "fifo", "heat"]), B=st.integers(1, 3),
        backend=st.sampled_from(BACKENDS), seed=st.integers(0, 2 ** 16))
@@ -196,6 +201,7 @@ def test_decode_step_through_tiered_cache_is_bitwise_lossless(ratio, policy, B, 
     ids = [f"req{b}" for b in range(B)]
     for rid, e in zip(ids, lat):
         cache.add_request(rid, e)
+    cache.device_rows = _never_read_back                              # attention reads the device pool in place
     misses = 0
     for layer in rng.integers(0, TINY.n_layers, size=3):
         step = D.decode_layer(cache, int(layer), ids, qi, w, keys, q, TINY, backend=backend)
@@ -261,3 +267,26 @@ def test_write_back_checks_every_request_first_then_appends():
     assert D.write_back(cache, ["r0", "r1"], new) == [100, 90]
     np.testing.assert_array_equal(cache.host.entries("r1")[:, 90], new[1])
     assert cache.metrics.totals()["append"]["bytes_d2h"] == 2 * 4 * cache.entry_bytes
+
+
+@pytest.mark.cuda
+def test_decode_step_on_cuda_attends_over_the_device_pool_in_place(monkeypatch):
+    # DeepSeek's wiring with the device pool on the GPU: no row comes back to the host (device_rows is never
+    # called) and the result is bit for bit the all-resident attention on the GPU
+    rng = np.random.default_rng(17)
+    lens = [300, 190]
+    lat, keys, qi, w, q = _decode_inputs(rng, TINY, 2, lens)
+    cache = TieredCache(TINY, capacity=80, device="cuda")
+    for b, e in enumerate(lat):
+        cache.add_request(f"r{b}", e)
+    assert cache.device_pool.is_cuda
+    monkeypatch.setattr(cache, "device_rows", lambda *a: pytest.fail("a decode step read device rows back"))
+    misses = 0
+    for layer in (0, 1, 0):
+        step = D.decode_layer(cache, layer, ["r0", "r1"], qi, w, keys, q, TINY, backend="torch", device="cuda")
+        base = resident_attention(q, [e[layer] for e in lat], step.indices, TINY, backend="torch", device="cuda")
+        np.testing.assert_array_equal(step.out, base.out)
+        np.testing.assert_array_equal(step.lse, base.lse)
+        misses += sum(int(s.miss_pos.size) for s in step.steps)
+        qi = qi + rng.standard_normal(qi.shape) * 0.3
+    assert misses > 0

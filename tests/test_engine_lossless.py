@@ -9,6 +9,7 @@ from hypothesis import assume, given, settings, strategies as st
 from engine_helpers import SMALL, prompts, small_engine
 from ess.engine.kv import kv_entry_format
 from ess.layout import pool_slots
+from ess.policies import ONLINE_POLICIES
 from llm_helpers import torch_threads
 
 ENGINE = small_engine()
@@ -27,18 +28,19 @@ def _same(a, b):
 
 @settings(max_examples=12, deadline=None)
 @given(lens=st.lists(st.integers(24, 160), min_size=1, max_size=3), topk=st.integers(2, 20),
-       ratio=st.floats(0.05, 1.0), policy=st.sampled_from(["lru", "fifo", "heat"]),
+       ratio=st.floats(0.05, 1.0), policy=st.sampled_from(ONLINE_POLICIES),
        schedule=st.sampled_from(["none", "da", "dba"]), link=st.sampled_from(["sync", "unpaced", "paced"]),
-       warmup=st.booleans(), steps=st.integers(2, 5), seed=st.integers(0, 2 ** 16))
+       warmup=st.booleans(), steps=st.integers(2, 5), seed=st.integers(0, 2 ** 16),
+       backend=st.sampled_from(["auto", "torch"]))
 def test_offload_on_and_off_give_the_same_tokens_and_logits(lens, topk, ratio, policy, schedule, link, warmup, steps,
-                                                            seed):
+                                                            seed, backend):
     assume(not (schedule == "dba" and len(lens) < 2))
     assume(pool_slots(kv_entry_format(SMALL), ratio, max(lens)) >= min(topk, max(lens)))
     pre = ENGINE.prefill(prompts(lens, seed), max_new_tokens=steps)
-    base = ENGINE.decode(pre, steps, offload=False, topk=topk, keep_logits=True)
+    base = ENGINE.decode(pre, steps, offload=False, topk=topk, keep_logits=True, backend=backend)
     kw = {"sync": {"emulate_link": False}, "unpaced": {}, "paced": {"link_GB_per_s": 0.5}}[link]
     run = ENGINE.decode(pre, steps, offload=True, ratio=ratio, policy=policy, schedule=schedule, topk=topk,
-                        warmup=warmup, keep_logits=True, **kw)
+                        warmup=warmup, keep_logits=True, backend=backend, **kw)
     _same(run, base)
     loaded = run.misses.sum() + run.cache_metrics.totals().get("warmup", {}).get("misses", 0)
     assert loaded > 0                                   # entries really came in through the host pool
@@ -50,10 +52,23 @@ def test_every_schedule_and_policy_on_one_batch():
     pre = ENGINE.prefill(prompts([150, 90, 200], 3), max_new_tokens=6)
     base = ENGINE.decode(pre, 6, offload=False, topk=12, keep_logits=True)
     for schedule in ("none", "da", "dba"):
-        for policy in ("lru", "fifo", "heat"):
+        for policy in ONLINE_POLICIES:
             run = ENGINE.decode(pre, 6, ratio=0.2, policy=policy, schedule=schedule, topk=12, keep_logits=True,
                                 link_GB_per_s=0.2)
             _same(run, base)
+
+
+def test_the_torch_kernels_on_the_cpu_are_lossless_too():
+    # what a GPU runs (backend "torch"), run here: every schedule against all-resident, bit for bit
+    pre = ENGINE.prefill(prompts([150, 90, 200], 4), max_new_tokens=5)
+    base = ENGINE.decode(pre, 5, offload=False, topk=12, keep_logits=True, backend="torch")
+    for schedule in ("none", "da", "dba"):
+        run = ENGINE.decode(pre, 5, ratio=0.2, schedule=schedule, topk=12, keep_logits=True, backend="torch",
+                            link_GB_per_s=0.2)
+        _same(run, base)
+        assert run.misses.sum() > 0
+    numba = ENGINE.decode(pre, 5, offload=False, topk=12, keep_logits=True, backend="numba")
+    torch.testing.assert_close(numba.logits, base.logits, rtol=1e-4, atol=1e-4)   # the kernels agree to rounding
 
 
 def test_sparse_with_k_covering_the_context_is_dense_decoding():

@@ -5,6 +5,7 @@ import time
 
 import numpy as np
 import pytest
+import torch
 
 from ess.decode import run_layer
 from ess.link import EmulatedLink, SyncLink, make_link
@@ -52,7 +53,7 @@ class _Wiring:
 
     def new_entries(self):
         self.log.append("new entries")
-        return np.ones((len(self.rids), 10), np.uint8)
+        return torch.ones((len(self.rids), 10), dtype=torch.uint8)
 
 
 class _DeferredLink:
@@ -81,7 +82,7 @@ def _order(schedule, B=2):
     log = []
     wiring = _Wiring(log)
     wiring.rids = list(range(B))
-    staging = np.zeros((1, B, 10), np.uint8)
+    staging = torch.zeros((1, B, 10), dtype=torch.uint8)
     run_layer(_Cache(log), 0, list(range(B)), wiring, schedule=schedule, link=_DeferredLink(log), staging=staging)
     return log
 
@@ -115,7 +116,38 @@ def test_dual_batch_attention_needs_two_requests():
         _order("dba", B=1)
 
 
-def test_unknown_schedule_is_refused():
+def test_a_cache_or_a_wiring_that_breaks_the_contract_is_refused_before_anything_runs():
+    log = []
+    wiring = _Wiring(log)
+    wiring.rids = [0]
+
+    class NoCommit:
+        entry_bytes = 10
+
+        def plan(self, *a, **k):
+            log.append("plan")
+
+        def copy(self, plan):
+            pass
+    with pytest.raises(TypeError, match=r"cache must follow ess.decode.StepCache .* NoCommit has no commit"):
+        run_layer(NoCommit(), 0, [0], wiring)
+
+    class NoFinish:
+        def select(self, rows):
+            log.append("select")
+
+        def attend(self, plans, rows, part):
+            pass
+
+        def merge(self, rows):
+            pass
+
+        def new_entries(self):
+            return None
+    with pytest.raises(TypeError, match=r"wiring must follow ess.decode.Wiring .* NoFinish has no finish"):
+        run_layer(_Cache(log), 0, [0], NoFinish())
+    assert log == []                                                 # nothing ran
+
     with pytest.raises(ValueError, match="schedule"):
         _order("triple")
 
@@ -155,7 +187,7 @@ def test_emulated_link_takes_at_least_bytes_over_bandwidth_and_keeps_order():
 
 
 def test_emulated_link_runs_beside_the_caller():
-    with EmulatedLink(0.001) as link:
+    with EmulatedLink(0.001, inline_below_bytes=0) as link:
         job = link.submit("h2d", 0, [(lambda: None, 30_000)])       # 30 ms on the link
         assert not job.done()                                        # submit returned at once
         waited = job.wait()
@@ -165,11 +197,25 @@ def test_emulated_link_runs_beside_the_caller():
 def test_link_errors_reach_the_waiter():
     def boom():
         raise OSError("injected")
-    for link in (SyncLink(), EmulatedLink(None)):
+    for link in (SyncLink(), EmulatedLink(None), EmulatedLink(None, inline_below_bytes=0)):
         with link:
             job = link.submit("h2d", 3, [(boom, 10)])
             with pytest.raises(OSError, match="injected"):
                 job.wait()
+
+
+def test_a_small_job_is_copied_by_its_waiter_a_large_one_by_the_worker():
+    ran_in = {}
+    with EmulatedLink(None, inline_below_bytes=100) as link:
+        small = link.submit("d2h", 0, [(lambda: ran_in.setdefault("small", threading.current_thread().name), 99)])
+        big = link.submit("h2d", 0, [(lambda: ran_in.setdefault("big", threading.current_thread().name), 100)])
+        big.wait()
+        assert not small.done()                                      # nobody copies it before its wait
+        small.wait()
+    assert ran_in["small"] == threading.current_thread().name
+    assert ran_in["big"] in ("ess-link", threading.current_thread().name)   # the worker (or a waiter that came first)
+    with pytest.raises(ValueError, match="inline_below_bytes"):
+        EmulatedLink(None, inline_below_bytes=-1)
 
 
 def test_a_closed_link_refuses_work_and_bad_chunks_are_refused():
@@ -216,6 +262,12 @@ def test_an_attention_failure_during_a_copy_waits_for_it_then_commits_it():
         def attend(self, plans, rows, part):
             raise RuntimeError("injected: attention failed")
 
+        def merge(self, rows):
+            pass
+
+        def finish(self):
+            pass
+
         def new_entries(self):
             return None
 
@@ -226,3 +278,18 @@ def test_an_attention_failure_during_a_copy_waits_for_it_then_commits_it():
     assert sorted(slots) == [2, 3, 10, 11]                           # the copy landed and was committed
     toks = np.fromiter(slots, np.int64)
     np.testing.assert_array_equal(cache.device_rows(np.fromiter(slots.values(), np.int64)), host[0][toks])
+
+
+@pytest.mark.cuda
+def test_cuda_stream_link_copies_on_its_stream_and_times_the_job():
+    # the CUDA-only remainder of the link: a D2H copy into pinned host memory enqueued on the copy stream; the wait
+    # makes the bytes visible to the host and records when the job crossed
+    from ess.link import CudaStreamLink
+    src = torch.arange(1 << 20, dtype=torch.uint8, device="cuda")
+    dst = torch.zeros(1 << 20, dtype=torch.uint8, pin_memory=True)
+    link = make_link(None, device="cuda")
+    assert isinstance(link, CudaStreamLink)
+    job = link.submit("d2h", 0, [(lambda: dst.copy_(src, non_blocking=True), src.numel())])
+    job.wait()
+    assert torch.equal(dst, src.cpu()) and job.end_s >= job.start_s and job.waited_s >= 0
+    assert link.busy_s() >= 0 and link.records == [job]

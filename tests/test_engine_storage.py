@@ -1,11 +1,13 @@
 """The storage as the engine uses it: entry formats other than DeepSeek's, the all-resident cache (offload off), the
-K/V entry layout, and the FP8 indexer keys against ess.quant and the NumPy reference."""
+K/V entry layout, the FP8 indexer keys against ess.quant, and the device-resident indexer cache (its kernels:
+tests/test_kernels_gqa_indexer.py)."""
 import numpy as np
 import pytest
 import torch
 
-from ess.engine.indexer import (IndexerCache, indexer_key_bytes, indexer_scores, indexer_scores_reference,
-                                quantize_keys, selection_mass, topk_positions)
+from ess.attention import topk_indices
+from ess.engine.indexer import IndexerCache, indexer_key_bytes, quantize_keys, selection_mass
+from ess.kernels.gqa_indexer import gqa_indexer_scores
 from ess.engine.kv import kv_entries, kv_entry_format, kv_view
 from ess.layout import EntryFormat, entry_format, pool_slots
 from ess.llm import LlamaConfig
@@ -92,39 +94,50 @@ def test_indexer_keys_are_ess_quant_fp8_bit_for_bit():
     np.testing.assert_array_equal(scales.numpy(), want_scales)
 
 
-@pytest.mark.parametrize("n, H, Hkv, hd", [(1, 9, 3, 64), (333, 9, 3, 64), (70, 6, 2, 8)])
-def test_indexer_kernels_match_the_reference(n, H, Hkv, hd):
-    g = torch.Generator().manual_seed(n)
-    codes, scales = quantize_keys(torch.randn(n, Hkv, hd, generator=g) * 3)
-    q = torch.randn(H, hd, generator=g)
-    want = indexer_scores_reference(q.numpy(), codes.numpy(), scales.numpy())
-    assert want.sum() == pytest.approx(H)                           # each head's probabilities sum to 1
-    np.testing.assert_allclose(indexer_scores(q, codes.numpy(), scales.numpy()), want, rtol=2e-5, atol=1e-6)
-    np.testing.assert_allclose(indexer_scores(q, codes, scales).numpy(), want, rtol=2e-5, atol=1e-6)
-
-
-def test_topk_positions_are_the_best_in_position_order():
-    s = np.array([0.1, 0.9, 0.3, 0.8, 0.05, 0.7])
-    assert topk_positions(s, 3).tolist() == [1, 3, 5]
-    assert topk_positions(torch.tensor(s), 3).tolist() == [1, 3, 5]
-    assert topk_positions(s, 10).tolist() == list(range(6))
-
-
 def test_indexer_cache_holds_keys_per_request_and_layer():
-    ic = IndexerCache(2, 3, 64)
+    ic = IndexerCache(2, 3, 64, max_requests=2, capacity=7)
     k = torch.randn(2, 5, 3, 64)
     codes, scales = quantize_keys(k)
-    ic.add_request("a", codes, scales, capacity=7)
-    assert ic.append_token("a", torch.randn(2, 3, 64)) == 5
+    ic.add_request("a", codes, scales)
+    ic.add_request("b", codes[:, :3], scales[:, :3])
+    ic.append_tokens(["a", "b"], torch.randn(2, 2, 3, 64))
+    assert (ic.n_tokens("a"), ic.n_tokens("b")) == (6, 4)
     c1, s1 = ic.keys("a", 1)
     assert c1.shape == (6, 192) and s1.shape == (6, 3)
     np.testing.assert_array_equal(c1[:5], codes[1].numpy())
-    assert ic.nbytes == 6 * 2 * 204
-    ic.append_token("a", torch.randn(2, 3, 64))
+    assert ic.lengths.tolist() == [6, 4]
+    assert ic.nbytes == (6 + 4) * 2 * 204
+    ic.append_tokens(["a"], torch.randn(2, 1, 3, 64))
     with pytest.raises(ValueError, match="capacity"):
-        ic.append_token("a", torch.randn(2, 3, 64))
+        ic.append_tokens(["a"], torch.randn(2, 1, 3, 64))
     with pytest.raises(ValueError, match="shapes"):
-        ic.add_request("b", codes[:, :, :10], scales, capacity=7)
+        IndexerCache(2, 3, 64, max_requests=1, capacity=7).add_request("b", codes[:, :, :10], scales)
+    with pytest.raises(ValueError, match="unknown request_id"):
+        ic.keys("c", 0)
+    with pytest.raises(ValueError, match="max_requests=2"):
+        ic.add_request("c", codes, scales)
+
+
+@pytest.mark.parametrize("backend", ["reference", "numba", "torch"])
+def test_indexer_cache_scores_are_the_kernel_over_each_request_s_own_tokens(backend):
+    # two requests of 5 and 3 tokens in one cache of capacity 7: each scored over its own tokens, -inf after them,
+    # bit for bit the kernel over that request alone (a request's scores do not depend on the batch: a DBA half
+    # must select what the whole batch selects)
+    g = torch.Generator().manual_seed(4)
+    ic = IndexerCache(1, 2, 8, max_requests=2, capacity=7, backend=backend)
+    keys = [torch.randn(1, n, 2, 8, generator=g) for n in (5, 3)]
+    for rid, k in zip("ab", keys):
+        ic.add_request(rid, *quantize_keys(k))
+    q = torch.randn(2, 6, 8, generator=g)
+    got = ic.scores(0, q, slice(0, 2))
+    assert got.shape == (2, 7) and torch.isneginf(got[0, 5:]).all() and torch.isneginf(got[1, 3:]).all()
+    for b, k in enumerate(keys):
+        codes, scales = quantize_keys(k[0])
+        alone = gqa_indexer_scores(q[b:b + 1].contiguous(), codes[None], scales[None], torch.tensor([k.shape[1]]),
+                                   backend=backend)
+        torch.testing.assert_close(got[b, :k.shape[1]], alone[0], rtol=0, atol=0)
+        assert float(got[b, :k.shape[1]].sum()) == pytest.approx(6.0, rel=1e-5)   # 6 heads' probabilities
+    assert topk_indices(got, 2, backend=backend).shape == (2, 2)
 
 
 def test_selection_mass_of_a_peaked_query():

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from ess.policies import (HeatPolicy, LRUPolicy, SlotPool, check_step_indices, make_policy, next_uses,
-                          simulate_misses)
+from ess.policies import (ONLINE_POLICIES, SAMPLED_CLOCK_PROBE, ClockPolicy, HeatPolicy, LRUPolicy,
+                          SampledClockPolicy, SlotPool, check_step_indices, make_policy, next_uses, simulate_misses)
 from ess.storage import TieredCache
 
 
@@ -251,7 +251,7 @@ def test_belady_agrees_with_a_brute_force_oracle_and_bounds_the_online_policies(
     cap = k + cap_extra
     best = simulate_misses(trace, cap, policy="belady")
     assert best.tolist() == belady_oracle(trace, cap)
-    for policy in ("lru", "fifo", "heat"):
+    for policy in ONLINE_POLICIES:
         assert best.sum() <= simulate_misses(trace, cap, policy=policy).sum(), policy
 
 
@@ -282,7 +282,7 @@ def test_slot_pool_plan_changes_nothing_and_stale_plans_are_refused():
 
 
 def test_storage_runs_the_online_policies_only():
-    with pytest.raises(ValueError, match=r"policy must be one of \('lru', 'fifo', 'heat'\)"):
+    with pytest.raises(ValueError, match=r"policy must be one of \('lru', 'fifo', 'heat', 'clock', 'sampled_clock'\)"):
         TieredCache("tiny", capacity=4, policy="belady")
 
 
@@ -308,3 +308,236 @@ def test_first_in_order_is_the_head_of_the_full_sort():
     f[[3, 50, 70]] = np.nan                                      # NaN sorts last, as in the full sort
     for n in (2, 30, 99):
         assert first_in_order((f,), n).tolist() == np.argsort(f, kind="stable")[:n].tolist()
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# CLOCK (second chance) and SGLang HiSparse's sampled CLOCK
+# ----------------------------------------------------------------------------------------------------------------
+
+def clock_oracle(trace, capacity, warmup=()):
+    """Classic CLOCK over steps, written independently: a ring of slots with one bit each and a hand; free slots
+    first (lowest first); a miss without one moves the hand: the step's own slots are passed, a set bit is cleared,
+    the first clear slot is evicted and the hand stops past it; afterwards every selected entry's bit is set."""
+    token, bit, hand, misses = [None] * capacity, [0] * capacity, 0, []
+    for t, idx in enumerate(list(warmup) + list(trace)):
+        s = [int(v) for v in idx if v >= 0]
+        n = 0
+        for x in s:
+            if x in token:
+                continue
+            n += 1
+            if None in token:
+                slot = token.index(None)
+            else:
+                while True:
+                    slot, hand = hand, (hand + 1) % capacity
+                    if token[slot] in s:
+                        continue
+                    if bit[slot]:
+                        bit[slot] = 0
+                        continue
+                    break
+            token[slot] = x
+        for x in s:
+            bit[token.index(x)] = 1
+        if t >= len(warmup):
+            misses.append(n)
+    return misses, token, hand
+
+
+def sampled_clock_oracle(trace, capacity, warmup=(), samples=6, block=512, probe=SAMPLED_CLOCK_PROBE):
+    """SGLang HiSparse's commit kernel (hisparse_spec.cuh) as a sequential loop over its misses, written from the
+    kernel and independently of ess.policies: the last step each slot was used; free slots first; the misses that
+    need a victim, i = 0..M-1, take the oldest unclaimed of their stripe's samples, a block of 512 at a time, then
+    the uint32 probe for the block's misses left without; the cursor moves by M."""
+    token, used, cursor, misses = [None] * capacity, [0] * capacity, 0, []
+    for e, idx in enumerate(list(warmup) + list(trace), start=1):
+        s = [int(v) for v in idx if v >= 0]
+        new = [x for x in s if x not in token]
+        n_miss = len(new)
+        for x in s:
+            if x in token:
+                used[token.index(x)] = e
+        while new and None in token:
+            slot = token.index(None)
+            token[slot], used[slot] = new.pop(0), e
+        M, victims = len(new), [None] * len(new)
+        for first in range(0, M, block):
+            for i in range(first, min(M, first + block)):
+                P = (capacity - 1 - i) // M + 1
+                n = min(P, samples)
+                for j in range(n):
+                    c = (cursor + i + (j * P // n) * M) % capacity
+                    if used[c] != e and (victims[i] is None or used[c] < used[victims[i]]):
+                        victims[i] = c
+                if victims[i] is not None:
+                    used[victims[i]] = e
+            for i in range(first, min(M, first + block)):
+                if victims[i] is None:
+                    start = (cursor + i * probe) % 2 ** 32 % capacity
+                    order = [(start + a * probe) % 2 ** 32 % capacity for a in range(capacity)]
+                    order += [(cursor + a) % capacity for a in range(capacity)]
+                    victims[i] = next(c for c in order if used[c] != e)
+                    used[victims[i]] = e
+        for x, v in zip(new, victims):
+            token[v] = x
+        if M:
+            cursor = (cursor + M) % capacity
+        if e > len(warmup):
+            misses.append(n_miss)
+    return misses, token, cursor
+
+
+def test_clock_worked_example():
+    """Capacity 3, by hand: [1, 2, 3] fills slots 0-2, bits 1 1 1, hand 0. [4]: the hand clears the three bits
+    and comes round to slot 0: 1 goes, hand 1. [1]: slot 1 (token 2, bit 0) goes, hand 2. [5]: slot 2 (3) goes,
+    hand 0. [6]: every bit is set again (4, 1, 5): a whole turn clears them, slot 0 (4) goes, hand 1. [2, 3]: slots
+    1 (1) and 2 (5) go, hand 0. LRU would evict 1, 2, 3, 4 and then 5, 1 as well (no second chance to tell them
+    apart here), so the miss counts agree; the pool state shows the hand."""
+    trace = [np.array(x) for x in ([1, 2, 3], [4], [1], [5], [6], [2, 3])]
+    pool = SlotPool(3, "clock", 10)
+    evicted = []
+    for idx in trace:
+        evicted.append(pool.commit(pool.plan(idx)).tolist())
+    assert evicted == [[], [1], [2], [3], [4], [1, 5]]
+    assert pool.token_of.tolist() == [6, 2, 3] and pool.policy.hand == 0 and pool.policy.ref.tolist() == [1, 1, 1]
+    assert simulate_misses(trace, 3, policy="clock").tolist() == [3, 1, 1, 1, 1, 2]
+
+
+def test_clock_gives_a_second_chance_that_lru_does_not():
+    """Capacity 3: [1, 2, 3], then [4] evicts 1 (a whole turn clears the bits) and leaves 2 and 3 with clear
+    bits; [2] hits and sets 2's bit; [5]: the hand (at slot 1, token 2) passes 2 (its second chance) and evicts 3;
+    LRU evicts 3 too (2 was used since). [3] misses under both: the hand, at slot 0 (token 4, bit set by its
+    load), clears that bit and evicts 2 (its bit cleared on the way before), where LRU evicts 4 (least recent);
+    so [4] hits under CLOCK only."""
+    trace = [np.array(x) for x in ([1, 2, 3], [4], [2], [5], [3], [4])]
+    assert simulate_misses(trace, 3, policy="lru").tolist() == [3, 1, 0, 1, 1, 1]
+    assert simulate_misses(trace, 3, policy="clock").tolist() == [3, 1, 0, 1, 1, 0]
+    assert clock_oracle(trace, 3)[0] == [3, 1, 0, 1, 1, 0]
+
+
+def test_sampled_clock_worked_example():
+    """Capacity 8, by hand. [0..7] fills slots 0-7 at step 1. [0, 1, 2, 3, 5, 7] stamps those slots 2; 4 and 6
+    stay at 1. [8, 9]: M = 2 misses; miss 0's stripe is slots 0, 2, 4, 6 (P = 4, all four looked at), the oldest
+    are 4 and 6 (step 1): the first looked at, slot 4, goes; miss 1's stripe 1, 3, 5, 7 is all step 2: slot 1 goes.
+    So token 1, used a step ago, leaves while 6 stays (LRU evicts 4 and 6). The cursor moves to 2."""
+    steps = [np.arange(8), np.array([0, 1, 2, 3, 5, 7]), np.array([8, 9])]
+    pool = SlotPool(8, "sampled_clock", 12)
+    for idx in steps:
+        evicted = pool.commit(pool.plan(idx))
+    assert evicted.tolist() == [4, 1] and pool.policy.cursor == 2 and pool.policy.epoch == 3
+    assert pool.policy.ref_epoch.tolist() == [2, 3, 2, 2, 3, 2, 1, 2]
+    lru = SlotPool(8, "lru", 12)
+    for idx in steps:
+        lru_evicted = lru.commit(lru.plan(idx))
+    assert sorted(lru_evicted.tolist()) == [4, 6]
+    # the next step selects 6 and 1: the sampled CLOCK hits 6 and misses 1, LRU the other way round
+    tail = steps + [np.array([6]), np.array([1])]
+    assert simulate_misses(tail, 8, policy="sampled_clock").tolist()[3:] == [0, 1]
+    assert simulate_misses(tail, 8, policy="lru").tolist()[3:] == [1, 0]
+
+
+def test_sampled_clock_probes_when_every_sample_is_taken():
+    """Capacity 8, one miss: its stripe is the whole ring (P = 8) and it looks at positions 0, 1, 2, 4, 5, 6
+    (j = s * 8 // 6); with those selected by the step, the uint32 probe (cursor + a K) mod 2**32 mod 8 = a mod 8
+    (K = 2654435761 is 1 mod 8) finds slot 3 before slot 7, although 7 was used longer ago."""
+    assert SAMPLED_CLOCK_PROBE % 8 == 1
+    steps = [np.arange(8), np.arange(7), np.array([0, 1, 2, 4, 5, 6, 8])]
+    pool = SlotPool(8, "sampled_clock", 12)
+    for idx in steps:
+        evicted = pool.commit(pool.plan(idx))
+    assert evicted.tolist() == [3]                       # token 3 (step 2) goes, token 7 (step 1) stays
+    assert sampled_clock_oracle(steps + [np.array([3])], 8)[0][3:] == [1]
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10_000), cap_extra=st.integers(0, 10), k=st.integers(1, 9), warm=st.integers(0, 3))
+def test_clock_agrees_with_oracle_and_the_storage(seed, cap_extra, k, warm):
+    rng = np.random.default_rng(seed)
+    n = 30
+    trace, windows = random_trace(rng, n, k, 14), random_trace(rng, n, k, warm)
+    cap = k + cap_extra
+    want, token, hand = clock_oracle(trace, cap, windows)
+    assert simulate_misses(trace, cap, policy="clock", windows=windows).tolist() == want
+    c = TieredCache("tiny", capacity=cap, policy="clock")
+    c.add_request("r", np.zeros((4, n, c.entry_bytes), np.uint8))
+    c.warmup("r", 1, windows)
+    assert [c.step("r", 1, idx).n_misses for idx in trace] == want
+    state = c.pool_state("r")
+    assert state["policy_hand"][1] == hand
+    assert state["token_of"][1].tolist() == [-1 if t is None else t for t in token]
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10_000), cap_extra=st.integers(0, 10), k=st.integers(1, 9), warm=st.integers(0, 3),
+       n=st.sampled_from([12, 30, 200]))
+def test_sampled_clock_agrees_with_oracle_and_the_storage(seed, cap_extra, k, warm, n):
+    rng = np.random.default_rng(seed)
+    trace, windows = random_trace(rng, n, k, 14), random_trace(rng, n, k, warm)
+    cap = k + cap_extra
+    want, token, cursor = sampled_clock_oracle(trace, cap, windows)
+    assert simulate_misses(trace, cap, policy="sampled_clock", windows=windows).tolist() == want
+    c = TieredCache("tiny", capacity=cap, policy="sampled_clock")
+    c.add_request("r", np.zeros((4, n, c.entry_bytes), np.uint8))
+    c.warmup("r", 3, windows)
+    assert [c.step("r", 3, idx).n_misses for idx in trace] == want
+    state = c.pool_state("r")
+    assert state["policy_cursor"][3] == cursor and state["policy_epoch"][3] == warm + len(trace)
+    assert state["token_of"][3].tolist() == [-1 if t is None else t for t in token]
+
+
+def test_sampled_clock_handles_its_misses_in_blocks_of_512():
+    """More than 512 misses in one step: the second block samples after the first block's probes (the kernel's
+    rounds of 512 threads); ess.policies agrees with the oracle written from the kernel, and a block size that
+    took every miss at once would give another answer here (the test would notice a lost block rule)."""
+    rng = np.random.default_rng(3)
+    cap, k = 1500, 1400
+    trace = [rng.choice(3000, k, replace=False) for _ in range(4)]
+    want = sampled_clock_oracle(trace, cap)[0]
+    assert simulate_misses(trace, cap, policy="sampled_clock").tolist() == want
+    assert sampled_clock_oracle(trace, cap, block=10 ** 6)[1] != sampled_clock_oracle(trace, cap)[1]
+
+
+def test_clock_policies_keep_their_hand_through_a_saved_pool_state():
+    """pool_state / load_request carry the hand and the bits (or stamps): the restored pool evicts as the original."""
+    rng = np.random.default_rng(0)
+    trace = random_trace(rng, 40, 5, 30)
+    for policy in ("clock", "sampled_clock"):
+        a = TieredCache("tiny", capacity=8, policy=policy)
+        a.add_request(0, np.zeros((4, 40, a.entry_bytes), np.uint8))
+        for idx in trace[:15]:
+            a.step(0, 2, idx)
+        b = TieredCache("tiny", capacity=8, policy=policy)
+        b.load_request(0, np.zeros((4, 40, b.entry_bytes), np.uint8), a.pool_state(0))
+        assert [a.step(0, 2, idx).evicted.tolist() for idx in trace[15:]] == \
+            [b.step(0, 2, idx).evicted.tolist() for idx in trace[15:]], policy
+
+
+def test_clock_touch_sets_and_touch_cold_clears_the_use():
+    pol = ClockPolicy(4)
+    pol.touch(np.array([0, 1, 2, 3]))
+    pol.touch_cold(np.array([2]))
+    # from the hand (0): 0 and 1 lose their bits, 2 (cold) goes first, then 3 loses its bit, then 0 and 1
+    assert pol.choose_victims(np.arange(4), 4).tolist() == [2, 0, 1, 3]
+    s = SampledClockPolicy(4)
+    s.update(np.arange(4), np.ones(4, bool), None)
+    s.touch_cold(np.array([1]))
+    assert s.ref_epoch.tolist() == [1, 0, 1, 1] and s.choose_victims(np.arange(4), 1).tolist() == [1]
+
+
+def test_clock_states_out_of_range_are_refused_unchanged():
+    pol = ClockPolicy(4)
+    pol.touch(np.array([1]))
+    good = pol.state()
+    for bad, match in (({"hand": 4}, "hand"), ({"ref": np.array([0, 2, 0, 0])}, "reference bits")):
+        with pytest.raises(ValueError, match=match):
+            pol.set_state({**good, **bad})
+        assert pol.hand == 0 and pol.ref.tolist() == [0, 1, 0, 0]
+    s = SampledClockPolicy(4)
+    s.update(np.array([0, 1]), np.ones(2, bool), None)
+    good = s.state()
+    for bad, match in (({"cursor": -1}, "cursor"), ({"epoch": -2}, "epoch"),
+                       ({"ref_epoch": np.array([0, 5, 0, 0])}, r"ref_epoch.*epoch=1")):
+        with pytest.raises(ValueError, match=match):
+            s.set_state({**good, **bad})
+    assert s.state()["epoch"] == 1 and s.ref_epoch.tolist() == [1, 1, 0, 0]

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from ess.policies import (POLICIES, SlotPlan, SlotPool, check_step_indices, first_in_order, make_policy, next_uses,
-                          simulate_misses)
+from ess.policies import (ONLINE_POLICIES, POLICIES, SlotPlan, SlotPool, check_step_indices, first_in_order,
+                          make_policy, next_uses, simulate_misses)
 from fuzz_helpers import finite, mutate, outcome, same
 
 CAP = 5
@@ -77,7 +77,7 @@ POOL_CALLS = {
 
 
 @settings(max_examples=300, **FAST)
-@given(policy=st.sampled_from(POLICIES[:3]), method=st.sampled_from(sorted(POOL_CALLS)), data=st.data())
+@given(policy=st.sampled_from(ONLINE_POLICIES), method=st.sampled_from(sorted(POOL_CALLS)), data=st.data())
 def test_slot_pool_refuses_meaningless_arguments_and_keeps_its_map(policy, method, data):
     q = SlotPool(CAP, policy, 20)
     q.commit(q.plan(np.array([1, 2, 3])))

@@ -13,10 +13,13 @@ Attainable rates on an H200 (data/hardware/gpus.yaml: 4,800 GB/s, 989 BF16 / 1,9
 Part batches (data/calibration/part_batch.yaml, central): the logits kernel's launch 8 us, the top-K's row latency 13 /
 16 / 38 us at 4K / 16K / 64K (one wave per 132 rows on Hopper), sparse MLA's launch 4 us and 5 overhead blocks per
 request and per SM part, the merge's launch 3 us."""
+import dataclasses
+
 import numpy as np
 import pytest
 
-from ess.sim.costs import CostParams, LayerCosts, gemm_time_s, layer_costs, lm_head_time_s, memory_time_s
+from ess.sim.costs import (CostParams, LayerCosts, gemm_time_s, layer_costs, lm_head_time_s, memory_time_s,
+                           part_batch)
 from ess.specs import deployment_spec, gpu_spec, model_spec
 
 M = model_spec("deepseek-v3.2-exp")
@@ -216,3 +219,33 @@ def test_the_attention_block_and_the_scales_by_hand():
 def test_cost_params_name_what_they_were_fitted_on():
     with pytest.raises(TypeError, match="fitted_on must be a string"):
         CostParams(fitted_on=3)
+
+
+def test_the_default_parameters_are_the_unfitted_model():
+    """CostParams() leaves every kernel as the cost model prices it (scales 1) and adds no fixed time."""
+    c = layer_costs(M, H200, DEP, 26, 32768, 2)
+    p = CostParams()
+    s = c.scaled(p.compute_scale, p.comm_scale)
+    for f in ("indexer", "attn", "attn_fixed", "moe", "dispatch", "combine"):
+        assert float(getattr(s, f)) == float(getattr(c, f)), f
+    assert p.fixed_ms == 0.0 and p.part_batch == "central"
+
+
+def test_the_top_k_latency_below_the_first_point_follows_the_first_segment():
+    """Below 4K the row latency extends the 4K -> 16K segment (13 -> 16 us): at 2,048 columns
+    13 - 2,048 x 3 / 12,288 = 12.5 us; never below zero."""
+    pb = part_batch()
+    assert float(pb.topk_latency_s(2048)) / US == pytest.approx(12.5)
+    assert float(pb.topk_latency_s(1)) / US == pytest.approx(13 - 4095 * 3 / 12288)
+    assert float(pb.topk_latency_s(16384)) / US == pytest.approx(16.0)
+
+
+def test_sparse_attention_is_memory_bound_on_a_slow_memory():
+    """On a GPU whose HBM moves 100 GB/s (an H200 with slow memory), a block of 64 entries x 2 query tokens x 656 B
+    takes 83,968 B / (100 GB/s x 3,000 / 3,350) = 0.93764 us per request, more than its compute (0.0718553 us):
+    the memory floor binds."""
+    slow = dataclasses.replace(H200, hbm_bandwidth_GB_per_s=100.0)
+    c = layer_costs(M, slow, DEP, 64, 32768, 2)
+    per_block = 2 * 64 * 656 / (100e9 * 3000 / 3350)
+    assert float(c.attn_block) == pytest.approx(per_block, rel=1e-9)
+    assert float(c.attn_block) / US == pytest.approx(0.93764, abs=1e-5)

@@ -81,3 +81,14 @@ def test_bad_settings_are_refused():
         MissesTable(steps=0)
     with pytest.raises(TypeError, match="warmup"):
         MissesTable(warmup=1)
+
+
+def test_the_simulator_can_price_a_clock_cache():
+    """policy="clock" (and HiSparse's "sampled_clock") is the cache simulation of that policy, not LRU's."""
+    lru = MissesTable(**QUICK)
+    for policy in ("clock", "sampled_clock"):
+        t = MissesTable(**QUICK, policy=policy)
+        direct = sweep_synthetic(32768, [0.2], mtp=2, policies=(policy,), **QUICK, **default_locality().kwargs())
+        np.testing.assert_array_equal(t(32768, 0.2, 2), direct[(0.2, policy, True)].mean(axis=1))
+        assert not np.array_equal(t(32768, 0.2, 2), lru(32768, 0.2, 2))
+        assert t.config["policy"] == policy and policy.upper() in t.describe()

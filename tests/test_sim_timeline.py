@@ -221,3 +221,13 @@ def test_an_otps_floor_between_the_batches_picks_the_largest_batch_above_it():
     floor = float(r.otps.mean())
     got = best_batch(32768, [1.0], otps_floor=floor)
     assert got["otps"] >= floor and 20 <= got["batch"] < 30
+
+
+def test_one_row_of_misses_for_several_configurations_is_refused():
+    """Misses of shape (1, n_layers) are one configuration's: given with two configurations they are refused (a
+    1-D array of n_layers is what every configuration shares), and the message names the per-configuration
+    arguments, the misses' rows among them."""
+    with pytest.raises(ValueError, match=r"misses must have shape"):
+        simulate([32, 64], 32768, 0.5, misses=np.zeros((1, NL)))
+    with pytest.raises(ValueError, match=r"misses \(rows\)"):
+        simulate([32, 64, 96], 32768, 0.5, misses=np.zeros((2, NL)))

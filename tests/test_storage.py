@@ -363,7 +363,7 @@ ops = st.lists(st.tuples(st.sampled_from(["step", "step", "step", "append", "war
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(ops=ops, capacity=st.integers(3, 9), policy=st.sampled_from(["lru", "fifo", "heat"]),
+@given(ops=ops, capacity=st.integers(3, 9), policy=st.sampled_from(["lru", "fifo", "heat", "clock", "sampled_clock"]),
        backend=st.sampled_from(["numba", "torch", "reference"]))
 def test_random_sequences_keep_bytes_true(tmp_path_factory, ops, capacity, policy, backend):
     disk = tmp_path_factory.mktemp("disk")

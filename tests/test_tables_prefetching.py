@@ -74,7 +74,7 @@ def test_policies_rows_and_records():
     _check_records(records)
     (row,) = rows
     assert row["belady"] <= min(row["lru"], row["fifo"], row["heat"])
-    assert {r["config"]["policy"] for r in records} == {"lru", "fifo", "heat", "belady"}
+    assert {r["config"]["policy"] for r in records} == {"lru", "fifo", "heat", "clock", "sampled_clock", "belady"}
     assert records[0]["name"] == "policy_lru_cold_uniform_sigma0"
 
 
@@ -88,3 +88,63 @@ def test_drift_rho_fit_records_every_reading_and_end():
     frame, records = tp.drift_rho_fit(tracegen.locality_fit())
     assert len(records) == 3 * len(tracegen.READINGS) and list(frame.columns) == list(tracegen.READINGS)
     _check_records(records)
+
+
+@pytest.fixture(scope="module")
+def comparison():
+    real = {"smollm2_1k": tp.recorded_traces()["smollm2_1k"]}
+    return real, tp.policy_comparison(real, ALTS, context_len=32768, ratios=[0.2], real_ratios=[0.125, 0.5], mtp=2,
+                                      steps=3, batch=1, band_batch=1, seed=0, layers=[0, 30])
+
+
+def test_policy_comparison_is_the_cache_simulation_on_both_sources(comparison):
+    from ess.tracegen import locality_profile
+    real, c = comparison
+    f = c.frame
+    assert set(f.source) == {"smollm2_1k", "deepseek_32k"}
+    assert set(f[f.policy == "belady"].warmup) == {False}                  # Belady only where it is a bound
+    assert len(f) == 3 * 9 and set(f.policy) == set(tp.COMPARED_POLICIES)
+    tr = real["smollm2_1k"]
+    for (ratio, warm, pol), per_layer in c.per_layer["smollm2_1k"].items():
+        m = cachesim.trace_misses(tr, pol, ratio=ratio, warmup=warm)
+        np.testing.assert_array_equal(per_layer, m.mean(axis=(0, 2)))
+        row = f[(f.source == "smollm2_1k") & (f.ratio == ratio) & (f.warmup == warm) & (f.policy == pol)].iloc[0]
+        assert row.misses == pytest.approx(m.mean())
+        assert row["hit rate"] == pytest.approx(1 - m.sum() / tr.set_sizes().sum())
+        lru = cachesim.trace_misses(tr, "lru", ratio=ratio, warmup=warm).sum()
+        assert row["vs LRU (%)"] == pytest.approx(100 * (m.sum() - lru) / lru)
+    # the synthetic source: the central model's sweep over the layers chosen; its band spans the models
+    profile = locality_profile("paper", 61, CENTRAL.reading)[[0, 30]]
+    direct = cachesim.sweep_synthetic(32768, [0.2], policies=("clock",), warmups=(True,), n_layers=2, profile=profile,
+                                      mtp=2, steps=3, batch=1, seed=0, **CENTRAL.kwargs())
+    np.testing.assert_array_equal(c.per_layer["deepseek_32k"][(0.2, True, "clock")],
+                                  direct[(0.2, "clock", True)].mean(axis=1))
+    syn = f[f.source == "deepseek_32k"]
+    assert ((syn["misses low"] <= syn.misses) & (syn.misses <= syn["misses high"])).all()
+    cold = syn[~syn.warmup].set_index("policy").misses
+    assert (cold["belady"] <= cold).all()
+
+
+def test_policy_comparison_records_and_series(comparison):
+    _, c = comparison
+    _check_records(c.records)
+    by = {r["name"]: r for r in c.records}
+    syn = by["policy_vs_lru_deepseek_32k_clock_warm_ratio0.2"]
+    assert syn["status"] == "predicted" and syn["low"] <= syn["value"] <= syn["high"]
+    assert syn["config"]["layers"] == [0, 30] and syn["config"]["band"] == [m.config() for m in ALTS]
+    real = by["policy_misses_smollm2_1k_sampled_clock_cold_ratio0.125"]
+    assert "status" not in real and real["config"]["capacity"] == 128 and real["config"]["trace"].endswith(".npz")
+    assert "policy_vs_lru_smollm2_1k_lru_cold_ratio0.5" not in by                # LRU is the baseline
+    ratios, values, bands = c.series("smollm2_1k", True)
+    assert ratios == [0.125, 0.5] and list(values) == ["lru", "clock", "sampled_clock", "heat"] and bands == {}
+    assert (values["lru"] == 0).all()
+    ratios, values, bands = c.series("deepseek_32k", False, "misses")
+    assert ratios == [0.2] and set(bands) == set(tp.COMPARED_POLICIES)
+    from ess.viz.prefetch import fig_policies_by_ratio
+    fig = fig_policies_by_ratio(ratios, values, bands=bands)
+    lines = [t for t in fig.data if t.mode == "lines+markers"]
+    assert [t.name for t in lines] == list(values) and len(fig.data) == 2 * len(values)     # a band per line
+    assert all(list(t.y) == list(values[t.name]) for t in lines)
+    with pytest.raises(ValueError, match="start with 'lru'"):
+        tp.policy_comparison({}, ALTS, context_len=32768, ratios=[0.2], real_ratios=[], mtp=2, steps=3, batch=1,
+                             band_batch=1, seed=0, layers=[0], policies=("clock", "lru"))

@@ -196,6 +196,8 @@ def test_the_meaningless_trace_inputs_found_by_probing_are_refused(tmp_path):
         Trace(TR.indices, 40, 8, windows=np.zeros((2, 3, 2, 0), np.int32))
     with pytest.raises(ValueError, match="meta must hold JSON data"):      # a raw TypeError from json
         Trace(TR.indices, 40, 8, meta={"x": object()}).save(tmp_path / "t.npz")
+    with pytest.raises(ValueError, match="meta must hold JSON data"):      # saved as NaN, which is not JSON
+        Trace(TR.indices, 40, 8, meta={"x": float("nan")}).save(tmp_path / "t.npz")
     rec = TraceRecorder(context_len=8, k=2, n_layers=1, batch=1)
     with pytest.raises(ValueError, match=r"observe: indices must be < 8"):
         rec.observe(0, np.array([[2 ** 40, 1]]))                            # wrapped to int32 0
@@ -220,5 +222,9 @@ def test_the_meaningless_trace_inputs_found_by_probing_are_refused(tmp_path):
         G.synthetic_trace(4096, n_layers=1, k=256, steps=1, batch=1, trace_model="uniform", popularity_sigma=1000.0)
     with pytest.raises(ValueError, match="n_layers is too large"):       # a MemoryError, or the process killed
         G.locality_profile(0.5, 2 ** 40)
+    with pytest.raises(ValueError, match=r"n_layers is too large: .* 1.60e\+392 GB"):   # OverflowError in the message
+        G.locality_profile(0.5, 10 ** 400)
+    with pytest.raises(ValueError, match=r"this trace would take 1.02e\+394 GB \(batch="):  # OverflowError
+        G.synthetic_trace(256, n_layers=2, k=16, steps=4, batch=10 ** 400)
     with pytest.raises(ValueError, match="LocalityModel.drift_rho must be finite"):
         G.LocalityModel("m", "drift", "fraction", float("nan"))

@@ -1,19 +1,23 @@
 """A real pretrained model decoding through the tiered cache: SmolLM2-135M-Instruct (:mod:`ess.llm`) with DSA-style
 sparse attention, its K/V entries in the host pool and a share of them in the device pool.
 
+* :mod:`~ess.engine.config` :class:`DecodeConfig`, what a sparse decode run is set to;
 * :mod:`~ess.engine.kv` the K/V entry (1,536 B per token and layer) and its format for the storage;
-* :mod:`~ess.engine.indexer` the FP8 indexer keys (204 B), the scores, top-K;
+* :mod:`~ess.engine.indexer` the FP8 indexer keys (204 B) and their device-resident cache (the scores: the kernel
+  family :mod:`ess.kernels.gqa_indexer`; top-K: :func:`ess.attention.topk_indices`);
 * :mod:`~ess.engine.attention` sparse attention whose result does not depend on which entries were resident;
 * :mod:`~ess.engine.wiring` the model's part of a decode step (:func:`ess.decode.run_layer` runs it);
 * :mod:`~ess.engine.engine` :class:`DecodeEngine`: prefill, sparse decoding (offload on or off; a
   :class:`DecodeSession` steps one run at a time), dense baseline;
-* :mod:`~ess.engine.timing` per-operation costs measured on some configurations, the step time of others
-  predicted with :func:`ess.sim.timeline.overlap_overhead_s` and compared with the measured one;
-* :mod:`~ess.engine.quality` sparse against dense decoding: token agreement, perplexity on held text;
+* :mod:`~ess.engine.overlap_check` the check of the simulator's overlap formulas against the engine: per-operation
+  costs measured on some configurations, the step time of others predicted with
+  :func:`ess.sim.timeline.overlap_overhead_s` and compared with the measured one;
+* :mod:`~ess.engine.quality` offloaded against all-resident decoding (bit for bit), sparse against dense (token
+  agreement, perplexity on held text);
 * :mod:`~ess.engine.record_traces` real index sets in the :mod:`ess.traces` format (``python -m
   ess.engine.record_traces``).
 """
-from .engine import (TOPK_DIVISOR, WARMUP_WINDOWS, DecodeEngine, DecodeRun, DecodeSession,  # noqa: F401
-                     Prefilled, default_topk)
+from .config import TOPK_DIVISOR, WARMUP_WINDOWS, DecodeConfig, default_topk  # noqa: F401
+from .engine import DecodeEngine, DecodeRun, DecodeSession, DenseSession, Prefilled  # noqa: F401
 from .indexer import IndexerCache, indexer_key_bytes  # noqa: F401
 from .kv import kv_entry_format  # noqa: F401

@@ -2,20 +2,24 @@
 where the entries were when the step began: bit for bit the same whether every entry was resident, or some were
 copied in while attention had started on the others (the DA schedule).
 
-Per request ``b`` the step reads a **work buffer** of ``K + 1`` columns: column 0 the request's own new entry
-(computed this step, never read from the cache), columns ``1 .. K`` the selected cache entries in position order
-(padding: empty columns). Work per column is independent of every other column:
+Per request ``b`` the step reads ``K + 1`` **columns**: columns ``0 .. K - 1`` the selected cache entries in top-K
+order (position order; padding: empty columns at the end), column ``K`` the request's own new entry (computed this
+step, never read from the cache). The work is the kernel family :mod:`ess.kernels.kv_attention`, per column
+independent of every other column:
 
-* :meth:`StepAttention.load` gathers entries from the device pool (any rows, any subset of columns) into their
-  columns and computes their scores ``q_h . k / sqrt(hd)`` with an element-wise product and a sum over the head
-  dimension, whose result for a column does not depend on which other columns are computed with it (a matrix
-  product's does: its blocking depends on the shape);
+* :meth:`StepAttention.load` scores entries where they lie in the device pool (any rows, any subset of columns):
+  ``q_h . k / sqrt(hd)`` per column, whose bits do not depend on which other columns are scored with it, and notes
+  each column's slot;
 * :meth:`StepAttention.combine` then, per request, the softmax over all ``K + 1`` columns and the weighted sum of
-  the values, always over the same shapes.
+  the values, read from their slots, always over the same shapes.
 
-So DA's "attention over the hits" is the hits' gather and scores, its "attention over the misses" the misses', and
-its merge the softmax and weighted sum over both; the serial schedule loads every column at once. The arithmetic
-is float32 and equals dense attention over the same entries to rounding (a test checks both).
+So DA's "attention over the hits" is the hits' scores, its "attention over the misses" the misses', and its merge
+the softmax and weighted sum over both; the serial schedule scores every column at once. The arithmetic is float32
+and equals dense attention over the same entries to rounding (a test checks both). The same code runs on the CPU
+and on CUDA (``backend``: Numba reads a CPU pool in place; torch gathers on the pool's device).
+
+One :class:`StepAttention` serves a whole decode run (its buffers are allocated once and reused by every layer of
+every step: :meth:`StepAttention.begin` starts a layer).
 """
 from __future__ import annotations
 
@@ -24,62 +28,71 @@ import math
 import numpy as np
 import torch
 
+from ..kernels import as_kernel_array, resolve_backend
+from ..kernels.kv_attention import get as _kernels
+
 __all__ = ["StepAttention"]
 
 
 class StepAttention:
-    """The attention of one layer of one decode step for a batch.
+    """The attention buffers of a decode run of ``batch`` requests reading up to ``width`` (K) entries each.
 
     Parameters
     ----------
-    q : (B, H, hd) float32
-        The new token's queries (after RoPE).
-    own : (B, 2, Hkv, hd) float32
-        The new token's key and value (column 0).
-    width : int
-        K, the most entries one request selects.
-    """
+    batch, width : int
+        B and K.
+    n_heads, n_kv_heads, head_dim : int
+        H, Hkv, hd.
+    device : torch device
+    backend : the kernels' backend (:func:`ess.kernels.resolve_backend`)
 
-    def __init__(self, q: torch.Tensor, own: torch.Tensor, width: int):
-        B, H, hd = q.shape
-        Hkv = own.shape[2]
-        self.B, self.H, self.hd, self.Hkv, self.G, self.K = B, H, hd, Hkv, H // Hkv, int(width)
-        self.scale = 1.0 / math.sqrt(hd)
-        self.q = q.contiguous()
-        self.buf = torch.zeros((B, self.K + 1, 2, Hkv, hd), dtype=q.dtype, device=q.device)
-        self.buf[:, 0] = own
-        self.scores = torch.full((B, self.K + 1, H), -math.inf, dtype=q.dtype, device=q.device)   # (B, K+1, H)
-        self.out = torch.zeros((B, H, hd), dtype=q.dtype, device=q.device)
+    The kernels (:mod:`ess.kernels.kv_attention`) are called directly, their backend resolved once: the buffers'
+    shapes are fixed here, and the public functions' checks would cost, per layer, more than the kernels at a short
+    context."""
 
-    def _score(self, b: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
-        """Scores (n, H) of n entries ``kv`` (n, 2, Hkv, hd) for the queries of requests ``b`` (n,)."""
-        q = self.q.index_select(0, b).view(-1, self.Hkv, self.G, self.hd)                 # (n, Hkv, G, hd)
-        return (q * kv[:, 0, :, None, :]).sum(-1).view(-1, self.H) * self.scale           # (n, H)
+    def __init__(self, batch: int, width: int, n_heads: int, n_kv_heads: int, head_dim: int, device="cpu",
+                 backend: str = "auto"):
+        B, K, H = batch, int(width), n_heads
+        self.B, self.K, self.H, self.Hkv, self.hd, self.G = B, K, H, n_kv_heads, head_dim, H // n_kv_heads
+        self.scale = 1.0 / math.sqrt(head_dim)
+        self.device = torch.device(device)
+        self.backend = resolve_backend(backend, device=str(self.device))
+        self._kernel = _kernels(self.backend)
+        self.scores = torch.empty((B, H, K + 1), dtype=torch.float32, device=self.device)   # (B, H, columns)
+        self.slots = np.full((B, K), -1, np.int64)                    # each column's pool slot (host: the plans')
+        self.out = torch.zeros((B, H, head_dim), dtype=torch.float32, device=self.device)
+        self._scores_k = as_kernel_array(self.scores, self.backend)
+        self._out_k = as_kernel_array(self.out, self.backend)
+        self.q = self.own_v = self.pool = None
 
-    def load(self, b: np.ndarray, cols: np.ndarray, pool: torch.Tensor, rows: np.ndarray) -> None:
-        """Gather the entries ``pool[rows]`` into columns ``cols`` of requests ``b`` and score them.
+    def begin(self, q: torch.Tensor, k_own: torch.Tensor, v_own: torch.Tensor, pool: torch.Tensor) -> None:
+        """Start one layer: the new token's queries ``q`` (B, H, hd), its own key and value ``k_own``, ``v_own``
+        (B, Hkv, hd), and the layer's device pool seen as ``(slots, 2, Hkv, hd)`` float32 (a view of its bytes,
+        read in place); every cache column empty (``-inf``, no slot) until :meth:`load` scores it."""
+        self.q, self.own_v, self.pool = q.contiguous(), v_own.contiguous(), pool
+        self._q_k, self._own_k, self._pool_k = (as_kernel_array(a, self.backend) for a in (self.q, self.own_v, pool))
+        self.scores.fill_(-math.inf)
+        self.slots.fill(-1)
+        qg = self.q.view(-1, self.Hkv, self.G, self.hd)
+        self.scores[:, :, self.K] = (qg * k_own[:, :, None, :]).sum(-1).view(-1, self.H) * self.scale
 
-        ``pool`` the device pool seen as ``(slots, 2, Hkv, hd)`` float32 (a view of its bytes); ``b``, ``cols``,
-        ``rows`` (n,) int arrays; ``cols`` in ``1 .. K``."""
+    def _index(self, a):
+        a = np.ascontiguousarray(a, np.int64)
+        return torch.from_numpy(a).to(self.device) if self.backend == "torch" else a
+
+    def load(self, b: np.ndarray, cols: np.ndarray, rows: np.ndarray) -> None:
+        """Score the entries in pool slots ``rows`` in columns ``cols`` of requests ``b`` (``(n,)`` int arrays;
+        ``cols`` in ``0 .. K - 1``)."""
         if len(rows) == 0:
             return
-        dev = self.q.device
-        rows_t = torch.as_tensor(np.asarray(rows, np.int64), device=dev)
-        b_t = torch.as_tensor(np.asarray(b, np.int64), device=dev)
-        flat = b_t * (self.K + 1) + torch.as_tensor(np.asarray(cols, np.int64), device=dev)
-        kv = pool.index_select(0, rows_t)                                                   # (n, 2, Hkv, hd)
-        self.buf.view(-1, 2, self.Hkv, self.hd)[flat] = kv
-        self.scores.view(-1, self.H)[flat] = self._score(b_t, kv)
+        self.slots[b, cols] = rows
+        self._kernel.score_columns(self._q_k, self._pool_k, self._index(b), self._index(cols), self._index(rows),
+                                   self.scale, self._scores_k)
 
     def combine(self, rows) -> None:
         """Softmax over all columns and the weighted sum of the values, for each request in ``rows``."""
-        for b in np.asarray(rows, np.int64).tolist():
-            own = self.buf[b, 0:1]                                                         # (1, 2, Hkv, hd)
-            self.scores[b, 0] = self._score(torch.tensor([b], device=self.q.device), own)[0]
-            p = torch.softmax(self.scores[b], dim=0)                                        # (K+1, H)
-            p = p.T.reshape(self.Hkv, self.G, self.K + 1)                                   # (Hkv, G, K+1)
-            v = self.buf[b, :, 1].transpose(0, 1)                                           # (Hkv, K+1, hd)
-            self.out[b] = torch.matmul(p, v).reshape(self.H, self.hd)
+        self._kernel.combine_columns(self._scores_k, self._pool_k, self._index(self.slots), self._own_k,
+                                     self._index(rows), self._out_k)
 
     def output(self) -> torch.Tensor:
         """(B, H, 1, hd): what :meth:`ess.llm.LlamaModel.attention_output` takes."""

@@ -22,27 +22,28 @@ probabilities was chosen over the sum of their logits and over DSA's ``sum_h ReL
 the one whose top-K holds the most dense attention mass on real text: measured with SmolLM2-135M on tokens 5,000 ..
 7,047 of :func:`ess.llm.reference_text_ids`, K = 128, the last 16 positions, all 30 layers, it keeps 0.851 of the
 mass (exact keys and per-head probabilities: 0.851), the logit sum 0.833, the ReLU sum 0.822
-(:func:`selection_mass` recomputes it).
+(:func:`selection_mass` recomputes it). The kernels are the family :mod:`ess.kernels.gqa_indexer` (a NumPy float64
+oracle, Numba for the CPU, torch for CPU and CUDA), chosen by ``backend``.
 
-**Top-K**: the ``min(K, n)`` best-scored cached tokens, returned in position order (ascending), the order attention
-reads them in. Ties at the boundary fall the same way on every run (the same function on the same scores).
-
-Kernels: :func:`indexer_scores_reference` (NumPy float64, the oracle), a Numba kernel (CPU) and a torch one
-(CUDA) with its signature; :func:`indexer_scores` picks by where the keys are.
+**Top-K**: :func:`ess.kernels.topk.topk_positions` (what :func:`ess.attention.topk_indices` checks and calls), the
+library's one rule -- the ``min(K, n)`` best-scored cached tokens in position order, ties to the lower position,
+``-1`` padded.
 """
 from __future__ import annotations
 
 import math
-from functools import lru_cache
 
 import numpy as np
 import torch
 
 from .. import validate
-from ..quant import FP8_E4M3_MAX, FP8_E4M3_VALUES, fp8_e4m3_decode
+from ..kernels import as_kernel_array, resolve_backend
+from ..kernels.gqa_indexer import get as _indexer_kernels
+from ..kernels.gqa_indexer import gqa_indexer_scores
+from ..kernels.topk import topk_positions
+from ..quant import FP8_E4M3_MAX
 
-__all__ = ["indexer_key_bytes", "quantize_keys", "IndexerCache", "indexer_scores", "indexer_scores_reference",
-           "topk_positions", "selection_mass"]
+__all__ = ["indexer_key_bytes", "quantize_keys", "IndexerCache", "selection_mass"]
 
 
 def indexer_key_bytes(n_kv_heads: int, head_dim: int) -> int:
@@ -61,171 +62,113 @@ def quantize_keys(k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return codes.flatten(-2), scales
 
 
-@lru_cache(maxsize=None)
-def _lut(device: str) -> torch.Tensor:
-    return torch.tensor(FP8_E4M3_VALUES, device=device)
-
-
 class IndexerCache:
-    """The device-resident indexer keys of a batch: per request, per layer, ``capacity`` tokens of codes and scales
-    (NumPy on the CPU, torch tensors on CUDA), of which the first ``n_tokens`` are valid."""
+    """The device-resident indexer keys of a batch: for ``max_requests`` requests of up to ``capacity`` tokens,
+    per layer one block of codes ``(n_layers, max_requests, capacity, Hkv hd)`` uint8 and one of scales
+    ``(n_layers, max_requests, capacity, Hkv)`` float32, torch tensors on ``device`` (the first ``n_tokens`` of a
+    request's row are valid). ``backend`` picks the kernels (:mod:`ess.kernels.gqa_indexer`, top-K), resolved once:
+    :meth:`select` calls the scoring kernel directly on buffers whose shapes are fixed here (the public function's
+    checks would cost, per layer, more than a short context's scan)."""
 
-    def __init__(self, n_layers: int, n_kv_heads: int, head_dim: int, *, device: str = "cpu"):
-        self.n_layers, self.n_kv_heads, self.head_dim = n_layers, n_kv_heads, head_dim
-        self.device = str(device)
-        self.on_cuda = self.device.startswith("cuda")
-        self._codes: dict = {}
-        self._scales: dict = {}
-        self._n: dict = {}
+    def __init__(self, n_layers: int, n_kv_heads: int, head_dim: int, *, max_requests: int, capacity: int,
+                 device="cpu", backend: str = "auto"):
+        self.n_layers = validate.positive_int("n_layers", n_layers)
+        self.n_kv_heads = validate.positive_int("n_kv_heads", n_kv_heads)
+        self.head_dim = validate.positive_int("head_dim", head_dim)
+        self.max_requests = validate.positive_int("max_requests", max_requests)
+        self.capacity = validate.positive_int("capacity", capacity)
+        self.device = torch.device(device)
+        self.backend = backend
+        D = n_kv_heads * head_dim
+        self.codes = torch.zeros((n_layers, max_requests, capacity, D), dtype=torch.uint8, device=self.device)
+        self.scales = torch.ones((n_layers, max_requests, capacity, n_kv_heads), dtype=torch.float32,
+                                 device=self.device)
+        self.lengths = torch.zeros(max_requests, dtype=torch.int64, device=self.device)   # tokens per row
+        self._row: dict = {}                      # request id -> row
+        self._n: list = [0] * max_requests        # tokens per row, on the host
+        self.resolved = resolve_backend(backend, device=str(self.device))
+        self._kernel = _indexer_kernels(self.resolved)
+        self._scores = torch.empty((max_requests, capacity), dtype=torch.float32, device=self.device)
+        self._k = {name: as_kernel_array(getattr(self, name), self.resolved)
+                   for name in ("codes", "scales", "lengths", "_scores")}
 
     @property
     def key_bytes(self) -> int:
         return indexer_key_bytes(self.n_kv_heads, self.head_dim)
 
-    def _store(self, t: torch.Tensor):
-        return t.to(self.device) if self.on_cuda else t.cpu().numpy()
+    def row(self, request_id) -> int:
+        try:
+            return self._row[request_id]
+        except (KeyError, TypeError):
+            raise ValueError(f"unknown request_id {request_id!r}") from None
 
-    def add_request(self, request_id, codes: torch.Tensor, scales: torch.Tensor, capacity: int) -> None:
+    def add_request(self, request_id, codes: torch.Tensor, scales: torch.Tensor) -> None:
         """A prefilled request's keys as :func:`quantize_keys` gives them -- codes ``(n_layers, L, Hkv hd)``,
-        scales ``(n_layers, L, Hkv)`` -- with room for ``capacity`` tokens."""
-        if request_id in self._n:
+        scales ``(n_layers, L, Hkv)`` -- into the next free row."""
+        if request_id in self._row:
             raise ValueError(f"request_id {request_id!r} already exists")
+        if len(self._row) == self.max_requests:
+            raise ValueError(f"the indexer cache holds max_requests={self.max_requests} requests, all in use")
         n_layers, L = codes.shape[:2]
         if (n_layers != self.n_layers or codes.shape[2] != self.n_kv_heads * self.head_dim
                 or tuple(scales.shape) != (n_layers, L, self.n_kv_heads)):
             raise ValueError(f"codes and scales must have shapes (n_layers={self.n_layers}, L, "
                              f"{self.n_kv_heads * self.head_dim}) and (n_layers, L, {self.n_kv_heads}), got "
                              f"{tuple(codes.shape)} and {tuple(scales.shape)}")
-        capacity = validate.integer("capacity", capacity, lo=L)
-        c = torch.zeros((n_layers, capacity, codes.shape[-1]), dtype=torch.uint8)
-        s = torch.ones((n_layers, capacity, self.n_kv_heads), dtype=torch.float32)
-        c[:, :L], s[:, :L] = codes.cpu(), scales.cpu()
-        self._codes[request_id], self._scales[request_id] = self._store(c), self._store(s)
-        self._n[request_id] = L
+        if L > self.capacity:
+            raise ValueError(f"codes hold {L} tokens, more than the capacity={self.capacity}")
+        r = len(self._row)
+        self.codes[:, r, :L] = codes.to(self.device)
+        self.scales[:, r, :L] = scales.to(self.device)
+        self.lengths[r] = L
+        self._row[request_id], self._n[r] = r, L
 
-    def append_token(self, request_id, keys: torch.Tensor) -> int:
-        """One new token's keys ``(n_layers, Hkv, hd)`` float32, every layer; returns its index."""
-        n = self.n_tokens(request_id)
-        if n >= self._codes[request_id].shape[1]:
-            raise ValueError(f"request {request_id!r}: the indexer cache holds {n} tokens, its capacity")
-        codes, scales = quantize_keys(keys)
-        if self.on_cuda:
-            self._codes[request_id][:, n] = codes.to(self.device)
-            self._scales[request_id][:, n] = scales.to(self.device)
-        else:
-            self._codes[request_id][:, n], self._scales[request_id][:, n] = codes.cpu().numpy(), scales.cpu().numpy()
-        self._n[request_id] = n + 1
-        return n
+    def append_tokens(self, request_ids, keys: torch.Tensor) -> None:
+        """One new token per request, every layer: ``keys`` ``(n_layers, B, Hkv, hd)`` float32 on the device, in the
+        order of ``request_ids`` (quantised once for the batch, written in one call)."""
+        rows = [self.row(r) for r in request_ids]
+        for r in rows:
+            if self._n[r] >= self.capacity:
+                raise ValueError(f"request row {r}: the indexer cache holds {self._n[r]} tokens, its capacity")
+        codes, scales = quantize_keys(keys)                                          # (n_layers, B, D), (.., Hkv)
+        r_t = torch.as_tensor(rows, device=self.device)
+        n_t = torch.as_tensor([self._n[r] for r in rows], device=self.device)
+        self.codes[:, r_t, n_t] = codes
+        self.scales[:, r_t, n_t] = scales
+        self.lengths[r_t] += 1
+        for r in rows:
+            self._n[r] += 1
 
     def n_tokens(self, request_id) -> int:
-        try:
-            return self._n[request_id]
-        except (KeyError, TypeError):
-            raise ValueError(f"unknown request_id {request_id!r}") from None
+        return self._n[self.row(request_id)]
 
     def keys(self, request_id, layer: int):
         """``(codes (n, Hkv hd) uint8, scales (n, Hkv) float32)`` of the valid tokens of one layer (views)."""
-        n = self.n_tokens(request_id)
-        return self._codes[request_id][layer, :n], self._scales[request_id][layer, :n]
+        r, n = self.row(request_id), self.n_tokens(request_id)
+        return self.codes[layer, r, :n], self.scales[layer, r, :n]
+
+    def scores(self, layer: int, q: torch.Tensor, rows: slice) -> torch.Tensor:
+        """Scores ``(n, capacity)`` float32 of the requests in ``rows`` (consecutive rows, a slice) against their
+        queries ``q`` ``(n, H, hd)``; ``-inf`` past each request's tokens (the public kernel function, checked)."""
+        return gqa_indexer_scores(q.contiguous(), self.codes[layer, rows], self.scales[layer, rows],
+                                  self.lengths[rows], backend=self.backend)
+
+    def select(self, layer: int, q: torch.Tensor, rows: slice, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """The top-``k`` of requests ``rows`` (a slice of consecutive rows) for their queries ``q`` ``(n, H, hd)``
+        float32 (contiguous, on the device): positions ``(n, k)`` int64 in position order, ``-1`` padded, and their
+        scores ``(n, k)`` float64 (0 at padding), NumPy arrays on the host."""
+        K = self._k
+        self._kernel.indexer_scores(as_kernel_array(q, self.resolved), K["codes"][layer, rows],
+                                    K["scales"][layer, rows], K["lengths"][rows], K["_scores"][rows])
+        scores = self._scores[rows]                                                  # (n, capacity)
+        idx = topk_positions(scores, k, backend=self.resolved)                        # (n, k) on the device
+        picked = scores.gather(1, idx.clamp(min=0)).masked_fill_(idx < 0, 0.0)
+        return idx.cpu().numpy(), picked.cpu().numpy().astype(np.float64)
 
     @property
     def nbytes(self) -> int:
         """Bytes of valid keys, all requests and layers."""
-        return sum(self._n.values()) * self.n_layers * self.key_bytes
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# scores
-# ----------------------------------------------------------------------------------------------------------------
-
-def indexer_scores_reference(q, codes, scales) -> np.ndarray:
-    """The score of every cached token (module docstring), NumPy float64: q ``(H, hd)``, codes ``(n, Hkv hd)``
-    uint8, scales ``(n, Hkv)`` float32 -> ``(n,)`` float64."""
-    q = np.asarray(q, np.float64)
-    H, hd = q.shape
-    n, Hkv = np.shape(scales)
-    k = fp8_e4m3_decode(np.asarray(codes)).astype(np.float64).reshape(n, Hkv, hd)
-    k *= np.asarray(scales, np.float64)[:, :, None]
-    logits = np.einsum("ngd,gjd->ngj", k, q.reshape(Hkv, H // Hkv, hd)).reshape(n, H) / math.sqrt(hd)
-    p = np.exp(logits - logits.max(axis=0))
-    return (p / p.sum(axis=0)).sum(axis=1)
-
-
-@lru_cache(maxsize=None)
-def _numba_kernel():
-    from numba import njit
-
-    @njit(nogil=True, fastmath=True, cache=True)
-    def scores(q, codes, scales, lut, inv_sqrt, out):                   # (H, hd) (n, Hkv hd) (n, Hkv) (256,) (n,)
-        H, hd = q.shape
-        n, Hkv = scales.shape
-        G = H // Hkv
-        logits = np.empty((n, H), np.float32)
-        kbuf = np.empty(hd, np.float32)
-        mx = np.full(H, -np.inf, np.float32)
-        for s in range(n):
-            for g in range(Hkv):
-                f = scales[s, g] * inv_sqrt
-                for d in range(hd):
-                    kbuf[d] = lut[codes[s, g * hd + d]]
-                for j in range(G):
-                    h = g * G + j
-                    acc = np.float32(0.0)
-                    for d in range(hd):
-                        acc += q[h, d] * kbuf[d]
-                    x = acc * f
-                    logits[s, h] = x
-                    if x > mx[h]:
-                        mx[h] = x
-        z = np.zeros(H, np.float32)
-        for s in range(n):
-            for h in range(H):
-                e = np.exp(logits[s, h] - mx[h])
-                logits[s, h] = e
-                z[h] += e
-        for s in range(n):
-            acc = np.float32(0.0)
-            for h in range(H):
-                acc += logits[s, h] / z[h]
-            out[s] = acc
-    return scores
-
-
-_LUT_NP = np.ascontiguousarray(FP8_E4M3_VALUES, dtype=np.float32)
-
-
-def _torch_scores(q: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    H, hd = q.shape
-    n, Hkv = scales.shape
-    k = _lut(str(codes.device))[codes.long()].view(n, Hkv, hd) * scales[:, :, None]          # (n, Hkv, hd)
-    logits = torch.einsum("ngd,gjd->ngj", k, q.view(Hkv, H // Hkv, hd)).reshape(n, H) / math.sqrt(hd)
-    return torch.softmax(logits, dim=0).sum(dim=1)
-
-
-def indexer_scores(q: torch.Tensor, codes, scales):
-    """The score of every cached token: q ``(H, hd)`` float32 (a torch tensor on the keys' device), codes and
-    scales from :meth:`IndexerCache.keys`. NumPy keys: the Numba kernel, a ``(n,)`` float32 array; CUDA keys: the
-    torch kernel, a ``(n,)`` tensor. Arithmetic is float32 (compare with the reference with a tolerance)."""
-    if isinstance(codes, np.ndarray):
-        out = np.empty(codes.shape[0], np.float32)
-        if codes.shape[0]:
-            _numba_kernel()(np.ascontiguousarray(q.detach().cpu().numpy(), np.float32), codes, scales, _LUT_NP,
-                            np.float32(1.0 / math.sqrt(q.shape[1])), out)
-        return out
-    return _torch_scores(q.to(codes.device, torch.float32), codes, scales)
-
-
-def topk_positions(scores, k: int):
-    """The ``min(k, n)`` best-scored tokens of ``scores`` ``(n,)``, in position order (int64; NumPy in, NumPy out;
-    torch in, torch out)."""
-    n = scores.shape[0]
-    if isinstance(scores, np.ndarray):
-        if k >= n:
-            return np.arange(n, dtype=np.int64)
-        return np.sort(np.argpartition(-scores, k - 1)[:k]).astype(np.int64)
-    if k >= n:
-        return torch.arange(n, device=scores.device)
-    return torch.sort(torch.topk(scores, k, sorted=False).indices).values
+        return sum(self._n) * self.n_layers * self.key_bytes
 
 
 def selection_mass(q: torch.Tensor, k: torch.Tensor, K: int) -> dict:
@@ -239,7 +182,7 @@ def selection_mass(q: torch.Tensor, k: torch.Tensor, K: int) -> dict:
     logits = torch.einsum("ngd,gjd->ngj", k, q.view(Hkv, G, hd)).reshape(n, H) / math.sqrt(hd)
     probs = torch.softmax(logits, dim=0)                                                   # (n, H) dense weights
     codes, scales = quantize_keys(k)
-    k8 = _lut("cpu")[codes.long().cpu()].view(n, Hkv, hd) * scales.cpu()[:, :, None]
+    k8 = codes.cpu().view(torch.float8_e4m3fn).float().view(n, Hkv, hd) * scales.cpu()[:, :, None]
     approx = torch.einsum("ngd,gjd->ngj", k8, q.cpu().view(Hkv, G, hd)).reshape(n, H) / math.sqrt(hd)
     rules = {"probability_sum": torch.softmax(approx, 0).sum(1), "logit_sum": approx.sum(1),
              "relu_sum": torch.relu(approx).sum(1), "exact": probs.sum(1)}

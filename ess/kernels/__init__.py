@@ -11,8 +11,11 @@ pick the backend with :func:`resolve_backend`, the one place where ``backend="au
 from __future__ import annotations
 
 import functools
+import importlib
+import threading
 
-__all__ = ["BACKENDS", "resolve_backend", "cuda_available"]
+__all__ = ["BACKENDS", "resolve_backend", "cuda_available", "is_tensor", "device_of", "as_kernel_array",
+           "family_module", "scratch"]
 
 BACKENDS = ("reference", "numba", "torch")
 
@@ -44,3 +47,54 @@ def resolve_backend(backend: str = "auto", *, device: str | None = None) -> str:
     if on_cuda and backend != "torch":
         raise ValueError(f"backend {backend!r} runs on the CPU only; use backend='torch' for device={device!r}")
     return backend
+
+
+def is_tensor(a) -> bool:
+    """True for a torch tensor (checked without importing torch)."""
+    return type(a).__module__.startswith("torch")
+
+
+def device_of(a) -> str:
+    """Where an array lives: a torch tensor's device (``"cpu"``, ``"cuda:0"``), ``"cpu"`` for anything else."""
+    return str(a.device) if is_tensor(a) else "cpu"
+
+
+def as_kernel_array(a, backend: str):
+    """``a`` (a NumPy array or a torch tensor) as the kernels of ``backend`` take it: a torch tensor for
+    ``"torch"`` (a NumPy array shared, not copied), a NumPy array otherwise (a CPU tensor's memory, shared)."""
+    if backend == "torch":
+        if is_tensor(a):
+            return a
+        import torch
+        return torch.from_numpy(a)
+    return a.numpy() if is_tensor(a) else a
+
+
+_FILES = {"reference": "reference", "numba": "numba_cpu", "torch": "torch_ops"}
+
+
+def family_module(family: str, backend: str):
+    """The kernel module of family ``family`` (a package name, e.g. ``"ess.kernels.topk"``) for a resolved backend
+    name (``"reference"``, ``"numba"`` or ``"torch"``)."""
+    return importlib.import_module(f"{family}.{_FILES[backend]}")
+
+
+_LOCAL = threading.local()      # per-thread scratch buffers: two threads never share one
+
+
+def scratch(name: str, shape: tuple, dtype=None):
+    """A NumPy scratch buffer of ``shape`` for kernel ``name``, reused by later calls **of the same thread** (a fresh
+    buffer per call pays its page faults every time: ``benchmarks/README.md`` measures it for the sparse MLA
+    workspace). Each thread has its own (``threading.local``), so concurrent callers never overwrite each other's
+    data; the buffer grows to the largest size asked for and is handed out as a view of the shape asked for.
+    Contents are undefined: a kernel overwrites what it reads."""
+    import numpy as np
+    dtype = np.dtype(np.float32 if dtype is None else dtype)
+    size = int(np.prod(shape))
+    bufs = getattr(_LOCAL, "buffers", None)
+    if bufs is None:
+        bufs = _LOCAL.buffers = {}
+    buf = bufs.get((name, dtype.str))
+    if buf is None or buf.size < size:
+        buf = bufs[(name, dtype.str)] = np.empty(max(size, 1), dtype)
+    return buf[:size].reshape(shape)

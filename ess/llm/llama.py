@@ -26,7 +26,26 @@ from .inputs import as_token_batch
 from .kv_cache import KVCache
 from .weights import LlamaWeights
 
-__all__ = ["LlamaModel"]
+__all__ = ["LlamaModel", "DTYPES", "check_device"]
+
+#: The compute dtypes the model runs in (float16 overflows: see :class:`LlamaModel`).
+DTYPES = (torch.float32, torch.float64, torch.bfloat16)
+
+
+def check_device(device) -> torch.device:
+    """``device`` as a ``torch.device``: ``"cpu"``, or a CUDA device that is present; a ``ValueError`` naming
+    ``device`` otherwise."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device must be 'cpu' or 'cuda[:n]', got {device!r}") from None
+    if dev.type == "cuda":
+        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if n == 0 or (dev.index or 0) >= n:
+            raise ValueError(f"device={device!r} was asked for but this machine has {n} CUDA device(s)")
+    elif dev.type != "cpu":
+        raise ValueError(f"device must be 'cpu' or 'cuda[:n]', got {device!r}")
+    return dev
 
 
 class LlamaModel:
@@ -38,16 +57,30 @@ class LlamaModel:
         NumPy arrays (any float dtype); float32 arrays on the CPU are shared, not copied, where possible.
     config : LlamaConfig
     dtype : torch.dtype
-        Compute dtype (float32 by default; float64 for checks against the reference).
+        Compute dtype: float32 (the default), float64 (checks against the reference) or bfloat16. float16 is
+        refused: the residual stream of SmolLM2-135M-Instruct reaches 652 (measured on a five-token prompt), whose
+        square in RMSNorm exceeds float16's largest value, 65,504, and every logit becomes NaN.
     device : str or torch.device
+        ``"cpu"`` or a CUDA device that is present.
     attention_impl : {"matmul", "sdpa"}
         Dense attention used by :meth:`extend` (see :func:`dense_attention`).
+    trained_context_length : int, optional
+        The context the weights were trained for, when ``config.context_length`` was raised past it to extrapolate
+        (benchmarks only; :func:`ess.llm.load_model`); default ``config.context_length``.
     """
 
     def __init__(self, weights: LlamaWeights, config: LlamaConfig, dtype=torch.float32, device="cpu",
-                 attention_impl: str = "matmul"):
+                 attention_impl: str = "matmul", trained_context_length: int | None = None):
         weights.check(config)
-        self.config, self.dtype, self.device = config, dtype, torch.device(device)
+        device = check_device(device)
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {[str(d) for d in DTYPES]}, got {dtype}" +
+                             (": float16 overflows in this model's RMSNorm (its residual stream reaches 652, whose "
+                              "square exceeds float16's 65,504), and every logit is NaN" if dtype == torch.float16
+                              else ""))
+        self.config, self.dtype, self.device = config, dtype, device
+        self.trained_context_length = (config.context_length if trained_context_length is None
+                                       else int(trained_context_length))
         self.attention_impl = attention_impl
         t = lambda a: torch.as_tensor(np.asarray(a), device=self.device).to(dtype)  # noqa: E731
         self.embedding = t(weights.embedding)                                       # (V, D)

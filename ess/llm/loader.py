@@ -1,6 +1,7 @@
 """Load the pretrained model: the file, its configuration, weights, tokenizer, and the torch model, timed."""
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -9,7 +10,7 @@ import torch
 
 from .config import LlamaConfig
 from .gguf_file import model_path, verify_installed
-from .llama import LlamaModel
+from .llama import LlamaModel, check_device
 from .tokenizer import Tokenizer
 from .weight_cache import CACHE_DIR, load_cached
 from .weights import LlamaWeights
@@ -49,7 +50,8 @@ class LoadedModel:
 
 
 def load_model(path: str | Path | None = None, *, cache_dir: str | Path | None = CACHE_DIR,
-               dtype=torch.float32, device="cpu", attention_impl: str = "matmul") -> LoadedModel:
+               dtype=torch.float32, device="cpu", attention_impl: str = "matmul",
+               extrapolate_context_to: int | None = None) -> LoadedModel:
     """Load a Llama-architecture GGUF model (default: the installed SmolLM2-135M-Instruct).
 
     Parameters
@@ -61,7 +63,13 @@ def load_model(path: str | Path | None = None, *, cache_dir: str | Path | None =
         Where decoded weights are cached between runs (default ``build/cache/llm/``); None reads the GGUF file
         every time.
     dtype, device, attention_impl
-        Passed to :class:`LlamaModel`.
+        Passed to :class:`LlamaModel` (a dtype it cannot run in, a device that is not there: ``ValueError``).
+    extrapolate_context_to : int, optional
+        **Benchmarks only -- the output past the trained context is not meaningful.** Let the model run to this
+        many positions, past the ``context_length`` it was trained for (RoPE extrapolated: the positions' rotations
+        are computed, the model never saw them), so that the cost of decoding at a longer context can be measured;
+        the work per step is real, the tokens are not. The trained length stays in
+        ``model.trained_context_length``.
 
     Raises
     ------
@@ -70,6 +78,10 @@ def load_model(path: str | Path | None = None, *, cache_dir: str | Path | None =
     ModelFileError
         The file is truncated or corrupt.
     """
+    torch_device = check_device(device)
+    if extrapolate_context_to is not None:
+        from ..validate import positive_int
+        extrapolate_context_to = positive_int("extrapolate_context_to", extrapolate_context_to)
     t0 = time.perf_counter()
     on_build = None
     if path is None:
@@ -84,7 +96,11 @@ def load_model(path: str | Path | None = None, *, cache_dir: str | Path | None =
     tokenizer = Tokenizer.from_gguf_metadata(contents.metadata)
     t2 = time.perf_counter()
     weights = LlamaWeights.from_gguf(contents.tensors, config)
-    model = LlamaModel(weights, config, dtype=dtype, device=device, attention_impl=attention_impl)
+    trained = config.context_length
+    if extrapolate_context_to is not None and extrapolate_context_to > trained:
+        config = dataclasses.replace(config, context_length=extrapolate_context_to)
+    model = LlamaModel(weights, config, dtype=dtype, device=torch_device, attention_impl=attention_impl,
+                       trained_context_length=trained)
     t3 = time.perf_counter()
     return LoadedModel(config=config, tokenizer=tokenizer, model=model, weights=weights, source=path,
                        metadata=dict(contents.metadata), cache_status=status,

@@ -31,7 +31,8 @@ class MissesTable:
     (:func:`ess.cachesim.sweep_synthetic`) of DeepSeek-V3.2-Exp's pools: synthetic traces of ``locality`` (an
     :class:`ess.tracegen.LocalityModel`; default :func:`ess.tracegen.default_locality`, the central model; or
     ``trace_model`` alone, that model with its defaults) with the paper's Fig. 2 profile, ``steps`` decode steps of
-    ``batch`` requests from ``seed``, ``policy`` with or without LRU-Warmup (``warmup``).
+    ``batch`` requests from ``seed``, ``policy`` (one of :data:`ess.policies.POLICIES`: ``"clock"`` or HiSparse's
+    ``"sampled_clock"`` price a CLOCK cache) with or without LRU-Warmup (``warmup``).
 
     ``table(context_len, ratio, mtp)`` is one point; :meth:`row` a (context, MTP) row; :meth:`prefetch` many
     points. ``ratios``: the grid a row is computed for when first met (default none: only the ratios asked for)."""

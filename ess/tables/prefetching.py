@@ -19,7 +19,8 @@ from ..specs import DEFAULT_MODEL, model_spec
 
 __all__ = ["trace_setting", "band_setting", "drift_rho_fit", "evidence_records", "mtp_unions", "MissesByRatio",
            "misses_by_ratio", "WarmupCurves", "warmup_curves", "misses_by_context", "smallest_pools",
-           "policies_against_belady", "lstm_heat_predictor", "recorded_trace", "prefetch_classes", "PREFETCH_CLASSES"]
+           "policies_against_belady", "lstm_heat_predictor", "recorded_trace", "prefetch_classes", "PREFETCH_CLASSES",
+           "COMPARED_POLICIES", "PolicyComparison", "policy_comparison", "recorded_traces"]
 
 MISSES_UNIT = "misses/request/layer/step"
 
@@ -352,6 +353,133 @@ def policies_against_belady(cases, context_len: int, *, mtp: int, steps: int, ba
                                             "warmup": warm, "heat_decay": DEFAULT_HEAT_DECAY}))
         rows.append(row)
     return rows, records
+
+
+COMPARED_POLICIES = ("lru", "clock", "sampled_clock", "heat", "belady")   # LRU (the paper's) first: the baseline
+
+
+def recorded_traces() -> dict:
+    """Every recorded trace of ``data/traces/`` by file name, whatever its MTP (:func:`ess.studies.locality.real_traces`
+    keeps those with one query token per step, the ones the evidence reads)."""
+    from ..specs import DATA_DIR
+    from ..traces import load_trace
+    return {path.stem: load_trace(path) for path in sorted((DATA_DIR / "traces").glob("*.npz"))}
+
+
+@dataclass
+class PolicyComparison:
+    """Replacement policies side by side (:func:`policy_comparison`): ``frame`` one row per (source, ratio, warmup,
+    policy) -- mean misses per request, layer and step, the hit rate, the difference from LRU in per cent and, for the
+    synthetic source, the band of each over the locality models; ``per_layer[source][(ratio, warmup, policy)]``
+    misses per layer (n_layers,) (the synthetic source: the central model's); ``records``."""
+
+    frame: pd.DataFrame
+    per_layer: dict
+    records: list
+
+    def series(self, source: str, warmup: bool, column: str = "vs LRU (%)") -> tuple[list, dict, dict]:
+        """``(ratios, {policy: values by ratio}, {policy: (low, high) by ratio})`` of ``column`` for one source
+        and warmup setting, for :func:`ess.viz.prefetch.fig_policies_by_ratio` (bands empty for a real trace)."""
+        sub = self.frame[(self.frame.source == source) & (self.frame.warmup == warmup)]
+        ratios = sorted(sub.ratio.unique())
+        values, bands = {}, {}
+        for pol, g in sub.groupby("policy", sort=False):
+            g = g.set_index("ratio").reindex(ratios)
+            values[pol] = g[column].to_numpy(float)
+            if f"{column} low" in g and g[f"{column} low"].notna().any():
+                bands[pol] = (g[f"{column} low"].to_numpy(float), g[f"{column} high"].to_numpy(float))
+        return ratios, values, bands
+
+
+def _compared(policies, warmups) -> list[tuple[bool, str]]:
+    """The (warmup, policy) pairs compared: Belady only without warmup (with the warmup windows counted out, its
+    farthest-next-use choice is not a bound on the counted steps)."""
+    return [(w, p) for w in warmups for p in policies if not (w and p == "belady")]
+
+
+def policy_comparison(real: dict, models, *, context_len: int, ratios, real_ratios, mtp: int, steps: int,
+                      batch: int, band_batch: int, seed: int, layers,
+                      policies=COMPARED_POLICIES, warmups=(False, True)) -> PolicyComparison:
+    """The replacement ``policies`` (LRU first) on the same traces and pools: each recorded trace of ``real`` (name
+    -> :class:`ess.traces.Trace`) at ``real_ratios``, and DeepSeek-V3.2-Exp's synthetic traces at ``context_len``
+    and ``ratios`` for the ``layers`` chosen, MTP ``mtp``, ``steps`` decode steps, the central locality model
+    (``models[0]``, ``batch`` requests) and the alternatives (``band_batch`` requests each; their spread is the
+    band). With and without the warmup windows (``warmups``); Belady without only. Mean misses per request, layer
+    and step, hit rate ``1 - misses / selected entries``, and each policy's difference from LRU (per cent of
+    LRU's misses); the records of the synthetic source are predictions (status "predicted", with the band), those of
+    the real traces computed."""
+    from ..cachesim import sweep_synthetic, trace_misses
+    from ..layout import pool_slots
+    from ..tracegen import locality_profile
+    if policies[0] != "lru":
+        raise ValueError(f"policies must start with 'lru' (the baseline of the differences), got {list(policies)}")
+    model = model_spec(DEFAULT_MODEL)
+    compared = _compared(policies, warmups)
+    rows, per_layer, records = [], {}, []
+    columns = ("misses", "hit rate", "vs LRU (%)")
+
+    def add(source, r, w, pol, stats, cfg, band=None):
+        """One row and its records; ``stats`` the three columns, ``band`` their (low, high) (synthetic only: a
+        prediction)."""
+        row = {"source": source, "ratio": r, "warmup": w, "policy": pol, **dict(zip(columns, stats))}
+        for c in columns if band else ():
+            row[f"{c} low"], row[f"{c} high"] = band[c]
+        rows.append(row)
+        tag = f"{source}_{pol}_{'warm' if w else 'cold'}_ratio{r:g}"
+        def extra(c):
+            return {"low": band[c][0], "high": band[c][1], "status": "predicted"} if band else {}
+        over = "; band over the locality models" if band else ""
+        records.append(dict(name=f"policy_misses_{tag}", value=stats[0], unit=MISSES_UNIT, config=cfg,
+                            note="mean misses per request, layer and step" + over, **extra("misses")))
+        records.append(dict(name=f"policy_hit_rate_{tag}", value=stats[1], unit="", config=cfg,
+                            note="1 - misses / selected entries" + over, **extra("hit rate")))
+        if pol != "lru":
+            records.append(dict(name=f"policy_vs_lru_{tag}", value=stats[2], unit="% of LRU's misses", config=cfg,
+                                note=f"({pol} - lru) / lru misses, measured (not a target)" + over,
+                                **extra("vs LRU (%)")))
+
+    for name, tr in real.items():
+        sizes = tr.set_sizes()                                                 # (B, layers, steps)
+        per_layer[name] = {}
+        for r in real_ratios:
+            got = {(w, p): trace_misses(tr, p, ratio=r, warmup=w) for w, p in compared}
+            for w, p in compared:
+                m = got[(w, p)]
+                per_layer[name][(r, w, p)] = m.mean(axis=(0, 2))
+                lru = got[(w, "lru")].sum()
+                stats = (float(m.mean()), float(1 - m.sum() / sizes.sum()), float(100 * (m.sum() - lru) / lru))
+                add(name, r, w, p, stats,
+                    {"trace": f"data/traces/{name}.npz", "context_len": tr.context_len, "k": tr.k, "mtp": tr.mtp,
+                     "steps": tr.steps, "batch": tr.batch, "n_layers": tr.n_layers, "ratio": r,
+                     "capacity": pool_slots(model, r, tr.context_len, need=tr.k), "warmup": w, "policy": p})
+    source = f"deepseek_{context_len // 1024}k"
+    central = models[0]
+    profile = {m.name: locality_profile("paper", model.n_layers, m.reading)[list(layers)] for m in models}
+    by_model = {}
+    for m in models:
+        sel = np.zeros((len(layers), steps))
+        sweep = sweep_synthetic(context_len, ratios, policies=policies, warmups=warmups, n_layers=len(layers),
+                                profile=profile[m.name], mtp=mtp, steps=steps, seed=seed,
+                                batch=batch if m == central else band_batch, selected=sel, **m.kwargs())
+        by_model[m.name] = {key: (v, sel) for key, v in sweep.items()}
+    per_layer[source] = {}
+    for r in ratios:
+        for w, p in compared:
+            stats = {}
+            for m in models:
+                v, sel = by_model[m.name][(r, p, w)]
+                lru = by_model[m.name][(r, "lru", w)][0].sum()
+                stats[m.name] = (float(v.mean()), float(1 - v.sum() / sel.sum()), float(100 * (v.sum() - lru) / lru))
+            cen = stats[central.name]
+            per_layer[source][(r, w, p)] = by_model[central.name][(r, p, w)][0].mean(axis=1)
+            band = {c: (min(s[i] for s in stats.values()), max(s[i] for s in stats.values()))
+                    for i, c in enumerate(columns)}
+            cfg = {**trace_setting(seed), **central.config(), "context_len": context_len, "mtp": mtp, "steps": steps,
+                   "batch": batch, "layers": list(layers), "ratio": r,
+                   "capacity": pool_slots(model, r, context_len, need=model.index_topk), "warmup": w, "policy": p,
+                   **band_setting(models, band_batch)}
+            add(source, r, w, p, cen, cfg, band)
+    return PolicyComparison(pd.DataFrame(rows), per_layer, records)
 
 
 def lstm_heat_predictor(context_len: int, locality, *, mtp: int, train_steps: int, test_steps: int, epochs: int,

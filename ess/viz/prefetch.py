@@ -9,7 +9,8 @@ import plotly.graph_objects as go
 from ._style import COLORS, TEMPLATE as _TEMPLATE, LEGEND, add_band
 
 __all__ = ["fig_misses_per_layer", "fig_warmup_curve", "fig_misses_vs_context", "fig_policies",
-           "fig_prefetch_classes", "fig_prefetch_steps", "fig_locality_profile", "fig_hit_rate_against_range"]
+           "fig_policies_by_ratio", "fig_prefetch_classes", "fig_prefetch_steps", "fig_locality_profile",
+           "fig_hit_rate_against_range"]
 
 def fig_locality_profile(profile: Sequence[float],
                          measured: Sequence[float] | Mapping[str, Sequence[float]] | None = None) -> go.Figure:
@@ -88,6 +89,23 @@ def fig_policies(misses: Mapping[str, float], *, bound: str = "belady", title: s
     fig.update_layout(template=_TEMPLATE, title=title or "Replacement policies against Belady's bound",
                       xaxis={"title": "policy"}, yaxis={"title": "misses per request per layer per step"},
                       showlegend=False)
+    return fig
+
+
+def fig_policies_by_ratio(ratios: Sequence[float], values: Mapping[str, Sequence[float]], *,
+                          bands: Mapping[str, tuple] | None = None, title: str = "",
+                          y_title: str = "misses relative to LRU (%)") -> go.Figure:
+    """One line per policy against the pool ratio (e.g. each policy's misses relative to LRU's, in per cent);
+    ``bands`` maps a policy to its ``(low, high)`` by ratio (a shaded band around the line)."""
+    fig = go.Figure()
+    for i, (name, y) in enumerate(values.items()):
+        color = COLORS[i % len(COLORS)]
+        if bands and name in bands:
+            add_band(fig, ratios, *bands[name], name=f"{name}: band", color=color, group=name)
+        fig.add_scatter(x=list(ratios), y=list(y), mode="lines+markers", name=name, line={"color": color},
+                        legendgroup=name)
+    fig.update_layout(template=_TEMPLATE, title=title or "Replacement policies against the pool ratio",
+                      xaxis={"title": "ratio (pool slots / context)"}, yaxis={"title": y_title}, legend=LEGEND)
     return fig
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ..policies import ONLINE_POLICIES
+
 __all__ = ["engine_view", "engine_widget", "LINKS_GB_PER_S"]
 
 #: the emulated link speeds the widget offers (GB/s): this CPU's engine moves a few MB per step, so speeds around
@@ -49,7 +51,7 @@ def engine_widget(engine, pre, *, steps: int = 4):
 
     baseline = engine.decode(pre, steps, offload=False, keep_logits=True)
     ratio_w = W.FloatSlider(value=0.25, min=0.05, max=1.0, step=0.05, description="ratio")
-    policy_w = W.Dropdown(options=["lru", "fifo", "heat"], value="lru", description="policy")
+    policy_w = W.Dropdown(options=list(ONLINE_POLICIES), value="lru", description="policy")
     schedules = ["none", "da", "dba"] if pre.batch >= 2 else ["none", "da"]
     sched_w = W.Dropdown(options=schedules, value="da", description="schedule")
     # a SelectionSlider shows each value exactly (a log slider would snap 0.02 to 10^-1.7)

@@ -33,11 +33,11 @@ lossless_ratios = [0.1, 0.25, 0.5, 1.0]
 lossless_policies = ["lru", "fifo", "heat"]
 lossless_schedules = ["none", "da", "dba"]
 calibration_contexts = [256, 768]
-calibration_batches = [1, 2, 3]
+calibration_batches = [1, 2, 4]
 calibration_ratio = 0.25
 calibration_links_GB_per_s = [0.005, 0.05]
-held_out_contexts = [512]
-held_out_batches = [2, 3]
+held_out_contexts = [512, 1024]
+held_out_batches = [3, 6, 8]
 held_out_ratio = 0.5
 held_out_links_GB_per_s = [0.003, 0.01]
 check_steps = 7
@@ -46,8 +46,8 @@ quality_steps = 32
 trace_file = "traces/smollm2_1k.npz"
 check_clock = "cpu"
 smoke_sizes = {"gen_tokens": 6, "lossless_tokens": 96, "lossless_steps": 2, "lossless_ratios": [0.25, 1.0],
-               "lossless_policies": ["lru", "heat"], "calibration_contexts": [128, 256], "calibration_batches": [1, 2],
-               "calibration_links_GB_per_s": [0.005], "held_out_contexts": [192], "held_out_batches": [2],
+               "lossless_policies": ["lru", "heat"], "calibration_contexts": [128, 256], "calibration_batches": [1, 2, 4],
+               "calibration_links_GB_per_s": [0.005], "held_out_contexts": [192], "held_out_batches": [3],
                "held_out_links_GB_per_s": [0.003], "check_steps": 3, "quality_context": 256, "quality_steps": 8}
 
 # %%
@@ -61,7 +61,8 @@ import ess
 from ess import viz
 from ess.bench import machine_info
 from ess.engine import DecodeEngine
-from ess.engine import quality, timing
+from ess.engine import overlap_check, quality
+from ess.sim import predictions
 from ess.llm import reference_text_ids
 from ess.specs import DATA_DIR
 from ess.traces import adjacent_overlap, load_trace
@@ -112,15 +113,9 @@ assert same_tokens and same_logits, "offload changed the output"
 texts = [reference_text_ids(eng.tokenizer, lossless_tokens, skip_tokens=s) for s in (3000, 30000)]
 pre_l = eng.prefill(texts, max_new_tokens=lossless_steps)
 base = eng.decode(pre_l, lossless_steps, offload=False, keep_logits=True)
-grid = [(0.25, p, s) for p in lossless_policies for s in lossless_schedules]
-grid += [(r, "lru", "da") for r in lossless_ratios if r != 0.25]
-rows = []
-for ratio, policy, schedule in grid:
-    r = eng.decode(pre_l, lossless_steps, ratio=ratio, policy=policy, schedule=schedule, link_GB_per_s=0.05,
-                   keep_logits=True)
-    rows.append({"ratio": ratio, "policy": policy, "schedule": schedule, "misses": int(r.misses.sum()),
-                 "identical": bool(np.array_equal(r.tokens, base.tokens) and torch.equal(r.logits, base.logits))})
-lossless = pd.DataFrame(rows)
+settings = quality.offload_settings(lossless_ratios, lossless_policies, lossless_schedules, at_ratio=0.25,
+                                    link_GB_per_s=0.05)
+lossless = quality.compare_offload(eng, pre_l, lossless_steps, settings, baseline=base)
 display(lossless)
 rec.record("lossless_settings_identical", int(lossless.identical.sum()), "settings",
            config={"settings": len(lossless), "prompt_tokens": lossless_tokens, "steps": lossless_steps,
@@ -131,46 +126,30 @@ assert lossless.identical.all(), lossless[~lossless.identical]
 # ## The overlap formulas checked against the engine
 # The simulator prices DeepSeek's none / DA / DBA with formulas over each layer's operation times
 # (`ess.sim.timeline.overlap_overhead_s`). Here the same function is fed the operation times of this engine:
-# every operation is timed per layer and step, a cost per operation is fitted on the **calibration** configurations
-# (contexts `calibration_contexts`, batches `calibration_batches`, ratio `calibration_ratio`, the first link of
-# `calibration_links_GB_per_s`, and the second at the longest context and largest batch), and the step time of the
-# **held-out** configurations (contexts `held_out_contexts`, ratio `held_out_ratio`, links
-# `held_out_links_GB_per_s`: none of which the fit saw) is predicted and set beside the measured one. Every
+# every operation is timed per layer and step, a cost per operation -- a fixed part per call plus parts per request,
+# token scanned and entry -- is fitted on the **calibration** configurations (contexts `calibration_contexts`,
+# batches `calibration_batches`, ratio `calibration_ratio`, the first link of `calibration_links_GB_per_s`, and the
+# second at the longest context and largest batch), and the step time of the **held-out** configurations (contexts
+# `held_out_contexts`, batches `held_out_batches`, ratio `held_out_ratio`, links `held_out_links_GB_per_s`, every
+# schedule, DBA included: no batch, context, ratio or link the fit saw) is predicted from the fitted rule alone
+# and set beside the measured one. Every
 # configuration decodes `check_steps` steps, interleaved step by step with all the others, so that the load of a
 # shared machine falls alike on all. Times are on `check_clock`: `"cpu"` is the compute thread's CPU time
 # (`time.thread_time`), so that the other processes of a shared machine do not count; the emulated link runs on the
 # same clock (its waits spin), so its bandwidth stays what it is relative to the compute it overlaps. What this
-# covers and what it does not: see `ess/engine/timing.py` (one compute lane and one link; not DeepSeek's two-batch
-# overlap, MoE or MTP).
+# covers and what it does not: see `ess/engine/overlap_check.py` (one compute lane and one link; not DeepSeek's
+# two-batch overlap, MoE or MTP).
 
 # %%
-contexts = sorted(set(calibration_contexts + held_out_contexts))
-n_req = max(calibration_batches + held_out_batches)
-prefills = {L: eng.prefill([reference_text_ids(eng.tokenizer, L, skip_tokens=2000 + 9000 * b) for b in range(n_req)],
-                           max_new_tokens=check_steps) for L in contexts}
-cal_cfg = [dict(context_len=L, batch=B, ratio=calibration_ratio, schedule=s,
-                link_GB_per_s=calibration_links_GB_per_s[0], clock=check_clock)
-           for L in calibration_contexts for B in calibration_batches for s in ("none", "da", "dba")
-           if not (s == "dba" and B < 2)]
-cal_cfg += [dict(context_len=max(calibration_contexts), batch=max(calibration_batches), ratio=calibration_ratio,
-                 schedule=s, link_GB_per_s=bw, clock=check_clock)
-            for bw in calibration_links_GB_per_s[1:] for s in ("none", "da", "dba")]
-held_cfg = [dict(context_len=L, batch=B, ratio=held_out_ratio, schedule=s, link_GB_per_s=bw, clock=check_clock)
-            for L in held_out_contexts for B in held_out_batches for bw in held_out_links_GB_per_s
-            for s in ("none", "da", "dba")]
-runs = timing.run_configs(eng, prefills, cal_cfg + held_cfg, steps=check_steps)
-cal_runs, held_runs = runs[:len(cal_cfg)], runs[len(cal_cfg):]
-costs, check = timing.check_runs(cal_runs, held_runs)
-display(check.round(3))
-rec.figure("engine_validation", vengine.fig_engine_validation(check)).show()
-held = check[check.role == "held out"]
-err_median, err_worst = float(held.error.abs().median()), float(held.error.abs().max())
-check_cfg = {"steps": check_steps, "threads": threads, "clock": check_clock,
-             "calibration": f"L {calibration_contexts}, B {calibration_batches}, ratio {calibration_ratio}, links "
-                            f"{calibration_links_GB_per_s}",
-             "held_out": f"L {held_out_contexts}, B {held_out_batches}, ratio {held_out_ratio}, links "
-                         f"{held_out_links_GB_per_s}",
-             "goal": "median <= 5 %, worst <= 15 %"}
+design = overlap_check.CheckDesign(calibration_contexts, calibration_batches, calibration_ratio,
+                                   calibration_links_GB_per_s, held_out_contexts, held_out_batches, held_out_ratio,
+                                   held_out_links_GB_per_s, steps=check_steps, clock=check_clock)
+check = overlap_check.run_check(eng, design)
+display(check.table.round(3))
+rec.figure("engine_validation", vengine.fig_engine_validation(check.table)).show()
+held = check.held
+err_median, err_worst = check.held_out_errors()
+check_cfg = {**design.describe(), "threads": threads, "goal": "median <= 5 %, worst <= 15 %"}
 rec.record("step_time_err_median_held_out", err_median, "fraction", config=check_cfg)
 rec.record("step_time_err_worst_held_out", err_worst, "fraction", config=check_cfg)
 for _, r in held.iterrows():
@@ -183,13 +162,33 @@ assert np.isfinite(held.error).all() and (held.predicted_ms > 0).all()
 assert err_median < 0.5, "the predictions are off by more than half: a formula or the cost model is broken"
 
 # %% [markdown]
+# ## What a half batch costs on this engine
+# Dual-batch attention runs the indexer (with its plan) and attention (gather, score, merge) once per half batch.
+# Measured here: one call on a half over one call on the whole batch, from each held-out context and batch's `none`
+# run (whole) and its `dba` run (halves), beside the ratio the fitted rule gives the same sizes. On this CPU a call
+# has little fixed cost, so a half costs about half; the DeepSeek cost model's ratios on the GPU (notebook 06, from the
+# kernels' public measurements: launches, the top-K's row latency, FlashMLA's scheduler) are printed beside them.
+
+# %%
+halves = check.half_batch_ratios()
+display(halves.round(3))
+for _, r in halves.iterrows():
+    tag = f"{r.operation}_L{r.context_len}_B{r.batch}_link{r.link_GB_per_s:g}"
+    rec.record(f"half_batch_ratio_measured_{tag}", r.measured_ratio, "half / whole",
+               config={**check_cfg, "whole_ms": r.whole_ms, "half_ms": r.half_ms},
+               note="one call on half the batch over one on the whole, this engine, measured", status="computed")
+    rec.record(f"half_batch_ratio_rule_{tag}", r.rule_ratio, "half / whole", config=check_cfg,
+               note="the same from the costs fitted on the calibration runs", status="computed")
+gpu = pd.DataFrame([predictions.split_costs(b_, L_, mtp=2) for b_, L_ in ((52, 32768), (160, 131072))])
+display(gpu[["batch", "context_len", "indexer_half_ratio", "attn_half_ratio", "part_batch"]].round(3))
+assert (halves.measured_ratio > 0.3).all() and (halves.measured_ratio < 1.2).all(), halves
+
+# %% [markdown]
 # Could the check tell a wrong formula from the right one? The held-out DA and DBA runs priced with the serial
 # formula instead of their own:
 
 # %%
-wrong = [timing.predict_run(costs, r, schedule="none") for r in held_runs if r.config["schedule"] != "none"]
-wrong_err = float(np.median([abs(p["predicted_s"] / p["measured_s"] - 1) for p in wrong]))
-own_err = float(held[held.schedule != "none"].error.abs().median())
+wrong_err, own_err = check.serial_pricing_gap()
 rec.record("overlap_runs_priced_serial_median_gap", wrong_err, "fraction", config=check_cfg,
            note="median |predicted / measured - 1| of the held-out DA and DBA runs priced with the none formula")
 print(f"DA and DBA held-out runs: median |error| {own_err:.1%} with their own formulas, {wrong_err:.1%} priced as "
@@ -201,18 +200,9 @@ print(f"DA and DBA held-out runs: median |error| {own_err:.1%} with their own fo
 # configurations of the first held-out context and batch; the overhead is what the schedule adds to the serial work.
 
 # %%
-parts = []
-for run in held_runs:
-    c = run.config
-    name = f"{c['schedule']} {c['link_GB_per_s']:g} GB/s"
-    if c["context_len"] != held_out_contexts[0] or c["batch"] != held_out_batches[0]:
-        continue
-    parts += [{"config": f"measured: {name}", "part": k, "ms": v * 1e3}
-              for k, v in timing.measured_breakdown(run).items()]
-    pred = timing.predict_run(costs, run)["breakdown_s"]
-    parts += [{"config": f"predicted: {name}", "part": k, "ms": v * 1e3} for k, v in pred.items()]
-vengine.fig_engine_breakdown(pd.DataFrame(parts), f"Where a step's time goes ({check_clock} clock), L = "
-                             f"{held_out_contexts[0]}, batch {held_out_batches[0]}, ratio {held_out_ratio}").show()
+parts = check.breakdown(held_out_contexts[0], held_out_batches[0])
+vengine.fig_engine_breakdown(parts, f"Where a step's time goes ({check_clock} clock), L = {held_out_contexts[0]}, "
+                             f"batch {held_out_batches[0]}, ratio {held_out_ratio}").show()
 
 # %% [markdown]
 # ## Misses, bytes and stall per step and per layer
@@ -220,15 +210,14 @@ vengine.fig_engine_breakdown(pd.DataFrame(parts), f"Where a step's time goes ({c
 # layer at both ratios (a calibration run of the largest batch at the smaller ratio beside it).
 
 # %%
-show = next(r for r in held_runs if r.config["schedule"] == "da")
+show = check.select(schedule="da")[0]
 c = show.config
 rec.figure("decode_steps", vengine.fig_engine_steps(show.metrics.to_frame(), f"DA, L = {c['context_len']}, batch "
                                                   f"{c['batch']}, ratio {c['ratio']:g}, {c['link_GB_per_s']:g} GB/s")).show()
-small = next(r for r in cal_runs if r.config["schedule"] == "da" and r.config["batch"] == c["batch"])
-layers = pd.concat([pd.DataFrame({"layer": range(eng.config.n_layers), "run": f"ratio {r.config['ratio']:g}, L "
-                                  f"{r.config['context_len']}", "misses": r.misses[1:].sum(axis=2).mean(axis=0)})
-                    for r in (small, show)])
-vengine.fig_engine_layers(layers, f"Misses per step by layer, batch {c['batch']}").show()
+small = check.select("calibration", schedule="da", batch=max(calibration_batches))[0]
+vengine.fig_engine_layers(overlap_check.misses_by_layer([small, show]),
+                          f"Misses per step by layer, batch {small.config['batch']} (calibration) and {c['batch']} "
+                          "(held out)").show()
 rec.record("misses_per_step_held_out_da", float(show.misses[1:].sum(axis=(1, 2)).mean()), "entries",
            config={k: c[k] for k in ("context_len", "batch", "ratio", "topk", "capacity")},
            note="all layers and requests; K entries selected per layer and request")
@@ -240,16 +229,11 @@ rec.record("misses_per_step_held_out_da", float(show.misses[1:].sum(axis=(1, 2))
 # one half's copy runs while the other half selects and attends.
 
 # %%
-for run in held_runs:
-    c = run.config
-    if (c["context_len"], c["batch"], c["link_GB_per_s"]) != (held_out_contexts[0], held_out_batches[0],
-                                                               held_out_links_GB_per_s[0]):
-        continue
-    ops = run.timer.to_frame()
-    ops = ops[ops.step == 2]
-    link = pd.DataFrame(run.link_records)
-    link = link[(link.submit_s >= ops.start_s.min()) & (link.submit_s <= ops.end_s.max())]
-    vengine.fig_engine_timeline(ops, link, f"{c['schedule']}: step 2, {run.step_times()[2] * 1e3:.0f} ms").show()
+for run in check.select(context_len=held_out_contexts[0], batch=held_out_batches[0],
+                        link_GB_per_s=held_out_links_GB_per_s[0]):
+    ops, link = overlap_check.step_lanes(run, 2)
+    vengine.fig_engine_timeline(ops, link, f"{run.config['schedule']}: step 2, "
+                                           f"{run.step_times()[2] * 1e3:.0f} ms").show()
 
 # %% [markdown]
 # ## Sparse against dense decoding

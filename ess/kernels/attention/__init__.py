@@ -11,12 +11,11 @@ Latent layouts are described to a kernel by ``(fp8, kv_rank, rope_dim, tile)``: 
 """
 from __future__ import annotations
 
-import importlib
+from .. import family_module
 
 __all__ = ["get"]
 
 
 def get(backend: str):
     """The kernel module of a resolved backend name (``"reference"``, ``"numba"`` or ``"torch"``)."""
-    name = {"reference": "reference", "numba": "numba_cpu", "torch": "torch_ops"}[backend]
-    return importlib.import_module(f"{__name__}.{name}")
+    return family_module(__name__, backend)

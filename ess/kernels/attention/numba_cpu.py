@@ -18,12 +18,11 @@ Arithmetic is float32 (accumulation order differs from the float64 reference: co
 """
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 from numba import njit, prange
 
 from ...quant import FP8_E4M3_VALUES
+from .. import scratch
 
 __all__ = ["indexer_scores", "sparse_mla_decode"]
 
@@ -301,18 +300,11 @@ def _mla(q, kv, nvalid, sm_scale, kv_rank, out, lse):
                 out[b, h0 + i, d] = o[i, d] * inv
 
 
-_LOCAL = threading.local()      # per-thread scratch: two threads never share a buffer
-
-
 def _workspace(shape: tuple) -> np.ndarray:
-    """A float32 scratch buffer for the dequantised entries, reused by later calls **of the same thread** (a fresh
-    4.7 MB buffer per call adds page faults; the measurement is in ``benchmarks/README.md``). Each thread has its own
-    (``threading.local``), so concurrent callers never overwrite each other's entries; one buffer per thread is kept
-    (the last shape). Contents are overwritten before they are read."""
-    buf = getattr(_LOCAL, "work", None)
-    if buf is None or buf.shape != shape:
-        buf = _LOCAL.work = np.empty(shape, np.float32)
-    return buf
+    """A float32 scratch buffer for the dequantised entries, reused by later calls of the same thread
+    (:func:`ess.kernels.scratch`: a fresh 4.7 MB buffer per call adds page faults; the measurement is in
+    ``benchmarks/README.md``). Contents are overwritten before they are read."""
+    return scratch("sparse_mla_entries", shape, np.float32)
 
 
 def compact_indices(indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

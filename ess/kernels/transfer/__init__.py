@@ -17,6 +17,8 @@ from __future__ import annotations
 import numpy as np
 
 from ...validate import int_array
+from .. import device_of as _device_of
+from .. import is_tensor as _is_torch
 from .. import resolve_backend
 
 __all__ = ["copy_rows", "copy_rows_unchecked", "gather_rows", "scatter_rows", "TransferError"]
@@ -24,14 +26,6 @@ __all__ = ["copy_rows", "copy_rows_unchecked", "gather_rows", "scatter_rows", "T
 
 class TransferError(RuntimeError):
     """A transfer failed part-way; the destination rows it names may hold partly written data."""
-
-
-def _is_torch(a) -> bool:
-    return type(a).__module__.startswith("torch")
-
-
-def _device_of(a) -> str:
-    return str(a.device) if _is_torch(a) else "cpu"
 
 
 def _check_rows(name: str, a) -> tuple[int, int]:

@@ -1,0 +1,210 @@
+"""The check of the overlap formulas against the engine (ess.engine.overlap_check): how measured operation costs
+become a layer's LayerOps and a predicted step, pinned by a worked example computed by hand; the cost fit recovers
+known costs; the design's configurations; the whole check on a small engine."""
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from ess.engine.overlap_check import (FAMILIES, CheckConfig, CheckDesign, OpCosts, fit_op_costs,
+                                      measured_breakdown, predict_run, run_check)
+from ess.metrics import OpTimer
+
+MS = 1e-3
+
+
+def _costs():
+    z = lambda fam, *c: (fam, tuple(c) + (0.0,) * (1 + len(FAMILIES[fam]) - len(c)))    # noqa: E731
+    coef = dict([z("pre_attn", 1 * MS), z("finish", 4 * MS), z("indexer", 0.0, 0.0, 0.01 * MS),
+                 z("plan", 0.2 * MS), z("attn", 0.1 * MS, 0.0, 0.1 * MS), z("merge", 0.3 * MS),
+                 z("commit", 0.1 * MS), z("embed", 0.0), z("logits", 2 * MS), z("write_back", 0.0), z("other", 0.0)])
+    return OpCosts(coef, {"h2d": 0.1 * MS, "d2h": 0.1 * MS}, {}, {}, ())
+
+
+def _run(schedule):
+    # one layer, B = 2 prompts of 10 and 20 tokens, K = 4, 100-byte entries, a 0.0002 GB/s link (200,000 B/s);
+    # step 1: request 0 hits 2 and misses 2, request 1 hits 3 and misses 1
+    hits = np.array([[[0, 0]], [[2, 3]]])
+    misses = np.array([[[0, 0]], [[2, 1]]])
+    cfg = {"batch": 2, "schedule": schedule, "link_GB_per_s": 0.0002, "entry_bytes": 100, "mode": "offload",
+           "prompt_lens": [10, 20], "topk": 4, "steps": 2}
+    return SimpleNamespace(config=cfg, hits=hits, misses=misses, step_times=lambda: np.array([1.0, 0.01]))
+
+
+# At step 1: tokens 11 + 21 = 32, selected min(4, 11) + min(4, 21) = 8, hits 5, misses 3. One gather-and-score call
+# over n entries costs 0.1 + 0.1 n ms.
+# serial work: pre_attn 1 + I (indexer 0.32 + plan 0.2) + a (attn 0.1 + 0.8 + merge 0.3) + commit 0.1 + finish 4
+# = 6.82 ms; link: h = 0.1 + 300 B / 200,000 B/s = 1.6 ms; d = 0.1 + 200 / 200,000 = 1.1 ms; logits 2 ms per step
+
+
+def test_none_adds_both_copies():
+    # 6.82 + (1.6 + 1.1) + 2 = 11.52 ms
+    assert predict_run(_costs(), _run("none"))["predicted_s"] == pytest.approx(11.52 * MS)
+
+
+def test_dual_attention_hides_the_copy_behind_the_hits():
+    # attn_hit = 0.1 + 5 x 0.1 = 0.6; the misses' call 0.1 + 0.3 = 0.4; DA's extra 0.6 + 0.4 - 0.9 = 0.1 (one call);
+    # overhead max(0, 1.6 - 0 - 0.6) + 0.1 + max(0, 1.1 - 4) = 1.1; 6.82 + 1.1 + 2 = 9.92 ms
+    assert predict_run(_costs(), _run("da"))["predicted_s"] == pytest.approx(9.92 * MS)
+
+
+def test_dual_batch_attention_splits_every_operation_in_halves():
+    # B0 = request 0 (11 tokens, 2 misses), B1 = request 1 (21 tokens, 1 miss)
+    # I0 = 0.11 + 0.2 = 0.31, I1 = 0.21 + 0.2 = 0.41, a0 = a1 = (0.1 + 0.4) + 0.3 = 0.8
+    # serial 6.82 as for none; the split's own cost (I0 + I1 - I) + (a0 + a1 - a) = (0.72 - 0.52) + (1.6 - 1.2) = 0.6
+    # h0 = 0.1 + 1.0 = 1.1, h1 = 0.1 + 0.5 = 0.6, d = 1.1
+    # stalls max(0, 1.1 - 0.41) + max(0, 0.6 - 0 - 0.8) + max(0, 1.1 - 0.8) = 0.69 + 0 + 0.3 = 0.99
+    # 6.82 + 0.6 + 0.99 + 2 = 10.41 ms
+    assert predict_run(_costs(), _run("dba"))["predicted_s"] == pytest.approx(10.41 * MS)
+
+
+def _synthetic_run(batch, prompt, misses_per_layer, seed, single_ms=3.0):
+    """A run whose timed operations cost exactly: indexer 0.1 ms + 2 us per token scanned, attn 0.05 ms + 1 us
+    per selected entry, finish 3 ms per request (``single_ms`` for one request), other 1 ms."""
+    rng = np.random.default_rng(seed)
+    n_layers, steps, K = 2, 3, 8
+    timer = OpTimer()
+    hits = np.zeros((steps, n_layers, batch), np.int64)
+    misses = np.zeros_like(hits)
+    clock, step_s = 0.0, []
+    for t in range(steps):
+        timer.step = t
+        start = clock
+        for layer in range(n_layers):
+            misses[t, layer] = rng.integers(0, misses_per_layer + 1, batch)
+            hits[t, layer] = K - misses[t, layer]
+            tokens = batch * (prompt + t)
+            for op, sec in (("indexer", 0.1 * MS + 2e-6 * tokens), ("attn", 0.05 * MS + 1e-6 * batch * K),
+                            ("finish", (single_ms if batch == 1 else 3.0) * MS * batch)):
+                timer.add(op, layer, clock, clock + sec)
+                clock += sec
+        clock += 1 * MS
+        step_s.append(clock - start)
+    cfg = {"batch": batch, "schedule": "none", "link_GB_per_s": 1.0, "entry_bytes": 100, "mode": "offload",
+           "context_len": prompt, "ratio": 0.5,
+           "prompt_lens": [prompt] * batch, "topk": K, "steps": steps}
+    return SimpleNamespace(config=cfg, hits=hits, misses=misses, timer=timer, link_records=[],
+                           step_times=lambda: np.array(step_s))
+
+
+def test_the_fit_recovers_the_costs_it_was_given():
+    runs = [_synthetic_run(b, p, 3, s) for s, (b, p) in enumerate([(1, 50), (2, 50), (1, 200), (3, 120)])]
+    costs = fit_op_costs(runs)
+    assert costs.op_s("indexer", requests=1, tokens=1000) == pytest.approx(0.1 * MS + 2e-3, rel=1e-6)
+    assert costs.op_s("attn", requests=2, entries=16) == pytest.approx(0.05 * MS + 16e-6, rel=1e-6)
+    assert costs.op_s("finish", requests=4) == pytest.approx(12 * MS, rel=1e-6)
+    assert costs.op_s("finish", requests=1) == pytest.approx(3 * MS, rel=1e-6)     # batch 1 on the same line here
+    assert costs.op_s("other", requests=2) == pytest.approx(1 * MS, rel=1e-6)
+
+
+def test_batch_one_has_a_constant_of_its_own():
+    """One request runs a matrix-vector product (here 5 ms), more a matrix product (3 ms per request): calibrated on
+    batches 1, 2 and 4, the rule gives 5 ms at batch 1 and the line through 2 and 4 elsewhere, 9 ms at 3, 24 at 8."""
+    runs = [_synthetic_run(b, 100, 3, s, single_ms=5.0) for s, b in enumerate([1, 2, 4])]
+    costs = fit_op_costs(runs)
+    assert costs.op_s("finish", requests=1) == pytest.approx(5 * MS, rel=1e-6)
+    assert costs.op_s("finish", requests=3) == pytest.approx(9 * MS, rel=1e-6)
+    assert costs.op_s("finish", requests=8) == pytest.approx(24 * MS, rel=1e-6)
+
+
+def test_a_fit_needs_runs():
+    with pytest.raises(ValueError, match="at least one"):
+        fit_op_costs([])
+
+
+def test_the_measured_breakdown_by_hand():
+    """Three steps, the first left out: step 1 has attn_b0 2 ms + attn_b1 3 ms + indexer 1 ms, step 2 attn 4 ms +
+    indexer 1 ms; per step attn (2 + 3 + 4) / 2 = 4.5 ms, indexer 1 ms; steps of 10 and 8 ms leave
+    9 - 5.5 = 3.5 ms outside every span."""
+    timer = OpTimer()
+    timer.step = 0
+    timer.add("attn", 0, 0.0, 0.050)                          # step 0: not counted
+    timer.step = 1
+    timer.add("attn_b0", 0, 0.0, 0.002)
+    timer.add("attn_b1", 0, 0.002, 0.005)
+    timer.add("indexer", 0, 0.005, 0.006)
+    timer.step = 2
+    timer.add("attn", 0, 0.0, 0.004)
+    timer.add("indexer", 0, 0.004, 0.005)
+    run = SimpleNamespace(config={"steps": 3}, timer=timer, step_times=lambda: np.array([0.1, 0.010, 0.008]))
+    got = measured_breakdown(run)
+    assert list(got) == ["attn", "indexer", "other"]
+    assert got == pytest.approx({"attn": 4.5 * MS, "indexer": 1 * MS, "other": 3.5 * MS})
+
+
+def _design(**kw):
+    base = dict(calibration_contexts=[40, 60], calibration_batches=[1, 2], calibration_ratio=0.5,
+                calibration_links_GB_per_s=[0.05, 0.5], held_out_contexts=[50], held_out_batches=[2],
+                held_out_ratio=0.75, held_out_links_GB_per_s=[0.1], steps=3)
+    return CheckDesign(**{**base, **kw})
+
+
+def test_the_design_lists_its_configurations():
+    d = _design()
+    cal = d.calibration()
+    # first link: 2 contexts x (batch 1: none, da; batch 2: none, da, dba) = 10; second link at L 60, B 2: 3 more
+    assert len(cal) == 13 and all(isinstance(c, CheckConfig) for c in cal)
+    assert [(c.context_len, c.batch, c.decode.schedule) for c in cal[:2]] == [(40, 1, "none"), (40, 1, "da")]
+    assert {c.decode.link_GB_per_s for c in cal[10:]} == {0.5} and {(c.context_len, c.batch) for c in cal[10:]} == {
+        (60, 2)}
+    held = d.held_out()
+    assert [c.decode.schedule for c in held] == ["none", "da", "dba"] and {c.decode.ratio for c in held} == {0.75}
+    assert d.contexts == [40, 50, 60] and d.max_batch == 2 and d.describe()["clock"] == "cpu"
+    with pytest.raises(TypeError, match="held_out_batches must be a non-empty list"):
+        _design(held_out_batches=[])
+    with pytest.raises(ValueError, match="ratio"):
+        _design(held_out_ratio=1.5)
+
+
+def test_the_whole_check_runs_on_a_small_engine():
+    from engine_helpers import prompts, small_engine
+    eng = small_engine()
+    d = _design(clock="wall")
+    pre = {L: eng.prefill(prompts([L, L], L), max_new_tokens=d.steps) for L in d.contexts}
+    check = run_check(eng, d, pre, progress=False)
+    assert len(check.table) == 13 + 3 and (check.table.predicted_ms > 0).all()
+    median, worst = check.held_out_errors()
+    assert np.isfinite(median) and worst >= median
+    gap, own = check.serial_pricing_gap()
+    assert np.isfinite(gap) and np.isfinite(own)
+    parts = check.breakdown(50, 2)
+    assert set(parts.config) == {f"{w}: {s} 0.1 GB/s" for w in ("measured", "predicted") for s in ("none", "da",
+                                                                                                       "dba")}
+
+
+def _timed_run(schedule, ops_ms):
+    """A held-out run of B = 4 prompts of 10 tokens at L 10, two layers, two steps, whose calls cost ``ops_ms``
+    (op -> ms per call, every layer and step)."""
+    timer = OpTimer()
+    clock = 0.0
+    for t in range(2):
+        timer.step = t
+        for layer in range(2):
+            for op, ms in ops_ms.items():
+                timer.add(op, layer, clock, clock + ms * MS)
+                clock += ms * MS
+    cfg = {"batch": 4, "context_len": 10, "schedule": schedule, "link_GB_per_s": 0.01, "prompt_lens": [10] * 4,
+           "topk": 4, "steps": 2, "ratio": 0.5, "mode": "offload", "entry_bytes": 100}
+    zeros = np.zeros((2, 2, 4), np.int64)
+    return SimpleNamespace(config=cfg, timer=timer, hits=zeros, misses=zeros, step_times=lambda: np.ones(2))
+
+
+def test_half_batch_ratios_by_hand():
+    """Whole batch: indexer 1.0 + plan 0.2 ms per call, attention 0.5 + merge 0.1. Halves (DBA): indexer 0.6 + plan
+    0.15 each, attention 0.3 + merge 0.07 each. Measured half / whole: indexer 0.75 / 1.2 = 0.625, attention
+    0.37 / 0.6 = 0.61667. The rule (indexer 0.1 ms + 0.01 ms per token scanned, plan 0.2 ms, attention 0.1 ms per
+    request, merge 0): at step 1 the whole batch scans 4 x 11 = 44 tokens, a half 22: indexer
+    (0.1 + 0.22 + 0.2) / (0.1 + 0.44 + 0.2) = 0.52 / 0.74 = 0.70270; attention 0.2 / 0.4 = 0.5."""
+    from ess.engine.overlap_check import OverlapCheck
+    whole = _timed_run("none", {"indexer": 1.0, "plan": 0.2, "attn": 0.5, "merge": 0.1})
+    split = _timed_run("dba", {"indexer_b0": 0.6, "plan_b0": 0.15, "indexer_b1": 0.6, "plan_b1": 0.15,
+                               "attn_b0": 0.3, "merge_b0": 0.07, "attn_b1": 0.3, "merge_b1": 0.07})
+    z = lambda fam, *c: (fam, tuple(c) + (0.0,) * (1 + len(FAMILIES[fam]) - len(c)))    # noqa: E731
+    costs = OpCosts(dict([z("indexer", 0.1 * MS, 0.0, 0.01 * MS), z("plan", 0.2 * MS), z("attn", 0.0, 0.1 * MS),
+                          z("merge", 0.0)]), {}, {}, {}, ())
+    check = OverlapCheck(None, costs, None, [], [whole, split])
+    r = check.half_batch_ratios().set_index("operation")
+    assert r.loc["indexer", "measured_ratio"] == pytest.approx(0.625)
+    assert r.loc["attention", "measured_ratio"] == pytest.approx(0.37 / 0.6)
+    assert r.loc["indexer", "rule_ratio"] == pytest.approx(0.52 / 0.74)
+    assert r.loc["attention", "rule_ratio"] == pytest.approx(0.5)
