@@ -188,9 +188,12 @@ def _first(value: Any, arr: np.ndarray, bad: np.ndarray) -> str:
     return f"{arr[where]:g} at index {where if len(where) > 1 else where[0]} of an array of shape {arr.shape}"
 
 
+_F32_MAX = float(np.finfo(np.float32).max)
+
+
 def float_array(name: str, value: Any, ndim: int, shape_doc: str) -> np.ndarray:
     """A finite array of numbers (float or integer dtype, not bool; a torch tensor is brought to the host) of rank
-    ``ndim``, returned as contiguous float32. ``shape_doc`` (e.g. ``"(B, H, D)"``) is quoted in the messages."""
+    ``ndim`` within the float32 range, returned as contiguous float32. ``shape_doc`` (e.g. ``"(B, H, D)"``) is quoted in the messages."""
     if hasattr(value, "detach"):
         value = value.detach().cpu().numpy()
     arr = np.asarray(value)
@@ -200,6 +203,8 @@ def float_array(name: str, value: Any, ndim: int, shape_doc: str) -> np.ndarray:
         raise ValueError(f"{name} must have shape {shape_doc}, got shape {arr.shape}")
     if not np.all(np.isfinite(arr)):
         raise ValueError(f"{name} must hold finite values only (found NaN or inf)")
+    if arr.size and arr.dtype.itemsize > 4 and np.abs(arr).max() > _F32_MAX:   # would become inf in float32
+        raise ValueError(f"{name} holds {float(np.abs(arr).max()):g}, beyond the float32 range (+-{_F32_MAX:.4g})")
     return np.ascontiguousarray(arr, dtype=np.float32)
 
 
