@@ -148,10 +148,11 @@ def int_array(name: str, value: Any, *, ndim: int | None = None, lo: int | None 
 
 
 def number_array(name: str, value: Any, *, positive: bool = True, whole: bool = False,
-                 allow_inf: bool = False, at_least: float | None = None, max_ndim: int | None = 1) -> np.ndarray:
+                 allow_inf: bool = False, at_least: float | None = None, at_most: float | None = None,
+                 max_ndim: int | None = 1) -> np.ndarray:
     """A number or an array of numbers (a vectorised argument; at most ``max_ndim`` dimensions, ``None``: any) as a
     float64 array: not NaN, finite unless ``allow_inf`` (e.g. an infinitely fast link), ``> 0`` when ``positive``,
-    ``>= at_least`` when given, whole numbers when ``whole``. Booleans and strings (or arrays of them) are a
+    ``>= at_least`` and ``<= at_most`` when given, whole numbers when ``whole``. Booleans and strings (or arrays of them) are a
     ``TypeError``."""
     try:
         if isinstance(value, (str, bytes, bool, np.bool_)):
@@ -175,6 +176,8 @@ def number_array(name: str, value: Any, *, positive: bool = True, whole: bool = 
                          f"got {_first(value, arr, bad)}")
     if at_least is not None and (arr < at_least).any():
         raise ValueError(f"{name} must be >= {at_least:g}, got {_first(value, arr, arr < at_least)}")
+    if at_most is not None and (arr > at_most).any():
+        raise ValueError(f"{name} must be <= {at_most:,.16g}, got {_first(value, arr, arr > at_most)}")
     if whole and (arr != np.round(arr)).any():
         raise ValueError(f"{name} must hold whole numbers, got {_first(value, arr, arr != np.round(arr))}")
     return arr
@@ -189,6 +192,8 @@ def _first(value: Any, arr: np.ndarray, bad: np.ndarray) -> str:
 
 
 _F32_MAX = float(np.finfo(np.float32).max)
+#: the largest count a float64 holds exactly (2**53): a bound for counts (requests, tokens) computed in float64
+MAX_EXACT_COUNT = 2 ** 53
 
 
 def float_array(name: str, value: Any, ndim: int, shape_doc: str) -> np.ndarray:

@@ -21,9 +21,23 @@ import numpy as np
 
 from ..layout import pool_slots
 from ..specs import DEFAULT_MODEL, model_spec
-from ..validate import positive_int
+from ..validate import integer, positive_int, ratio as check_ratio
 
 __all__ = ["MissesTable"]
+
+
+def _ratios(name: str, ratios) -> tuple[float, ...]:
+    """``ratios`` (an iterable of sparse-memory ratios in (0, 1]) as a sorted tuple without repeats."""
+    if isinstance(ratios, (str, bytes)) or not isinstance(ratios, Iterable) or (isinstance(ratios, np.ndarray)
+                                                                               and ratios.ndim == 0):
+        raise TypeError(f"{name} must be a list of sparse-memory ratios in (0, 1], got {type(ratios).__name__}")
+    return tuple(sorted({check_ratio(f"{name}[{i}]", r) for i, r in enumerate(ratios)}))
+
+
+def _key(context_len, mtp) -> tuple[int, int]:
+    """A row's ``(context_len, mtp)``, each a whole number >= 1, the context at most the model's."""
+    return (integer("context_len", context_len, lo=1, below=model_spec(DEFAULT_MODEL).max_position_embeddings + 1),
+            positive_int("mtp", mtp))
 
 
 class MissesTable:
@@ -40,9 +54,11 @@ class MissesTable:
     def __init__(self, ratios: Iterable[float] = (), *, steps: int = 64, batch: int = 4, seed: int = 0,
                  warmup: bool = True, policy: str = "lru", locality=None, trace_model: str | None = None):
         from ..policies import POLICIES
-        from ..tracegen import LocalityModel, default_locality, fitted_drift_rho
+        from ..tracegen import LocalityModel, check_trace_model, default_locality, fitted_drift_rho
         from ..validate import non_negative_int, one_of
 
+        if trace_model is not None:
+            check_trace_model(trace_model)
         if locality is None:
             locality = default_locality()
             if trace_model is not None and trace_model != locality.trace_model:
@@ -55,7 +71,7 @@ class MissesTable:
         if not isinstance(warmup, bool):
             raise TypeError(f"warmup must be True or False, got {warmup!r}")
         self.locality = locality
-        self.ratios = tuple(sorted({float(r) for r in ratios}))
+        self.ratios = _ratios("ratios", ratios)
         self.steps, self.batch = positive_int("steps", steps), positive_int("batch", batch)
         self.seed, self.warmup = non_negative_int("seed", seed), warmup
         self.policy = one_of("policy", policy, POLICIES)
@@ -75,14 +91,15 @@ class MissesTable:
 
     def with_ratios(self, ratios: Iterable[float]) -> "MissesTable":
         """The same table (same settings, the counts computed so far shared) with another grid of ratios."""
+        ratios = _ratios("ratios", ratios)
         other = MissesTable.__new__(MissesTable)
         other.__dict__.update(self.__dict__)
-        other.ratios = tuple(sorted({float(r) for r in ratios}))
+        other.ratios = ratios
         return other
 
     def has_row(self, context_len: int, mtp: int) -> bool:
         """Whether the (context, MTP) row holds every ratio of the grid."""
-        row = self._rows.get((int(context_len), int(mtp)))
+        row = self._rows.get(_key(context_len, mtp))
         return row is not None and all(r in row for r in self.ratios)
 
     def row(self, context_len: int, mtp: int, ratios: Iterable[float] = ()) -> dict:
@@ -90,9 +107,10 @@ class MissesTable:
         ``ratios`` at this context and MTP, each computed once (one sweep for those not met yet) and kept."""
         from ..cachesim import sweep_synthetic
 
-        key = (int(context_len), int(mtp))
+        key = _key(context_len, mtp)
+        todo = set(self.ratios) | set(_ratios("ratios", ratios))
         row = self._rows.setdefault(key, {})
-        todo = sorted({float(r) for r in (*self.ratios, *ratios)} - set(row))
+        todo = sorted(todo - set(row))
         model = model_spec(DEFAULT_MODEL)
         for r in [r for r in todo if r >= 1.0]:
             row[r] = np.zeros(model.n_layers)                     # no offload: nothing misses
@@ -122,14 +140,14 @@ class MissesTable:
         """Compute every ``(context_len, ratio, mtp)`` of ``points`` not known yet: one sweep per (context, MTP)."""
         groups: dict[tuple[int, int], set] = {}
         for L, r, t in points:
-            groups.setdefault((int(L), int(t)), set()).add(float(r))
+            groups.setdefault(_key(L, t), set()).add(check_ratio("points: ratio", r))
         for (L, t), ratios in groups.items():
             self.row(L, t, ratios)
 
     def __call__(self, context_len: int, ratio: float, mtp: int) -> np.ndarray:
         """Misses per layer (n_layers,) at this setting; ``ValueError`` with the reason when the cache simulation
         cannot run it (the pool cannot hold one step's entries)."""
-        r = float(ratio)
+        r = check_ratio("ratio", ratio)
         got = self.row(context_len, mtp, (r,))[r]
         if isinstance(got, str):
             raise ValueError(got)
