@@ -1,0 +1,91 @@
+"""Fuzz tests (hypothesis) of the copy link (ess.link) and the decode engine's settings (ess.engine.config): one
+argument of one public call at a time gets a meaningless value (fuzz_helpers.BAD); the call returns a valid result
+or raises a TypeError/ValueError naming the argument, never another exception, and a refused submit records nothing.
+'no' is never taken for True, a device that is not 'cpu' or a present CUDA device is refused.
+
+Cases per test (times ESS_FUZZ_SCALE): the link 200, the engine's settings 300; about 500 calls, ~2 s."""
+import numpy as np
+import pytest
+from hypothesis import given, strategies as st
+
+from ess.engine.config import DecodeConfig, default_topk
+from ess.link import EmulatedLink, SyncLink, make_link
+from fuzz_helpers import BAD, call_one, fuzz_settings, outcome
+
+pytestmark = pytest.mark.filterwarnings("error::RuntimeWarning")
+BUF = np.zeros(8, np.uint8)
+CHUNKS = [(lambda: BUF.fill(1), 8)]
+LINKS = {"sync": SyncLink(), "emulated": EmulatedLink(None, inline_below_bytes=0)}
+
+
+@fuzz_settings(200)
+@given(which=st.sampled_from(sorted(LINKS)), data=st.data())
+def test_link_submit_refuses_meaningless_jobs_and_records_nothing(which, data):
+    link = LINKS[which]
+    before = len(link.records)
+    fn, name, args, ok, job = call_one(data, {"submit": (lambda **a: link.submit(**a),
+                                                         {"kind": "h2d", "layer": 3, "chunks": CHUNKS})},
+                                       BAD, {"chunks": ("chunks", "nbytes")})
+    if ok:
+        assert job.wait() >= 0 and job.nbytes == sum(n for _, n in args["chunks"])
+        assert len(link.records) == before + 1
+    else:
+        assert len(link.records) == before
+
+
+CALLS = {
+    "make_link": (lambda **a: make_link(**a), {"GB_per_s": 20.0, "device": "cpu", "emulate": False,
+                                               "clock": "cpu"}),
+    "EmulatedLink": (lambda **a: EmulatedLink(**a), {"GB_per_s": 5.0, "clock": "wall", "inline_below_bytes": 64}),
+    "default_topk": (lambda **a: default_topk(**a), {"context_len": 4096}),
+    "DecodeConfig": (lambda **a: DecodeConfig(**a), {
+        "offload": True, "ratio": 0.25, "policy": "heat", "policy_options": {"decay": 0.5}, "schedule": "da",
+        "link_GB_per_s": 10.0, "emulate_link": True, "topk": 64, "warmup": False, "keep_logits": False,
+        "timing": True, "clock": "cpu", "backend": "numba"}),
+}
+
+
+@fuzz_settings(300)
+@given(data=st.data())
+def test_link_and_engine_settings_refuse_meaningless_arguments(data):
+    fn, name, args, ok, out = call_one(data, CALLS, BAD, {"policy_options": ("policy_options", "decay")})
+    if not ok:
+        return
+    if fn == "default_topk":
+        assert type(out) is int and out >= 1
+    elif fn == "DecodeConfig":
+        for flag in ("offload", "emulate_link", "warmup", "keep_logits", "timing"):
+            assert type(getattr(out, flag)) is bool                # never 'no' taken for True
+    elif fn in ("make_link", "EmulatedLink"):
+        out.close()
+
+
+def test_the_meaningless_link_and_engine_inputs_found_by_probing_are_refused():
+    """Each once ran anyway (on the wrong device, with a meaningless job) or gave a raw Python error."""
+    link = SyncLink()
+    with pytest.raises(TypeError, match=r"chunks\[0\] must be a \(callable, nbytes\) pair"):   # unpack error
+        link.submit("h2d", 0, [1])
+    with pytest.raises(TypeError, match="chunks must be a list"):              # 'int' is not iterable
+        link.submit("h2d", 0, 5)
+    with pytest.raises(ValueError, match="kind must be one of"):               # recorded as kind 'x'
+        link.submit("x", 0, CHUNKS)
+    with pytest.raises(ValueError, match="layer must be"):                     # recorded as layer -1
+        link.submit("h2d", -1, CHUNKS)
+    assert link.records == []
+    with pytest.raises(ValueError, match="device must be 'cpu' or 'cuda"):     # a 'tpu' link on the CPU
+        make_link(device="tpu")
+    with pytest.raises(TypeError, match="emulate must be True or False"):      # 'no' emulated
+        make_link(emulate="no")
+    with pytest.raises(ValueError, match="clock must be one of"):              # unchecked without emulation
+        make_link(emulate=False, clock="sundial")
+    import torch
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="no CUDA device is available"):   # torch's own RuntimeError
+            make_link(device="cuda")
+    with pytest.raises(TypeError, match="context_len must be an integer"):     # int('4096') = 4096
+        default_topk("4096")
+    with pytest.raises(ValueError, match="context_len must be"):               # max(1, -1 // 16): K = 1
+        default_topk(-16)
+    import json
+    cfg = DecodeConfig(warmup=np.False_)                                        # kept as np.False_: to_dict
+    assert cfg.warmup is False and json.dumps(cfg.to_dict())                   # was not JSON
