@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 from ess.engine.config import DecodeConfig, default_topk
+from ess.engine.overlap_check import CheckDesign
 from ess.link import EmulatedLink, SyncLink, make_link
 from fuzz_helpers import BAD, call_one, fuzz_settings, outcome
 
@@ -42,13 +43,18 @@ CALLS = {
         "offload": True, "ratio": 0.25, "policy": "heat", "policy_options": {"decay": 0.5}, "schedule": "da",
         "link_GB_per_s": 10.0, "emulate_link": True, "topk": 64, "warmup": False, "keep_logits": False,
         "timing": True, "clock": "cpu", "backend": "numba"}),
+    "CheckDesign": (lambda **a: CheckDesign(**a), {
+        "calibration_contexts": [40, 60], "calibration_batches": [1, 2], "calibration_ratio": 0.5,
+        "calibration_links_GB_per_s": [0.05, None], "held_out_contexts": (50,), "held_out_batches": [2],
+        "held_out_ratio": 0.75, "held_out_links_GB_per_s": [0.1], "steps": 3, "clock": "wall"}),
 }
 
 
 @fuzz_settings(300)
 @given(data=st.data())
 def test_link_and_engine_settings_refuse_meaningless_arguments(data):
-    fn, name, args, ok, out = call_one(data, CALLS, BAD, {"policy_options": ("policy_options", "decay")})
+    fn, name, args, ok, out = call_one(data, CALLS, BAD, {"policy_options": ("policy_options", "decay"),
+                                                          "calibration_ratio": ("ratio",), "held_out_ratio": ("ratio",)})
     if not ok:
         return
     if fn == "default_topk":
@@ -58,6 +64,9 @@ def test_link_and_engine_settings_refuse_meaningless_arguments(data):
             assert type(getattr(out, flag)) is bool                # never 'no' taken for True
     elif fn in ("make_link", "EmulatedLink"):
         out.close()
+    elif fn == "CheckDesign":                                       # every configuration it lists can be made
+        assert out.calibration() and out.held_out() and type(out.steps) is int
+        assert all(type(v) is int and v >= 1 for v in out.contexts + [out.max_batch])
 
 
 def test_the_meaningless_link_and_engine_inputs_found_by_probing_are_refused():
@@ -86,6 +95,15 @@ def test_the_meaningless_link_and_engine_inputs_found_by_probing_are_refused():
         default_topk("4096")
     with pytest.raises(ValueError, match="context_len must be"):               # max(1, -1 // 16): K = 1
         default_topk(-16)
+    design = dict(calibration_contexts=[40], calibration_batches=[1], calibration_ratio=0.5,
+                  calibration_links_GB_per_s=[0.05], held_out_contexts=[50], held_out_batches=[2], held_out_ratio=0.75,
+                  held_out_links_GB_per_s=[0.1], steps=3)
+    with pytest.raises(ValueError, match=r"held_out_links_GB_per_s\[0\] must be"):   # refused only when run
+        CheckDesign(**{**design, "held_out_links_GB_per_s": [-1.0]})
+    with pytest.raises(TypeError, match=r"calibration_contexts\[0\] must be an integer"):   # 'a' kept
+        CheckDesign(**{**design, "calibration_contexts": ["a"]})
+    with pytest.raises(ValueError, match=r"held_out_batches\[0\] must be"):   # a batch of 0 listed
+        CheckDesign(**{**design, "held_out_batches": [0]})
     import json
     cfg = DecodeConfig(warmup=np.False_)                                        # kept as np.False_: to_dict
     assert cfg.warmup is False and json.dumps(cfg.to_dict())                   # was not JSON
