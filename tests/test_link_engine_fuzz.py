@@ -1,9 +1,11 @@
-"""Fuzz tests (hypothesis) of the copy link (ess.link) and the decode engine's settings (ess.engine.config): one
+"""Fuzz tests (hypothesis) of the copy link (ess.link), the decode engine's settings (ess.engine.config, the
+overlap check's design) and greedy generation (ess.llm.generate): one
 argument of one public call at a time gets a meaningless value (fuzz_helpers.BAD); the call returns a valid result
 or raises a TypeError/ValueError naming the argument, never another exception, and a refused submit records nothing.
 'no' is never taken for True, a device that is not 'cpu' or a present CUDA device is refused.
 
-Cases per test (times ESS_FUZZ_SCALE): the link 200, the engine's settings 300; about 500 calls, ~2 s."""
+Cases per test (times ESS_FUZZ_SCALE): the link 200, the engine's settings 300, ess.llm.generate on a tiny GGUF model
+60; about 560 calls, a few seconds."""
 import numpy as np
 import pytest
 from hypothesis import given, strategies as st
@@ -107,3 +109,35 @@ def test_the_meaningless_link_and_engine_inputs_found_by_probing_are_refused():
     import json
     cfg = DecodeConfig(warmup=np.False_)                                        # kept as np.False_: to_dict
     assert cfg.warmup is False and json.dumps(cfg.to_dict())                   # was not JSON
+
+
+@pytest.fixture(scope="module")
+def tiny_lm(tmp_path_factory):
+    from llm_helpers import write_tiny_gguf
+    from ess.llm import load_model
+    path = tmp_path_factory.mktemp("llm") / "tiny.gguf"
+    write_tiny_gguf(path)
+    return load_model(path, cache_dir=None)
+
+
+@fuzz_settings(60)
+@given(data=st.data())
+def test_generate_refuses_meaningless_arguments(tiny_lm, data):
+    from ess.llm import generate
+    good = {"model": tiny_lm.model, "tokenizer": tiny_lm.tokenizer, "prompt": [3, 4, 5], "max_new_tokens": 2,
+            "stop_at_eos": False}
+    fn, name, args, ok, out = call_one(data, {"generate": (lambda **a: generate(**a), good)}, BAD,
+                                       {"prompt": ("prompt", "token"), "max_new_tokens": ("max_new_tokens",)})
+    if ok:
+        assert 1 <= len(out.token_ids) <= args["max_new_tokens"]
+        assert all(0 <= t < tiny_lm.tokenizer.vocab_size for t in out.token_ids)
+
+
+def test_generate_takes_no_string_for_a_flag(tiny_lm):
+    from ess.llm import generate
+    with pytest.raises(TypeError, match="stop_at_eos must be True or False"):     # 'no' stopped at the EOS
+        generate(tiny_lm.model, tiny_lm.tokenizer, [3, 4], max_new_tokens=2, stop_at_eos="no")
+    with pytest.raises(TypeError, match="model must be an ess.llm.LlamaModel"):     # AttributeError
+        generate(None, tiny_lm.tokenizer, [3, 4])
+    assert len(generate(tiny_lm.model, tiny_lm.tokenizer, [3, 4], max_new_tokens=np.int64(2),
+                        stop_at_eos=False).token_ids) == 2                         # a NumPy count was a TypeError
