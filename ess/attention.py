@@ -201,22 +201,23 @@ def topk_indices(scores, k: int, *, backend: str = "auto"):
 # sparse MLA
 # ----------------------------------------------------------------------------------------------------------------
 
-def _pool_and_indices(latents: np.ndarray, indices: np.ndarray, B: int) -> tuple[np.ndarray, np.ndarray]:
+def _pool_and_indices(latents: np.ndarray, indices: np.ndarray, B: int,
+                      name: str = "indices") -> tuple[np.ndarray, np.ndarray]:
     """(B, L, E) per-request caches -> a (B * L, E) pool with indices shifted by ``b * L``; a (N, E) pool as is."""
     idx = np.asarray(indices)
     if not np.issubdtype(idx.dtype, np.integer) or idx.ndim != 2 or idx.shape[0] != B:
-        raise ValueError(f"indices must be an integer array (B={B}, K), got dtype {idx.dtype} shape {idx.shape}")
+        raise ValueError(f"{name} must be an integer array (B={B}, K), got dtype {idx.dtype} shape {idx.shape}")
     if idx.shape[1] == 0:
-        raise ValueError("indices must select K >= 1 entries per request (use -1 for padding)")
+        raise ValueError(f"{name} must select K >= 1 entries per request (use -1 for padding)")
     idx = idx.astype(np.int64)
     n_rows = latents.shape[-2]
     if idx.size and (idx.min() < -1 or idx.max() >= n_rows):
-        raise ValueError(f"indices must be in [-1, {n_rows}) (-1 = padding), got min {idx.min()} max {idx.max()}")
+        raise ValueError(f"{name} must be in [-1, {n_rows}) (-1 = padding), got min {idx.min()} max {idx.max()}")
     srt = np.sort(idx, axis=1)
     dup = (srt[:, 1:] == srt[:, :-1]) & (srt[:, 1:] >= 0)
     if dup.any():
         r, c = np.argwhere(dup)[0]
-        raise ValueError(f"indices must not repeat a valid entry within a request (each selected entry is attended "
+        raise ValueError(f"{name} must not repeat a valid entry within a request (each selected entry is attended "
                          f"once); request {r} repeats {srt[r, c + 1]}")
     if latents.ndim == 2:
         return latents, np.ascontiguousarray(idx)
@@ -231,8 +232,19 @@ _NON_FINITE = ("latents: the selected entries decode to non-finite values (an FP
                "scale), or the logits sm_scale * q . latent overflowed float32 (sm_scale or q too large)")
 
 
+def _sm_scale(model: ModelSpec, sm_scale: Any) -> float:
+    """``sm_scale`` (``None``: :func:`softmax_scale`), > 0 and within float32, the kernels' precision."""
+    if sm_scale is None:
+        return softmax_scale(model)
+    scale = validate.real("sm_scale", sm_scale, lo=0.0, lo_open=True)
+    if scale > _F32_MAX:
+        raise ValueError(f"sm_scale must be at most float32's largest value {_F32_MAX:.6g}, got {scale:g}")
+    return scale
+
+
 def sparse_mla_decode(q, latents, indices, model: ModelSpec, *, dtype: str = "fp8", sm_scale: float | None = None,
-                      backend: str = "auto", device: str | None = None) -> AttentionOutput:
+                      backend: str = "auto", device: str | None = None,
+                      _indices_name: str = "indices") -> AttentionOutput:
     """Sparse MLA decode attention (MQA mode) over the selected latent entries.
 
     q: (B, H, kv_lora_rank + qk_rope_head_dim) float queries (absorbed: c_KV part then rope part);
@@ -251,8 +263,8 @@ def sparse_mla_decode(q, latents, indices, model: ModelSpec, *, dtype: str = "fp
     if latents.shape[-1] != E:
         raise ValueError(f"latents: entries must be {E} bytes ({dtype} layout of {model.name}), got "
                          f"{latents.shape[-1]}")
-    pool, idx = _pool_and_indices(latents, indices, B)
-    scale = softmax_scale(model) if sm_scale is None else validate.real("sm_scale", sm_scale, lo=0.0, lo_open=True)
+    pool, idx = _pool_and_indices(latents, indices, B, _indices_name)
+    scale = _sm_scale(model, sm_scale)
     out = np.empty((B, H, model.kv_lora_rank), dtype=np.float32)
     lse = np.empty((B, H), dtype=np.float32)
     _run(backend, device, "sparse_mla_decode", q, pool, idx, scale, *fmt, out, lse)
@@ -274,7 +286,7 @@ def dense_mla_decode(q, latents, model: ModelSpec, lengths=None, *, dtype: str =
         raise ValueError(f"q (B, H, {kv + rope}) and latents (B, L, {E}) do not match: {q.shape}, {latents.shape}")
     B, L = latents.shape[:2]
     lengths = _lengths(lengths, B, L)
-    scale = softmax_scale(model) if sm_scale is None else validate.real("sm_scale", sm_scale, lo=0.0, lo_open=True)
+    scale = _sm_scale(model, sm_scale)
     out = np.empty((B, q.shape[1], kv), np.float32)
     lse = np.empty((B, q.shape[1]), np.float32)
     for b in range(B):
@@ -334,7 +346,10 @@ def _index_array(name: str, value: Any) -> np.ndarray:
         arr = value if isinstance(value, np.ndarray) else np.asarray(value)
     except (TypeError, ValueError):                      # ragged nesting
         raise TypeError(f"{name} must be a (B, K) integer array, got {type(value).__name__}") from None
-    return validate.int_array(name, arr, ndim=2, lo=-1, shape_doc="(B, K), -1 for padding")
+    arr = validate.int_array(name, arr, ndim=2, lo=-1, shape_doc="(B, K), -1 for padding")
+    if arr.shape[1] == 0:
+        raise ValueError(f"{name} must select K >= 1 entries per request (use -1 for padding), got shape {arr.shape}")
+    return arr
 
 
 def split_attention(q, latents, indices0, indices1, model: ModelSpec, **kw) -> AttentionOutput:
@@ -347,7 +362,8 @@ def split_attention(q, latents, indices0, indices1, model: ModelSpec, **kw) -> A
         a, b = i0[r][i0[r] >= 0], i1[r][i1[r] >= 0]
         if np.intersect1d(a, b).size or np.unique(a).size != a.size or np.unique(b).size != b.size:
             raise ValueError(f"indices0 and indices1 must be disjoint sets without repeats (request {r})")
-    return merge_attention(sparse_mla_decode(q, latents, i0, model, **kw), sparse_mla_decode(q, latents, i1, model, **kw))
+    return merge_attention(sparse_mla_decode(q, latents, i0, model, _indices_name="indices0", **kw),
+                           sparse_mla_decode(q, latents, i1, model, _indices_name="indices1", **kw))
 
 
 # ----------------------------------------------------------------------------------------------------------------

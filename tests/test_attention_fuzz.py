@@ -218,5 +218,9 @@ def test_the_meaningless_attention_inputs_found_by_probing_are_refused():
         A.split_attention(Q, LAT, np.ones((B, 1)), IDX[:, 2:], TINY)
     with pytest.raises(ValueError, match=r"sm_scale or q too large"):                       # inf in float32
         A.dense_mla_decode(Q, LAT, TINY, sm_scale=1e37)
-    with pytest.raises(ValueError, match=r"sm_scale or q too large"):                       # NaN out
+    with pytest.raises(ValueError, match=r"sm_scale must be at most float32"):               # NaN out
         A.dense_mla_decode(Q, LAT, TINY, sm_scale=1e307)
+    with pytest.raises(ValueError, match="indices0 must select K >= 1 entries"):            # named 'indices'
+        A.split_attention(Q, LAT, np.zeros((B, 0), np.int64), IDX[:, 2:], TINY)
+    with pytest.raises(ValueError, match=r"sm_scale must be at most float32"):               # cast to float32 inf
+        A.sparse_mla_decode(Q, LAT, IDX, TINY, sm_scale=3.4028235677973366e+38)
