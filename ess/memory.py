@@ -402,7 +402,7 @@ def fit_mem_fraction_static(batch_limit: int, context_len: int, *, model: ModelS
     hbm = gpu.hbm_capacity_GiB * GiB
     static = weights_per_gpu_bytes(model, deployment) + (min(batch_limit, hbm // rc.gpu_bytes + 1) + 0.5) * rc.gpu_bytes
     if static > hbm:
-        raise ValueError(f"batch_limit={batch_limit} requests of {context_len} tokens need at least {static / 1e9:,.0f} GB "
+        raise ValueError(f"batch_limit={batch_limit} requests of context_len={context_len} tokens need at least {static / 1e9:,.0f} GB "
                          f"(weights and caches) but {gpu.name} has {hbm / 1e9:.0f} GB: no mem_fraction_static <= 1 "
                          f"puts the limit there")
     return round(static / hbm, 3)

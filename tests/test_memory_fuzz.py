@@ -189,6 +189,8 @@ def test_the_meaningless_memory_inputs_found_by_probing_are_refused():
     """Each once returned a silent answer or a raw traceback (the fuzz tests above found them)."""
     with pytest.raises(ValueError, match="batch=100000 does not fit: .* largest batch on H200 is 157"):
         memory.tier_placement(32768, 0.2, batch=100_000)          # reported 52.7 TB on a 141 GB GPU
+    with pytest.raises(ValueError, match="52 requests of context_len=43713 tokens need"):   # named batch_limit only
+        memory.fit_mem_fraction_static(52, 43713, model=DS, deployment=DEP)
     with pytest.raises(ValueError, match="mtp must not exceed the maximum context"):
         memory.batch_limits(32768, 0.2, mtp=1e300)                 # an int64 cast of 1e300
     with pytest.raises(ValueError, match="context_len must not exceed the maximum context"):

@@ -148,7 +148,7 @@ def test_generators_refuse_meaningless_arguments_and_stay_in_the_context(data):
     if not ok:
         return
     if fn == "synthetic_streams":
-        assert len(out) == min(3, args["batch"] * (args["n_layers"] or 61))
+        assert len(out) == min(3, int(args["batch"]) * int(args["n_layers"] or 61))   # a 0-d int8 array is a count
         for _, _, warm, steps in out:
             assert warm.shape[0] == args["warmup_windows"] and steps.shape[0] == args["steps"]
     else:
