@@ -37,7 +37,7 @@ import numpy as np
 from . import validate
 from .kernels import resolve_backend
 from .kernels.attention import get as _kernels
-from .layout import latent_layout
+from .layout import check_model, latent_layout
 from .quant import FP8_BLOCK, dequantize_fp8_tiles, hadamard_rotate, quantize_fp8_tiles
 from .specs import ModelSpec
 
@@ -59,12 +59,14 @@ class AttentionOutput:
 def softmax_scale(model: ModelSpec) -> float:
     """``(qk_nope + qk_rope)**-0.5 * mscale**2``, ``mscale = 0.1 ln(rope_factor) + 1`` ([DS] ``inference/model.py``
     with ``mscale = 1``; 0.1352 for DeepSeek-V3.2-Exp)."""
+    check_model(model)
     mscale = 0.1 * math.log(model.rope_factor) + 1.0 if model.rope_factor > 1 else 1.0
     return (model.qk_nope_head_dim + model.qk_rope_head_dim) ** -0.5 * mscale * mscale
 
 
 def latent_format(model: ModelSpec, dtype: str = "fp8") -> tuple[bool, int, int, int]:
     """The ``(fp8, kv_rank, rope_dim, tile)`` description kernels take, checked against :func:`latent_layout`."""
+    check_model(model)
     lay = latent_layout(model, dtype)
     fp8 = dtype == "fp8"
     kv, rope, tile = model.kv_lora_rank, model.qk_rope_head_dim, model.latent_fp8_tile
@@ -107,6 +109,11 @@ def prepare_index_queries(q, *, rotate: bool = True, fp8: bool = True) -> np.nda
 :func:`ess.quant.quantize_fp8_tiles`). Rotate the keys too (before
     :func:`ess.quant.encode_indexer_keys`) so that dot products are preserved."""
     q = validate.float_array("q", q, np.ndim(q), "(..., D)")
+    rotate, fp8 = validate.boolean("rotate", rotate), validate.boolean("fp8", fp8)
+    d = q.shape[-1] if q.ndim else 0
+    if d == 0 or (rotate and d & (d - 1)):
+        raise ValueError(f"q must have a head dim (last axis) of at least 1{', a power of two (Hadamard rotation)' if rotate else ''}, "
+                         f"got shape {q.shape}")
     if rotate:
         q = hadamard_rotate(q)
     if fp8:
@@ -194,22 +201,23 @@ def topk_indices(scores, k: int, *, backend: str = "auto"):
 # sparse MLA
 # ----------------------------------------------------------------------------------------------------------------
 
-def _pool_and_indices(latents: np.ndarray, indices: np.ndarray, B: int) -> tuple[np.ndarray, np.ndarray]:
+def _pool_and_indices(latents: np.ndarray, indices: np.ndarray, B: int,
+                      name: str = "indices") -> tuple[np.ndarray, np.ndarray]:
     """(B, L, E) per-request caches -> a (B * L, E) pool with indices shifted by ``b * L``; a (N, E) pool as is."""
     idx = np.asarray(indices)
     if not np.issubdtype(idx.dtype, np.integer) or idx.ndim != 2 or idx.shape[0] != B:
-        raise ValueError(f"indices must be an integer array (B={B}, K), got dtype {idx.dtype} shape {idx.shape}")
+        raise ValueError(f"{name} must be an integer array (B={B}, K), got dtype {idx.dtype} shape {idx.shape}")
     if idx.shape[1] == 0:
-        raise ValueError("indices must select K >= 1 entries per request (use -1 for padding)")
+        raise ValueError(f"{name} must select K >= 1 entries per request (use -1 for padding)")
     idx = idx.astype(np.int64)
     n_rows = latents.shape[-2]
     if idx.size and (idx.min() < -1 or idx.max() >= n_rows):
-        raise ValueError(f"indices must be in [-1, {n_rows}) (-1 = padding), got min {idx.min()} max {idx.max()}")
+        raise ValueError(f"{name} must be in [-1, {n_rows}) (-1 = padding), got min {idx.min()} max {idx.max()}")
     srt = np.sort(idx, axis=1)
     dup = (srt[:, 1:] == srt[:, :-1]) & (srt[:, 1:] >= 0)
     if dup.any():
         r, c = np.argwhere(dup)[0]
-        raise ValueError(f"indices must not repeat a valid entry within a request (each selected entry is attended "
+        raise ValueError(f"{name} must not repeat a valid entry within a request (each selected entry is attended "
                          f"once); request {r} repeats {srt[r, c + 1]}")
     if latents.ndim == 2:
         return latents, np.ascontiguousarray(idx)
@@ -219,8 +227,24 @@ def _pool_and_indices(latents: np.ndarray, indices: np.ndarray, B: int) -> tuple
     return latents.reshape(-1, latents.shape[-1]), np.ascontiguousarray(shifted)
 
 
+_F32_MAX = float(np.finfo(np.float32).max)
+_NON_FINITE = ("latents: the selected entries decode to non-finite values (an FP8 NaN byte 0x7f/0xff or a non-finite "
+               "scale), or the logits sm_scale * q . latent overflowed float32 (sm_scale or q too large)")
+
+
+def _sm_scale(model: ModelSpec, sm_scale: Any) -> float:
+    """``sm_scale`` (``None``: :func:`softmax_scale`), > 0 and within float32, the kernels' precision."""
+    if sm_scale is None:
+        return softmax_scale(model)
+    scale = validate.real("sm_scale", sm_scale, lo=0.0, lo_open=True)
+    if scale > _F32_MAX:
+        raise ValueError(f"sm_scale must be at most float32's largest value {_F32_MAX:.6g}, got {scale:g}")
+    return scale
+
+
 def sparse_mla_decode(q, latents, indices, model: ModelSpec, *, dtype: str = "fp8", sm_scale: float | None = None,
-                      backend: str = "auto", device: str | None = None) -> AttentionOutput:
+                      backend: str = "auto", device: str | None = None,
+                      _indices_name: str = "indices") -> AttentionOutput:
     """Sparse MLA decode attention (MQA mode) over the selected latent entries.
 
     q: (B, H, kv_lora_rank + qk_rope_head_dim) float queries (absorbed: c_KV part then rope part);
@@ -239,14 +263,13 @@ def sparse_mla_decode(q, latents, indices, model: ModelSpec, *, dtype: str = "fp
     if latents.shape[-1] != E:
         raise ValueError(f"latents: entries must be {E} bytes ({dtype} layout of {model.name}), got "
                          f"{latents.shape[-1]}")
-    pool, idx = _pool_and_indices(latents, indices, B)
-    scale = softmax_scale(model) if sm_scale is None else validate.real("sm_scale", sm_scale, lo=0.0, lo_open=True)
+    pool, idx = _pool_and_indices(latents, indices, B, _indices_name)
+    scale = _sm_scale(model, sm_scale)
     out = np.empty((B, H, model.kv_lora_rank), dtype=np.float32)
     lse = np.empty((B, H), dtype=np.float32)
     _run(backend, device, "sparse_mla_decode", q, pool, idx, scale, *fmt, out, lse)
     if not (np.isfinite(out).all() and not np.isnan(lse).any() and not np.isposinf(lse).any()):
-        raise ValueError("latents: the selected entries decode to non-finite values (an FP8 NaN byte 0x7f/0xff or "
-                         "a non-finite scale), or the logits overflowed")
+        raise ValueError(_NON_FINITE)
     return AttentionOutput(out, lse)
 
 
@@ -263,24 +286,45 @@ def dense_mla_decode(q, latents, model: ModelSpec, lengths=None, *, dtype: str =
         raise ValueError(f"q (B, H, {kv + rope}) and latents (B, L, {E}) do not match: {q.shape}, {latents.shape}")
     B, L = latents.shape[:2]
     lengths = _lengths(lengths, B, L)
-    scale = softmax_scale(model) if sm_scale is None else validate.real("sm_scale", sm_scale, lo=0.0, lo_open=True)
+    scale = _sm_scale(model, sm_scale)
     out = np.empty((B, q.shape[1], kv), np.float32)
     lse = np.empty((B, q.shape[1]), np.float32)
     for b in range(B):
         lat = decode_latent_rows(latents[b, :lengths[b]], fp8, kv, rope, tile)      # (n, Dqk) float64
-        s = scale * (q[b].astype(np.float64) @ lat.T)
+        with np.errstate(over="ignore", invalid="ignore"):
+            s = scale * (q[b].astype(np.float64) @ lat.T)
         m = s.max(axis=1, keepdims=True)
+        if not (np.isfinite(lat).all() and np.isfinite(s).all() and np.abs(m).max() < _F32_MAX / 2):
+            raise ValueError(_NON_FINITE)
         p = np.exp(s - m)
         out[b] = (p @ lat[:, :kv]) / p.sum(axis=1, keepdims=True)
         lse[b] = (m + np.log(p.sum(axis=1, keepdims=True)))[:, 0]
     return AttentionOutput(out, lse)
 
 
+def _check_output(name: str, x: Any) -> None:
+    """An :class:`AttentionOutput` of float arrays, ``out`` (..., R) finite, ``lse`` (...) finite or ``-inf`` (an
+    empty part): NaN or ``+inf`` would turn the merge's weights into NaN."""
+    if not isinstance(x, AttentionOutput):
+        raise TypeError(f"merge_attention: {name} must be an AttentionOutput (out, lse), got {type(x).__name__}")
+    for field in ("out", "lse"):
+        v = getattr(x, field)
+        if not isinstance(v, np.ndarray) or v.dtype.kind != "f":
+            raise TypeError(f"merge_attention: {name}.{field} must be a NumPy float array, got "
+                            f"{type(v).__name__}{'' if not isinstance(v, np.ndarray) else ' of dtype ' + str(v.dtype)}")
+    if x.out.ndim < 1 or x.lse.shape != x.out.shape[:-1]:
+        raise ValueError(f"merge_attention: {name}.lse must have the shape of {name}.out without its last axis, got "
+                         f"out {x.out.shape}, lse {x.lse.shape}")
+    if not np.isfinite(x.out).all():
+        raise ValueError(f"merge_attention: {name}.out must be finite (found NaN or inf)")
+    if np.isnan(x.lse).any() or np.isposinf(x.lse).any():
+        raise ValueError(f"merge_attention: {name}.lse must be finite or -inf (nothing attended), found NaN or +inf")
+
+
 def merge_attention(a: AttentionOutput, b: AttentionOutput) -> AttentionOutput:
     """Exact merge of attention over two disjoint entry sets from their outputs and log-sum-exps."""
     for name, x in (("a", a), ("b", b)):
-        if not isinstance(x, AttentionOutput):
-            raise TypeError(f"merge_attention: {name} must be an AttentionOutput (out, lse), got {type(x).__name__}")
+        _check_output(name, x)
     if a.out.shape != b.out.shape or a.lse.shape != b.lse.shape:
         raise ValueError(f"merge_attention: shapes differ: out {a.out.shape} vs {b.out.shape}, "
                          f"lse {a.lse.shape} vs {b.lse.shape}")
@@ -295,17 +339,31 @@ def merge_attention(a: AttentionOutput, b: AttentionOutput) -> AttentionOutput:
     return AttentionOutput(out.astype(np.float32), lse.astype(np.float32))
 
 
+def _index_array(name: str, value: Any) -> np.ndarray:
+    """``value`` as a (B, K) int64 array of entry indices (-1: padding), a ``TypeError``/``ValueError`` naming
+    ``name`` otherwise."""
+    try:
+        arr = value if isinstance(value, np.ndarray) else np.asarray(value)
+    except (TypeError, ValueError):                      # ragged nesting
+        raise TypeError(f"{name} must be a (B, K) integer array, got {type(value).__name__}") from None
+    arr = validate.int_array(name, arr, ndim=2, lo=-1, shape_doc="(B, K), -1 for padding")
+    if arr.shape[1] == 0:
+        raise ValueError(f"{name} must select K >= 1 entries per request (use -1 for padding), got shape {arr.shape}")
+    return arr
+
+
 def split_attention(q, latents, indices0, indices1, model: ModelSpec, **kw) -> AttentionOutput:
     """Attention over ``indices0`` (e.g. the hits) and ``indices1`` (the misses) separately, merged by log-sum-exp;
     equal to one pass over their union. The two sets must be disjoint per request."""
-    i0, i1 = np.asarray(indices0), np.asarray(indices1)
-    if i0.ndim != 2 or i1.ndim != 2 or i0.shape[0] != i1.shape[0]:
+    i0, i1 = (_index_array(name, v) for name, v in (("indices0", indices0), ("indices1", indices1)))
+    if i0.shape[0] != i1.shape[0]:
         raise ValueError(f"indices0 and indices1 must be (B, K0) and (B, K1), got {i0.shape} and {i1.shape}")
     for r in range(i0.shape[0]):
         a, b = i0[r][i0[r] >= 0], i1[r][i1[r] >= 0]
         if np.intersect1d(a, b).size or np.unique(a).size != a.size or np.unique(b).size != b.size:
             raise ValueError(f"indices0 and indices1 must be disjoint sets without repeats (request {r})")
-    return merge_attention(sparse_mla_decode(q, latents, i0, model, **kw), sparse_mla_decode(q, latents, i1, model, **kw))
+    return merge_attention(sparse_mla_decode(q, latents, i0, model, _indices_name="indices0", **kw),
+                           sparse_mla_decode(q, latents, i1, model, _indices_name="indices1", **kw))
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -314,10 +372,16 @@ def split_attention(q, latents, indices0, indices1, model: ModelSpec, **kw) -> A
 
 def stack_ragged(arrays: Sequence, name: str, width: int) -> tuple[np.ndarray, np.ndarray]:
     """One (L_b, width) uint8 cache per request -> ``(caches (B, max L_b, width) zero-padded, lengths (B,))``."""
+    if not isinstance(name, str):
+        raise TypeError(f"name must be a str (the argument's name in messages), got {type(name).__name__}")
+    width = validate.positive_int("width", width)
+    if isinstance(arrays, (str, bytes, np.ndarray)) or not isinstance(arrays, Sequence) or not arrays:
+        raise TypeError(f"{name} must be a non-empty list of (L, {width}) uint8 caches, one per request, got "
+                        f"{'an empty ' if isinstance(arrays, Sequence) else ''}{type(arrays).__name__}")
     rows = [validate.entries(f"{name}[{i}]", a, (), ndim=2, shape_doc=f"(L, {width})") for i, a in enumerate(arrays)]
     for i, a in enumerate(rows):
         if a.shape[1] != width or a.shape[0] == 0:
-            raise ValueError(f"{name}[{i}] must have shape (L >= 1, {width}), got {a.shape}")
+            raise ValueError(f"{name}[{i}] must have shape (L >= 1, width={width}), got {a.shape}")
     L = max(a.shape[0] for a in rows)
     out = np.zeros((len(rows), L, width), dtype=np.uint8)
     for i, a in enumerate(rows):

@@ -33,7 +33,7 @@ from . import validate
 __all__ = [
     "EntryFormat", "entry_format", "LatentLayout", "latent_layout", "latent_entry_bytes", "indexer_entry_bytes",
     "token_bytes", "RequestCache", "request_cache", "padded_tokens", "pool_slots", "layer_pool_slots", "step_entries",
-    "check_context_len", "KV_DTYPES", "capacity_from_ratio", "capacity_from_budget",
+    "check_context_len", "check_model", "KV_DTYPES", "capacity_from_ratio", "capacity_from_budget",
 ]
 
 KV_DTYPES = ("fp8", "bf16")
@@ -67,6 +67,9 @@ class EntryFormat:
     dtype: str = ""
 
     def __post_init__(self):
+        for field_name in ("name", "dtype"):
+            if not isinstance(getattr(self, field_name), str):
+                raise TypeError(f"EntryFormat.{field_name} must be a str, got {type(getattr(self, field_name)).__name__}")
         for field_name in ("n_layers", "entry_bytes", "page_tokens", "max_context"):
             validate.positive_int(f"EntryFormat.{field_name}", getattr(self, field_name))
 
@@ -82,9 +85,18 @@ def entry_format(model, dtype: str = "fp8") -> EntryFormat:
                        model.cache_page_tokens, model.max_position_embeddings, dtype)
 
 
+def check_model(model, *, entry_format_ok: bool = False):
+    """``model`` when it is a :class:`~ess.specs.ModelSpec` (or, with ``entry_format_ok``, an :class:`EntryFormat`);
+    a ``TypeError`` naming ``model`` otherwise (a preset name is resolved by :func:`ess.specs.model_spec`)."""
+    if isinstance(model, ModelSpec) or (entry_format_ok and isinstance(model, EntryFormat)):
+        return model
+    want = "a ModelSpec or an EntryFormat" if entry_format_ok else "a ModelSpec"
+    raise TypeError(f"model must be {want}, got {type(model).__name__}")
+
+
 def _paging(model) -> tuple[str, int, int]:
     """``(name, page_tokens, max_context)`` of a ModelSpec or an EntryFormat."""
-    if isinstance(model, EntryFormat):
+    if isinstance(check_model(model, entry_format_ok=True), EntryFormat):
         return model.name, model.page_tokens, model.max_context
     return model.name, model.cache_page_tokens, model.max_position_embeddings
 
@@ -95,6 +107,7 @@ def _check_dtype(dtype: str) -> None:
 
 def latent_layout(model: ModelSpec, dtype: str = "fp8") -> LatentLayout:
     """The field offsets of one latent entry in the ``"fp8"`` (656 B) or ``"bf16"`` (1,152 B) layout."""
+    check_model(model)
     _check_dtype(dtype)
     if dtype == "bf16":
         ckv = model.kv_lora_rank * model.cache_bf16_bytes
@@ -117,6 +130,7 @@ def latent_entry_bytes(model: ModelSpec, dtype: str = "fp8") -> int:
 def indexer_entry_bytes(model: ModelSpec) -> int:
     """Bytes of one indexer key (one token -- one compressed row of a compressed model -- and layer): FP8 key plus
     one scale (132 B: a float32 scale, ``indexer_scale_bytes``, or the cache's scale size when that is not given)."""
+    check_model(model)
     scale = model.cache_scale_bytes if model.indexer_scale_bytes is None else model.indexer_scale_bytes
     return model.index_head_dim * model.cache_fp8_bytes + scale
 
@@ -144,7 +158,10 @@ def check_context_len(model: ModelSpec | EntryFormat, context_len: int, name: st
 
 
 def padded_tokens(model: ModelSpec | EntryFormat, context_len: int) -> int:
-    """Tokens actually allocated for a context: rounded up to whole cache pages (64 tokens)."""
+    """Tokens actually allocated for a context: rounded up to whole cache pages (64 tokens); 0 for none (the rows
+    of a compressed layer over a context shorter than one row)."""
+    if validate.integer("context_len", context_len, lo=0) > 0:
+        context_len = check_context_len(model, context_len)
     page = _paging(model)[1]
     return -(-context_len // page) * page
 
@@ -158,12 +175,13 @@ def step_entries(model: ModelSpec, context_len: int, mtp: int = 1, *, overlap=No
     query token adds at most the ``(1 - r) K`` entries the previous one lacked:
     ``min(context_len, K + (mtp - 1) x ceil((1 - r) K))`` -- the union's size when no entry returns within the step,
     the pool-size need of a step with MTP (``data/locality/README.md``, "MTP")."""
-    context_len = validate.integer("context_len", context_len, lo=1)
-    mtp = validate.integer("mtp", mtp, lo=1)
+    context_len = check_context_len(check_model(model), context_len)
+    # a step decodes at most as many tokens as the model's context holds (and mtp x K stays an int64)
+    mtp = validate.integer("mtp", mtp, lo=1, below=model.max_position_embeddings + 1)
     k = validate.integer("k", model.index_topk if k is None else k, lo=1)
     if overlap is None:
         return min(context_len, mtp * k)
-    r = np.asarray(overlap, dtype=float)
+    r = validate.number_array("overlap", overlap, positive=False)
     if not np.all((r >= 0) & (r <= 1)):
         raise ValueError(f"overlap must lie in [0, 1] (a fraction of K), got {overlap!r}")
     sel = min(k, context_len)
@@ -180,13 +198,15 @@ def pool_slots(model: ModelSpec | EntryFormat, ratio: float, context_len: int, *
     ``need`` (e.g. :func:`step_entries`): raise a ``ValueError`` when the pool has fewer slots than that."""
     ratio = validate.ratio("ratio", ratio)
     context_len = check_context_len(model, context_len)
+    if need is not None:
+        need = validate.non_negative_int("need", need)
     # a compressed model's pool holds rows, one per sparse_compress_ratio tokens (ModelSpec.sparse_rows)
     tokens = padded_tokens(model, context_len if isinstance(model, EntryFormat) else model.sparse_rows(context_len))
     slots = int(math.floor(ratio * tokens + 1e-9))     # 1e-9: 0.3 * 960 is 287.99999999999997
     if need is not None and slots < need:
         raise ValueError(f"ratio {ratio} of context_len={context_len} ({tokens} allocated tokens) gives {slots} GPU "
                          f"slots per request and layer, fewer than the {need} entries one step selects (K); raise the "
-                         f"ratio")
+                         f"ratio (or lower need)")
     return slots
 
 
@@ -237,14 +257,15 @@ def layer_pool_slots(model: ModelSpec, ratio: float, context_len: int, need) -> 
     (the uniform rule, slot for slot). ``need``: per layer, e.g. :func:`step_entries` with the layers' overlaps.
     Raises ``ValueError`` when the needs exceed the total. Returns int64 (n,)."""
     slots = pool_slots(model, ratio, context_len)
-    need = np.atleast_1d(np.asarray(need, dtype=np.int64))
-    if need.ndim != 1 or need.size == 0 or (need < 1).any():
-        raise ValueError(f"need must be one positive number of entries per layer, got {need!r}")
+    need = np.atleast_1d(validate.number_array("need", need, whole=True))
+    if need.size == 0:
+        raise ValueError("need must be one positive number of entries per layer, got none")
     total = need.size * slots
     if need.sum() > total:
-        raise ValueError(f"ratio {ratio} gives {slots} GPU slots per request and layer ({total} over {need.size} "
-                         f"layers), fewer than the {int(need.sum())} entries the layers' steps select together "
-                         f"(mean {need.mean():.0f} per layer); raise the ratio")
+        raise ValueError(f"ratio {ratio} of context_len={context_len} gives {slots} GPU slots per request and layer "
+                         f"({total} over {need.size} layers), fewer than the {need.sum():.0f} entries the layers' "
+                         f"steps select together (need: mean {need.mean():.0f} per layer); raise the ratio")
+    need = need.astype(np.int64)
     if need.max() <= slots:
         return np.full(need.size, slots, dtype=np.int64)
     lo, hi = 0, slots                              # the largest level with sum(max(need, level)) <= total
@@ -295,6 +316,7 @@ def request_cache(model: ModelSpec, context_len: int, ratio: float = 1.0, dtype:
     >>> round(rc.total_bytes / 1e9, 3)
     1.575
     """
+    check_model(model)
     context_len = check_context_len(model, context_len)
     ratio = validate.ratio("ratio", ratio)
     _check_dtype(dtype)

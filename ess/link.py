@@ -70,12 +70,19 @@ class Transfer:
 
 
 def _check_chunks(chunks: Sequence) -> list:
+    if isinstance(chunks, (str, bytes)) or not hasattr(chunks, "__iter__") or getattr(chunks, "ndim", 1) == 0:
+        raise TypeError(f"chunks must be a list of (callable, nbytes) pairs, got {type(chunks).__name__}")
     chunks = list(chunks)
-    for fn, n in chunks:
-        if not callable(fn):
-            raise TypeError("each chunk must be (callable, nbytes)")
-        validate.integer("nbytes", n, lo=0)
+    for i, chunk in enumerate(chunks):
+        if not (isinstance(chunk, tuple) and len(chunk) == 2 and callable(chunk[0])):
+            raise TypeError(f"chunks[{i}] must be a (callable, nbytes) pair, got {chunk!r}")
+        validate.integer("nbytes", chunk[1], lo=0)
     return chunks
+
+
+def _check_job(kind, layer) -> None:
+    validate.one_of("kind", kind, ("h2d", "d2h"))
+    validate.integer("layer", layer, lo=0)
 
 
 class _Link:
@@ -108,6 +115,7 @@ class SyncLink(_Link):
     name = "sync"
 
     def submit(self, kind, layer, chunks):
+        _check_job(kind, layer)
         chunks = _check_chunks(chunks)
         job = Transfer(kind, layer, sum(n for _, n in chunks))
         self.records.append(job)
@@ -215,6 +223,7 @@ class EmulatedLink(_Link):
         self._thread.start()
 
     def submit(self, kind, layer, chunks):
+        _check_job(kind, layer)
         chunks = _check_chunks(chunks)
         if not self._thread.is_alive():
             raise RuntimeError("the link is closed")
@@ -300,6 +309,15 @@ def make_link(GB_per_s: float | None = None, *, device: str = "cpu", emulate: bo
               clock: str = "wall") -> _Link:
     """The link for a device: on CUDA a copy stream; on the CPU an :class:`EmulatedLink` of ``GB_per_s`` on
     ``clock`` (``emulate=False``: a :class:`SyncLink`)."""
-    if str(device).startswith("cuda"):
+    from .kernels import check_device, cuda_available
+    device = check_device(device)
+    emulate = validate.boolean("emulate", emulate)
+    if device.startswith("cuda"):
+        if not cuda_available():
+            raise ValueError(f"device={device!r} was asked for but no CUDA device is available")
         return CudaStreamLink(device)
+    if not emulate:
+        validate.one_of("clock", clock, tuple(CLOCKS))
+        if GB_per_s is not None:
+            validate.real("GB_per_s", GB_per_s, lo=0.0, lo_open=True)
     return EmulatedLink(GB_per_s, clock=clock) if emulate else SyncLink()

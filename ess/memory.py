@@ -20,8 +20,8 @@ from functools import lru_cache
 import numpy as np
 
 from . import validate
-from .layout import (check_context_len, latent_entry_bytes, padded_tokens, pool_slots, request_cache,
-                     step_entries)
+from .layout import (check_context_len, check_model, latent_entry_bytes, padded_tokens, pool_slots,
+                     request_cache, step_entries)
 from .specs import (DEFAULT_DEPLOYMENT, DEFAULT_MODEL, DeploymentSpec, GPUSpec, HostSpec, ModelSpec, gpu_spec,
                     model_spec, resolve)
 
@@ -45,6 +45,7 @@ def param_counts(model: ModelSpec) -> dict[str, int]:
     ``routed_experts`` (all experts, all MoE layers), ``router``, ``embeddings`` (input embedding and output head),
     ``mtp`` (the MTP module's own projection and norms; its decoder block is counted in the groups above).
     """
+    check_model(model)
     h, heads = model.hidden_size, model.n_heads
     # a shared-KV model (DeepSeek-V4) uses its one KV row as K and V: no up-projection of the latent; a grouped
     # low-rank output projection maps each group's heads to o_lora_rank, then all groups to the hidden size
@@ -77,6 +78,8 @@ def param_counts(model: ModelSpec) -> dict[str, int]:
 def fp8_weight_bytes(model: ModelSpec, params: float) -> float:
     """Bytes of ``params`` FP8 weights plus one float32 scale per ``weight_scale_block`` squared block
     ([DS] weight_block_size [128, 128])."""
+    check_model(model)
+    params = validate.real("params", params, lo=0.0)
     return params * model.weight_bytes_per_param + params / model.weight_scale_block ** 2 * 4
 
 
@@ -97,6 +100,7 @@ def weights_per_gpu_bytes(model: ModelSpec, deployment: DeploymentSpec) -> float
     otherwise); routed experts are split over ``ep`` GPUs; embeddings, the router and the shared experts are
     replicated. Linear weights are FP8 with block scales; embeddings are BF16.
     """
+    _check_deployment(deployment)
     p = param_counts(model)
     attn_split = 1 if deployment.attention_dp else deployment.tp
     replicated_fp8 = (p["attention"] + p["indexer"] + p["dense_ffn"] + p["mtp"]) / attn_split \
@@ -106,12 +110,20 @@ def weights_per_gpu_bytes(model: ModelSpec, deployment: DeploymentSpec) -> float
             + p["embeddings"] * model.embedding_bytes_per_param)
 
 
+def _check_deployment(deployment) -> None:
+    if not isinstance(deployment, DeploymentSpec):
+        raise TypeError(f"deployment must be a DeploymentSpec, got {type(deployment).__name__}")
+
+
 def kv_budget_bytes(model: ModelSpec, deployment: DeploymentSpec, gpu: GPUSpec | None = None) -> float:
     """HBM left for caches on one GPU: ``HBM x mem_fraction_static - weights``.
 
     Raises ``ValueError`` when the weights alone do not fit.
     """
-    gpu = gpu or gpu_spec(deployment.gpu)
+    _check_deployment(deployment)
+    gpu = gpu_spec(deployment.gpu) if gpu is None else gpu_spec(gpu) if isinstance(gpu, str) else gpu
+    if not isinstance(gpu, GPUSpec):
+        raise TypeError(f"gpu must be a preset name or GPUSpec, got {type(gpu).__name__}")
     static = gpu.hbm_capacity_GiB * GiB * deployment.mem_fraction_static
     weights = weights_per_gpu_bytes(model, deployment)
     if weights >= static:
@@ -174,6 +186,10 @@ class BatchLimits:
     def at(self, index=()) -> BatchLimit:
         """Configuration ``index`` (default: the only one of a scalar call) as a :class:`BatchLimit`."""
         index = index if isinstance(index, tuple) else (index,)
+        if len(index) != len(self.shape):
+            raise ValueError(f"index must have {len(self.shape)} entries (the shape is {self.shape}), got {index!r}")
+        index = tuple(validate.integer(f"index[{d}]", i, lo=-n, below=n) % n
+                      for d, (i, n) in enumerate(zip(index, self.shape)))
         i = int(np.ravel(self.inverse)[np.ravel_multi_index(index, self.shape) if self.shape else 0])
         g = {k: v[i] for k, v in self.groups.items()}
         host = int(g["batch_host"])
@@ -183,12 +199,19 @@ class BatchLimits:
                           None if host < 0 else host, str(g["reason"]), int(g["mtp"]))
 
 
-@lru_cache(maxsize=256)
 def step_slots_needed(model: ModelSpec, context_len: int, mtp: int = 1) -> int:
     """Slots per layer a request needs, on average over the layers, for one step's union of ``mtp`` top-K sets: with
     one query token ``min(K, L)``; with MTP, :func:`ess.layout.step_entries` under the default locality model's
     per-layer overlaps (paper Fig. 2, ``data/locality/``), averaged and rounded up. The layers share the ratio's
     slots (:func:`ess.layout.layer_pool_slots`), so a ratio is feasible when its even share reaches this mean."""
+    check_model(model)
+    context_len = check_context_len(model, context_len)
+    mtp = validate.integer("mtp", mtp, lo=1, below=model.max_position_embeddings + 1)
+    return _step_slots_needed(model, context_len, mtp)
+
+
+@lru_cache(maxsize=256)
+def _step_slots_needed(model: ModelSpec, context_len: int, mtp: int) -> int:
     rows = model.sparse_rows(context_len)                   # a compressed model's pools hold rows
     if mtp == 1:
         return step_entries(model, rows)
@@ -204,7 +227,12 @@ def group_rows(*cols):
     group's first row and each row's group. Hash-based (pandas.factorize), so that grouping a million rows costs a
     few tens of ms. The memory rule evaluates the layout once per group; the simulator prices each group once."""
     import pandas as pd
-    cols = [np.ravel(c) for c in cols]
+    if not cols:
+        raise ValueError("group_rows needs at least one column (cols)")
+    cols = [np.ravel(validate.number_array(f"cols[{i}]", c, positive=False, allow_inf=True, max_ndim=None))
+            for i, c in enumerate(cols)]
+    if any(c.size != cols[0].size for c in cols):
+        raise ValueError(f"cols must be 1-D arrays of one length, got lengths {[c.size for c in cols]}")
     code = np.zeros(cols[0].size, dtype=np.int64)
     for c in cols:
         ci, uniq = pd.factorize(c, sort=False)
@@ -235,7 +263,7 @@ def _limits(model: ModelSpec, dep: DeploymentSpec, gpu: GPUSpec, host: HostSpec,
     for i, (Li, ri, Ti) in enumerate(zip(Lg, rg, Tg)):
         rc = request_cache(model, int(Li), float(ri), dep.kv_dtype)
         gpu_b[i], host_b[i] = rc.gpu_bytes, rc.latent_host_bytes
-        slots[i], need[i] = pool_slots(model, float(ri), int(Li)), step_slots_needed(model, int(Li), int(Ti))
+        slots[i], need[i] = pool_slots(model, float(ri), int(Li)), _step_slots_needed(model, int(Li), int(Ti))
     if weights_reason:
         batch_gpu = np.zeros(n, dtype=np.int64)
     else:
@@ -289,6 +317,9 @@ def batch_limits(context_len, ratio=1.0, *, mtp=1, model: ModelSpec | str = DEFA
     L = validate.number_array("context_len", context_len, whole=True, max_ndim=None)
     r = validate.number_array("ratio", ratio, max_ndim=None)
     T = validate.number_array("mtp", mtp, whole=True, max_ndim=None)
+    if (T > model.max_position_embeddings).any():       # a step decodes at most a whole context
+        raise ValueError(f"mtp must not exceed the maximum context of {model.name} "
+                         f"({model.max_position_embeddings} tokens), got {mtp!r}")
     if (r > 1).any():
         raise ValueError(f"ratio must be in (0, 1], got {ratio!r}")
     if (L > model.max_position_embeddings).any():
@@ -327,9 +358,18 @@ def ratio_for_batch(batch, context_len, *, mtp=1, model: ModelSpec | str = DEFAU
     tokens). 1.0 when no offload is needed; NaN when no ratio fits."""
     model, dep, gpu, host = resolve(model, deployment, gpu, host)
     B = validate.number_array("batch", batch, whole=True, max_ndim=None)
-    L = validate.number_array("context_len", context_len, whole=True, max_ndim=None).astype(np.int64)
-    decimals = validate.non_negative_int("decimals", decimals)
-    B, L = np.broadcast_arrays(B, L)
+    L = validate.number_array("context_len", context_len, whole=True, max_ndim=None)
+    if (L > model.max_position_embeddings).any():
+        raise ValueError(f"context_len must not exceed the maximum context of {model.name} "
+                         f"({model.max_position_embeddings} tokens), got {context_len!r}")
+    L = L.astype(np.int64)
+    # a float64 ratio carries about 15 significant digits: more decimals would round nothing
+    decimals = validate.integer("decimals", decimals, lo=0, below=16)
+    try:
+        B, L = np.broadcast_arrays(B, L)
+    except ValueError:
+        raise ValueError(f"batch and context_len must broadcast to one shape, got {np.shape(B)} and "
+                         f"{np.shape(L)}") from None
     budget = kv_budget_bytes(model, dep, gpu)
     Lu, inv = np.unique(L.ravel(), return_inverse=True)
     caches = [request_cache(model, int(x), 1.0, dep.kv_dtype) for x in Lu]
@@ -351,8 +391,11 @@ def smallest_step_ratio(context_len: int, mtp: int = 1, *, model: ModelSpec | st
     """The smallest ratio on a grid of ``step`` whose pools (:func:`ess.layout.pool_slots`) hold one step
     (:func:`step_slots_needed`: K, or the union of ``mtp`` top-K sets on average over the layers); 1.0 if none
     below 1 does."""
-    model = model_spec(model) if isinstance(model, str) else model
-    need = step_slots_needed(model, check_context_len(model, context_len), validate.positive_int("mtp", mtp))
+    model = check_model(model_spec(model) if isinstance(model, str) else model)
+    step = validate.real("step", step, lo=0.0, hi=1.0, lo_open=True, hi_open=True)
+    if step < 1e-4:                                       # the grid is walked point by point
+        raise ValueError(f"step must be at least 1e-4 (a grid of at most 10,000 ratios), got {step:g}")
+    need = step_slots_needed(model, context_len, mtp)
     for r in np.arange(step, 1.0, step):
         r = round(float(r), 6)
         if pool_slots(model, r, context_len) >= need:
@@ -363,7 +406,7 @@ def smallest_step_ratio(context_len: int, mtp: int = 1, *, model: ModelSpec | st
 def host_memory_needed_bytes(batch: int, context_len: int, *, model: ModelSpec | str = DEFAULT_MODEL,
                              dtype: str = "fp8") -> int:
     """Host bytes that hold the whole latent cache of ``batch`` requests of ``context_len`` tokens."""
-    model = model_spec(model) if isinstance(model, str) else model
+    model = check_model(model_spec(model) if isinstance(model, str) else model)
     batch = validate.positive_int("batch", batch)
     context_len = check_context_len(model, context_len)
     return batch * request_cache(model, context_len, 1.0, dtype).latent_bytes
@@ -377,10 +420,10 @@ def fit_mem_fraction_static(batch_limit: int, context_len: int, *, model: ModelS
     model, deployment, gpu, _ = resolve(model, deployment, None, None)
     batch_limit = validate.positive_int("batch_limit", batch_limit)
     rc = request_cache(model, context_len, 1.0, deployment.kv_dtype)
-    static = weights_per_gpu_bytes(model, deployment) + (batch_limit + 0.5) * rc.gpu_bytes
     hbm = gpu.hbm_capacity_GiB * GiB
+    static = weights_per_gpu_bytes(model, deployment) + (min(batch_limit, hbm // rc.gpu_bytes + 1) + 0.5) * rc.gpu_bytes
     if static > hbm:
-        raise ValueError(f"batch_limit={batch_limit} requests of {context_len} tokens need {static / 1e9:,.0f} GB "
+        raise ValueError(f"batch_limit={batch_limit} requests of context_len={context_len} tokens need at least {static / 1e9:,.0f} GB "
                          f"(weights and caches) but {gpu.name} has {hbm / 1e9:.0f} GB: no mem_fraction_static <= 1 "
                          f"puts the limit there")
     return round(static / hbm, 3)
@@ -395,7 +438,8 @@ def tier_placement(context_len: int, ratio: float, *, batch: int | None = None, 
     ``batch=None`` takes the largest batch of :func:`largest_batch`. With ``ratio < 1`` the GPU holds
     the indexer cache and :func:`ess.layout.pool_slots` slots per request and layer, the host holds every latent entry;
     ``ratio == 1`` is the no-offload baseline (all latent entries on the GPU, none on the host). ``n_spilled``
-    paused requests sit on disk with their whole latent cache."""
+    paused requests sit on disk with their whole latent cache. A ``batch`` above the largest one that fits is a
+    ``ValueError`` (its bytes would not fit in the GPU's or the host's memory)."""
     import pandas as pd
 
     model, dep, gpu_, host_ = resolve(model, deployment, gpu, host)
@@ -403,7 +447,11 @@ def tier_placement(context_len: int, ratio: float, *, batch: int | None = None, 
     if batch is None:
         batch = lim.batch
     batch = validate.non_negative_int("batch", batch)
-    n_spilled = validate.non_negative_int("n_spilled", n_spilled)
+    if batch > lim.batch:
+        raise ValueError(f"batch={batch} does not fit: at context_len={lim.context_len} and ratio {lim.ratio:g} the "
+                         f"largest batch on {gpu_.name} is {lim.batch} (limited by {lim.limited_by}"
+                         f"{': ' + lim.reason if lim.reason else ''})")
+    n_spilled = validate.integer("n_spilled", n_spilled, lo=0, below=2 ** 63)       # a count of requests (int64)
     rc = request_cache(model, context_len, ratio, dep.kv_dtype)
     entry = latent_entry_bytes(model, dep.kv_dtype)
     offload = ratio < 1.0
@@ -423,7 +471,7 @@ def tier_placement(context_len: int, ratio: float, *, batch: int | None = None, 
             ("GPU", "runtime reserve", hbm - weights - budget),
             ("host", "latent cache (all)", host_latent),
             ("host", "free", max(host_total - host_latent, 0.0)),
-            ("disk", "spilled requests", n_spilled * rc.latent_bytes)]
+            ("disk", "spilled requests", n_spilled * float(rc.latent_bytes))]
     df = pd.DataFrame(rows, columns=["tier", "part", "bytes"])
     df.attrs.update(batch=int(batch), capacity=int(capacity), limited_by=lim.limited_by, reason=lim.reason,
                     largest_batch=lim.batch, context_len=int(context_len), ratio=float(ratio), gpu=gpu_.name,

@@ -27,7 +27,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import validate
-from .layout import indexer_entry_bytes, latent_layout
+from .layout import check_model, indexer_entry_bytes, latent_layout
 from .specs import ModelSpec
 
 __all__ = [
@@ -64,11 +64,23 @@ def _check_finite(x: np.ndarray, name: str) -> None:
         raise ValueError(f"{name} must hold finite values only (found NaN or inf)")
 
 
+_F32_MAX = float(np.finfo(np.float32).max)
+
+
 def _numbers(x, name: str, dtype) -> np.ndarray:
-    """``x`` as an array of ``dtype``; a ``TypeError`` naming ``name`` for strings, bools or objects."""
-    a = np.asarray(x)
+    """``x`` as an array of ``dtype``; a ``TypeError`` naming ``name`` for strings, bools or objects (ragged nesting
+    included), a ``ValueError`` for values beyond the float32 range when ``dtype`` is float32 (they would become
+    infinities)."""
+    try:
+        a = np.asarray(x)
+    except (TypeError, ValueError):                       # ragged nesting
+        raise TypeError(f"{name} must hold numbers, got {type(x).__name__}") from None
     if a.dtype.kind not in "iuf":
         raise TypeError(f"{name} must hold numbers, got dtype {a.dtype}")
+    if np.dtype(dtype) == np.float32 and a.dtype.itemsize > 4:
+        _check_finite(a, name)
+        if a.size and float(np.max(np.abs(a.astype(np.float64)))) > _F32_MAX:
+            raise ValueError(f"{name} holds a value beyond the float32 range (|x| <= {_F32_MAX:.4g})")
     return a.astype(dtype, copy=False)
 
 
@@ -99,12 +111,20 @@ def fp8_e4m3_round(x) -> np.ndarray:
 
 
 def bf16_encode(x) -> np.ndarray:
-    """16-bit patterns (uint16) of ``x`` rounded to bfloat16, nearest with ties to even."""
-    x = np.ascontiguousarray(x, dtype=np.float32)
-    _check_finite(x, "x")
+    """16-bit patterns (uint16) of ``x`` rounded to bfloat16, nearest with ties to even. A value that rounds past the
+    largest finite bfloat16 (about 3.39e38) is a ``ValueError``, not an infinity."""
+    return _bf16(x, "x")
+
+
+def _bf16(x, name: str) -> np.ndarray:
+    x = np.ascontiguousarray(_numbers(x, name, np.float32))
+    _check_finite(x, name)
     u = x.view(np.uint32).astype(np.uint64)
     u = u + 0x7FFF + ((u >> 16) & 1)
-    return (u >> 16).astype(np.uint16)
+    out = (u >> 16).astype(np.uint16)
+    if ((out & 0x7F80) == 0x7F80).any():                  # exponent all ones: rounded up to infinity
+        raise ValueError(f"{name} holds a value beyond the bfloat16 range (|x| < 3.39e38)")
+    return out
 
 
 def bf16_decode(bits) -> np.ndarray:
@@ -121,7 +141,9 @@ def bf16_round(x) -> np.ndarray:
 
 
 def _tile_scales(amax: np.ndarray, pow2_scale: bool) -> np.ndarray:
-    s = np.where(amax > 0, amax / FP8_E4M3_MAX, 1.0)
+    # float64, and at least float32's smallest normal number: amax / 448 of a tile of subnormal values underflows to
+    # 0 in float32, and the tile would be divided by 0 (its values then quantise to 0, as small as they are)
+    s = np.where(amax > 0, np.maximum(amax.astype(np.float64) / FP8_E4M3_MAX, np.finfo(np.float32).tiny), 1.0)
     if pow2_scale:
         s = 2.0 ** np.ceil(np.log2(s))
     return s.astype(np.float32)
@@ -131,18 +153,40 @@ def quantize_fp8_tiles(x, tile: int = FP8_BLOCK, *, pow2_scale: bool = False) ->
     """Quantise the last axis of ``x`` in tiles of ``tile`` values: returns (codes uint8 (..., n), scales float32
     (..., n // tile)) with ``x ~= fp8(codes) * scale`` per tile."""
     tile = validate.positive_int("tile", tile)
+    pow2_scale = validate.boolean("pow2_scale", pow2_scale)
     x = _numbers(x, "x", np.float32)
     _check_finite(x, "x")
     if x.ndim == 0 or x.shape[-1] % tile:
         raise ValueError(f"x: last axis ({x.shape[-1:] or 'scalar'}) must be a multiple of tile={tile}")
     tiles = x.reshape(*x.shape[:-1], x.shape[-1] // tile, tile)
-    scales = _tile_scales(np.abs(tiles).max(axis=-1), pow2_scale)            # (..., n_tiles)
-    codes = fp8_e4m3_encode(tiles / scales[..., None].astype(np.float64))
-    return codes.reshape(x.shape), scales
+    amax = np.abs(tiles).max(axis=-1)
+    scales = _tile_scales(amax, pow2_scale)                                   # (..., n_tiles)
+    codes = fp8_e4m3_encode(tiles / scales[..., None].astype(np.float64)).reshape(x.shape)
+    # FP8 rounds up by at most 2^-4: only a tile within that of float32's limit can decode past it (a power-of-two
+    # scale can turn 3.39e38 into 2^128)
+    if (amax > _F32_MAX / (1 + 2 ** -4)).any() and \
+            np.abs(_dequantize(codes, scales, tile, wide=True)).max() > _F32_MAX:
+        raise ValueError(f"x holds a value whose FP8 rounding leaves the float32 range (|x| up to {amax.max():g}"
+                         f"{', with pow2_scale' if pow2_scale else ''})")
+    return codes, scales
 
 
 def dequantize_fp8_tiles(codes, scales, tile: int = FP8_BLOCK) -> np.ndarray:
-    """Inverse of :func:`quantize_fp8_tiles` (float32)."""
+    """Inverse of :func:`quantize_fp8_tiles` (float32). ``scales`` are what the quantiser writes: finite and >= 0,
+    and small enough that every value stays within float32 (a ``ValueError`` otherwise)."""
+    scales_arr = _numbers(scales, "scales", np.float64)
+    _check_finite(scales_arr, "scales")
+    if scales_arr.size and scales_arr.min() < 0:
+        raise ValueError(f"scales must be >= 0 (amax / 448 of a tile), got {scales_arr.min():g}")
+    out = _dequantize(codes, scales, tile, wide=True)
+    if out.size and np.nanmax(np.abs(out), initial=0.0) > _F32_MAX:
+        raise ValueError(f"scales: a code times its scale leaves the float32 range (scale up to {scales_arr.max():g})")
+    return out.astype(np.float32)
+
+
+def _dequantize(codes, scales, tile, *, wide: bool = False) -> np.ndarray:
+    """:func:`dequantize_fp8_tiles` of stored bytes, as they are: a NaN code or scale decodes to NaN (float32; with
+    ``wide`` float64, the exact products before their rounding to float32)."""
     tile = validate.positive_int("tile", tile)
     vals = fp8_e4m3_decode(codes)
     if vals.ndim == 0 or vals.shape[-1] % tile:
@@ -151,14 +195,20 @@ def dequantize_fp8_tiles(codes, scales, tile: int = FP8_BLOCK) -> np.ndarray:
     if scales.shape != vals.shape[:-1] + (vals.shape[-1] // tile,):
         raise ValueError(f"scales must have shape {vals.shape[:-1] + (vals.shape[-1] // tile,)} (one per tile of "
                          f"codes), got {scales.shape}")
-    tiles = vals.reshape(*vals.shape[:-1], vals.shape[-1] // tile, tile)
-    return (tiles * np.asarray(scales, np.float32)[..., None]).reshape(vals.shape)
+    tiles = vals.reshape(*vals.shape[:-1], vals.shape[-1] // tile, tile).astype(np.float64)
+    out = (tiles * scales.astype(np.float64)[..., None]).reshape(vals.shape)     # exact: two 24-bit mantissas
+    if wide:
+        return out
+    with np.errstate(over="ignore"):                   # stored bytes beyond float32 decode to inf, as on a GPU
+        return out.astype(np.float32)
 
 
 def hadamard_rotate(x) -> np.ndarray:
     """Orthonormal Hadamard rotation of the last axis (length a power of two), by the fast Walsh-Hadamard transform.
-    float32 in, float32 out; ``hadamard_rotate(hadamard_rotate(x)) == x`` up to rounding."""
-    x = np.array(x, dtype=np.float64)
+    float32 in, float32 out; ``hadamard_rotate(hadamard_rotate(x)) == x`` up to rounding. ``x`` must be finite, and
+    so must the rotated values in float32 (a ``ValueError`` otherwise)."""
+    x = np.array(_numbers(x, "x", np.float64), dtype=np.float64)
+    _check_finite(x, "x")
     n = x.shape[-1] if x.ndim else 0
     if n < 1 or n & (n - 1):
         raise ValueError(f"x: last axis must be a power of two for the Hadamard rotation, got {n}")
@@ -168,7 +218,10 @@ def hadamard_rotate(x) -> np.ndarray:
         a, b = y[..., 0, :].copy(), y[..., 1, :].copy()
         y[..., 0, :], y[..., 1, :] = a + b, a - b
         h *= 2
-    return (x / np.sqrt(n)).astype(np.float32)
+    x /= np.sqrt(n)
+    if x.size and np.abs(x).max() > _F32_MAX:
+        raise ValueError(f"x: the rotation leaves the float32 range (a value of up to sqrt({n}) x max|x|)")
+    return x.astype(np.float32)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -176,13 +229,15 @@ def hadamard_rotate(x) -> np.ndarray:
 # ----------------------------------------------------------------------------------------------------------------
 
 def _as_rows(x, width: int, name: str) -> np.ndarray:
-    x = np.asarray(x)
+    try:
+        x = np.asarray(x)
+    except (TypeError, ValueError):                       # ragged nesting
+        raise TypeError(f"{name} must be a floating-point array, got {type(x).__name__}") from None
     if x.ndim < 1 or x.shape[-1] != width:
         raise ValueError(f"{name} must have a last axis of {width} values, got shape {x.shape}")
     if not np.issubdtype(x.dtype, np.floating):
         raise TypeError(f"{name} must be floating point, got dtype {x.dtype}")
-    _check_finite(x, name)
-    return x.astype(np.float32)
+    return _numbers(x, name, np.float32)
 
 
 def encode_latent(ckv, rope, model: ModelSpec, dtype: str = "fp8", *, pow2_scale: bool = False) -> np.ndarray:
@@ -192,15 +247,16 @@ def encode_latent(ckv, rope, model: ModelSpec, dtype: str = "fp8", *, pow2_scale
     BF16: both halves in BF16 (1,152 B).
     """
     lay = latent_layout(model, dtype)
+    pow2_scale = validate.boolean("pow2_scale", pow2_scale)
     ckv = _as_rows(ckv, model.kv_lora_rank, "ckv")
     rope = _as_rows(rope, model.qk_rope_head_dim, "rope")
     if ckv.shape[:-1] != rope.shape[:-1]:
         raise ValueError(f"ckv and rope must have the same leading shape, got {ckv.shape[:-1]} and {rope.shape[:-1]}")
     out = np.zeros(ckv.shape[:-1] + (lay.entry_bytes,), dtype=np.uint8)
-    rope_b = bf16_encode(rope).view(np.uint8)
+    rope_b = _bf16(rope, "rope").view(np.uint8)
     out[..., lay.rope_offset:lay.rope_offset + lay.rope_bytes] = rope_b
     if dtype == "bf16":
-        out[..., lay.ckv_offset:lay.ckv_offset + lay.ckv_bytes] = bf16_encode(ckv).view(np.uint8)
+        out[..., lay.ckv_offset:lay.ckv_offset + lay.ckv_bytes] = _bf16(ckv, "ckv").view(np.uint8)
         return out
     codes, scales = quantize_fp8_tiles(ckv, model.latent_fp8_tile, pow2_scale=pow2_scale)
     out[..., lay.ckv_offset:lay.ckv_offset + lay.ckv_bytes] = codes
@@ -210,7 +266,8 @@ def encode_latent(ckv, rope, model: ModelSpec, dtype: str = "fp8", *, pow2_scale
 
 
 def decode_latent(entries, model: ModelSpec, dtype: str = "fp8") -> np.ndarray:
-    """float32 (..., kv_lora_rank + qk_rope_head_dim) latents (c_KV then rope) from latent entries."""
+    """float32 (..., kv_lora_rank + qk_rope_head_dim) latents (c_KV then rope) from latent entries, decoded as stored
+    (a NaN code or scale gives NaN, as the GPU's kernels read it)."""
     lay = latent_layout(model, dtype)
     e = validate.entries("entries", entries, (lay.entry_bytes,))
     rope = bf16_decode(np.ascontiguousarray(e[..., lay.rope_offset:lay.rope_offset + lay.rope_bytes]).view(np.uint16))
@@ -219,14 +276,15 @@ def decode_latent(entries, model: ModelSpec, dtype: str = "fp8") -> np.ndarray:
         ckv = bf16_decode(raw.view(np.uint16))
     else:
         scales = np.ascontiguousarray(e[..., lay.scale_offset:lay.scale_offset + 4 * lay.n_scales]).view("<f4")
-        ckv = dequantize_fp8_tiles(raw, scales, model.latent_fp8_tile)
+        ckv = _dequantize(raw, scales, model.latent_fp8_tile)
     return np.concatenate([ckv, rope], axis=-1).astype(np.float32)
 
 
 def encode_indexer_keys(keys, model: ModelSpec, *, pow2_scale: bool = False) -> np.ndarray:
     """Indexer-cache entries (uint8 (..., index_head_dim + 4)): the key in FP8 with one float32 scale (132 B).
     Rotate the keys first (:func:`hadamard_rotate`) to match the model."""
-    d = model.index_head_dim
+    d = check_model(model).index_head_dim
+    pow2_scale = validate.boolean("pow2_scale", pow2_scale)
     keys = _as_rows(keys, d, "keys")
     codes, scales = quantize_fp8_tiles(keys, d, pow2_scale=pow2_scale)
     out = np.empty(keys.shape[:-1] + (indexer_entry_bytes(model),), dtype=np.uint8)
@@ -236,8 +294,8 @@ def encode_indexer_keys(keys, model: ModelSpec, *, pow2_scale: bool = False) -> 
 
 
 def decode_indexer_keys(entries, model: ModelSpec) -> np.ndarray:
-    """float32 (..., index_head_dim) keys from indexer-cache entries."""
-    d = model.index_head_dim
+    """float32 (..., index_head_dim) keys from indexer-cache entries, decoded as stored (see :func:`decode_latent`)."""
+    d = check_model(model).index_head_dim
     e = validate.entries("entries", entries, (indexer_entry_bytes(model),))
     scales = np.ascontiguousarray(e[..., d:d + 4]).view("<f4")
     return fp8_e4m3_decode(e[..., :d]) * scales

@@ -40,7 +40,7 @@ from . import validate
 import weakref
 from collections.abc import Mapping
 
-from .kernels import resolve_backend
+from .kernels import check_device, resolve_backend
 from .kernels.transfer import TransferError, copy_rows_unchecked
 from .layout import KV_DTYPES, EntryFormat, check_context_len, entry_format
 from .metrics import MetricsLog, StepMetrics
@@ -288,11 +288,7 @@ class TieredCache:
         self.model = model if isinstance(model, ModelSpec) else None
         self.format = entry_format(model, dtype)
         validate.one_of("policy", policy, ONLINE_POLICIES)
-        if not isinstance(device, str):
-            raise TypeError(f"device must be a str ('cpu' or 'cuda[:n]'), got {type(device).__name__}")
-        self.device = str(device)
-        if not (self.device == "cpu" or self.device.startswith("cuda")):
-            raise ValueError(f"device must be 'cpu' or 'cuda[:n]', got {device!r}")
+        self.device = check_device(device)
         if not isinstance(backend, str):
             raise TypeError(f"backend must be a str ('auto', 'reference', 'numba', 'torch'), got "
                             f"{type(backend).__name__}")

@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass
+from decimal import Decimal
 from functools import lru_cache, partial
 from pathlib import Path
 from typing import Any, Iterator
@@ -29,8 +30,8 @@ import numpy as np
 import yaml
 
 from .specs import model_spec
-from .traces import Trace, _Owned
-from .validate import fraction, integer, real
+from .traces import MAX_POSITIONS, Trace, _Owned
+from .validate import fits_in_memory, fraction, integer, number_array, one_of, real
 
 __all__ = ["TRACE_MODELS", "READINGS", "PAPER_WARMUP_WINDOWS", "DRIFT_CUTOFF_SIGMAS", "synthetic_trace",
            "synthetic_streams", "locality_profile", "generator_defaults", "default_trace_model", "check_trace_model",
@@ -46,6 +47,10 @@ _CALIB_QUERIES = 17          # calibration stream: 17 query tokens = 16 adjacent
 _CALIB_SEED = 20251210       # fixed seed of the calibration streams (common random numbers for the bisection)
 DRIFT_CUTOFF_SIGMAS = 6.0     # candidate set: tokens whose base term is within 6 noise widths of the threshold
 _THRESHOLD_MARGIN = 0.25      # ... minus this margin for the threshold's own movement (checked in every run)
+# the uniform model draws a token's distinct free entries by rejection; a popularity skew so strong that this takes
+# more than this many draws per entry is refused instead of running without end (a bound on run time only: it
+# changes no stream that ends within it)
+_MAX_DRAWS_PER_ENTRY = 10_000
 
 
 # ------------------------------------------------------------------------------------------------------ profiles
@@ -84,6 +89,7 @@ def locality_profile(profile: Any = "paper", n_layers: int | None = None, readin
     model's (:func:`geometry`).
     """
     n_layers = integer("n_layers", geometry(n_layers)[0], lo=1)
+    fits_in_memory("n_layers", 16 * n_layers, "the profile's arrays (n_layers x 16 B)")
     if isinstance(profile, str):
         if profile != "paper":
             raise ValueError(f"profile must be 'paper', a number or a sequence of n_layers numbers, got {profile!r}")
@@ -99,9 +105,9 @@ def locality_profile(profile: Any = "paper", n_layers: int | None = None, readin
     elif reading is not None:
         raise ValueError("reading applies to profile='paper' only (a given profile is an overlap fraction)")
     elif isinstance(profile, numbers.Real) and not isinstance(profile, bool):
-        out = np.full(n_layers, float(profile))
+        out = np.full(n_layers, real("profile", profile))
     else:
-        out = np.asarray(profile, dtype=float)
+        out = number_array("profile", profile, positive=False, max_ndim=None)
         if out.shape != (n_layers,):
             raise ValueError(f"profile must have n_layers = {n_layers} values, got shape {out.shape}")
     if not np.all((out >= 0) & (out <= 1)):
@@ -123,11 +129,16 @@ class LocalityModel:
     rests_on: str = ""
 
     def __post_init__(self) -> None:
+        for name in ("name", "rests_on"):
+            if not isinstance(getattr(self, name), str):
+                raise TypeError(f"LocalityModel.{name} must be a str, got {type(getattr(self, name)).__name__}")
         check_trace_model(self.trace_model)
-        if self.reading not in READINGS:
+        if not isinstance(self.reading, str) or self.reading not in READINGS:
             raise ValueError(f"LocalityModel.reading must be one of {READINGS}, got {self.reading!r}")
         if (self.trace_model == "drift") != (self.drift_rho is not None):
             raise ValueError("LocalityModel.drift_rho is given for trace_model='drift' and only for it")
+        if self.drift_rho is not None:
+            real("LocalityModel.drift_rho", self.drift_rho, lo=0.0, hi=1.0, hi_open=True)
 
     @property
     def label(self) -> str:
@@ -163,11 +174,9 @@ def locality_fit() -> dict:
 def fitted_drift_rho(reading: str, at: str = "central") -> float:
     """The drift model's ``rho`` fitted for ``reading``: ``at`` ``"central"`` (2 x K hit rate 0.85), ``"at_80"`` or
     ``"at_90"`` (the ends of vLLM's range), from ``data/locality/fit.yaml``."""
-    if reading not in READINGS:
-        raise ValueError(f"reading must be one of {READINGS}, got {reading!r}")
+    one_of("reading", reading, READINGS)
     values = locality_fit()["drift_rho"]["value"][reading]
-    if at not in values:
-        raise ValueError(f"at must be one of {sorted(values)}, got {at!r}")
+    one_of("at", at, sorted(values))
     return float(values[at])
 
 
@@ -224,7 +233,8 @@ def check_trace_model(trace_model: Any) -> str:
 def geometry(n_layers: int | None = None, k: int | None = None) -> tuple[int, int]:
     """``(n_layers, k)``, each ``None`` meaning DeepSeek-V3.2-Exp's (61 layers, top-k 2,048; ``data/models``)."""
     spec = model_spec()
-    return (spec.n_layers if n_layers is None else n_layers), (spec.index_topk if k is None else k)
+    return (spec.n_layers if n_layers is None else integer("n_layers", n_layers, lo=1),
+            spec.index_topk if k is None else integer("k", k, lo=1))
 
 
 # ----------------------------------------------------------------------------------------------------- kernels
@@ -304,9 +314,13 @@ def _gen_kernel():
             return x
         return lo + randint(state, hi - lo)
 
+    max_draws = _MAX_DRAWS_PER_ENTRY
+
     @njit(cache=True, nogil=True)
     def gen(seed, context_len, k, mtp, steps, n_warm, r, n_sinks, window, cdf, use_cdf, warm_out, step_out):
-        """One (request, layer) stream. Fills warm_out (n_warm, k) and step_out (steps, mtp*k), -1 padded."""
+        """One (request, layer) stream. Fills warm_out (n_warm, k) and step_out (steps, mtp*k), -1 padded. Returns
+        0, or -1 when a token's free entries took more than ``_MAX_DRAWS_PER_ENTRY`` draws each (a popularity too
+        skewed: the draw of distinct entries by rejection would not end)."""
         state = np.empty(1, np.uint64)
         state[0] = np.uint64(seed) * np.uint64(0x9E3779B97F4A7C15) + np.uint64(1)   # never 0
         n_pos = context_len + steps * mtp
@@ -348,7 +362,11 @@ def _gen_kernel():
             if prev_ctx >= 0:
                 n_excl = nfree + max(0, min(ctx - nw, prev_ctx) - max(prev_ctx - nw, ns))
             strict = (hi - ns) - n_excl >= need - keep   # enough room to draw only entries the previous set lacked
+            draws = 0
             while n < need:
+                draws += 1
+                if draws > max_draws * need:              # a popularity too skewed to find distinct entries
+                    return -1
                 x = draw(state, ns, hi, cdf, use_cdf)
                 if chosen[x] == g:
                     continue
@@ -592,7 +610,6 @@ def _drift_overlap_at(c: float, rho: float, context_len: int, k: int, n_sinks: i
     return float(overlap(out, n_pos))
 
 
-@lru_cache(maxsize=1024)
 def drift_calibration(r: float, context_len: int, k: int | None = None, n_sinks: int | None = None,
                       local_window: int | None = None, rho: float | None = None) -> dict:
     """Solve the score-drift model's adjacent-token score correlation ``c`` for a target overlap ``r``.
@@ -604,16 +621,19 @@ def drift_calibration(r: float, context_len: int, k: int | None = None, n_sinks:
     below it gives c = 0). Cached; the only quantity of the model fitted to anything, and it is fitted to the
     locality profile only.
     """
-    d = generator_defaults()
-    context_len = integer("context_len", context_len, lo=1)
+    context_len = integer("context_len", context_len, lo=1, below=MAX_POSITIONS - _CALIB_QUERIES + 1)
     k = integer("k", geometry(k=k)[1], lo=1)
     if k > context_len:
         raise ValueError(f"k (top-K) = {k} is larger than the context ({context_len} tokens); expected k <= context_len")
-    n_sinks = integer("n_sinks", d["n_sinks"] if n_sinks is None else n_sinks, lo=0)
-    local_window = integer("local_window", d["local_window"] if local_window is None else local_window, lo=0)
+    n_sinks, local_window = _structure(n_sinks, local_window, context_len)
     rho = real("drift_rho", fitted_drift_rho(check_reading(None)) if rho is None else rho, lo=0.0, hi=1.0,
                hi_open=True)
     r = fraction("r (the target overlap)", r)
+    return _drift_calibration(r, context_len, k, n_sinks, local_window, rho)
+
+
+@lru_cache(maxsize=1024)
+def _drift_calibration(r: float, context_len: int, k: int, n_sinks: int, local_window: int, rho: float) -> dict:
     f = partial(_drift_overlap_at, rho=rho, context_len=context_len, k=k, n_sinks=n_sinks, window=local_window)
     floor = f(0.0)
     if r <= floor:
@@ -633,12 +653,22 @@ def drift_calibration(r: float, context_len: int, k: int | None = None, n_sinks:
     return {"c": c, "pi": pi, "rho": rl, "overlap": f(c), "floor": floor}
 
 
+def _structure(n_sinks, local_window, context_len: int) -> tuple[int, int]:
+    """The attention sinks and the local window (``None``: :func:`generator_defaults`), each at most the context."""
+    d = generator_defaults()
+    n_sinks = integer("n_sinks", d["n_sinks"] if n_sinks is None else n_sinks, lo=0, below=context_len + 1)
+    local_window = integer("local_window", d["local_window"] if local_window is None else local_window, lo=0,
+                           below=context_len + 1)
+    return n_sinks, local_window
+
+
 # ----------------------------------------------------------------------------------------------------- streams
 def _stream_seed(seed: int, request: int, layer: int) -> int:
     return int(np.random.SeedSequence([seed, request, layer]).generate_state(1)[0] & 0x7FFFFFFF)
 
 
 def _check_generator_args(context_len, k, mtp, steps, batch, n_layers, warmup_windows, seed):
+    model_geometry = k is None
     n_layers, k = geometry(n_layers, k)
     context_len = integer("context_len", context_len, lo=1)
     k = integer("k", k, lo=1)
@@ -653,6 +683,14 @@ def _check_generator_args(context_len, k, mtp, steps, batch, n_layers, warmup_wi
         raise ValueError(f"the first warmup window (prefill position {context_len - warmup_windows}) sees fewer than "
                          f"k = {k} tokens; use fewer warmup_windows or a longer context")
     seed = integer("seed", seed, lo=0)
+    n_pos = context_len + steps * mtp
+    if model_geometry and n_pos > model_spec().max_position_embeddings:
+        raise ValueError(f"context_len + steps * mtp = {n_pos} tokens exceeds the maximum context of "
+                         f"{model_spec().name} ({model_spec().max_position_embeddings} tokens), whose top-K (k=None) "
+                         f"the trace takes")
+    if n_pos > MAX_POSITIONS:
+        raise ValueError(f"context_len + steps * mtp = {n_pos} positions; traces index int32 positions "
+                         f"(at most 2**31 - 1)")
     return context_len, k, mtp, steps, batch, n_layers, warmup_windows, seed
 
 
@@ -699,9 +737,8 @@ def synthetic_streams(context_len: int, *, n_layers: int | None = None, k: int |
     trace_model = check_trace_model(trace_model)
     reading = check_reading(reading)
     r = locality_profile(profile, n_layers, reading if isinstance(profile, str) else None)
+    n_sinks, local_window = _structure(n_sinks, local_window, context_len)
     d = generator_defaults()
-    n_sinks = integer("n_sinks", d["n_sinks"] if n_sinks is None else n_sinks, lo=0)
-    local_window = integer("local_window", d["local_window"] if local_window is None else local_window, lo=0)
     n_pos = context_len + steps * mtp
     if trace_model == "drift":
         if popularity_sigma is not None:
@@ -711,9 +748,13 @@ def synthetic_streams(context_len: int, *, n_layers: int | None = None, k: int |
                    hi_open=True)
         calib = {float(v): drift_calibration(float(v), context_len, k, n_sinks, local_window, rho)
                  for v in np.unique(r)}
-        cutoff = DRIFT_CUTOFF_SIGMAS if drift_cutoff_sigmas is None else float(drift_cutoff_sigmas)
-        if not cutoff > 0:
-            raise ValueError(f"drift_cutoff_sigmas must be > 0 (math.inf = simulate every token), got {cutoff!r}")
+        if drift_cutoff_sigmas is None:
+            cutoff = DRIFT_CUTOFF_SIGMAS
+        elif isinstance(drift_cutoff_sigmas, (float, np.floating)) and drift_cutoff_sigmas == math.inf:
+            cutoff = math.inf
+        else:
+            cutoff = real("drift_cutoff_sigmas (math.inf = simulate every token)", drift_cutoff_sigmas, lo=0.0,
+                          lo_open=True)
         jobs = [(b, layer) for b in range(batch) for layer in range(n_layers)]
 
         def run(job):
@@ -740,14 +781,19 @@ def synthetic_streams(context_len: int, *, n_layers: int | None = None, k: int |
         for layer in range(n_layers):
             s = _stream_seed(seed, b, layer)
             if sigma > 0:
-                w = np.exp(sigma * np.random.default_rng(s).standard_normal(n_pos))
+                with np.errstate(over="ignore"):
+                    w = np.exp(sigma * np.random.default_rng(s).standard_normal(n_pos))
                 cdf = np.concatenate([[0.0], np.cumsum(w)])
+                if not np.isfinite(cdf[-1]):
+                    raise ValueError(f"popularity_sigma={sigma:g} overflows the popularity weights exp(sigma x N(0, 1))")
             else:
                 cdf = np.zeros(1)
             warm = np.empty((warmup_windows, k), np.int32)
             out = np.empty((steps, mtp * k), np.int32)
-            gen(s, context_len, k, mtp, steps, warmup_windows, float(r[layer]), n_sinks, local_window, cdf,
-                sigma > 0, warm, out)
+            if gen(s, context_len, k, mtp, steps, warmup_windows, float(r[layer]), n_sinks, local_window, cdf,
+                   sigma > 0, warm, out) < 0:
+                raise ValueError(f"popularity_sigma={sigma:g} is too skewed to draw k = {k} distinct entries from a "
+                                 f"context of {context_len} tokens (more than {_MAX_DRAWS_PER_ENTRY} draws per entry)")
             yield b, layer, warm, out
 
 
@@ -764,7 +810,8 @@ def synthetic_trace(context_len: int, *, n_layers: int | None = None, k: int | N
     trace_model = check_trace_model(trace_model)
     nbytes = batch * n_layers * steps * mtp * k * 4
     if nbytes > 2e9:
-        raise ValueError(f"this trace would take {nbytes / 1e9:.1f} GB; use synthetic_streams() or "
+        raise ValueError(f"this trace would take {Decimal(nbytes) / 10 ** 9:,.3g} GB (batch={batch} x n_layers={n_layers} x "
+                         f"steps={steps} x mtp={mtp} x k={k} x 4 B); use synthetic_streams() or "
                          f"ess.cachesim.misses_per_layer(), which never hold the whole trace")
     idx = np.empty((batch, n_layers, steps, mtp * k), np.int32)
     warm = np.empty((batch, n_layers, warmup_windows, k), np.int32) if warmup_windows else None

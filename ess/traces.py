@@ -31,10 +31,10 @@ from typing import Any, Mapping
 import numpy as np
 
 from .atomic import atomic_path
-from .validate import integer
+from .validate import integer, path as check_path
 
 __all__ = ["Trace", "TraceRecorder", "load_trace", "adjacent_overlap", "union_share", "return_share",
-           "validate_trace_arrays", "index_rows", "MAX_POSITIONS"]
+           "validate_trace_arrays", "index_rows", "check_trace", "MAX_POSITIONS"]
 
 _FORMAT = "ess-trace-v2"   # v2: the warmup windows are stored as "windows"
 
@@ -139,7 +139,7 @@ def validate_trace_arrays(indices: Any, windows: Any, *, context_len: int, k: in
         return
     if not isinstance(windows, np.ndarray) or windows.ndim != 4 or not np.issubdtype(windows.dtype, np.integer):
         raise TypeError("windows must be None or an integer array of shape (B, n_layers, W, k)")
-    if windows.shape[:2] != (B, n_layers) or windows.shape[3] > k or windows.shape[2] < 1:
+    if windows.shape[:2] != (B, n_layers) or windows.shape[3] > k or windows.shape[2] < 1 or windows.shape[3] < 1:
         raise ValueError(f"windows must have shape (B={B}, n_layers={n_layers}, W>=1, <=k={k}), got {windows.shape}")
     if int(windows.min()) < -1 or int(windows.max()) >= context_len:
         raise ValueError(f"warmup windows must read prefill positions 0 .. {context_len - 1} (or -1 for padding)")
@@ -224,20 +224,23 @@ class Trace:
 
     def save(self, path: str | Path) -> Path:
         """Write a compressed ``.npz`` (indices, windows, JSON metadata), atomically (:func:`ess.atomic.atomic_path`:
-        an interrupted save leaves the file as it was)."""
-        path = Path(path)
+        an interrupted save leaves the file as it was). ``meta`` must be JSON data."""
+        path = check_path("path", path)
         if path.suffix != ".npz":
             raise ValueError(f"path must end in .npz, got {path.name!r}")
+        try:
+            metadata = json.dumps(self.metadata(), allow_nan=False)   # NaN is not JSON
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"meta must hold JSON data (str, finite numbers, lists, dicts) to be saved: {exc}") from None
         windows = self.windows if self.windows is not None else np.zeros((0, 0, 0, 0), np.int32)
         with atomic_path(path, suffix=".npz") as tmp:
-            np.savez_compressed(tmp, indices=self.indices, windows=windows,
-                                metadata=np.array(json.dumps(self.metadata())))
+            np.savez_compressed(tmp, indices=self.indices, windows=windows, metadata=np.array(metadata))
         return path
 
 
 def load_trace(path: str | Path) -> Trace:
     """Read a trace written by :meth:`Trace.save`; a malformed file raises ValueError naming what is wrong."""
-    path = Path(path)
+    path = check_path("path", path)
     if not path.exists():
         raise ValueError(f"trace file {path} does not exist")
     try:
@@ -269,12 +272,19 @@ def load_trace(path: str | Path) -> Trace:
         raise ValueError(f"{path.name}: not a valid trace ({exc})") from None
 
 
+def check_trace(trace: Any, name: str = "trace") -> Trace:
+    """``trace`` when it is a :class:`Trace`; a ``TypeError`` naming ``name`` otherwise."""
+    if not isinstance(trace, Trace):
+        raise TypeError(f"{name} must be an ess.traces.Trace, got {type(trace).__name__}")
+    return trace
+
+
 def adjacent_overlap(trace: Trace) -> np.ndarray:
     """Mean overlap |S(t-1) & S(t)| / |S(t)| between adjacent steps, per layer: (n_layers,).
 
     With ``mtp = 1`` this is the metric of paper Fig. 2 and reproduces the generator's profile.
     """
-    if trace.steps < 2:
+    if check_trace(trace).steps < 2:
         raise ValueError("adjacent_overlap needs a trace with at least 2 steps")
     out = np.zeros(trace.n_layers)
     for layer in range(trace.n_layers):
@@ -352,7 +362,7 @@ def union_share(trace: Trace, window: int = 4) -> np.ndarray:
     requests. On a trace with one query token per step (``mtp = 1``) and ``window = 4`` it is the size of an MTP-4
     step's union relative to four separate sets."""
     window = integer("window", window, lo=1)
-    if trace.steps < window:
+    if check_trace(trace).steps < window:
         raise ValueError(f"union_share needs at least window = {window} steps, the trace has {trace.steps}")
     kern = _shape_kernels()[0]
     return _per_layer(trace, lambda rows: kern(rows, trace.n_positions, window).mean() / (window * trace.k))
@@ -364,7 +374,7 @@ def return_share(trace: Trace, within: int = 8) -> np.ndarray:
     t + within``; pooled over the steps whose window lies inside the trace and over the requests (NaN where no entry
     leaves)."""
     within = integer("within", within, lo=1)
-    if trace.steps < within + 2:
+    if check_trace(trace).steps < within + 2:
         raise ValueError(f"return_share needs at least within + 2 = {within + 2} steps, the trace has {trace.steps}")
     kern = _shape_kernels()[1]
     out = np.zeros(trace.n_layers)
@@ -402,12 +412,19 @@ class TraceRecorder:
         self.n_layers = integer("n_layers", n_layers, lo=1)
         self.batch = integer("batch", batch, lo=1)
         self.mtp = integer("mtp", mtp, lo=1)
+        if meta is not None and not isinstance(meta, Mapping):
+            raise TypeError(f"meta must be a mapping, got {type(meta).__name__}")
+        if self.context_len + self.mtp > MAX_POSITIONS:
+            raise ValueError(f"context_len + mtp = {self.context_len + self.mtp} positions; traces index int32 positions "
+                             f"(at most 2**31 - 1)")
         self.meta = dict(meta or {})
         self._steps: list[np.ndarray] = []                        # each (B, n_layers, mtp*k)
         self._pending: dict[int, np.ndarray] = {}
         self._windows: dict[int, np.ndarray] = {}
 
-    def _as_sets(self, name: str, layer: int, indices: Any) -> np.ndarray:
+    def _as_sets(self, name: str, layer: int, indices: Any, n_positions: int) -> np.ndarray:
+        """``indices`` as (B, q, K) integers in ``[-1, n_positions)`` (``n_positions``: the positions the step or
+        the prefill can read), checked before anything is recorded."""
         layer = integer("layer", layer, lo=0)
         if layer >= self.n_layers:
             raise ValueError(f"layer must be < n_layers = {self.n_layers}, got {layer}")
@@ -418,6 +435,9 @@ class TraceRecorder:
             raise TypeError(f"{name}: indices must be integers, got dtype {a.dtype}")
         if a.size and int(a.min()) < -1:
             raise ValueError(f"{name}: indices must be >= 0, or -1 for padding; found {int(a.min())}")
+        if a.size and int(a.max()) >= n_positions:
+            raise ValueError(f"{name}: indices must be < {n_positions} (the positions this step can read), found "
+                             f"{int(a.max())}")
         if a.ndim == 2:
             a = a[:, None, :]
         if a.ndim != 3 or a.shape[0] != self.batch or a.shape[2] > self.k:
@@ -427,7 +447,8 @@ class TraceRecorder:
 
     def observe(self, layer: int, indices: Any) -> None:
         """The top-K of this step's query tokens in ``layer``: (B, K) or (B, q, K), q <= mtp."""
-        a = self._as_sets("observe", layer, indices)
+        layer = integer("layer", layer, lo=0)
+        a = self._as_sets("observe", layer, indices, self.context_len + self.steps * self.mtp)
         if a.shape[1] > self.mtp:
             raise ValueError(f"observe: {a.shape[1]} query tokens in one step, but mtp = {self.mtp}")
         if layer in self._pending:
@@ -443,7 +464,14 @@ class TraceRecorder:
 
     def observe_windows(self, layer: int, indices: Any) -> None:
         """The top-K of the last W prefill positions of ``layer``: (B, W, K), in position order."""
-        a = self._as_sets("observe_windows", layer, indices)
+        layer = integer("layer", layer, lo=0)
+        a = self._as_sets("observe_windows", layer, indices, self.context_len)
+        if a.shape[1] < 1 or a.shape[2] < 1:
+            raise ValueError(f"observe_windows: indices must hold at least one window of entries, got shape {a.shape}")
+        rows = a.reshape(-1, a.shape[2])
+        if any(np.unique(r[r >= 0]).size != int((r >= 0).sum()) for r in rows):
+            raise ValueError("observe_windows: indices repeat a position within a window; each window's entries "
+                             "must be distinct")
         w = np.full((self.batch, a.shape[1], self.k), -1, np.int32)
         w[:, :, :a.shape[2]] = a
         self._windows[int(layer)] = w

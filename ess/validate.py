@@ -16,7 +16,8 @@ what was checked.
 * :func:`request_id`: a request's id, an ``int`` or a ``str`` (ids that compare equal across types, such as ``1``,
   ``1.0`` and ``True``, would name one request);
 * :func:`frame`: a pandas DataFrame with the columns a figure or table reads;
-* :func:`path`: a file or folder path (``str`` or ``os.PathLike``, not bytes, not empty, no NUL byte).
+* :func:`path`: a file or folder path (``str`` or ``os.PathLike``, not bytes, not empty, no NUL byte);
+* :func:`fits_in_memory`: an array that an argument sizes, at most a quarter of this machine's memory.
 
 This module imports nothing from ``ess``: every layer may use it.
 """
@@ -26,13 +27,14 @@ import math
 import numbers
 import operator
 import os
+from decimal import Decimal
 from pathlib import Path
 from typing import Any, Iterable
 
 import numpy as np
 
 __all__ = ["integer", "positive_int", "non_negative_int", "real", "ratio", "fraction", "boolean", "one_of",
-           "int_array", "number_array", "float_array", "entries", "request_id", "frame", "path"]
+           "int_array", "number_array", "float_array", "entries", "request_id", "frame", "path", "fits_in_memory"]
 
 
 def _what(value: Any) -> str:
@@ -73,7 +75,10 @@ def real(name: str, value: Any, *, lo: float | None = None, hi: float | None = N
     ``hi_open``; ``None``: unbounded on that side). ``bool`` and strings are refused."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (numbers.Real, np.floating, np.integer)):
         raise TypeError(f"{name} must be a number, got {_what(value)}")
-    value = float(value)
+    try:
+        value = float(value)
+    except OverflowError:                                # an int beyond the float range
+        raise ValueError(f"{name} must be finite, got an integer of {len(str(abs(value)))} digits") from None
     if not math.isfinite(value):
         raise ValueError(f"{name} must be finite, got {value}")
     low_ok = lo is None or (value > lo if lo_open else value >= lo)
@@ -143,18 +148,24 @@ def int_array(name: str, value: Any, *, ndim: int | None = None, lo: int | None 
 
 
 def number_array(name: str, value: Any, *, positive: bool = True, whole: bool = False,
-                 allow_inf: bool = False, at_least: float | None = None, max_ndim: int | None = 1) -> np.ndarray:
+                 allow_inf: bool = False, at_least: float | None = None, at_most: float | None = None,
+                 max_ndim: int | None = 1) -> np.ndarray:
     """A number or an array of numbers (a vectorised argument; at most ``max_ndim`` dimensions, ``None``: any) as a
     float64 array: not NaN, finite unless ``allow_inf`` (e.g. an infinitely fast link), ``> 0`` when ``positive``,
-    ``>= at_least`` when given, whole numbers when ``whole``. Booleans and strings (or arrays of them) are a
+    ``>= at_least`` and ``<= at_most`` when given, whole numbers when ``whole``. Booleans and strings (or arrays of them) are a
     ``TypeError``."""
     try:
         if isinstance(value, (str, bytes, bool, np.bool_)):
             raise TypeError
         raw = np.asarray(value)
-        if raw.dtype.kind not in "iuf":                  # bool, str, object (ragged) arrays
+        if raw.dtype.kind == "O":                        # Python ints beyond int64, or ragged / other objects
+            if not (raw.size and all(isinstance(x, int) and not isinstance(x, bool) for x in raw.ravel())):
+                raise TypeError
+        elif raw.dtype.kind not in "iuf":                # bool, str arrays
             raise TypeError
-        arr = raw.astype(float)
+        arr = raw.astype(float)                          # OverflowError for an int past the float range
+    except OverflowError:
+        raise ValueError(f"{name} must be finite, got an integer beyond the float range") from None
     except (TypeError, ValueError):
         raise TypeError(f"{name} must be a number or an array of numbers, got {_what(value)}") from None
     if max_ndim is not None and arr.ndim > max_ndim:
@@ -165,6 +176,8 @@ def number_array(name: str, value: Any, *, positive: bool = True, whole: bool = 
                          f"got {_first(value, arr, bad)}")
     if at_least is not None and (arr < at_least).any():
         raise ValueError(f"{name} must be >= {at_least:g}, got {_first(value, arr, arr < at_least)}")
+    if at_most is not None and (arr > at_most).any():
+        raise ValueError(f"{name} must be <= {at_most:,.16g}, got {_first(value, arr, arr > at_most)}")
     if whole and (arr != np.round(arr)).any():
         raise ValueError(f"{name} must hold whole numbers, got {_first(value, arr, arr != np.round(arr))}")
     return arr
@@ -178,9 +191,14 @@ def _first(value: Any, arr: np.ndarray, bad: np.ndarray) -> str:
     return f"{arr[where]:g} at index {where if len(where) > 1 else where[0]} of an array of shape {arr.shape}"
 
 
+_F32_MAX = float(np.finfo(np.float32).max)
+#: the largest count a float64 holds exactly (2**53): a bound for counts (requests, tokens) computed in float64
+MAX_EXACT_COUNT = 2 ** 53
+
+
 def float_array(name: str, value: Any, ndim: int, shape_doc: str) -> np.ndarray:
     """A finite array of numbers (float or integer dtype, not bool; a torch tensor is brought to the host) of rank
-    ``ndim``, returned as contiguous float32. ``shape_doc`` (e.g. ``"(B, H, D)"``) is quoted in the messages."""
+    ``ndim`` within the float32 range, returned as contiguous float32. ``shape_doc`` (e.g. ``"(B, H, D)"``) is quoted in the messages."""
     if hasattr(value, "detach"):
         value = value.detach().cpu().numpy()
     arr = np.asarray(value)
@@ -190,6 +208,8 @@ def float_array(name: str, value: Any, ndim: int, shape_doc: str) -> np.ndarray:
         raise ValueError(f"{name} must have shape {shape_doc}, got shape {arr.shape}")
     if not np.all(np.isfinite(arr)):
         raise ValueError(f"{name} must hold finite values only (found NaN or inf)")
+    if arr.size and arr.dtype.itemsize > 4 and np.abs(arr).max() > _F32_MAX:   # would become inf in float32
+        raise ValueError(f"{name} holds {float(np.abs(arr).max()):g}, beyond the float32 range (+-{_F32_MAX:.4g})")
     return np.ascontiguousarray(arr, dtype=np.float32)
 
 
@@ -250,3 +270,23 @@ def path(name: str, value: Any) -> Path:
     if "\0" in text:
         raise ValueError(f"{name} must not hold a NUL byte, got {text!r}")
     return Path(text)
+
+
+def _physical_memory() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):        # not a POSIX system: no check
+        return None
+
+
+def fits_in_memory(name: str, nbytes: int | float, what: str = "") -> int:
+    """``nbytes`` (an array's size that the argument ``name`` sets) as an ``int`` when it takes at most a quarter of
+    this machine's physical memory (the computation around one such array needs the rest); a ``ValueError`` naming
+    ``name`` otherwise, before anything is allocated (an allocation past the memory is a ``MemoryError`` at best,
+    the process killed by the system at worst). ``what`` says what the array is. ``nbytes`` may pass the float
+    range (a product of large arguments): the message is written in exact arithmetic."""
+    total = _physical_memory()
+    if total is not None and nbytes > total / 4:
+        raise ValueError(f"{name} is too large: {what or 'an array'} would take {Decimal(nbytes) / 10 ** 9:,.3g} GB, more than a "
+                         f"quarter of this machine's {total / 1e9:,.0f} GB of memory")
+    return int(nbytes)

@@ -78,3 +78,27 @@ def same(a, b) -> bool:
     if isinstance(a, np.ndarray):
         return isinstance(b, np.ndarray) and a.shape == b.shape and np.array_equal(a, b)
     return a == b
+
+
+def fuzz_settings(max_examples: int, **kw):
+    """Hypothesis settings of a fuzz test: ``max_examples`` cases (times ``ESS_FUZZ_SCALE``, 1 unless set, for a
+    longer search by hand), no deadline (a loaded machine), fixtures shared across the cases."""
+    import os
+    from hypothesis import HealthCheck, settings
+    return settings(max_examples=max_examples * int(os.environ.get("ESS_FUZZ_SCALE", "1")), deadline=None,
+                    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
+                                           HealthCheck.data_too_large], **kw)
+
+
+def call_one(data, calls: dict, bad=BAD, aliases: dict | None = None):
+    """Draw a function of ``calls`` (``{name: (call, valid keyword arguments)}``, ``call(**args)``), replace one of its
+    arguments by a meaningless value (:func:`mutate`) and call it: ``(function name, argument name, arguments, ok,
+    result or exception)`` under the contract of :func:`outcome`. ``aliases`` maps an argument to the other names
+    a message may call it by."""
+    fn = data.draw(st.sampled_from(sorted(calls)), label="function")
+    call, good = calls[fn]
+    if not good:
+        return fn, None, {}, *outcome(lambda: call())
+    name, args = mutate(data, good, bad)
+    ok, out = outcome(lambda: call(**args), name, *(aliases or {}).get(name, ()))
+    return fn, name, args, ok, out

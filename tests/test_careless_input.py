@@ -37,7 +37,7 @@ CASES = [
     ("a 'fraction' of 41,615", lambda: fit_mem_fraction_static(10**6, 131072), ValueError, "batch_limit=1000000"),
     ("batch 0 gave ratio 1.0", lambda: ratio_for_batch(0, 32768), ValueError, "batch must be finite and > 0"),
     ("batch 2.5 gave ratio 1.0", lambda: ratio_for_batch(2.5, 32768), ValueError, "batch must hold whole numbers"),
-    ("negative decimals", lambda: ratio_for_batch(52, 32768, decimals=-1), ValueError, "decimals must be a non-neg"),
+    ("negative decimals", lambda: ratio_for_batch(52, 32768, decimals=-1), ValueError, r"decimals must be in \[0, 16\)"),
     ("request -1 wrapped to the last", lambda: simulate_prefetch(small_trace(), PrefetchConfig(capacity=8, warmup_mode="none"),
                                                                  requests=[-1]), ValueError, r"requests\[0\] must be in \[0, 2\)"),
     ("request 0 counted twice", lambda: simulate_prefetch(small_trace(), PrefetchConfig(capacity=8, warmup_mode="none"), requests=[0, 0]),

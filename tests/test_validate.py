@@ -109,3 +109,12 @@ def test_library_entry_points_raise_type_errors_for_wrong_types():
         DiskTier("/nonexistent/never-created", 4, 164, block_tokens=64.0)
     with pytest.raises(TypeError, match="max_requests must be an integer"):
         TieredCache("tiny", capacity=4, max_requests=2.0)
+
+
+def test_fits_in_memory_refuses_an_array_past_a_quarter_of_the_memory(monkeypatch):
+    monkeypatch.setattr(V, "_physical_memory", lambda: 4_000)
+    assert V.fits_in_memory("n_layers", 1_000) == 1_000 and type(V.fits_in_memory("n", 10.0)) is int
+    with pytest.raises(ValueError, match=r"n_layers is too large: the profile would take .* GB, more than a quarter"):
+        V.fits_in_memory("n_layers", 1_001, "the profile")
+    monkeypatch.setattr(V, "_physical_memory", lambda: None)     # not a POSIX system: no check
+    assert V.fits_in_memory("n_layers", 10 ** 18) == 10 ** 18

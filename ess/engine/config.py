@@ -27,7 +27,7 @@ WARMUP_WINDOWS = 32
 
 def default_topk(context_len: int) -> int:
     """K for a context of ``context_len`` tokens: ``max(1, context_len // 16)``."""
-    return max(1, int(context_len) // TOPK_DIVISOR)
+    return max(1, validate.positive_int("context_len", context_len) // TOPK_DIVISOR)
 
 
 @dataclass(frozen=True)
@@ -81,9 +81,9 @@ class DecodeConfig:
     backend: str = "auto"
 
     def __post_init__(self):
-        for name in ("offload", "emulate_link", "warmup", "keep_logits", "timing"):
-            validate.boolean(name, getattr(self, name))
         set_ = lambda k, v: object.__setattr__(self, k, v)                   # noqa: E731 (frozen: normal forms)
+        for name in ("offload", "emulate_link", "warmup", "keep_logits", "timing"):
+            set_(name, validate.boolean(name, getattr(self, name)))            # np.True_ as True (JSON records)
         set_("ratio", validate.ratio("ratio", self.ratio))
         validate.one_of("policy", self.policy, ONLINE_POLICIES)
         if self.policy_options is not None:

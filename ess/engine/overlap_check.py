@@ -392,10 +392,16 @@ class CheckDesign:
         for name in ("calibration_contexts", "calibration_batches", "calibration_links_GB_per_s",
                      "held_out_contexts", "held_out_batches", "held_out_links_GB_per_s"):
             value = getattr(self, name)
-            if isinstance(value, (str, bytes)) or not hasattr(value, "__len__") or len(value) == 0:
+            if isinstance(value, (str, bytes)) or not hasattr(value, "__len__") or getattr(value, "ndim", 1) != 1 \
+                    or len(value) == 0:
                 raise TypeError(f"{name} must be a non-empty list, got {value!r}")
+            if name.endswith("GB_per_s"):                 # link speeds (None: the machine's own copy speed)
+                value = [None if v is None else validate.real(f"{name}[{i}]", v, lo=0.0, lo_open=True)
+                         for i, v in enumerate(value)]
+            else:                                          # contexts and batches: counts
+                value = [validate.positive_int(f"{name}[{i}]", v) for i, v in enumerate(value)]
             object.__setattr__(self, name, tuple(value))
-        validate.positive_int("steps", self.steps)
+        object.__setattr__(self, "steps", validate.positive_int("steps", self.steps))
         DecodeConfig(ratio=self.calibration_ratio, clock=self.clock)           # checks the ratio and the clock
         DecodeConfig(ratio=self.held_out_ratio)
 

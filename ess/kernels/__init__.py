@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import functools
 import importlib
+import re
 import threading
 
-__all__ = ["BACKENDS", "resolve_backend", "cuda_available", "is_tensor", "device_of", "as_kernel_array",
-           "family_module", "scratch"]
+__all__ = ["BACKENDS", "resolve_backend", "check_device", "cuda_available", "is_tensor", "device_of",
+           "as_kernel_array", "family_module", "scratch"]
 
 BACKENDS = ("reference", "numba", "torch")
 
@@ -30,18 +31,34 @@ def cuda_available() -> bool:
     return bool(torch.cuda.is_available())
 
 
+_DEVICE = re.compile(r"(cpu|cuda)(:[0-9]+)?")
+
+
+def check_device(device) -> str:
+    """``device`` (a ``str`` or a ``torch.device``) as a ``str``, ``"cpu"`` or ``"cuda[:n]"``: a ``TypeError`` or
+    ``ValueError`` naming ``device`` for anything else (another type, another device kind such as ``"tpu"``).
+    Whether a CUDA device is present is :func:`resolve_backend`'s check."""
+    if not (isinstance(device, str) or type(device).__module__ == "torch" and type(device).__name__ == "device"):
+        raise TypeError(f"device must be a str ('cpu' or 'cuda[:n]') or a torch.device, got {type(device).__name__}")
+    text = str(device)
+    if not _DEVICE.fullmatch(text):
+        raise ValueError(f"device must be 'cpu' or 'cuda[:n]', got {text!r}")
+    return text
+
+
 def resolve_backend(backend: str = "auto", *, device: str | None = None) -> str:
     """Resolve a backend name.
 
     ``"auto"`` means ``"torch"`` when the data lives on a CUDA device (``device`` starting with ``"cuda"``) and
     ``"numba"`` otherwise; the names in :data:`BACKENDS` pass through. ``device="cuda"`` with a backend other than
-    ``"torch"`` is an error, and so is a CUDA device when none is present.
+    ``"torch"`` is an error, and so is a CUDA device when none is present; ``device`` is ``None`` (the CPU) or what
+    :func:`check_device` takes.
     """
-    if backend not in BACKENDS + ("auto",):
+    if not isinstance(backend, str) or backend not in BACKENDS + ("auto",):
         raise ValueError(f"backend must be 'auto' or one of {BACKENDS}, got {backend!r}")
-    on_cuda = device is not None and str(device).startswith("cuda")
+    on_cuda = device is not None and check_device(device).startswith("cuda")
     if on_cuda and not cuda_available():
-        raise ValueError(f"device={device!r} was asked for but no CUDA device is available")
+        raise ValueError(f"device={str(device)!r} was asked for but no CUDA device is available")
     if backend == "auto":
         return "torch" if on_cuda else "numba"
     if on_cuda and backend != "torch":

@@ -4,8 +4,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
+import numpy as np
 import torch
 
+from .. import validate
 from .inputs import as_token_batch
 from .llama import LlamaModel
 from .tokenizer import Tokenizer
@@ -66,10 +68,16 @@ def generate(model: LlamaModel, tokenizer: Tokenizer, prompt, max_new_tokens: in
         Bad prompt, ``max_new_tokens`` not a positive int, or prompt + ``max_new_tokens`` beyond the context;
         raised before any model work.
     """
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
+    if not isinstance(model, LlamaModel):
+        raise TypeError(f"model must be an ess.llm.LlamaModel, got {type(model).__name__}")
+    if not isinstance(tokenizer, Tokenizer):
+        raise TypeError(f"tokenizer must be an ess.llm Tokenizer, got {type(tokenizer).__name__}")
+    if isinstance(max_new_tokens, (bool, np.bool_)) or not isinstance(max_new_tokens, (int, np.integer)):
         raise TypeError(f"max_new_tokens must be an int, got {type(max_new_tokens).__name__}")
+    max_new_tokens = int(max_new_tokens)
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    stop_at_eos = validate.boolean("stop_at_eos", stop_at_eos)        # 'no' would stop at the end-of-sequence
     ids = prompt_ids(tokenizer, prompt)
     if not ids:
         raise ValueError("the prompt encodes to no tokens")

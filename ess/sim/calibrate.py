@@ -28,6 +28,7 @@ import numpy as np
 import pandas as pd
 
 from ..published import published
+from ..validate import integer, real
 from .config import Scenario, as_scenario
 from .costs import CostParams, calibration_data
 from .timeline import simulate
@@ -39,6 +40,8 @@ __all__ = ["CalibrationPoint", "calibration_points", "Calibration", "calibrate",
 # RMS differences below 1 percentage point are within the precision of a chart read by eye: such fits are equally
 # good (a choice, data/calibration/README.md, "The operation split")
 EQUALLY_GOOD_RMS_PP = 1.0
+# bounds of calibrate's search on run time only (the default is a 24-point grid refined twice)
+_MAX_GRID, _MAX_REFINE = 64, 8
 
 
 @dataclass(frozen=True)
@@ -98,12 +101,26 @@ class Calibration:
 def predict_points(points, params: CostParams, *, scenario: Scenario | None = None) -> np.ndarray:
     """Node throughput predicted for calibration-style points (no memory limit, no offload) in ``scenario`` (its
     deployment, GPU and links; its own cost parameters are replaced by ``params``)."""
+    points = _points(points)
+    if not isinstance(params, CostParams):
+        raise TypeError(f"params must be an ess.sim.costs.CostParams, got {type(params).__name__}")
     scen = as_scenario(scenario)
     step = _step_without_fixed(points, params.compute_scale, params.comm_scale, scen) + params.fixed_ms * 1e-3
     B = np.array([p.batch for p in points])
     a = np.array([p.accept_ratio for p in points])
     dep = scen.specs()[1]
     return B * dep.gpus_per_node * a / step
+
+
+def _points(points) -> list[CalibrationPoint]:
+    """``points`` as a list of :class:`CalibrationPoint`; a ``TypeError`` naming ``points`` otherwise."""
+    if isinstance(points, (str, bytes, dict, np.ndarray)) or not hasattr(points, "__iter__"):
+        raise TypeError(f"points must be a list of CalibrationPoint, got {type(points).__name__}")
+    points = list(points)
+    bad = next((p for p in points if not isinstance(p, CalibrationPoint)), None)
+    if bad is not None:
+        raise TypeError(f"points must be a list of CalibrationPoint, found a {type(bad).__name__}")
+    return points
 
 
 def calibrate(points: list[CalibrationPoint] | None = None, *, table2_weight: float = 5.0,
@@ -113,11 +130,21 @@ def calibrate(points: list[CalibrationPoint] | None = None, *, table2_weight: fl
     residuals (relative throughput errors, ``(predicted - published) / published``). A given ``compute_scale``
     is held fixed (pinned by other evidence, :func:`compute_scale_from_cost`) and only the other two are fitted.
     ``scenario``: the deployment, GPU and links the points are simulated in (default the project's)."""
-    points = list(points) if points is not None else calibration_points()
+    points = _points(points) if points is not None else calibration_points()
     if len(points) < 3:
         raise ValueError(f"calibrate needs at least 3 calibration points, got {len(points)}")
-    if table2_weight <= 0:
-        raise ValueError(f"table2_weight must be > 0, got {table2_weight}")
+    table2_weight = real("table2_weight", table2_weight, lo=0.0, lo_open=True)
+    if isinstance(scale_range, (str, bytes)) or not isinstance(scale_range, (tuple, list)) or len(scale_range) != 2:
+        raise TypeError(f"scale_range must be a pair (low, high) of scales, got {scale_range!r}")
+    lo_s = real("scale_range[0]", scale_range[0], lo=0.0, lo_open=True)
+    hi_s = real("scale_range[1]", scale_range[1], lo=0.0, lo_open=True)
+    if not lo_s < hi_s:
+        raise ValueError(f"scale_range must be (low, high) with low < high: a range to fit in, got {scale_range!r}")
+    # one grid point is no search; the bounds keep a run under grid**2 x (refine + 1) = 37k simulations (minutes)
+    grid = integer("grid", grid, lo=2, below=_MAX_GRID + 1)
+    refine = integer("refine", refine, lo=0, below=_MAX_REFINE + 1)
+    if compute_scale is not None:
+        compute_scale = real("compute_scale", compute_scale, lo=0.0, lo_open=True)
     scen = as_scenario(scenario)
     dep = scen.specs()[1]
     B = np.array([p.batch for p in points], dtype=float)
@@ -132,7 +159,7 @@ def calibrate(points: list[CalibrationPoint] | None = None, *, table2_weight: fl
         err = (s + f - obs_step) / obs_step
         return float(np.sum(w * err ** 2)), f
 
-    lo, hi = np.log(scale_range[0]), np.log(scale_range[1])
+    lo, hi = np.log(lo_s), np.log(hi_s)
     lo_c, hi_c, lo_m, hi_m = lo, hi, lo, hi
     if compute_scale is not None:
         lo_c = hi_c = float(np.log(compute_scale))
@@ -147,6 +174,9 @@ def calibrate(points: list[CalibrationPoint] | None = None, *, table2_weight: fl
         step_m = (hi_m - lo_m) / (grid - 1)
         lo_c, hi_c = np.log(best[1]) - 2 * step_c, np.log(best[1]) + 2 * step_c
         lo_m, hi_m = np.log(best[2]) - 2 * step_m, np.log(best[2]) + 2 * step_m
+    if not np.isfinite(best[0]):
+        raise ValueError(f"no parameters in scale_range {scale_range!r} give a finite loss on the points: nothing "
+                         f"was fitted")
     _, sc, sm, f = best
     if compute_scale is not None:
         sc = float(compute_scale)
@@ -216,10 +246,15 @@ def compute_scale_from_cost(target_ms: float, *, lo: float = 0.05, hi: float = 5
     """The ``compute_scale`` at which :func:`cost_growth_ms` (``comm_scale`` 1, ``fixed_ms`` 0: the fixed time
     cancels in the difference) equals ``target_ms``, by bisection to 1e-4 relative (the growth rises with the
     scale)."""
+    target_ms = real("target_ms", target_ms)
+    lo, hi = real("lo", lo, lo=0.0, lo_open=True), real("hi", hi, lo=0.0, lo_open=True)
+    if not lo < hi:
+        raise ValueError(f"lo must be below hi (the compute_scale range to search), got lo={lo:g}, hi={hi:g}")
     base = as_scenario(scenario).params
     f = lambda s: cost_growth_ms(_with(base, s, 1.0, 0.0), scenario=scenario) - target_ms      # noqa: E731
     if f(lo) > 0 or f(hi) < 0:
-        raise ValueError(f"no compute_scale in [{lo}, {hi}] gives a growth of {target_ms:.4f} ms per token")
+        raise ValueError(f"no compute_scale in [lo={lo:g}, hi={hi:g}] gives a growth of target_ms={target_ms:.4g} ms per "
+                         f"token")
     while hi / lo > 1 + 1e-4:
         mid = np.sqrt(lo * hi)
         lo, hi = (mid, hi) if f(mid) < 0 else (lo, mid)

@@ -36,7 +36,7 @@ import yaml
 from ..layout import indexer_entry_bytes, latent_entry_bytes
 from ..memory import fp8_weight_bytes
 from ..specs import DATA_DIR, DeploymentSpec, GPUSpec, ModelSpec, gpu_spec
-from ..validate import number_array, positive_int, real
+from ..validate import MAX_EXACT_COUNT, number_array, one_of, positive_int, real
 
 __all__ = ["KernelPoints", "kernel_points", "calibration_data", "CostParams", "Efficiencies", "efficiencies",
            "PART_BATCH_VARIANTS", "EFFICIENCY_VARIANTS", "ATTENTION_TRANSFERS", "PartBatch", "part_batch",
@@ -191,13 +191,9 @@ class CostParams:
         real("CostParams.fixed_ms", self.fixed_ms, lo=0.0)
         if not isinstance(self.fitted_on, str):
             raise TypeError(f"CostParams.fitted_on must be a string, got {type(self.fitted_on).__name__}")
-        if self.part_batch not in PART_BATCH_VARIANTS:
-            raise ValueError(f"CostParams.part_batch must be one of {PART_BATCH_VARIANTS}, got {self.part_batch!r}")
-        if self.efficiency not in EFFICIENCY_VARIANTS:
-            raise ValueError(f"CostParams.efficiency must be one of {EFFICIENCY_VARIANTS}, got {self.efficiency!r}")
-        if self.attention_transfer not in ATTENTION_TRANSFERS:
-            raise ValueError(f"CostParams.attention_transfer must be one of {ATTENTION_TRANSFERS}, got "
-                             f"{self.attention_transfer!r}")
+        one_of("CostParams.part_batch", self.part_batch, PART_BATCH_VARIANTS)
+        one_of("CostParams.efficiency", self.efficiency, EFFICIENCY_VARIANTS)
+        one_of("CostParams.attention_transfer", self.attention_transfer, ATTENTION_TRANSFERS)
 
     def to_dict(self) -> dict:
         """The parameters and what they were fitted on, for a record's configuration."""
@@ -255,13 +251,15 @@ class PartBatch:
         return np.maximum(out, 0.0)
 
 
-@functools.lru_cache(maxsize=None)
 def part_batch(variant: str = "central") -> PartBatch:
     """The part-batch evidence at ``variant`` (:data:`PART_BATCH_VARIANTS`): each entry's ``value``, or its ``low``
     / ``high`` end; ``"off"`` zeroes every fixed part (launches, scheduler overheads, the top-K term) -- the cost
     model as it was before part batches were priced."""
-    if variant not in PART_BATCH_VARIANTS:
-        raise ValueError(f"variant must be one of {PART_BATCH_VARIANTS}, got {variant!r}")
+    return _part_batch(one_of("variant", variant, PART_BATCH_VARIANTS))
+
+
+@functools.lru_cache(maxsize=None)
+def _part_batch(variant: str) -> PartBatch:
     raw = calibration_data("part_batch")
 
     def pick(key):
@@ -312,12 +310,14 @@ def gemm_time_s(m, n: int, k: int, gpu: GPUSpec, *, model: ModelSpec, groups: in
     FP8 on a GPU without FP8 tensor cores runs at the BF16 rate (weights dequantised on the fly).
     Efficiencies are the DeepGEMM points interpolated linearly over ``m`` (clamped at the ends), at ``variant``'s
     end of their spread (:func:`efficiencies`)."""
-    if dtype not in ("fp8", "bf16"):
-        raise ValueError(f"dtype must be 'fp8' or 'bf16', got {dtype!r}")
+    one_of("dtype", dtype, ("fp8", "bf16"))
     if not isinstance(model, ModelSpec):
         raise TypeError(f"model must be a ModelSpec, got {type(model).__name__}")
-    m = number_array("m", m, positive=False, at_least=0, max_ndim=None)
+    m = number_array("m", m, positive=False, at_least=0, at_most=MAX_EXACT_COUNT, max_ndim=None)
     n, k, groups = positive_int("n", n), positive_int("k", k), positive_int("groups", groups)
+    for name, v in (("n", n), ("k", k), ("groups", groups)):
+        if v > MAX_EXACT_COUNT:                                   # float64 arithmetic below (OverflowError)
+            raise ValueError(f"{name} must be a positive integer <= 2**53, got one of {len(str(v))} digits")
     _gpu(gpu)
     eff = efficiencies(variant)
     wbytes = fp8_weight_bytes_per_param(model) if dtype == "fp8" else 2.0
@@ -334,7 +334,9 @@ def gemm_time_s(m, n: int, k: int, gpu: GPUSpec, *, model: ModelSpec, groups: in
 
 def lm_head_time_s(tokens, model: ModelSpec, gpu: GPUSpec):
     """The output head for ``tokens`` rows (BF16 weights, [DS] embeddings and head kept in bf16); ``tokens >= 0``."""
-    tokens = number_array("tokens", tokens, positive=False, at_least=0, max_ndim=None)
+    tokens = number_array("tokens", tokens, positive=False, at_least=0, at_most=MAX_EXACT_COUNT, max_ndim=None)
+    if not isinstance(model, ModelSpec):
+        raise TypeError(f"model must be a ModelSpec, got {type(model).__name__}")
     return gemm_time_s(tokens, model.vocab_size, model.hidden_size, gpu, model=model, dtype="bf16")
 
 
@@ -440,14 +442,13 @@ def layer_costs(model: ModelSpec, gpu: GPUSpec, deployment: DeploymentSpec, micr
                                                                                 DeploymentSpec)):
         if not isinstance(spec, cls):
             raise TypeError(f"{name} must be a {cls.__name__}, got {type(spec).__name__}")
-    if kind not in ("sparse", "dense", "window"):
-        raise ValueError(f"kind must be 'sparse', 'dense' or 'window', got {kind!r}")
+    one_of("kind", kind, ("sparse", "dense", "window"))
     if kind == "dense":
         compress_ratio = positive_int("compress_ratio", compress_ratio)
-    b = number_array("micro_batch", micro_batch, max_ndim=None)
-    L = number_array("context_len", context_len, at_least=1, max_ndim=None)
-    mtp = number_array("mtp", mtp, whole=True, at_least=1, max_ndim=None)
-    pb = part_batch(part_batch_variant)
+    b = number_array("micro_batch", micro_batch, at_most=MAX_EXACT_COUNT, max_ndim=None)
+    L = number_array("context_len", context_len, at_least=1, at_most=model.max_position_embeddings, max_ndim=None)
+    mtp = number_array("mtp", mtp, whole=True, at_least=1, at_most=model.max_position_embeddings, max_ndim=None)
+    pb = _part_batch(one_of("part_batch_variant", part_batch_variant, PART_BATCH_VARIANTS))
     ev = efficiency_variant
     n = b * mtp                                                   # tokens in the micro-batch
     h, H = model.hidden_size, model.n_heads

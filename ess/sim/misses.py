@@ -21,7 +21,7 @@ import numpy as np
 
 from ..layout import pool_slots
 from ..specs import DEFAULT_MODEL, ModelSpec, model_spec
-from ..validate import positive_int
+from ..validate import integer, positive_int, ratio as check_ratio
 
 __all__ = ["MissesTable", "PROFILES", "MAX_SIMULATED_ROWS"]
 
@@ -35,6 +35,20 @@ PROFILES = ("paper", "flat")
 #: simulated at this many rows; at a fixed ratio misses fall as the context grows (notebook 04), so its counts
 #: overstate the longer context's
 MAX_SIMULATED_ROWS = 131072
+
+
+def _ratios(name: str, ratios) -> tuple[float, ...]:
+    """``ratios`` (an iterable of sparse-memory ratios in (0, 1]) as a sorted tuple without repeats."""
+    if isinstance(ratios, (str, bytes)) or not isinstance(ratios, Iterable) or (isinstance(ratios, np.ndarray)
+                                                                               and ratios.ndim == 0):
+        raise TypeError(f"{name} must be a list of sparse-memory ratios in (0, 1], got {type(ratios).__name__}")
+    return tuple(sorted({check_ratio(f"{name}[{i}]", r) for i, r in enumerate(ratios)}))
+
+
+def _key(model: ModelSpec, context_len, mtp) -> tuple[int, int]:
+    """A row's ``(context_len, mtp)``, each a whole number >= 1, the context at most the model's."""
+    return (integer("context_len", context_len, lo=1, below=model.max_position_embeddings + 1),
+            positive_int("mtp", mtp))
 
 
 class MissesTable:
@@ -56,7 +70,7 @@ class MissesTable:
                  warmup: bool = True, policy: str = "lru", locality=None, trace_model: str | None = None,
                  model: ModelSpec | str = DEFAULT_MODEL, profile: str = "paper"):
         from ..policies import POLICIES
-        from ..tracegen import LocalityModel, default_locality, fitted_drift_rho
+        from ..tracegen import LocalityModel, check_trace_model, default_locality, fitted_drift_rho
         from ..validate import non_negative_int, one_of
 
         if isinstance(model, str):
@@ -65,7 +79,8 @@ class MissesTable:
             raise TypeError(f"model must be a preset name or a ModelSpec, got {type(model).__name__}")
         self.model = model
         self.profile = one_of("profile", profile, PROFILES)
-
+        if trace_model is not None:
+            check_trace_model(trace_model)
         if locality is None:
             locality = default_locality()
             if trace_model is not None and trace_model != locality.trace_model:
@@ -78,7 +93,7 @@ class MissesTable:
         if not isinstance(warmup, bool):
             raise TypeError(f"warmup must be True or False, got {warmup!r}")
         self.locality = locality
-        self.ratios = tuple(sorted({float(r) for r in ratios}))
+        self.ratios = _ratios("ratios", ratios)
         self.steps, self.batch = positive_int("steps", steps), positive_int("batch", batch)
         self.seed, self.warmup = non_negative_int("seed", seed), warmup
         self.policy = one_of("policy", policy, POLICIES)
@@ -123,14 +138,15 @@ class MissesTable:
 
     def with_ratios(self, ratios: Iterable[float]) -> "MissesTable":
         """The same table (same settings, the counts computed so far shared) with another grid of ratios."""
+        ratios = _ratios("ratios", ratios)
         other = MissesTable.__new__(MissesTable)
         other.__dict__.update(self.__dict__)
-        other.ratios = tuple(sorted({float(r) for r in ratios}))
+        other.ratios = ratios
         return other
 
     def has_row(self, context_len: int, mtp: int) -> bool:
         """Whether the (context, MTP) row holds every ratio of the grid."""
-        row = self._rows.get((int(context_len), int(mtp)))
+        row = self._rows.get(_key(self.model, context_len, mtp))
         return row is not None and all(r in row for r in self.ratios)
 
     def row(self, context_len: int, mtp: int, ratios: Iterable[float] = ()) -> dict:
@@ -138,9 +154,10 @@ class MissesTable:
         ``ratios`` at this context and MTP, each computed once (one sweep for those not met yet) and kept."""
         from ..cachesim import sweep_synthetic
 
-        key = (int(context_len), int(mtp))
+        key = _key(self.model, context_len, mtp)
+        todo = set(self.ratios) | set(_ratios("ratios", ratios))
         row = self._rows.setdefault(key, {})
-        todo = sorted({float(r) for r in (*self.ratios, *ratios)} - set(row))
+        todo = sorted(todo - set(row))
         model = self.model
         for r in [r for r in todo if r >= 1.0]:
             row[r] = np.zeros(model.n_sparse_layers)              # no offload: nothing misses
@@ -173,14 +190,14 @@ class MissesTable:
         """Compute every ``(context_len, ratio, mtp)`` of ``points`` not known yet: one sweep per (context, MTP)."""
         groups: dict[tuple[int, int], set] = {}
         for L, r, t in points:
-            groups.setdefault((int(L), int(t)), set()).add(float(r))
+            groups.setdefault(_key(self.model, L, t), set()).add(check_ratio("points: ratio", r))
         for (L, t), ratios in groups.items():
             self.row(L, t, ratios)
 
     def __call__(self, context_len: int, ratio: float, mtp: int) -> np.ndarray:
         """Misses per layer (n_layers,) at this setting; ``ValueError`` with the reason when the cache simulation
         cannot run it (the pool cannot hold one step's entries)."""
-        r = float(ratio)
+        r = check_ratio("ratio", ratio)
         got = self.row(context_len, mtp, (r,))[r]
         if isinstance(got, str):
             raise ValueError(got)

@@ -15,7 +15,7 @@ from typing import Any, Mapping
 import numpy as np
 import pandas as pd
 
-from ..validate import positive_int
+from ..validate import boolean, integer, number_array, positive_int
 from .config import Scenario, as_scenario
 from .timeline import simulate
 
@@ -63,8 +63,15 @@ def sweep(axes: Mapping[str, Any], *, scenario: Scenario | None = None, misses=N
     chunk_size = positive_int("chunk_size", chunk_size)
     g = grid(axes)
     scenario = as_scenario(scenario)
-    if misses is not None and np.ndim(misses) != 1:
+    if misses is not None and number_array("misses", misses, positive=False, max_ndim=None).ndim != 1:
         raise ValueError("sweep takes misses of shape (n_layers,) shared by every configuration")
+    if workers is not None:
+        workers = integer("workers", workers, lo=0)
+    progress = boolean("progress", progress)
+    if scheduler is not None and not (isinstance(scheduler, str) and scheduler) and \
+            type(scheduler).__name__ != "Client":
+        raise TypeError(f"scheduler must be None, a Dask scheduler address ('tcp://host:8786') or a "
+                        f"dask.distributed.Client, got {scheduler!r}")
     chunks = [g.iloc[i:i + chunk_size] for i in range(0, len(g), chunk_size)]
     from tqdm.auto import tqdm
     bar = tqdm(total=len(g), disable=not progress, desc="configurations", unit="cfg")

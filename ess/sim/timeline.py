@@ -50,6 +50,8 @@ strategy, cost parameters, memory checks) is an :class:`ess.sim.Scenario`.
 """
 from __future__ import annotations
 
+import numbers
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -58,7 +60,7 @@ import numpy as np
 from ..layout import latent_entry_bytes
 from ..memory import _limits as limits_of_validated
 from ..memory import batch_limits, group_rows
-from ..validate import number_array
+from ..validate import MAX_EXACT_COUNT, integer, number_array, real
 from ..validate import ratio as ratio_check
 from .config import STRATEGIES, Scenario, as_scenario, default_link_GB_per_s
 from .costs import gemm_time_s, layer_costs, lm_head_time_s
@@ -237,14 +239,15 @@ def simulate(batch, context_len, ratio=1.0, *, misses=None, scenario: Scenario |
         if misses.ndim == 0 or misses.shape[-1] != nl:
             raise ValueError(f"misses must have shape ({nl},) or (N, {nl}) (one value per layer of {model.name}), "
                              f"got {misses.shape}")
-    B = number_array("batch", batch, whole=True)
+    # batch x mtp tokens (mtp up to the model's context) stay a count that float64 holds exactly
+    B = number_array("batch", batch, whole=True, at_most=MAX_EXACT_COUNT // model.max_position_embeddings)
     L = number_array("context_len", context_len, whole=True)
     r = number_array("ratio", ratio)
     if (r > 1).any():
         raise ValueError(f"ratio must be in (0, 1], got {ratio!r}")
     if (L > model.max_position_embeddings).any():
         raise ValueError(f"context_len must not exceed {model.max_position_embeddings} tokens, got {context_len!r}")
-    mtp = number_array("mtp", dep.mtp if mtp is None else mtp, whole=True)
+    mtp = number_array("mtp", dep.mtp if mtp is None else mtp, whole=True, at_most=model.max_position_embeddings)
     acc = number_array("accept_ratio", dep.mtp_accept_ratio if accept_ratio is None else accept_ratio)
     link = number_array("h2d_GB_per_s", h2d_def if h2d_GB_per_s is None else h2d_GB_per_s, allow_inf=True)
     d2h = number_array("d2h_GB_per_s", d2h_def if d2h_GB_per_s is None else d2h_GB_per_s, allow_inf=True)
@@ -331,7 +334,8 @@ def simulate(batch, context_len, ratio=1.0, *, misses=None, scenario: Scenario |
     if bad == 1:
         raise ValueError("misses must be finite and >= 0")
     if bad == 2:
-        raise ValueError("misses cannot exceed the entries selected per request and step (mtp x min(K, L))")
+        raise ValueError("misses cannot exceed the entries selected per request and step (mtp x min(K, "
+                         "context_len))")
     fixed = params.fixed_ms * 1e-3
     step = layers + others + heads + fixed
     step0 = layers0 + others + heads + fixed
@@ -448,7 +452,16 @@ def best_batch(context_len, ratios, *, misses_by_ratio=None, otps_floor: float |
     chosen ``batch``, ``ratio``, ``throughput``, ``otps`` and ``step_ms`` (``None`` values and a ``reason`` when
     nothing qualifies)."""
     sc = as_scenario(scenario)
-    ratios = list(ratios) if not isinstance(ratios, (int, float, np.number)) else [ratios]
+    context_len = integer("context_len", context_len, lo=1)
+    if misses_by_ratio is not None and not isinstance(misses_by_ratio, Mapping):
+        raise TypeError(f"misses_by_ratio must be None or a mapping {{ratio: per-layer misses}}, got "
+                        f"{type(misses_by_ratio).__name__}")
+    if otps_floor is not None:
+        otps_floor = real("otps_floor", otps_floor, lo=0.0)
+    if isinstance(ratios, (str, bytes)) or not isinstance(ratios, (Iterable, numbers.Real)):
+        raise TypeError(f"ratios must be a ratio or a list of ratios, got {type(ratios).__name__}")
+    ratios = list(np.ravel(ratios)) if isinstance(ratios, np.ndarray) else (
+        list(ratios) if not isinstance(ratios, numbers.Real) else [ratios])
     if not ratios:
         raise ValueError("ratios must list at least one sparse-memory ratio (1.0 = no offload)")
     for i, ratio in enumerate(ratios):

@@ -3,17 +3,41 @@ from __future__ import annotations
 
 import pandas as pd
 
-from ..layout import request_cache
+from .. import validate
+from ..layout import KV_DTYPES, request_cache
 from ..memory import host_memory_needed_bytes, largest_batch
 from ..published import published
-from ..specs import DEFAULT_DEPLOYMENT, DEFAULT_MODEL, host_spec, list_gpus, resolve
+from ..specs import DEFAULT_DEPLOYMENT, DEFAULT_MODEL, gpu_spec, host_spec, list_gpus, resolve
 
 __all__ = ["memory_wall_claims", "batch_limits_by_gpu", "kv_bytes_by_context"]
+
+
+def _contexts(model, context_lens) -> list[int]:
+    """``context_lens`` (a number or a 1-D array of whole numbers of tokens, each within the model's maximum
+    context) as a list of ints."""
+    L = validate.number_array("context_lens", context_lens, whole=True)
+    if L.size == 0:
+        raise ValueError("context_lens must list at least one context length")
+    if (L > model.max_position_embeddings).any():
+        raise ValueError(f"context_lens must not exceed the maximum context of {model.name} "
+                         f"({model.max_position_embeddings} tokens), got {context_lens!r}")
+    return [int(x) for x in L.ravel()]
+
+
+def _names(name: str, values, choices) -> list:
+    """``values``, a list or tuple of choices (one string is refused: it would be read letter by letter)."""
+    if not isinstance(values, (list, tuple)):
+        raise TypeError(f"{name} must be a list of names, got {type(values).__name__}")
+    if not values:
+        raise ValueError(f"{name} must list at least one of {tuple(choices)}")
+    return [validate.one_of(f"{name}[{i}]", v, choices) for i, v in enumerate(values)]
 
 
 def kv_bytes_by_context(context_lens, *, model=DEFAULT_MODEL, dtypes=("fp8", "bf16")) -> pd.DataFrame:
     """Cache bytes per request against context length: indexer and latent parts, per latent dtype."""
     model, *_ = resolve(model, DEFAULT_DEPLOYMENT, None, None)
+    context_lens = _contexts(model, context_lens)
+    dtypes = _names("dtypes", dtypes, KV_DTYPES)
     rows = []
     for dtype in dtypes:
         for L in context_lens:
@@ -27,8 +51,18 @@ def batch_limits_by_gpu(context_lens, ratios, *, gpus=None, model=DEFAULT_MODEL,
                         deployment=DEFAULT_DEPLOYMENT) -> pd.DataFrame:
     """Largest batch per GPU for every GPU preset, context length and ratio, under one deployment layout
     (the deployment's GPU replaced by each preset; its host and memory fraction kept)."""
+    model_, dep, *_ = resolve(model, deployment, None, None)
+    context_lens = _contexts(model_, context_lens)
+    ratios = [float(r) for r in validate.number_array("ratios", ratios).ravel()]
+    if not ratios:
+        raise ValueError("ratios must list at least one sparse-memory ratio")
+    for r in ratios:
+        validate.ratio("ratios", r)
+    gpus = list_gpus() if gpus is None else _names("gpus", gpus, list_gpus())
+    for gpu in gpus:
+        gpu_spec(gpu)
     rows = []
-    for gpu in gpus or list_gpus():
+    for gpu in gpus:
         for L in context_lens:
             for r in ratios:
                 try:
@@ -36,7 +70,7 @@ def batch_limits_by_gpu(context_lens, ratios, *, gpus=None, model=DEFAULT_MODEL,
                     rows.append({"gpu": gpu, "context_len": int(L), "ratio": float(r), "batch": lim.batch,
                                  "limited_by": lim.limited_by, "reason": lim.reason,
                                  "kv_budget_GB": lim.kv_budget_bytes / 1e9})
-                except ValueError as exc:           # weights do not fit on this GPU
+                except ValueError as exc:           # weights do not fit on this GPU (every argument was checked)
                     rows.append({"gpu": gpu, "context_len": int(L), "ratio": float(r), "batch": 0,
                                  "limited_by": "infeasible", "reason": str(exc), "kv_budget_GB": 0.0})
     return pd.DataFrame(rows)

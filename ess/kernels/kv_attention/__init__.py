@@ -10,9 +10,22 @@ NumPy or all torch tensors on the pool's device.
 """
 from __future__ import annotations
 
+import numpy as np
+
+from ...validate import real
 from .. import as_kernel_array, device_of, family_module, is_tensor, resolve_backend
 
 __all__ = ["score_columns", "combine_columns", "get"]
+
+
+def _in_range(name: str, a, lo: int, below: int) -> None:
+    """Every index of ``a`` in ``[lo, below)``: a kernel reads and writes where they point, unchecked (past the
+    array in Numba). One reduction each way (on a CUDA tensor, a synchronisation: the engine calls the kernels
+    directly, without this wrapper)."""
+    if a.numel() if is_tensor(a) else a.size:
+        low, high = int(a.min()), int(a.max())
+        if low < lo or high >= below:
+            raise ValueError(f"{name} must hold indices in [{lo}, {below}), found {low if low < lo else high}")
 
 
 def get(backend: str):
@@ -23,6 +36,8 @@ def get(backend: str):
 def _check(**arrays):
     tensors = is_tensor(next(iter(arrays.values()))[0])
     for name, (a, dtype, ndim) in arrays.items():
+        if not (is_tensor(a) or isinstance(a, np.ndarray)):
+            raise TypeError(f"{name} must be a NumPy array or a torch tensor, got {type(a).__name__}")
         if is_tensor(a) != tensors:
             raise TypeError(f"the arrays must be all NumPy arrays or all torch tensors; {name} is "
                             f"{type(a).__name__}")
@@ -47,6 +62,10 @@ def score_columns(q, pool, b, cols, rows, scale: float, scores, *, backend: str 
             scores.shape[1] != q.shape[1] or pool.shape[1] != 2:
         raise ValueError(f"q (B, H, hd), pool (N, 2, Hkv, hd) and scores (B, H, C) do not fit: {tuple(q.shape)}, "
                          f"{tuple(pool.shape)}, {tuple(scores.shape)}")
+    _in_range("b", b, 0, scores.shape[0])
+    _in_range("cols", cols, 0, scores.shape[2])
+    _in_range("rows", rows, 0, pool.shape[0])
+    scale = real("scale", scale, lo=0.0, lo_open=True, hi=float(np.finfo(np.float32).max))   # the kernels' float32
     be = resolve_backend(backend, device=device_of(pool))
     get(be).score_columns(*(as_kernel_array(a, be) for a in (q, pool, b, cols, rows)), float(scale),
                           as_kernel_array(scores, be))
@@ -62,5 +81,7 @@ def combine_columns(scores, pool, slots, own_v, rows, out, *, backend: str = "au
         raise ValueError(f"slots (B, C - 1), own_v (B, Hkv, hd) and out (B, H, hd) do not fit scores {(B, H, C)} "
                          f"and pool {tuple(pool.shape)}: {tuple(slots.shape)}, {tuple(own_v.shape)}, "
                          f"{tuple(out.shape)}")
+    _in_range("slots", slots, -1, pool.shape[0])
+    _in_range("rows", rows, 0, B)
     be = resolve_backend(backend, device=device_of(pool))
     get(be).combine_columns(*(as_kernel_array(a, be) for a in (scores, pool, slots, own_v, rows, out)))

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...validate import positive_int
+from ...validate import fits_in_memory, positive_int
 from .. import as_kernel_array, device_of, family_module, is_tensor, resolve_backend
 
 __all__ = ["topk_positions", "get"]
@@ -46,12 +46,15 @@ def topk_positions(scores, k: int, *, backend: str = "auto", out=None):
     if not (scores.is_contiguous() if tensors else scores.flags.c_contiguous):
         raise ValueError("scores must be C-contiguous")
     B = scores.shape[0]
+    fits_in_memory("k", B * k * 8, f"the ({B}, k) int64 result")
     if out is None:
         if tensors:
             import torch
             out = torch.empty((B, k), dtype=torch.int64, device=scores.device)
         else:
             out = np.empty((B, k), np.int64)
+    elif not (is_tensor(out) or isinstance(out, np.ndarray)):
+        raise TypeError(f"out must be None or a ({B}, {k}) int64 array like scores, got {type(out).__name__}")
     elif (is_tensor(out) != tensors or tuple(out.shape) != (B, k) or str(out.dtype).replace("torch.", "") != "int64"
           or device_of(out) != device_of(scores)):
         raise ValueError(f"out must be a ({B}, {k}) int64 array like scores, got {type(out).__name__} "
