@@ -65,7 +65,9 @@ def write_report(name: str, report: dict, out_dir: str | Path | None = None) -> 
     out = Path(out_dir) if out_dir else REPORT_DIR
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{name}.json"
-    path.write_text(json.dumps({"machine": machine_info(), **report}, indent=1, default=str), encoding="utf-8")
+    # written whole or not at all (a benchmark killed while writing leaves the previous report)
+    from .atomic import write_json_atomic
+    write_json_atomic(path, {"machine": machine_info(), **report}, indent=1, default=str, allow_nan=True)
     return path
 
 

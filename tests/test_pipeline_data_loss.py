@@ -40,8 +40,12 @@ def _notebook(folder: Path, name: str, *cells: str) -> Path:
 
 
 def _ess(*args, cwd: Path) -> subprocess.Popen:
+    """``ess`` in a child process that takes Ctrl-C as a terminal's foreground process does: with SIGINT at its
+    default (a suite started in the background of a non-interactive shell hands its children SIGINT ignored, and
+    Python then installs no KeyboardInterrupt handler)."""
     return subprocess.Popen([sys.executable, "-m", "ess", *args], cwd=cwd, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def _files(folder: Path) -> dict:
