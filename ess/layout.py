@@ -157,11 +157,16 @@ def check_context_len(model: ModelSpec | EntryFormat, context_len: int, name: st
     return context_len
 
 
+def _padded_rows(model: ModelSpec, context_len: int) -> int:
+    """The sparse layers' allocated rows for a context (tokens for a DSA model; a compressed model's rows, none
+    while the context is shorter than one row), rounded up to whole cache pages."""
+    rows = model.sparse_rows(context_len)
+    return padded_tokens(model, rows) if rows else 0
+
+
 def padded_tokens(model: ModelSpec | EntryFormat, context_len: int) -> int:
-    """Tokens actually allocated for a context: rounded up to whole cache pages (64 tokens); 0 for none (the rows
-    of a compressed layer over a context shorter than one row)."""
-    if validate.integer("context_len", context_len, lo=0) > 0:
-        context_len = check_context_len(model, context_len)
+    """Tokens actually allocated for a context: rounded up to whole cache pages (64 tokens)."""
+    context_len = check_context_len(model, context_len)
     page = _paging(model)[1]
     return -(-context_len // page) * page
 
@@ -201,7 +206,7 @@ def pool_slots(model: ModelSpec | EntryFormat, ratio: float, context_len: int, *
     if need is not None:
         need = validate.non_negative_int("need", need)
     # a compressed model's pool holds rows, one per sparse_compress_ratio tokens (ModelSpec.sparse_rows)
-    tokens = padded_tokens(model, context_len if isinstance(model, EntryFormat) else model.sparse_rows(context_len))
+    tokens = padded_tokens(model, context_len) if isinstance(model, EntryFormat) else _padded_rows(model, context_len)
     slots = int(math.floor(ratio * tokens + 1e-9))     # 1e-9: 0.3 * 960 is 287.99999999999997
     if need is not None and slots < need:
         raise ValueError(f"ratio {ratio} of context_len={context_len} ({tokens} allocated tokens) gives {slots} GPU "
@@ -320,12 +325,14 @@ def request_cache(model: ModelSpec, context_len: int, ratio: float = 1.0, dtype:
     context_len = check_context_len(model, context_len)
     ratio = validate.ratio("ratio", ratio)
     _check_dtype(dtype)
-    tokens = padded_tokens(model, model.sparse_rows(context_len))
+    tokens = _padded_rows(model, context_len)
     entry = latent_entry_bytes(model, dtype)
     indexer = tokens * indexer_entry_bytes(model) * model.n_sparse_layers
     latent = tokens * entry * model.n_sparse_layers
     # a compressed model: densely attended rows (page-padded) and every layer's window stay on the GPU
-    resident = sum(padded_tokens(model, context_len // r) for r in model.dense_compress_ratios) * entry
+    # (no rows yet where the context is shorter than one row)
+    resident = sum(padded_tokens(model, context_len // r) for r in model.dense_compress_ratios
+                   if context_len >= r) * entry
     if model.sliding_window:
         resident += model.n_layers * min(model.sliding_window, context_len) * entry
     offload = ratio < 1.0
