@@ -82,7 +82,8 @@ def same(a, b) -> bool:
 
 def fuzz_settings(max_examples: int, **kw):
     """Hypothesis settings of a fuzz test: ``max_examples`` cases (times ``ESS_FUZZ_SCALE``, 1 unless set, for a
-    longer search by hand), no deadline (a loaded machine), fixtures shared across the cases."""
+    longer search by hand), no deadline (a loaded machine), fixtures shared across the cases. Whether the cases are
+    fixed or fresh is the loaded profile's (``tests/conftest.py``: fixed unless ``ESS_FUZZ_RANDOM=1``)."""
     import os
     from hypothesis import HealthCheck, settings
     return settings(max_examples=max_examples * int(os.environ.get("ESS_FUZZ_SCALE", "1")), deadline=None,

@@ -221,3 +221,10 @@ def test_the_meaningless_simulator_inputs_found_by_probing_are_refused():
         sweep({"batch": [4], "context_len": [4096, 8192]}, chunk_size=1, workers=-1, progress=False)
     with pytest.raises(TypeError, match="progress must be True or False"):    # 'no' showed the bar
         sweep({"batch": [4], "context_len": [4096]}, progress="no")
+    with pytest.raises(ValueError, match="h2d_GB_per_s must be finite"):      # OverflowError in math.isinf
+        Scenario(h2d_GB_per_s=10 ** 400)
+    assert Scenario(h2d_GB_per_s=np.float32("inf")).h2d_GB_per_s == math.inf   # an infinite link stays a bound
+    with pytest.raises(ValueError, match="micro_batch x mtp must be <="):     # the product named "m" deep inside
+        K.layer_costs(MODEL, GPU, DEP, 4503599627370497.0, 4096, 2)
+    with pytest.raises(ValueError, match="with compute_scale .* held fixed"):   # an overflow warning in the loss
+        C.calibrate(pts, grid=2, refine=0, compute_scale=2.2e154)

@@ -155,9 +155,11 @@ def calibrate(points: list[CalibrationPoint] | None = None, *, table2_weight: fl
     def evaluate(sc, sm):
         s = _step_without_fixed(points, sc, sm, scen)
         wi = w / obs_step ** 2
-        f = max(float(np.sum(wi * (obs_step - s)) / np.sum(wi)), 0.0)
-        err = (s + f - obs_step) / obs_step
-        return float(np.sum(w * err ** 2)), f
+        with np.errstate(over="ignore", invalid="ignore"):   # a scale far out of range: an infinite loss, skipped
+            f = max(float(np.sum(wi * (obs_step - s)) / np.sum(wi)), 0.0)
+            err = (s + f - obs_step) / obs_step
+            loss = float(np.sum(w * err ** 2))
+        return (loss if np.isfinite(loss) else np.inf), f
 
     lo, hi = np.log(lo_s), np.log(hi_s)
     lo_c, hi_c, lo_m, hi_m = lo, hi, lo, hi
@@ -175,8 +177,9 @@ def calibrate(points: list[CalibrationPoint] | None = None, *, table2_weight: fl
         lo_c, hi_c = np.log(best[1]) - 2 * step_c, np.log(best[1]) + 2 * step_c
         lo_m, hi_m = np.log(best[2]) - 2 * step_m, np.log(best[2]) + 2 * step_m
     if not np.isfinite(best[0]):
-        raise ValueError(f"no parameters in scale_range {scale_range!r} give a finite loss on the points: nothing "
-                         f"was fitted")
+        held = "" if compute_scale is None else f" with compute_scale {compute_scale:g} held fixed"
+        raise ValueError(f"no parameters in scale_range {scale_range!r}{held} give a finite loss on the points: "
+                         f"nothing was fitted")
     _, sc, sm, f = best
     if compute_scale is not None:
         sc = float(compute_scale)

@@ -18,6 +18,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from ..specs import (DEFAULT_DEPLOYMENT, DEFAULT_MODEL, DeploymentSpec, GPUSpec, HostSpec, ModelSpec,
                      deployment_spec, gpu_spec, host_spec, link_figures, list_deployments, list_gpus, list_hosts,
                      list_models, model_spec, resolve)
@@ -44,8 +46,8 @@ def default_link_GB_per_s() -> tuple[float, float]:
 def _link(name: str, value: Any) -> Any:
     if value is None:
         return None
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isinf(value) and value > 0:
-        return value                                          # an infinitely fast link (a bound)
+    if isinstance(value, (float, np.floating)) and math.isinf(value) and value > 0:
+        return float(value)                                   # an infinitely fast link (a bound); only a float is inf
     return real(name, value, lo=0.0, lo_open=True)
 
 

@@ -451,6 +451,9 @@ def layer_costs(model: ModelSpec, gpu: GPUSpec, deployment: DeploymentSpec, micr
     pb = _part_batch(one_of("part_batch_variant", part_batch_variant, PART_BATCH_VARIANTS))
     ev = efficiency_variant
     n = b * mtp                                                   # tokens in the micro-batch
+    if np.any(n > MAX_EXACT_COUNT):
+        raise ValueError(f"micro_batch x mtp must be <= {MAX_EXACT_COUNT:,} (tokens counted exactly), got "
+                         f"{np.max(n):.6g}")
     h, H = model.hidden_size, model.n_heads
     fp8 = "fp8" if model.weight_bytes_per_param == 1 else "bf16"
     eff = efficiencies(ev)
