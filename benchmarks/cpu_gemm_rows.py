@@ -4,9 +4,10 @@ one thread, each row count timed in turn in the same run.
 
     .venv/bin/python benchmarks/cpu_gemm_rows.py [--rows 1 2 3 4 5 6 7 8] [--calls 2000] [--repeats 5]
 
-Why: the real-model check of notebook 09 prices the projections and the MLP with a rule linear in the requests
-(a constant of its own at one request), fitted on batches 1, 2 and 4. If the CPU's matrix product costs as much at
-3 rows as at 4 (a kernel that works in blocks of rows), that rule underprices batch 3. Reported: the median microseconds
+Why: a cost rule linear in the requests, fitted on batches 1, 2 and 4, underprices batch 3 if the CPU's matrix
+product costs as much at 3 rows as at 4 (a kernel chosen by the row count). This is why the real-model check of
+notebook 09 prices the projections, the MLP and the output head from the model's own products timed at every row
+count (``ess.engine.overlap_check.product_costs``) instead of a line. Reported: the median microseconds
 per call at each row count, and each against the line through 2 and 4 rows that the rule would draw (its ratio);
 baseline: the same product at 1 row, in the same run. Nothing is asserted.
 Writes build/benchmarks/cpu_gemm_rows.json.

@@ -6,8 +6,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from ess.engine.overlap_check import (FAMILIES, CheckConfig, CheckDesign, OpCosts, fit_op_costs,
-                                      measured_breakdown, predict_run, run_check)
+from ess.engine.overlap_check import (FAMILIES, PRODUCTS, CheckConfig, CheckDesign, OpCosts, fit_op_costs,
+                                      measured_breakdown, nonnegative_lstsq, predict_run, product_costs, run_check)
 from ess.metrics import OpTimer
 
 MS = 1e-3
@@ -58,9 +58,9 @@ def test_dual_batch_attention_splits_every_operation_in_halves():
     assert predict_run(_costs(), _run("dba"))["predicted_s"] == pytest.approx(10.41 * MS)
 
 
-def _synthetic_run(batch, prompt, misses_per_layer, seed, single_ms=3.0):
+def _synthetic_run(batch, prompt, misses_per_layer, seed, finish_ms=lambda B: 3.0 * B):
     """A run whose timed operations cost exactly: indexer 0.1 ms + 2 us per token scanned, attn 0.05 ms + 1 us
-    per selected entry, finish 3 ms per request (``single_ms`` for one request), other 1 ms."""
+    per selected entry, finish ``finish_ms(batch)`` (3 ms per request), other 1 ms."""
     rng = np.random.default_rng(seed)
     n_layers, steps, K = 2, 3, 8
     timer = OpTimer()
@@ -75,7 +75,7 @@ def _synthetic_run(batch, prompt, misses_per_layer, seed, single_ms=3.0):
             hits[t, layer] = K - misses[t, layer]
             tokens = batch * (prompt + t)
             for op, sec in (("indexer", 0.1 * MS + 2e-6 * tokens), ("attn", 0.05 * MS + 1e-6 * batch * K),
-                            ("finish", (single_ms if batch == 1 else 3.0) * MS * batch)):
+                            ("finish", finish_ms(batch) * MS)):
                 timer.add(op, layer, clock, clock + sec)
                 clock += sec
         clock += 1 * MS
@@ -93,18 +93,54 @@ def test_the_fit_recovers_the_costs_it_was_given():
     assert costs.op_s("indexer", requests=1, tokens=1000) == pytest.approx(0.1 * MS + 2e-3, rel=1e-6)
     assert costs.op_s("attn", requests=2, entries=16) == pytest.approx(0.05 * MS + 16e-6, rel=1e-6)
     assert costs.op_s("finish", requests=4) == pytest.approx(12 * MS, rel=1e-6)
-    assert costs.op_s("finish", requests=1) == pytest.approx(3 * MS, rel=1e-6)     # batch 1 on the same line here
+    assert costs.op_s("finish", requests=1) == pytest.approx(3 * MS, rel=1e-6)     # no products: linear
     assert costs.op_s("other", requests=2) == pytest.approx(1 * MS, rel=1e-6)
 
 
-def test_batch_one_has_a_constant_of_its_own():
-    """One request runs a matrix-vector product (here 5 ms), more a matrix product (3 ms per request): calibrated on
-    batches 1, 2 and 4, the rule gives 5 ms at batch 1 and the line through 2 and 4 elsewhere, 9 ms at 3, 24 at 8."""
-    runs = [_synthetic_run(b, 100, 3, s, single_ms=5.0) for s, b in enumerate([1, 2, 4])]
-    costs = fit_op_costs(runs)
-    assert costs.op_s("finish", requests=1) == pytest.approx(5 * MS, rel=1e-6)
-    assert costs.op_s("finish", requests=3) == pytest.approx(9 * MS, rel=1e-6)
-    assert costs.op_s("finish", requests=8) == pytest.approx(24 * MS, rel=1e-6)
+def test_the_products_curve_carries_into_the_prediction():
+    """The MLP's products cost 5 ms at 1 row, 8 at 2, 9 at 4 (the curve measured alone) and 11 at 3 (a BLAS kernel
+    that costs more at 3 rows than at 4); the engine's finish costs the products plus 0.5 ms per request. Fitted on
+    batches 1, 2 and 4 (finish = 5.5, 9 and 11 ms), the rule gives at batch 3: 11 + 1.5 = 12.5 ms; a rule linear in
+    the requests through 2 and 4 would give 10 ms."""
+    curve = {1: 5 * MS, 2: 8 * MS, 3: 11 * MS, 4: 9 * MS}
+    runs = [_synthetic_run(b, 100, 3, s, finish_ms=lambda B: curve[B] / MS + 0.5 * B) for s, b in enumerate([1, 2, 4])]
+    costs = fit_op_costs(runs, {"finish": curve})
+    assert costs.coef["finish"] == pytest.approx((0.0, 0.5 * MS, 1.0), abs=1e-9)
+    assert costs.op_s("finish", requests=3) == pytest.approx(12.5 * MS, rel=1e-6)
+    assert costs.op_s("finish", requests=1) == pytest.approx(5.5 * MS, rel=1e-6)
+    with pytest.raises(ValueError, match="no product cost measured for finish at 6 rows"):
+        costs.op_s("finish", requests=6)
+    with pytest.raises(TypeError, match="products must be None or a dict"):
+        fit_op_costs(runs, {"mlp": curve})
+    with pytest.raises(ValueError, match=r"products\['finish'\]\[2\] must be"):
+        fit_op_costs(runs, {"finish": {1: 5 * MS, 2: -1.0}})
+
+
+def test_no_cost_per_unit_is_negative():
+    """Three calibration points (selected s, misses m, seconds y) = (1, 1, 3), (2, 2, 5), (3, 4, 6), where s and m
+    move together. Plain least squares solves them exactly: c0 + cs + cm = 3, c0 + 2 cs + 2 cm = 5,
+    c0 + 3 cs + 4 cm = 6 give (c0, cs, cm) = (1, 3, -1), a negative cost per miss. Bounded, the best fit with no
+    negative cost drops m: y on (1, s) has slope ((-1)(-5/3) + (1)(4/3)) / 2 = 1.5 and intercept 14/3 - 2 x 1.5 =
+    5/3 (residual sum of squares 1/6; on (1, m) alone it is 0.64, on (s, m) alone cm = -1.8 < 0)."""
+    X = np.array([[1, 1, 1.0], [1, 2, 2], [1, 3, 4]])
+    y = np.array([3.0, 5.0, 6.0])
+    assert np.linalg.lstsq(X, y, rcond=None)[0] == pytest.approx([1, 3, -1])
+    assert nonnegative_lstsq(X, y) == pytest.approx([5 / 3, 1.5, 0.0])
+    assert nonnegative_lstsq(X, -y) == pytest.approx([0.0, 0.0, 0.0])   # no non-negative cost fits a negative time
+
+
+def test_product_costs_on_a_small_model():
+    from engine_helpers import small_engine
+    eng = small_engine()
+    got = product_costs(eng.model, [3, 1, 2], clock="wall", repeats=2)
+    assert set(got) == set(PRODUCTS) and all(list(c) == [1, 2, 3] for c in got.values())
+    assert all(v > 0 for c in got.values() for v in c.values())
+    with pytest.raises(TypeError, match="model must be a model with per-layer weights"):
+        product_costs(object(), [1])
+    with pytest.raises(ValueError, match=r"rows\[0\] must be a positive integer"):
+        product_costs(eng.model, [0])
+    with pytest.raises(ValueError, match="clock must be one of"):
+        product_costs(eng.model, [1], clock="sun")
 
 
 def test_a_fit_needs_runs():
@@ -154,6 +190,23 @@ def test_the_design_lists_its_configurations():
         _design(held_out_batches=[])
     with pytest.raises(ValueError, match="ratio"):
         _design(held_out_ratio=1.5)
+
+
+def test_a_second_calibration_ratio_adds_the_largest_batch_at_every_context():
+    d = _design(calibration_ratio=[0.5, 0.25])
+    cal = d.calibration()
+    # 10 at ratio 0.5 (as above), then 2 contexts x (B 2: none, da, dba) = 6 at 0.25, then the second link's 3
+    assert len(cal) == 19 and d.calibration_ratios == (0.5, 0.25)
+    assert [(c.context_len, c.batch, c.decode.ratio) for c in cal[10:16:3]] == [(40, 2, 0.25), (60, 2, 0.25)]
+    assert {c.decode.ratio for c in cal[:10] + cal[16:]} == {0.5} and "ratio 0.5 and 0.25" in d.describe()[
+        "calibration"]
+    assert _design(calibration_ratio=[0.5]).calibration_ratio == 0.5
+    with pytest.raises(ValueError, match="must not repeat"):
+        _design(calibration_ratio=[0.5, 0.5])
+    with pytest.raises(TypeError, match="non-empty list of ratios"):
+        _design(calibration_ratio=[])
+    with pytest.raises(ValueError, match=r"calibration_ratio\[1\] must be"):
+        _design(calibration_ratio=[0.5, 0.0])
 
 
 def test_the_whole_check_runs_on_a_small_engine():

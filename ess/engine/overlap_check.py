@@ -8,17 +8,21 @@ by step), fits the costs and predicts every configuration, and returns an :class
 runs, the held-out errors, the step's breakdown, the serial formula's gap).
 
 **Operation costs.** Every operation the engine times (:class:`ess.metrics.OpTimer`) is a linear function of what it
-works on -- a fixed part per call plus a part per request, per token scanned, per entry -- fitted by least squares
-on the calibration runs' records (one record per operation, layer and step). The operations that depend on the
-batch size alone (the projections, the MLP, the output head) run a matrix-vector product for one request and a
-matrix product above (a different BLAS path), so their rule has a constant of its own at batch 1 (``single``).
-Every operation of a held-out run is priced from that rule: no time measured at a held-out batch enters its
-prediction.
+works on -- a fixed part per call plus a part per request, per token scanned, per entry -- fitted on the
+calibration runs' records (one record per operation, layer and step) by least squares with every coefficient
+non-negative (a cost per request, token or entry is never negative; without the bound, features that move together
+in the calibration runs, such as the selected entries and the misses at one ratio, trade signs). The operations
+built on the model's matrix products (the projections, the MLP, the output head) are not linear in the rows: on a
+CPU a product of 3 rows can cost more than one of 4 (the BLAS library picks its kernel by the row count). Their
+``products`` feature is what the model's own products cost at that row count, measured in isolation by
+:func:`product_costs` (the products alone, on random inputs, every row count from 1 to the largest batch; no
+decode step), the way the DeepSeek cost model reads a kernel's benchmark curve. Every operation of a held-out run
+is priced from that rule: no time measured in a decode run at a held-out configuration enters its prediction.
 
 =============== ============================================================ =================================
 family          records                                                       features (besides a constant)
 =============== ============================================================ =================================
-``pre_attn``    norm, q/k/v projections, RoPE                                 requests, single
+``pre_attn``    norm, q/k/v projections, RoPE                                 requests, products
 ``indexer``     indexer scan and top-K (``indexer``, ``indexer_b0/_b1``)      requests, cached tokens scanned
 ``plan``        the cache's plans                                             requests, selected entries, misses
 ``attn``        one gather-and-score call over some entries: every selected   requests, entries
@@ -26,9 +30,10 @@ family          records                                                       fe
                 or misses (``attn_misses``) -- the same code on other rows
 ``merge``       softmax and weighted sum over the step's columns              requests, selected entries
 ``commit``      the plans applied                                             requests, selected entries, misses
-``finish``      output projection and MLP                                     requests, single
-``embed``, ``logits``, ``write_back``, ``other`` (per step; ``other`` is      requests, single
-                the step's time outside every timed span)
+``finish``      output projection and MLP                                     requests, products
+``logits``      final norm and output head (per step)                         requests, products
+``embed``, ``write_back``, ``other`` (per step; ``other`` is the step's       requests
+                time outside every timed span)
 =============== ============================================================ =================================
 
 **The link.** A job of ``n`` bytes takes ``lambda + n / bandwidth`` on an emulated link and ``lambda + c n`` unpaced,
@@ -51,7 +56,7 @@ lane), MoE and the MTP draft passes, and GPU kernels (a CUDA run of the same eng
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -59,18 +64,21 @@ from .. import validate
 from ..sim.timeline import LayerOps, overlap_overhead_s
 from .config import DecodeConfig
 
-__all__ = ["FAMILIES", "op_samples", "link_samples", "measured_breakdown", "OpCosts", "fit_op_costs", "predict_run",
+__all__ = ["FAMILIES", "PRODUCTS", "product_costs", "op_samples", "link_samples", "measured_breakdown", "OpCosts",
+           "nonnegative_lstsq", "fit_op_costs", "predict_run",
            "check_runs", "CheckConfig", "run_configs", "CheckDesign", "check_prefills", "OverlapCheck", "run_check",
            "step_lanes", "misses_by_layer"]
 
 #: family -> the features its time is linear in (besides a constant)
 FAMILIES = {
-    "pre_attn": ("requests", "single"), "finish": ("requests", "single"),
+    "pre_attn": ("requests", "products"), "finish": ("requests", "products"),
     "indexer": ("requests", "tokens"), "plan": ("requests", "selected", "misses"),
     "attn": ("requests", "entries"), "merge": ("requests", "selected"), "commit": ("requests", "selected", "misses"),
-    "embed": ("requests", "single"), "logits": ("requests", "single"), "write_back": ("requests", "single"),
-    "other": ("requests", "single"),
+    "embed": ("requests",), "logits": ("requests", "products"), "write_back": ("requests",),
+    "other": ("requests",),
 }
+#: family -> the weights its matrix products use (names of each layer's weights, or ``"output"``: the head, once)
+PRODUCTS = {"pre_attn": ("w_qkv",), "finish": ("wo", "w_gate_up", "w_down"), "logits": "output"}
 _PER_STEP = ("embed", "logits", "write_back", "other")
 _SPLIT = {"indexer_b0": ("indexer", 0), "indexer_b1": ("indexer", 1), "plan_b0": ("plan", 0),
           "plan_b1": ("plan", 1), "attn_b0": ("attn", 0), "attn_b1": ("attn", 1), "merge_b0": ("merge", 0),
@@ -86,6 +94,53 @@ def _trimmed_mean(x, cut: float = 0.1) -> float:
     return float(x[k:x.size - k].mean())
 
 
+def product_costs(model, rows, *, clock: str = "cpu", repeats: int = 7) -> dict:
+    """What the model's matrix products cost at each row count, alone: ``{family: {rows: seconds}}`` for the
+    families of :data:`PRODUCTS` -- per layer (the mean over the layers; a layer's products run one after the other,
+    every layer in turn, as a decode step runs them) or per step (the output head). ``model`` is the engine's
+    :class:`ess.llm.llama.LlamaModel`; each product multiplies random inputs of ``rows`` rows (made before the clock
+    starts) by the model's own weights with ``torch.nn.functional.linear``, the call the model makes. The row
+    counts take turns, ``repeats`` times; each value is the median of its repeats, on ``clock``
+    (:data:`ess.link.CLOCKS`)."""
+    import torch
+    import torch.nn.functional as F
+    from ..link import CLOCKS
+    layers, output = getattr(model, "layers", None), getattr(model, "output", None)
+    if not isinstance(layers, list) or not layers or not isinstance(output, torch.Tensor):
+        raise TypeError(f"model must be a model with per-layer weights and an output head (ess.llm.llama), got "
+                        f"{type(model).__name__}")
+    rows = _row_counts(rows)
+    repeats = validate.positive_int("repeats", repeats)
+    tick = CLOCKS[validate.one_of("clock", clock, tuple(CLOCKS))]
+    weights = {fam: [[output]] if names == "output" else [[p[n] for n in names] for p in layers]
+               for fam, names in PRODUCTS.items()}
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    times = {fam: {m: [] for m in rows} for fam in PRODUCTS}
+    with torch.inference_mode():
+        for _ in range(repeats):
+            for m in rows:
+                for fam, per_layer in weights.items():
+                    xs = [[torch.randn(m, 1, w.shape[1], generator=gen).to(device=w.device, dtype=w.dtype)
+                           for w in ws] for ws in per_layer]
+                    t0 = tick()
+                    for ws, x in zip(per_layer, xs):
+                        for w, xi in zip(ws, x):
+                            F.linear(xi, w)
+                    if output.device.type == "cuda":
+                        torch.cuda.synchronize(output.device)
+                    times[fam][m].append((tick() - t0) / len(per_layer))
+    return {fam: {m: float(np.median(v)) for m, v in per.items()} for fam, per in times.items()}
+
+
+def _row_counts(rows) -> list:
+    if isinstance(rows, (str, bytes)) or not hasattr(rows, "__iter__"):
+        raise TypeError(f"rows must be a list of row counts, got {rows!r}")
+    out = sorted({validate.positive_int(f"rows[{i}]", r) for i, r in enumerate(rows)})
+    if not out:
+        raise ValueError("rows must hold at least one row count")
+    return out
+
+
 def _halves(B: int) -> tuple[np.ndarray, np.ndarray]:
     half = (B + 1) // 2                                            # as ess.decode.run_layer splits a batch
     return np.arange(half), np.arange(half, B)
@@ -96,7 +151,7 @@ def _sizes(run, t: int, layer: int, rows: np.ndarray) -> dict:
     cfg = run.config
     n_tok = np.asarray(cfg["prompt_lens"])[rows] + t
     sel = float(np.minimum(cfg["topk"], n_tok).sum())
-    return {"requests": float(rows.size), "single": float(rows.size == 1), "tokens": float(n_tok.sum()),
+    return {"requests": float(rows.size), "tokens": float(n_tok.sum()),
             "selected": sel, "entries": sel, "hits": float(run.hits[t, layer, rows].sum()),
             "misses": float(run.misses[t, layer, rows].sum())}
 
@@ -166,20 +221,33 @@ def link_samples(run, skip_steps: int = 1):
 class OpCosts:
     """Fitted costs: ``coef[family]`` (constant, then one per feature of :data:`FAMILIES`); ``link_latency_s`` per
     direction (paced links), ``unpaced`` per direction ``(a, c)`` (seconds = a + c bytes), the RMS relative residual
-    of each family's fit, and which runs they came from."""
+    of each family's fit, which runs they came from, and ``products``: the model's matrix products at each row count
+    (:func:`product_costs`), the ``products`` feature."""
 
     coef: dict
     link_latency_s: dict
     unpaced: dict
     residual: dict
     calibrated_on: tuple
+    products: dict = field(default_factory=dict)
+
+    def product_s(self, family: str, requests) -> float:
+        """What ``family``'s matrix products cost on ``requests`` rows (:attr:`products`)."""
+        curve = self.products.get(family, {})
+        m = int(round(float(requests)))
+        if m not in curve:
+            raise ValueError(f"no product cost measured for {family} at {m} rows (requests={requests!r}); measured: "
+                             f"{sorted(curve)} -- measure every row count the runs use (product_costs)")
+        return curve[m]
 
     def op_s(self, family: str, **sizes) -> float:
-        """Seconds of one call of ``family`` on ``sizes`` (the features of :data:`FAMILIES`; ``single`` follows from
-        ``requests`` when not given)."""
-        sizes.setdefault("single", float(sizes.get("requests") == 1))
+        """Seconds of one call of ``family`` on ``sizes`` (the features of :data:`FAMILIES`; ``products`` follows
+        from ``requests`` when not given)."""
+        feats = FAMILIES[family]
+        if "products" in feats and "products" not in sizes:
+            sizes["products"] = self.product_s(family, sizes["requests"]) if self.products else 0.0
         c = self.coef[family]
-        return float(c[0] + sum(ci * sizes[f] for ci, f in zip(c[1:], FAMILIES[family])))
+        return float(c[0] + sum(ci * sizes[f] for ci, f in zip(c[1:], feats)))
 
     def link_s(self, kind: str, nbytes: float, GB_per_s) -> float:
         if GB_per_s is None:
@@ -194,20 +262,46 @@ def _describe(run) -> str:
             f"link={c['link_GB_per_s'] if c['link_GB_per_s'] is not None else 'unpaced'}")
 
 
-def fit_op_costs(runs) -> OpCosts:
+def nonnegative_lstsq(X, y) -> np.ndarray:
+    """The least-squares ``c`` of ``X c ~ y`` with every ``c >= 0`` (few columns: every set of columns allowed to be
+    non-zero is solved, the best solution with no negative coefficient kept; all zero when none is)."""
+    X, y = np.asarray(X, float), np.asarray(y, float)
+    n = X.shape[1]
+    best, best_c = np.inf, np.zeros(n)
+    for mask in range(1, 2 ** n):
+        cols = [j for j in range(n) if mask >> j & 1]
+        sub, *_ = np.linalg.lstsq(X[:, cols], y, rcond=None)
+        if (sub < 0).any():
+            continue
+        c = np.zeros(n)
+        c[cols] = sub
+        r = float(np.sum((X @ c - y) ** 2))
+        if r < best:
+            best, best_c = r, c
+    return best_c
+
+
+def fit_op_costs(runs, products: dict | None = None) -> OpCosts:
     """Fit every family on the calibration ``runs`` (sparse decode runs of one engine), robust to the load of a
     shared machine: per run and family the trimmed mean (10 % each side) over its steps of the mean time per record,
-    against the run's mean features, then least squares across runs (one point per run and family)."""
+    against the run's mean features, then least squares with non-negative coefficients across runs (one point per
+    run and family, :func:`nonnegative_lstsq`). ``products`` (:func:`product_costs`) gives the ``products`` feature
+    at every batch the runs (and the runs to be predicted) use; without it, that feature is 0 (the rule linear in the
+    requests)."""
     import pandas as pd
     if not runs:
         raise ValueError("runs must hold at least one calibration run")
+    products = _products_arg(products)
+    holder = OpCosts({}, {}, {}, {}, (), products)
     points = []
     for i, run in enumerate(runs):
         df = op_samples(run)
         per_step = df.groupby(["family", "step"]).mean(numeric_only=True).reset_index()
         for fam, part in per_step.groupby("family"):
-            feats = part[list(FAMILIES[fam])].mean()
-            points.append({"run": i, "family": fam, "seconds": _trimmed_mean(part.seconds), **feats.to_dict()})
+            feats = part[[f for f in FAMILIES[fam] if f != "products"]].mean().to_dict()
+            if "products" in FAMILIES[fam]:
+                feats["products"] = holder.product_s(fam, feats["requests"]) if products else 0.0
+            points.append({"run": i, "family": fam, "seconds": _trimmed_mean(part.seconds), **feats})
     points = pd.DataFrame(points)
     coef, residual = {}, {}
     for fam, feats in FAMILIES.items():
@@ -216,7 +310,7 @@ def fit_op_costs(runs) -> OpCosts:
             continue
         y = part.seconds.to_numpy()
         X = np.column_stack([np.ones(len(part))] + [part[f].to_numpy(float) for f in feats])
-        c, *_ = np.linalg.lstsq(X, y, rcond=None)
+        c = nonnegative_lstsq(X, y)
         coef[fam] = tuple(float(v) for v in c)
         residual[fam] = float(np.sqrt(np.mean(((X @ c - y) / np.maximum(y, 1e-9)) ** 2)))
     links = pd.concat([link_samples(r) for r in runs], ignore_index=True)
@@ -233,7 +327,23 @@ def fit_op_costs(runs) -> OpCosts:
             X = np.column_stack([np.ones(len(free)), free.bytes.to_numpy(float)])
             a, c = np.linalg.lstsq(X, free.cross_s.to_numpy(), rcond=None)[0]
             unpaced[kind] = (wake + float(a) + resume, float(c))
-    return OpCosts(coef, latency, unpaced, residual, tuple(_describe(r) for r in runs))
+    return OpCosts(coef, latency, unpaced, residual, tuple(_describe(r) for r in runs), products)
+
+
+def _products_arg(products) -> dict:
+    """``products`` as :func:`product_costs` gives it (``None``: none), checked."""
+    if products is None:
+        return {}
+    if not isinstance(products, dict) or set(products) - set(PRODUCTS):
+        raise TypeError(f"products must be None or a dict {{family: {{rows: seconds}}}} for the families "
+                        f"{sorted(PRODUCTS)} (product_costs), got {products!r:.80}")
+    out = {}
+    for fam, curve in products.items():
+        if not isinstance(curve, dict) or not curve:
+            raise TypeError(f"products[{fam!r}] must be a non-empty dict {{rows: seconds}}, got {curve!r:.80}")
+        out[fam] = {validate.positive_int(f"products[{fam!r}] rows", m):
+                    validate.real(f"products[{fam!r}][{m!r}]", v, lo=0.0) for m, v in curve.items()}
+    return out
 
 
 def _layer(costs: OpCosts, run, t: int, layer: int, schedule: str | None = None) -> tuple[float, dict]:
@@ -287,7 +397,7 @@ def predict_run(costs: OpCosts, runs, skip_steps: int = 1, schedule: str | None 
                 for k, v in parts.items():
                     parts_sum[k] = parts_sum.get(k, 0.0) + v
             for fam in _PER_STEP:
-                v = costs.op_s(fam, requests=float(B), single=float(B == 1))
+                v = costs.op_s(fam, requests=float(B))
                 total += v
                 parts_sum[fam] = parts_sum.get(fam, 0.0) + v
             preds.append(total)
@@ -296,14 +406,15 @@ def predict_run(costs: OpCosts, runs, skip_steps: int = 1, schedule: str | None 
             "breakdown_s": {k: v / len(preds) for k, v in parts_sum.items()}}
 
 
-def check_runs(calibration, held_out):
-    """Fit the costs on the ``calibration`` runs, predict every configuration: ``calibration`` and ``held_out``
-    are lists of configurations, each a run or a list of runs of that configuration (repeats). One row per configuration
-    with its settings, ``predicted_ms``, ``measured_ms``, ``error`` (predicted / measured - 1) and ``role``.
+def check_runs(calibration, held_out, products: dict | None = None):
+    """Fit the costs on the ``calibration`` runs (with the matrix products' costs ``products``,
+    :func:`fit_op_costs`), predict every configuration: ``calibration`` and ``held_out`` are lists of
+    configurations, each a run or a list of runs of that configuration (repeats). One row per configuration with its
+    settings, ``predicted_ms``, ``measured_ms``, ``error`` (predicted / measured - 1) and ``role``.
     Returns (costs, DataFrame)."""
     import pandas as pd
     listed = lambda x: list(x) if isinstance(x, (list, tuple)) else [x]          # noqa: E731
-    costs = fit_op_costs([r for runs in calibration for r in listed(runs)])
+    costs = fit_op_costs([r for runs in calibration for r in listed(runs)], products)
     rows = []
     for role, configs in (("calibration", calibration), ("held out", held_out)):
         for runs in map(listed, configs):
@@ -372,14 +483,17 @@ class CheckDesign:
     """Which configurations calibrate the costs and which are held out (predicted, never fitted).
 
     Calibration: every context of ``calibration_contexts`` x batch of ``calibration_batches`` x schedule (none, DA,
-    and DBA from batch 2) at ``calibration_ratio`` on the first link of ``calibration_links_GB_per_s``, and every
-    schedule at the longest context and largest batch on each further link. Held out: every context of
-    ``held_out_contexts`` x batch of ``held_out_batches`` x link of ``held_out_links_GB_per_s`` x schedule at
-    ``held_out_ratio``. Every configuration decodes ``steps`` steps on ``clock`` (:data:`ess.link.CLOCKS`)."""
+    and DBA from batch 2) at the first ratio of ``calibration_ratio`` (a ratio or a list of them) on the first link of
+    ``calibration_links_GB_per_s``; every context x schedule at the largest batch at each further ratio (the first
+    link), so that the fit can tell a cost per selected entry from a cost per miss (at one ratio the two move
+    together); and every schedule at the longest context and largest batch on each further link (the first ratio).
+    Held out: every context of ``held_out_contexts`` x batch of ``held_out_batches`` x link of
+    ``held_out_links_GB_per_s`` x schedule at ``held_out_ratio``. Every configuration decodes ``steps`` steps on
+    ``clock`` (:data:`ess.link.CLOCKS`)."""
 
     calibration_contexts: tuple
     calibration_batches: tuple
-    calibration_ratio: float
+    calibration_ratio: float | tuple
     calibration_links_GB_per_s: tuple
     held_out_contexts: tuple
     held_out_batches: tuple
@@ -402,8 +516,24 @@ class CheckDesign:
                 value = [validate.positive_int(f"{name}[{i}]", v) for i, v in enumerate(value)]
             object.__setattr__(self, name, tuple(value))
         object.__setattr__(self, "steps", validate.positive_int("steps", self.steps))
-        DecodeConfig(ratio=self.calibration_ratio, clock=self.clock)           # checks the ratio and the clock
+        ratios = self.calibration_ratio
+        if isinstance(ratios, (list, tuple)):
+            if not ratios:
+                raise TypeError("calibration_ratio must be a ratio or a non-empty list of ratios, got []")
+            ratios = tuple(validate.ratio(f"calibration_ratio[{i}]", r) for i, r in enumerate(ratios))
+            if len(set(ratios)) != len(ratios):
+                raise ValueError(f"calibration_ratio must not repeat a ratio, got {list(ratios)}")
+        else:
+            ratios = (validate.ratio("calibration_ratio", ratios),)
+        object.__setattr__(self, "calibration_ratio", ratios[0] if len(ratios) == 1 else ratios)
+        DecodeConfig(ratio=ratios[0], clock=self.clock)                       # checks the clock
         DecodeConfig(ratio=self.held_out_ratio)
+
+    @property
+    def calibration_ratios(self) -> tuple:
+        """The calibration ratios, the first the main one."""
+        r = self.calibration_ratio
+        return r if isinstance(r, tuple) else (r,)
 
     def _configs(self, contexts, batches, ratio, links) -> list:
         out = []
@@ -419,11 +549,14 @@ class CheckDesign:
 
     def calibration(self) -> list:
         """The calibration configurations (:class:`CheckConfig`), in the order they are decoded."""
-        first = self._configs(self.calibration_contexts, self.calibration_batches, self.calibration_ratio,
+        main, *others = self.calibration_ratios
+        first = self._configs(self.calibration_contexts, self.calibration_batches, main,
                               self.calibration_links_GB_per_s[:1])
-        more = self._configs((max(self.calibration_contexts),), (max(self.calibration_batches),),
-                             self.calibration_ratio, self.calibration_links_GB_per_s[1:])
-        return first + more
+        ratios = [c for r in others for c in self._configs(self.calibration_contexts, (max(self.calibration_batches),),
+                                                           r, self.calibration_links_GB_per_s[:1])]
+        more = self._configs((max(self.calibration_contexts),), (max(self.calibration_batches),), main,
+                             self.calibration_links_GB_per_s[1:])
+        return first + ratios + more
 
     def held_out(self) -> list:
         """The held-out configurations (:class:`CheckConfig`)."""
@@ -445,7 +578,8 @@ class CheckDesign:
         """The design as record fields (``calibration``, ``held_out``, ``steps``, ``clock``)."""
         return {"steps": self.steps, "clock": self.clock,
                 "calibration": f"L {list(self.calibration_contexts)}, B {list(self.calibration_batches)}, ratio "
-                               f"{self.calibration_ratio}, links {list(self.calibration_links_GB_per_s)}",
+                               f"{' and '.join(f'{r:g}' for r in self.calibration_ratios)}, links "
+                               f"{list(self.calibration_links_GB_per_s)}",
                 "held_out": f"L {list(self.held_out_contexts)}, B {list(self.held_out_batches)}, ratio "
                             f"{self.held_out_ratio}, links {list(self.held_out_links_GB_per_s)}"}
 
@@ -549,7 +683,8 @@ class OverlapCheck:
 
 def run_check(engine, design: CheckDesign, prefills: dict | None = None, *, progress: bool = True) -> OverlapCheck:
     """The whole check: prefill (unless ``prefills`` are given, :func:`check_prefills`), decode every configuration
-    of ``design`` interleaved (:func:`run_configs`), fit the costs on the calibration runs and predict every
+    of ``design`` interleaved (:func:`run_configs`), measure the model's matrix products at every row count up to
+    the design's largest batch (:func:`product_costs`), fit the costs on the calibration runs and predict every
     configuration (:func:`check_runs`)."""
     if not isinstance(design, CheckDesign):
         raise TypeError(f"design must be a CheckDesign, got {type(design).__name__}")
@@ -557,7 +692,8 @@ def run_check(engine, design: CheckDesign, prefills: dict | None = None, *, prog
     cal, held = design.calibration(), design.held_out()
     runs = run_configs(engine, prefills, cal + held, steps=design.steps, progress=progress)
     cal_runs, held_runs = runs[:len(cal)], runs[len(cal):]
-    costs, table = check_runs(cal_runs, held_runs)
+    products = product_costs(engine.model, range(1, design.max_batch + 1), clock=design.clock)
+    costs, table = check_runs(cal_runs, held_runs, products)
     return OverlapCheck(design, costs, table, cal_runs, held_runs)
 
 

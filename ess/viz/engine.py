@@ -9,7 +9,7 @@ from plotly.subplots import make_subplots
 from ._style import LEGEND, LEGEND_LOW, LEGEND_SHORT, TEMPLATE
 
 __all__ = ["fig_engine_steps", "fig_engine_layers", "fig_engine_breakdown", "fig_engine_timeline",
-           "fig_engine_validation"]
+           "fig_engine_validation", "fig_product_costs"]
 
 
 def fig_engine_steps(df, title: str = "") -> go.Figure:
@@ -89,4 +89,19 @@ def fig_engine_validation(df, title: str = "") -> go.Figure:
     fig.update_layout(template=TEMPLATE, height=420,
                       title=title or "Step time: the overlap formulas against the engine",
                       xaxis={"title": "measured ms per step"}, yaxis={"title": "predicted ms per step"}, legend=LEGEND)
+    return fig
+
+
+def fig_product_costs(products: dict, title: str = "") -> go.Figure:
+    """What the model's matrix products cost against the rows they run on (``{family: {rows: seconds}}``,
+    :func:`ess.engine.overlap_check.product_costs`), one line per family, ms on a log axis."""
+    fig = go.Figure()
+    for fam, curve in products.items():
+        rows = sorted(curve)
+        fig.add_scatter(x=rows, y=[curve[m] * 1e3 for m in rows], mode="lines+markers", name=fam,
+                        hovertemplate=fam + ", %{x} rows: %{y:.3f} ms")
+    fig.update_layout(template=TEMPLATE, height=360,
+                      title=title or "The model's matrix products against the rows they run on",
+                      xaxis={"title": "rows (requests)", "dtick": 1}, yaxis={"title": "ms per call", "type": "log"},
+                      legend=LEGEND)
     return fig
