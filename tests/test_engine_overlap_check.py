@@ -39,7 +39,8 @@ def _run(schedule):
 
 def test_none_adds_both_copies():
     # 6.82 + (1.6 + 1.1) + 2 = 11.52 ms
-    assert predict_run(_costs(), _run("none"))["predicted_s"] == pytest.approx(11.52 * MS)
+    got = predict_run(_costs(), _run("none"))
+    assert got["predicted_s"] == pytest.approx(11.52 * MS) and got["products_s"] == 0.0    # no products' curve
 
 
 def test_dual_attention_hides_the_copy_behind_the_hits():
@@ -108,6 +109,8 @@ def test_the_products_curve_carries_into_the_prediction():
     assert costs.coef["finish"] == pytest.approx((0.0, 0.5 * MS, 1.0), abs=1e-9)
     assert costs.op_s("finish", requests=3) == pytest.approx(12.5 * MS, rel=1e-6)
     assert costs.op_s("finish", requests=1) == pytest.approx(5.5 * MS, rel=1e-6)
+    assert costs.products_part_s("finish", 3) == pytest.approx(11 * MS, rel=1e-6)    # coefficient 1 x the curve
+    assert costs.products_part_s("indexer", 3) == 0.0                                 # no products feature
     with pytest.raises(ValueError, match="no product cost measured for finish at 6 rows"):
         costs.op_s("finish", requests=6)
     with pytest.raises(TypeError, match="products must be None or a dict"):

@@ -240,6 +240,14 @@ class OpCosts:
                              f"{sorted(curve)} -- measure every row count the runs use (product_costs)")
         return curve[m]
 
+    def products_part_s(self, family: str, requests) -> float:
+        """The part of one call of ``family`` on ``requests`` rows that its ``products`` feature carries (0 for a
+        family without one, or without a measured curve)."""
+        feats = FAMILIES[family]
+        if "products" not in feats or not self.products or family not in self.coef:
+            return 0.0
+        return self.coef[family][1 + feats.index("products")] * self.product_s(family, requests)
+
     def op_s(self, family: str, **sizes) -> float:
         """Seconds of one call of ``family`` on ``sizes`` (the features of :data:`FAMILIES`; ``products`` follows
         from ``requests`` when not given)."""
@@ -382,10 +390,11 @@ def _layer(costs: OpCosts, run, t: int, layer: int, schedule: str | None = None)
 def predict_run(costs: OpCosts, runs, skip_steps: int = 1, schedule: str | None = None) -> dict:
     """Predicted and measured step time of one configuration, from one or more runs of it (``runs``: a run or a
     list): the mean predicted step and the trimmed mean (10 % each side) of the measured steps, from step
-    ``skip_steps`` on, and the predicted breakdown per step (seconds per part, summed over layers). ``schedule``
+    ``skip_steps`` on, the predicted breakdown per step (seconds per part, summed over layers), and ``products_s``:
+    the part of the predicted step its matrix products' curve carries (:meth:`OpCosts.products_part_s`). ``schedule``
     prices the runs with another schedule's formula (what a wrong formula would predict)."""
     runs = runs if isinstance(runs, (list, tuple)) else [runs]
-    preds, measured, parts_sum = [], [], {}
+    preds, measured, parts_sum, products = [], [], {}, []
     for run in runs:
         n_layers = run.misses.shape[1]
         B = run.config["batch"]
@@ -401,17 +410,20 @@ def predict_run(costs: OpCosts, runs, skip_steps: int = 1, schedule: str | None 
                 total += v
                 parts_sum[fam] = parts_sum.get(fam, 0.0) + v
             preds.append(total)
+            products.append(n_layers * (costs.products_part_s("pre_attn", B) + costs.products_part_s("finish", B))
+                            + costs.products_part_s("logits", B))
         measured.extend(run.step_times()[skip_steps:])
     return {"predicted_s": float(np.mean(preds)), "measured_s": _trimmed_mean(measured),
-            "breakdown_s": {k: v / len(preds) for k, v in parts_sum.items()}}
+            "breakdown_s": {k: v / len(preds) for k, v in parts_sum.items()},
+            "products_s": float(np.mean(products))}
 
 
 def check_runs(calibration, held_out, products: dict | None = None):
     """Fit the costs on the ``calibration`` runs (with the matrix products' costs ``products``,
     :func:`fit_op_costs`), predict every configuration: ``calibration`` and ``held_out`` are lists of
     configurations, each a run or a list of runs of that configuration (repeats). One row per configuration with its
-    settings, ``predicted_ms``, ``measured_ms``, ``error`` (predicted / measured - 1) and ``role``.
-    Returns (costs, DataFrame)."""
+    settings, ``predicted_ms``, ``measured_ms``, ``error`` (predicted / measured - 1), ``products_share`` (the share
+    of the predicted step priced from the matrix products' curve) and ``role``. Returns (costs, DataFrame)."""
     import pandas as pd
     listed = lambda x: list(x) if isinstance(x, (list, tuple)) else [x]          # noqa: E731
     costs = fit_op_costs([r for runs in calibration for r in listed(runs)], products)
@@ -425,7 +437,8 @@ def check_runs(calibration, held_out, products: dict | None = None):
                          "runs": len(runs),
                          "misses_per_step": float(np.mean([r.misses[1:].sum(axis=(1, 2)).mean() for r in runs])),
                          "predicted_ms": p["predicted_s"] * 1e3, "measured_ms": p["measured_s"] * 1e3,
-                         "error": p["predicted_s"] / p["measured_s"] - 1.0})
+                         "error": p["predicted_s"] / p["measured_s"] - 1.0,
+                         "products_share": p["products_s"] / p["predicted_s"]})
     return costs, pd.DataFrame(rows)
 
 

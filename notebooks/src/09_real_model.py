@@ -165,8 +165,13 @@ for _, r in held.iterrows():
     rec.record(f"step_time_err_B{r.batch}_L{r.context_len}_r{r.ratio:g}_{r.schedule}_link{r.link_GB_per_s:g}",
                float(r.error), "fraction", config={**check_cfg, "predicted_ms": r.predicted_ms,
                                                    "measured_ms": r.measured_ms})
+rec.record("products_share_held_out_median", float(held.products_share.median()), "fraction", config=check_cfg,
+           note="share of each held-out predicted step priced from the matrix products' curve (measured alone)")
+rec.record("products_share_held_out_max", float(held.products_share.max()), "fraction", config=check_cfg)
 print(f"held-out configurations: median |error| {err_median:.1%}, worst {err_worst:.1%} "
-      f"(goal: 5 % / 15 %; the machine's load average during the run: {machine_info()['loadavg_1_5_15']})")
+      f"(goal: 5 % / 15 %; the machine's load average during the run: {machine_info()['loadavg_1_5_15']}); "
+      f"the products' curve prices {held.products_share.min():.0%}-{held.products_share.max():.0%} of each "
+      f"predicted step")
 assert np.isfinite(held.error).all() and (held.predicted_ms > 0).all()
 assert err_median < 0.5, "the predictions are off by more than half: a formula or the cost model is broken"
 
