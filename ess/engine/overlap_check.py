@@ -40,7 +40,8 @@ family          records                                                       fe
 as the compute lane sees it: ``lambda`` is the copy worker's wake-up (submission to start, on an idle link), its
 sleep overshoot (crossing time beyond ``n / bandwidth``) and the waiting thread's wake-up (end to the return of the
 wait), each the mean over the calibration jobs of that direction (a step adds up dozens of jobs, so their mean, not
-their median, is what it sees).
+their median, is what it sees); ``lambda`` is floored at 0 and the unpaced ``c`` fitted non-negative (a link job
+takes no negative time, whatever the noise of a few jobs says).
 
 **A step, predicted.** Per layer the serial work ``pre_attn + I + a + commit + finish`` (``I`` = indexer + plan,
 ``a`` = attn + merge; under DBA the same per half batch) plus the formula's overhead of the schedule, from a
@@ -329,11 +330,11 @@ def fit_op_costs(runs, products: dict | None = None) -> OpCosts:
         paced = part[part.GB_per_s.notna()]
         if len(paced):
             over = paced.cross_s - paced.bytes / (paced.GB_per_s.astype(float) * 1e9)
-            latency[kind] = wake + float(over.mean()) + resume
+            latency[kind] = max(wake + float(over.mean()) + resume, 0.0)     # noise can make the mean < 0
         free = part[part.GB_per_s.isna()]
         if len(free):
             X = np.column_stack([np.ones(len(free)), free.bytes.to_numpy(float)])
-            a, c = np.linalg.lstsq(X, free.cross_s.to_numpy(), rcond=None)[0]
+            a, c = nonnegative_lstsq(X, free.cross_s.to_numpy())
             unpaced[kind] = (wake + float(a) + resume, float(c))
     return OpCosts(coef, latency, unpaced, residual, tuple(_describe(r) for r in runs), products)
 

@@ -13,6 +13,7 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
+from .. import validate
 from ..published import published
 from .config import STRATEGIES, Scenario, as_scenario
 from .costs import CostParams, layer_costs
@@ -26,6 +27,22 @@ __all__ = ["BandInputs", "band_inputs", "predict_configs", "step_breakdown", "ov
 Misses = MissesTable | Callable[[int, float, int], np.ndarray]
 
 
+def _counts(name: str, value, *, whole: bool) -> np.ndarray:
+    """A non-empty 1-D array of counts (batches: whole and >= 1; miss counts: >= 0)."""
+    arr = np.atleast_1d(validate.number_array(name, value, positive=whole, whole=whole,
+                                              at_least=1.0 if whole else 0.0, at_most=validate.MAX_EXACT_COUNT))
+    if arr.size == 0:
+        raise ValueError(f"{name} must hold at least one value, got an empty array")
+    return arr
+
+
+def _optional_int(name: str, value, default, at_most: int = validate.MAX_EXACT_COUNT) -> int:
+    """A positive integer up to ``at_most`` (``default`` when ``value`` is None)."""
+    if value is None and default is not None:
+        return int(default)
+    return validate.integer(name, value, lo=1, below=int(at_most) + 1)
+
+
 def step_breakdown(batches, context_len: int | None = None, *, scenario: Scenario | None = None) -> pd.DataFrame:
     """Where a no-offload step of ``scenario`` goes, in ms per step: compute-lane components summed over layers and
     both micro-batches, MTP drafts and heads, the fixed time, and the all-to-all time not hidden by Two-Batch
@@ -33,9 +50,10 @@ def step_breakdown(batches, context_len: int | None = None, *, scenario: Scenari
     sc = as_scenario(scenario).resolved()
     model_, dep, gpu, _ = sc.specs()
     params = sc.params
-    if context_len is None:
-        context_len = int(published("paper_table2")["t2_32k_mtp2_b52_r1"]["context_len"])
-    B = np.asarray(batches, dtype=float)
+    context_len = _optional_int("context_len", context_len,
+                                published("paper_table2")["t2_32k_mtp2_b52_r1"]["context_len"],
+                                model_.max_position_embeddings)
+    B = _counts("batches", batches, whole=True)
     c = layer_costs(model_, gpu, dep, B / 2, context_len, sc.mtp, part_batch_variant=params.part_batch).scaled(
         params.compute_scale, params.comm_scale)
     nl, nd = model_.n_layers, model_.n_dense_layers
@@ -190,16 +208,20 @@ def overlap_vs_misses(miss_counts, *, scenario: Scenario | None = None, context_
     sc = as_scenario(scenario)
     model_ = sc.specs()[0]
     chart = published("paper_table2")["overlap_overhead_128k"]
-    context_len = int(chart["context_len"] if context_len is None else context_len)
-    batch = int(chart["batch"] if batch is None else batch)
-    mtp = int(chart["mtp"] if mtp is None else mtp)
-    if not 0 < ratio < 1:
-        raise ValueError(f"ratio must be in (0, 1) (offload on), got {ratio!r}")
+    L_max = model_.max_position_embeddings
+    context_len = _optional_int("context_len", context_len, chart["context_len"], L_max)
+    batch = _optional_int("batch", batch, chart["batch"])
+    mtp = _optional_int("mtp", mtp, chart["mtp"], L_max)
+    ratio = validate.real("ratio", ratio, lo=0.0, hi=1.0, lo_open=True, hi_open=True)     # < 1: offload on
     nl = model_.n_sparse_layers
-    prof = np.ones(nl) if profile is None else np.asarray(profile, dtype=float) / np.mean(profile)
-    if prof.shape != (nl,):
-        raise ValueError(f"profile must have shape ({nl},), got {prof.shape}")
-    counts = np.asarray(miss_counts, dtype=float)
+    if profile is None:
+        prof = np.ones(nl)
+    else:
+        prof = validate.number_array("profile", profile, positive=False, at_least=0.0, at_most=1e12)
+        if prof.shape != (nl,) or not prof.sum() > 0:
+            raise ValueError(f"profile must be {nl} per-layer weights >= 0, not all 0, got shape {prof.shape}")
+        prof = prof / prof.mean()
+    counts = _counts("miss_counts", miss_counts, whole=False)
     ksel = mtp * min(model_.index_topk, context_len)
     m = np.minimum(counts[:, None] * prof[None, :], ksel)
     rows = []
@@ -297,7 +319,9 @@ def split_costs(batch: int, context_len: int, *, scenario: Scenario | None = Non
     from .costs import layer_costs
     sc = as_scenario(scenario).resolved()
     model, dep, gpu, _ = sc.specs()
-    mtp = sc.mtp if mtp is None else int(mtp)
+    batch = _optional_int("batch", batch, None)
+    context_len = _optional_int("context_len", context_len, None, model.max_position_embeddings)
+    mtp = _optional_int("mtp", mtp, sc.mtp, model.max_position_embeddings)
     q = sc.params
     c = layer_costs(model, gpu, dep, batch / 2, context_len, mtp, part_batch_variant=q.part_batch).scaled(
         q.compute_scale, q.comm_scale)
@@ -321,8 +345,15 @@ def strategy_map(batches, miss_counts, *, context_len: int, scenario: Scenario |
     merge, DBA's split indexer and attention); where they are many, what each hides."""
     sc = as_scenario(scenario)
     nl = sc.specs()[0].n_sparse_layers
-    Bs = np.asarray(batches, dtype=float)
-    counts = np.asarray(miss_counts, dtype=float)
+    Bs = _counts("batches", batches, whole=True)
+    counts = _counts("miss_counts", miss_counts, whole=False)
+    model_ = sc.specs()[0]
+    context_len = _optional_int("context_len", context_len, None, model_.max_position_embeddings)
+    mtp = None if mtp is None else _optional_int("mtp", mtp, None, model_.max_position_embeddings)
+    ksel = (sc.resolved().mtp if mtp is None else mtp) * min(model_.index_topk, context_len)
+    if counts.max() > ksel:
+        raise ValueError(f"miss_counts must be <= the entries selected per request, step and layer (mtp x min(K, "
+                         f"context_len) = {ksel:,}), got {counts.max():g}")
     B, M = (x.ravel() for x in np.meshgrid(Bs, counts, indexing="ij"))
     out = {"batch": B.astype(int), "misses_per_layer": M}
     for s in STRATEGIES:
@@ -344,7 +375,12 @@ def strategy_overheads(misses, *, scenario: Scenario | None = None, context_len:
     and how many layers the per-layer choice gives to each strategy. Memory is not checked (a stress configuration,
     like the paper's overlap chart)."""
     sc = as_scenario(scenario)
-    m = np.asarray(misses, dtype=float)
+    m = validate.number_array("misses", misses, positive=False, at_least=0.0, at_most=validate.MAX_EXACT_COUNT)
+    L_max = sc.specs()[0].max_position_embeddings
+    context_len = _optional_int("context_len", context_len, None, L_max)
+    batch = _optional_int("batch", batch, None)
+    mtp = _optional_int("mtp", mtp, None, L_max)
+    ratio = validate.ratio("ratio", ratio)
     rows = []
     for st in STRATEGIES + ("best",):
         r = simulate(batch, context_len, ratio, misses=m, mtp=mtp,

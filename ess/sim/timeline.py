@@ -50,6 +50,7 @@ strategy, cost parameters, memory checks) is an :class:`ess.sim.Scenario`.
 """
 from __future__ import annotations
 
+import dataclasses
 import numbers
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -102,6 +103,20 @@ class LayerOps:
     h2d_b0: np.ndarray
     h2d_b1: np.ndarray
     d2h: np.ndarray
+
+    def __post_init__(self):
+        """Every field a time: a finite number >= 0 or an array of them (any shape), all broadcasting together."""
+        arrays = {}
+        for f in dataclasses.fields(self):
+            arrays[f.name] = number_array(f"LayerOps.{f.name}", getattr(self, f.name), positive=False, at_least=0.0,
+                                          max_ndim=None)
+        try:
+            np.broadcast_shapes(*(a.shape for a in arrays.values()))
+        except ValueError:
+            raise ValueError("LayerOps fields must broadcast together, got shapes "
+                             + ", ".join(f"{k} {a.shape}" for k, a in arrays.items())) from None
+        for k, a in arrays.items():
+            object.__setattr__(self, k, a)
 
 
 def overlap_overhead_s(ops: LayerOps) -> dict:
