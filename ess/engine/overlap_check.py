@@ -642,7 +642,9 @@ class OverlapCheck:
         """What a half batch costs on this engine: for every held-out context and batch with both a ``none`` run
         (every operation on the whole batch) and a ``dba`` run (the selection and attention per half), the measured
         mean time of one call of the indexer (with its plan) and of attention (gather, score and merge) on a half,
-        over the same on the whole batch, beside the fitted rule's ratio for the same sizes (step 1). Columns
+        over the same on the whole batch (each the trimmed mean over its steps and layers, :func:`_trimmed_mean`: a
+        stall of the shared machine in one call does not set the ratio), beside the fitted rule's ratio for the same
+        sizes (step 1). Columns
         ``context_len``, ``batch``, ``operation``, ``measured_ratio``, ``rule_ratio``."""
         import pandas as pd
         fams = {"indexer": ("indexer", "plan"), "attention": ("attn", "merge")}
@@ -659,7 +661,7 @@ class OverlapCheck:
             s_all = _sizes(whole, 1, 0, np.arange(B))
             s_half = _sizes(whole, 1, 0, _halves(B)[0])
             for name, (sel, extra) in fams.items():
-                per_call = lambda df, tags: float(df[df.op.isin(tags)].groupby(["step", "layer"]).seconds.sum().mean())  # noqa: E731,E501
+                per_call = lambda df, tags: _trimmed_mean(df[df.op.isin(tags)].groupby(["step", "layer"]).seconds.sum())  # noqa: E731,E501
                 whole_s = per_call(w, (sel,)) + per_call(w, (extra,))
                 half_s = (per_call(h, (f"{sel}_b0", f"{sel}_b1")) + per_call(h, (f"{extra}_b0", f"{extra}_b1"))) / 2
                 rule = sum(self.costs.op_s(f, **s_half) for f in (sel, extra)) / sum(
@@ -698,15 +700,21 @@ class OverlapCheck:
 def run_check(engine, design: CheckDesign, prefills: dict | None = None, *, progress: bool = True) -> OverlapCheck:
     """The whole check: prefill (unless ``prefills`` are given, :func:`check_prefills`), decode every configuration
     of ``design`` interleaved (:func:`run_configs`), measure the model's matrix products at every row count up to
-    the design's largest batch (:func:`product_costs`), fit the costs on the calibration runs and predict every
+    the design's largest batch before and after the runs (:func:`product_costs`, 9 repeats each; the lower of the two
+    medians), fit the costs on the calibration runs and predict every
     configuration (:func:`check_runs`)."""
     if not isinstance(design, CheckDesign):
         raise TypeError(f"design must be a CheckDesign, got {type(design).__name__}")
     prefills = check_prefills(engine, design) if prefills is None else prefills
     cal, held = design.calibration(), design.held_out()
+    rows = range(1, design.max_batch + 1)
+    before = product_costs(engine.model, rows, clock=design.clock, repeats=9)
     runs = run_configs(engine, prefills, cal + held, steps=design.steps, progress=progress)
     cal_runs, held_runs = runs[:len(cal)], runs[len(cal):]
-    products = product_costs(engine.model, range(1, design.max_batch + 1), clock=design.clock)
+    after = product_costs(engine.model, rows, clock=design.clock, repeats=9)
+    # measured before and after the decode runs, the lower median kept: a stall of a shared machine during one
+    # of the two measurements does not set the curve
+    products = {fam: {m: min(before[fam][m], after[fam][m]) for m in curve} for fam, curve in before.items()}
     costs, table = check_runs(cal_runs, held_runs, products)
     return OverlapCheck(design, costs, table, cal_runs, held_runs)
 
