@@ -234,12 +234,7 @@ class OpCosts:
 
     def product_s(self, family: str, requests) -> float:
         """What ``family``'s matrix products cost on ``requests`` rows (:attr:`products`)."""
-        curve = self.products.get(family, {})
-        m = int(round(float(requests)))
-        if m not in curve:
-            raise ValueError(f"no product cost measured for {family} at {m} rows (requests={requests!r}); measured: "
-                             f"{sorted(curve)} -- measure every row count the runs use (product_costs)")
-        return curve[m]
+        return _product_s(self.products, family, requests)
 
     def products_part_s(self, family: str, requests) -> float:
         """The part of one call of ``family`` on ``requests`` rows that its ``products`` feature carries (0 for a
@@ -263,6 +258,16 @@ class OpCosts:
             a, c = self.unpaced.get(kind, (0.0, 0.0))
             return a + c * nbytes
         return self.link_latency_s.get(kind, 0.0) + nbytes / (GB_per_s * 1e9)
+
+
+def _product_s(products: dict, family: str, requests) -> float:
+    """``family``'s matrix products on ``requests`` rows, from a curve of :func:`product_costs`."""
+    curve = products.get(family, {})
+    m = int(round(float(requests)))
+    if m not in curve:
+        raise ValueError(f"no product cost measured for {family} at {m} rows (requests={requests!r}); measured: "
+                         f"{sorted(curve)} -- measure every row count the runs use (product_costs)")
+    return curve[m]
 
 
 def _describe(run) -> str:
@@ -301,7 +306,6 @@ def fit_op_costs(runs, products: dict | None = None) -> OpCosts:
     if not runs:
         raise ValueError("runs must hold at least one calibration run")
     products = _products_arg(products)
-    holder = OpCosts({}, {}, {}, {}, (), products)
     points = []
     for i, run in enumerate(runs):
         df = op_samples(run)
@@ -309,7 +313,7 @@ def fit_op_costs(runs, products: dict | None = None) -> OpCosts:
         for fam, part in per_step.groupby("family"):
             feats = part[[f for f in FAMILIES[fam] if f != "products"]].mean().to_dict()
             if "products" in FAMILIES[fam]:
-                feats["products"] = holder.product_s(fam, feats["requests"]) if products else 0.0
+                feats["products"] = _product_s(products, fam, feats["requests"]) if products else 0.0
             points.append({"run": i, "family": fam, "seconds": _trimmed_mean(part.seconds), **feats})
     points = pd.DataFrame(points)
     coef, residual = {}, {}
@@ -411,8 +415,8 @@ def predict_run(costs: OpCosts, runs, skip_steps: int = 1, schedule: str | None 
                 total += v
                 parts_sum[fam] = parts_sum.get(fam, 0.0) + v
             preds.append(total)
-            products.append(n_layers * (costs.products_part_s("pre_attn", B) + costs.products_part_s("finish", B))
-                            + costs.products_part_s("logits", B))
+            products.append(sum(costs.products_part_s(fam, B) * (1 if fam in _PER_STEP else n_layers)
+                                for fam in PRODUCTS))
         measured.extend(run.step_times()[skip_steps:])
     return {"predicted_s": float(np.mean(preds)), "measured_s": _trimmed_mean(measured),
             "breakdown_s": {k: v / len(preds) for k, v in parts_sum.items()},

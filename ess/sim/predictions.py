@@ -217,6 +217,7 @@ def overlap_vs_misses(miss_counts, *, scenario: Scenario | None = None, context_
     if profile is None:
         prof = np.ones(nl)
     else:
+        # at_most: weights of a shape, kept far from the float range so that their sum cannot overflow
         prof = validate.number_array("profile", profile, positive=False, at_least=0.0, at_most=1e12)
         if prof.shape != (nl,) or not prof.sum() > 0:
             raise ValueError(f"profile must be {nl} per-layer weights >= 0, not all 0, got shape {prof.shape}")
