@@ -2,6 +2,7 @@
 a notebook's parameters cell, the report kept whole after every run, bad input refused before anything runs; the
 summary's numbers worked out by hand on a small table."""
 import json
+from pathlib import Path
 from types import SimpleNamespace
 
 import nbformat
@@ -10,6 +11,8 @@ import pytest
 
 from ess.engine import repeat_check as rc
 from ess.engine.overlap_check import GOAL, CheckDesign, OverlapCheck
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def _notebook(path, source):
@@ -56,10 +59,12 @@ def test_a_notebook_without_the_design_is_refused(tmp_path):
     nbformat.write(nb, tmp_path / "c.ipynb")
     with pytest.raises(ValueError, match="no cell tagged 'parameters'"):
         rc.notebook_parameters(tmp_path / "c.ipynb")
+    with pytest.raises(FileNotFoundError, match="no notebook at .*missing.ipynb"):
+        rc.notebook_parameters(tmp_path / "missing.ipynb")
 
 
 def test_notebook_09_holds_the_check_design():
-    design, threads = rc.notebook_design()
+    design, threads = rc.notebook_design(ROOT / rc.NOTEBOOK)
     assert isinstance(design, CheckDesign) and threads >= 1
     # held out means unseen: no held-out batch, context or link is a calibration one
     assert not set(design.held_out_batches) & set(design.calibration_batches)

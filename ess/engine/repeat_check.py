@@ -25,28 +25,23 @@ from pathlib import Path
 from .. import validate
 from .overlap_check import GOAL, CheckDesign, check_prefills, run_check
 
-__all__ = ["DESIGN_PARAMETERS", "notebook_parameters", "notebook_design", "repeat_check", "main"]
+__all__ = ["DESIGN_PARAMETERS", "NOTEBOOK", "notebook_parameters", "notebook_design", "repeat_check", "main"]
 
 #: notebook 09's parameters that make its check's design (:class:`CheckDesign`'s arguments, in order), and the
 #: clock and timed steps
 DESIGN_PARAMETERS = ("calibration_contexts", "calibration_batches", "calibration_ratio", "calibration_links_GB_per_s",
                      "held_out_contexts", "held_out_batches", "held_out_ratio", "held_out_links_GB_per_s")
-_NOTEBOOK = "09_real_model"
-
-
-def _default_notebook() -> Path:
-    from ..pipeline import list_notebooks
-    for nb in list_notebooks():
-        if nb.stem == _NOTEBOOK:
-            return nb
-    raise FileNotFoundError(f"no notebook {_NOTEBOOK}.ipynb among the pipeline's notebooks")
+#: the notebook whose parameters give the design by default (from the repository root)
+NOTEBOOK = Path("notebooks") / "09_real_model.ipynb"
 
 
 def notebook_parameters(path=None) -> dict:
-    """The values of a notebook's parameters cell (the cell tagged ``parameters``; default: notebook 09), each a
+    """The values of a notebook's parameters cell (the cell tagged ``parameters``; default: :data:`NOTEBOOK`), each a
     Python literal."""
     import nbformat
-    path = _default_notebook() if path is None else validate.path("path", path)
+    path = NOTEBOOK if path is None else validate.path("path", path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no notebook at {path} (run from the repository root, or give --notebook)")
     nb = nbformat.read(path, as_version=4)
     cells = [c for c in nb.cells if c.cell_type == "code" and "parameters" in c.get("metadata", {}).get("tags", [])]
     if not cells:
@@ -115,8 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", type=int, default=5, help="how many times to run the check (default 5)")
     p.add_argument("--steps", type=int, default=None, help="timed decode steps per configuration (default: the "
                                                            "notebook's check_steps)")
-    p.add_argument("--notebook", default=None, help="the notebook whose parameters give the design (default: "
-                                                    "notebook 09)")
+    p.add_argument("--notebook", default=str(NOTEBOOK), help="the notebook whose parameters give the design "
+                                                             f"(default: {NOTEBOOK})")
     p.add_argument("--out-dir", default="build/engine_check", help="folder of the report (default build/engine_check)")
     args = p.parse_args(argv)
     try:
