@@ -9,9 +9,9 @@ error, its worst configuration, the fitted rule's error on its own calibration r
     python -m ess.engine.repeat_check --runs 5                 # notebook 09's design
     python -m ess.engine.repeat_check --runs 3 --steps 9       # the same with more timed steps
 
-Writes ``build/engine_check/repeat-<UTC time>.json`` (a new file per invocation, never one it did not create),
-rewritten atomically after every run, so that an interrupt keeps every run that finished; shows a progress bar and
-prints one line per run and how many met the goal.
+Writes ``build/engine_check/repeat-<UTC time>-<pid>.json`` (a new file per invocation, never one it did not
+create), rewritten atomically after every run, so that an interrupt keeps every run that finished; shows a progress
+bar and prints one line per run and how many met the goal.
 """
 from __future__ import annotations
 
@@ -74,8 +74,6 @@ def repeat_check(engine, design: CheckDesign, runs: int, *, out=None, prefills: 
     ``prefills`` are given). Returns one row per run: ``run``, ``started`` (UTC), ``seconds``, the check's
     :meth:`~ess.engine.overlap_check.OverlapCheck.summary`, and ``loadavg_1`` (at the end of the run). With ``out``
     (a path), the rows so far and the design are written there after every run (atomically)."""
-    import os
-
     import pandas as pd
     from tqdm.auto import tqdm
 

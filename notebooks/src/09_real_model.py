@@ -173,9 +173,9 @@ for _, r in held.iterrows():
     rec.record(f"step_time_err_B{r.batch}_L{r.context_len}_r{r.ratio:g}_{r.schedule}_link{r.link_GB_per_s:g}",
                float(r.error), "fraction", config={**check_cfg, "predicted_ms": r.predicted_ms,
                                                    "measured_ms": r.measured_ms})
-rec.record("products_share_held_out_median", float(held.products_share.median()), "fraction", config=check_cfg,
+rec.record("products_share_held_out_median", summary["products_share_median"], "fraction", config=check_cfg,
            note="share of each held-out predicted step priced from the matrix products' curve (measured alone)")
-rec.record("products_share_held_out_max", float(held.products_share.max()), "fraction", config=check_cfg)
+rec.record("products_share_held_out_max", summary["products_share_max"], "fraction", config=check_cfg)
 print(f"held-out configurations: median |error| {err_median:.1%}, worst {err_worst:.1%} at "
       f"{summary['worst_config']} (goal: {goal['median']:.0%} / {goal['worst']:.0%}: "
       f"{'met' if summary['goal_met'] else 'missed'}); the calibration runs themselves: "
@@ -213,7 +213,7 @@ assert (halves.measured_ratio > 0.3).all() and (halves.measured_ratio < 1.2).all
 # formula instead of their own:
 
 # %%
-wrong_err, own_err = summary["serial_gap"], summary["own"]          # check.serial_pricing_gap()
+wrong_err, own_err = summary["serial_gap"], summary["own"]
 rec.record("overlap_runs_priced_serial_median_gap", wrong_err, "fraction", config=check_cfg,
            note="median |predicted / measured - 1| of the held-out DA and DBA runs priced with the none formula")
 print(f"DA and DBA held-out runs: median |error| {own_err:.1%} with their own formulas, {wrong_err:.1%} priced as "

@@ -27,10 +27,8 @@ def widget_notebooks() -> dict[str, str]:
 def notebook_parameters(stem: str, smoke: bool = True) -> dict:
     """The values of the notebook's parameters cell (literals only), with its ``smoke_sizes`` applied when
     ``smoke`` (what the copies :func:`prepare` writes run with)."""
-    nb = json.loads((ROOT / "notebooks" / f"{stem}.ipynb").read_text())
-    cell = next(c for c in nb["cells"] if "parameters" in c["metadata"].get("tags", []))
-    values: dict = {}
-    exec("".join(cell["source"]), {}, values)
+    from ess.engine.repeat_check import notebook_parameters as read
+    values = read(ROOT / "notebooks" / f"{stem}.ipynb")
     if smoke:
         values.update(values.get("smoke_sizes", {}), smoke=True)
     return values
