@@ -19,7 +19,8 @@ Public namespace, re-exported from topic modules (layers from the ground up, see
 * wholes: :mod:`ess.decode` (one decode step through the tiered cache, stage by stage, under none / DA / DBA),
   :mod:`ess.llm` (a real pretrained model), :mod:`ess.engine` (that model decoding through the tiered cache),
   :mod:`ess.studies` (the notebooks' experiments), :mod:`ess.tables`, :mod:`ess.viz`, :mod:`ess.widgets`,
-  :mod:`ess.bench`; faces: :mod:`ess.pipeline` (the reproduction pipeline), the ``ess`` command.
+  :mod:`ess.bench`; faces: :func:`ess.plan` (does offload pay for a model on a GPU at a context: :mod:`ess.planning`),
+  :mod:`ess.pipeline` (the reproduction pipeline), the ``ess`` command.
 """
 from .attention import (indexer_scores, merge_attention, sparse_mla_decode, split_attention,  # noqa: F401
                         topk_indices)
@@ -36,5 +37,6 @@ from .disk import CorruptBlockError  # noqa: F401
 from .storage import PoolStep, StepPlan, TieredCache  # noqa: F401
 from .tracegen import synthetic_trace  # noqa: F401
 from .traces import Trace, load_trace  # noqa: F401
+from .planning import Plan, plan  # noqa: F401
 
 __version__ = "0.1.0"

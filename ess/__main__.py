@@ -1,10 +1,19 @@
-"""The ``ess`` command: ``ess reproduce [--smoke] [--only NAME ...] [--no-book] [--no-figures] [--build-dir DIR]
-[--notebooks-dir DIR] [--cell-timeout SECONDS]``, ``ess book [--build-dir DIR]``, ``ess list``.
+"""The ``ess`` command.
 
-Errors are one line on stderr (no traceback): exit 2 when the command line cannot be used (a flag or its value,
-an ``--only`` name that matches no notebook or one named twice, a build folder that is refused, a notebooks folder
-that does not exist), exit 1 when the run itself fails (a notebook, the book); an interrupted run exits 130
-(Ctrl-C) or 143 (SIGTERM).
+* ``ess plan --model glm-5 --gpu H100 --context 64k [--link L] [--mtp 2] [--ratio best] [--json]``: does latent
+  offload pay, at which batch and ratio, how sure (:func:`ess.plan`); ``--serving`` prints the settings to
+  deploy as JSON;
+* ``ess simulate --batch 160 --context 32k --ratio 0.21 [--strategy dba] [--json]``: one configuration;
+* ``ess models`` / ``ess gpus`` / ``ess links``: the presets of ``data/`` with the source of each value;
+* ``ess calibrate``: regenerate the stored calibration and miss tables (``data/generated``);
+* ``ess reproduce [--smoke] [--only NAME ...] [--no-book] [--no-figures] [--build-dir DIR] [--notebooks-dir DIR]
+  [--cell-timeout SECONDS]``, ``ess book [--build-dir DIR]``, ``ess list``: the reproduction pipeline.
+
+The flags of ``plan`` and ``simulate`` are made from the fields of :class:`ess.planning.PlanRequest` and
+:class:`ess.planning.SimulateRequest` (help and unit in each field's metadata). Errors are one line on stderr (no
+traceback): exit 2 when the command line cannot be used (a flag or its value, an ``--only`` name that matches no
+notebook or one named twice, a build folder that is refused, a notebooks folder that does not exist), exit 1 when
+the run itself fails (a notebook, the book); an interrupted run exits 130 (Ctrl-C) or 143 (SIGTERM).
 """
 from __future__ import annotations
 
@@ -55,11 +64,120 @@ def _parser() -> argparse.ArgumentParser:
     b = sub.add_parser("book", help="build the book from the notebooks already executed in build/notebooks")
     b.add_argument("--build-dir", default=None, type=_folder, help="the build folder of an earlier `ess reproduce`")
     sub.add_parser("list", help="list the notebooks the pipeline runs")
+    from .planning import PlanRequest, SimulateRequest
+    pl = sub.add_parser("plan", help="does latent offload pay for a model on a GPU at a context? (ess.plan)")
+    _request_flags(pl, PlanRequest)
+    pl.add_argument("--json", action="store_true", help="print the whole plan as JSON")
+    pl.add_argument("--serving", action="store_true", help="print the settings to deploy as JSON")
+    pl.add_argument("--explain", action="store_true", help="also say what the plan needs and rests on")
+    sm = sub.add_parser("simulate", help="simulate one configuration (batch, context, ratio)")
+    _request_flags(sm, SimulateRequest)
+    sm.add_argument("--json", action="store_true", help="print the result as JSON")
+    for kind in ("models", "gpus", "links"):
+        k = sub.add_parser(kind, help=f"list the {kind} of data/ with the source of each value")
+        k.add_argument("--json", action="store_true", help="print as JSON")
+    c = sub.add_parser("calibrate", help="regenerate data/generated (the stored calibration and miss tables)")
+    c.add_argument("--out", default=None, type=_folder, help="write here instead of data/generated")
     return p
+
+
+def _request_flags(parser: argparse.ArgumentParser, request) -> None:
+    """One flag per field of a request dataclass, from its metadata (help, unit, flag, parse, choices)."""
+    import dataclasses
+
+    for f in dataclasses.fields(request):
+        meta = f.metadata
+        parse = meta.get("parse")
+        choices = meta.get("choices")
+
+        def typed(text, parse=parse, choices=choices, name=meta["flag"]):
+            if choices is not None and text not in choices():
+                raise argparse.ArgumentTypeError(f"expected one of {', '.join(choices())}, got {text!r}")
+            if parse is None:
+                return text
+            try:
+                return parse(text)
+            except (ValueError, TypeError) as exc:
+                raise argparse.ArgumentTypeError(str(exc).splitlines()[0]) from None
+
+        default = "" if f.default is None else f" (default {f.default})"
+        parser.add_argument(meta["flag"], dest=f.name, default=f.default, type=typed, metavar=meta["unit"].split()[0].upper() if meta["unit"] else None,
+                            help=f"{meta['help']}; {meta['unit']}{default}" if meta["unit"] else meta["help"])
+
+
+def _listing(kind: str, as_json: bool) -> int:
+    import dataclasses
+    import json
+
+    from . import specs
+    load, names = {"models": (specs.model_spec, specs.list_models), "gpus": (specs.gpu_spec, specs.list_gpus),
+                   "links": (specs.host_link_spec, specs.list_host_links)}[kind]
+    out = {}
+    for n in names():
+        spec = load(n)
+        values = {k: v for k, v in dataclasses.asdict(spec).items() if k != "sources"}
+        sources = getattr(spec, "sources", {}) or {}
+        out[n] = {k: {"value": v, "source": sources.get(k, "")} for k, v in values.items()}
+    if as_json:
+        print(json.dumps(out, indent=1, default=list))
+        return 0
+    for n, fields in out.items():
+        print(n)
+        for k, e in fields.items():
+            if k == "name":
+                continue
+            src = f"  [{e['source']}]" if e["source"] else ""
+            print(f"  {k}: {e['value']}{src}")
+    return 0
+
+
+def _face(args) -> int:
+    """``plan``, ``simulate``, the listings and ``calibrate``."""
+    import dataclasses
+    import json
+
+    if args.command in ("models", "gpus", "links"):
+        return _listing(args.command, args.json)
+    if args.command == "calibrate":
+        from .sim.store import regenerate
+        for path in regenerate(args.out):
+            print(path)
+        return 0
+    from . import planning as pl
+    if args.command == "plan":
+        kw = {f.name: getattr(args, f.name) for f in dataclasses.fields(pl.PlanRequest)}
+        p = pl.plan(**kw)
+        if args.json:
+            print(json.dumps(p.to_dict(), indent=1))
+        elif args.serving:
+            print(json.dumps(p.serving(), indent=1))
+        else:
+            print(p.explain() if args.explain else p)
+        return 0
+    kw = {f.name: getattr(args, f.name) for f in dataclasses.fields(pl.SimulateRequest)}
+    r = pl.simulate_config(**kw)
+    if args.json:
+        print(json.dumps(r, indent=1))
+    elif r["feasible"]:
+        print(f"{r['model']} on {r['gpu']}, batch {r['batch']} per GPU at {r['context_len']:,} tokens, ratio "
+              f"{r['ratio']:g}, MTP {r['mtp']}, {r['strategy']}: {r['throughput_per_gpu']:,.0f} tok/s per GPU "
+              f"({r['throughput_per_node']:,.0f} per node); step {r['step_ms']:.1f} ms, of which "
+              f"{r['stall_ms']:.1f} ms copies not hidden; {r['misses_per_layer']:,.0f} misses per request, step "
+              f"and layer")
+    else:
+        print(f"infeasible: {r['reason']}")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command in ("plan", "simulate", "models", "gpus", "links", "calibrate"):
+        try:
+            return _face(args)
+        except (ValueError, TypeError) as exc:         # the question cannot be answered as asked
+            print(f"ess {args.command}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}",
+                  file=sys.stderr)
+            return 2
     from . import pipeline as rp
 
     if args.command == "list":

@@ -1,4 +1,5 @@
 import os
+import tempfile
 
 import pytest
 from hypothesis import settings
@@ -8,6 +9,10 @@ from hypothesis import settings
 settings.register_profile("ess-fixed", derandomize=True, database=None)
 settings.register_profile("ess-explore")
 settings.load_profile("ess-explore" if os.environ.get("ESS_FUZZ_RANDOM", "") not in ("", "0") else "ess-fixed")
+
+# What ess computes on demand and keeps (ess.sim.store's user cache) goes to a folder of this test session, never
+# to the user's own cache (and notebooks the tests run inherit it)
+os.environ["ESS_CACHE_DIR"] = tempfile.mkdtemp(prefix="ess-test-cache-")
 
 
 def pytest_collection_modifyitems(config, items):

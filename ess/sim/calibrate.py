@@ -33,6 +33,12 @@ from .config import Scenario, as_scenario
 from .costs import CostParams, calibration_data
 from .timeline import simulate
 
+
+def _fit_scenario(scenario: Scenario | None) -> Scenario:
+    """The scenario a fit runs in: ``scenario``, or the default one with *unfitted* cost parameters (a fit replaces
+    the values it fits, and the default scenario's own parameters are this module's result)."""
+    return Scenario(params=CostParams()) if scenario is None else as_scenario(scenario)
+
 __all__ = ["CalibrationPoint", "calibration_points", "Calibration", "calibrate", "predict_points",
            "calibration_variants", "calibrated_params", "cost_growth_evidence", "cost_growth_ms",
            "compute_scale_from_cost", "CalibrationSet", "calibration_set", "calibration_spread", "EQUALLY_GOOD_RMS_PP"]
@@ -104,7 +110,7 @@ def predict_points(points, params: CostParams, *, scenario: Scenario | None = No
     points = _points(points)
     if not isinstance(params, CostParams):
         raise TypeError(f"params must be an ess.sim.costs.CostParams, got {type(params).__name__}")
-    scen = as_scenario(scenario)
+    scen = _fit_scenario(scenario)
     step = _step_without_fixed(points, params.compute_scale, params.comm_scale, scen) + params.fixed_ms * 1e-3
     B = np.array([p.batch for p in points])
     a = np.array([p.accept_ratio for p in points])
@@ -145,7 +151,7 @@ def calibrate(points: list[CalibrationPoint] | None = None, *, table2_weight: fl
     refine = integer("refine", refine, lo=0, below=_MAX_REFINE + 1)
     if compute_scale is not None:
         compute_scale = real("compute_scale", compute_scale, lo=0.0, lo_open=True)
-    scen = as_scenario(scenario)
+    scen = _fit_scenario(scenario)
     dep = scen.specs()[1]
     B = np.array([p.batch for p in points], dtype=float)
     a = np.array([p.accept_ratio for p in points])
@@ -238,7 +244,7 @@ def cost_growth_ms(params: CostParams, *, scenario: Scenario | None = None) -> f
     ev = cost_growth_evidence()
     row = published("paper_table2")["t2_32k_mtp2_b52_r1"]
     B, acc = int(row["batch"]), float(row["accept_ratio"])
-    scen = as_scenario(scenario).replace(params=params, gpu=ev["machine"], check_memory=False)
+    scen = _fit_scenario(scenario).replace(params=params, gpu=ev["machine"], check_memory=False)
     r = simulate(B, [ev["short_position"], ev["long_position"]], 1.0, mtp=int(row["mtp"]), accept_ratio=acc,
                  scenario=scen)
     return float((r.step_s[1] - r.step_s[0]) / (B * acc) * 1e3)
@@ -253,7 +259,7 @@ def compute_scale_from_cost(target_ms: float, *, lo: float = 0.05, hi: float = 5
     lo, hi = real("lo", lo, lo=0.0, lo_open=True), real("hi", hi, lo=0.0, lo_open=True)
     if not lo < hi:
         raise ValueError(f"lo must be below hi (the compute_scale range to search), got lo={lo:g}, hi={hi:g}")
-    base = as_scenario(scenario).params
+    base = _fit_scenario(scenario).params
     f = lambda s: cost_growth_ms(_with(base, s, 1.0, 0.0), scenario=scenario) - target_ms      # noqa: E731
     if f(lo) > 0 or f(hi) < 0:
         raise ValueError(f"no compute_scale in [lo={lo:g}, hi={hi:g}] gives a growth of target_ms={target_ms:.4g} ms per "
@@ -348,7 +354,7 @@ def calibration_spread(calibrations: dict, *, scenario: Scenario | None = None) 
     the paper's 128K memory limit, Table 2 row 1 (32K, batch 52), and MTP 4 at batch 52 at each accept ratio Table 2
     lists among its MTP 4 settings, as a gain over row 1 (``data/published/``). Columns ``tput_<L>k_b<B>`` and
     ``mtp4_acc<a>_gain_pct``; the spread over the rows is the calibration part of every later band."""
-    sc = as_scenario(scenario)
+    sc = _fit_scenario(scenario)
     t2 = published("paper_table2")
     row, mtp4, lim128 = t2["t2_32k_mtp2_b52_r1"], t2["t2_32k_mtp4"], published("paper")["batch_limit_128k"]
     B1, L32 = row["batch"], row["context_len"]
@@ -368,5 +374,7 @@ def calibration_spread(calibrations: dict, *, scenario: Scenario | None = None) 
 
 
 def calibrated_params() -> CostParams:
-    """The central calibration (:func:`calibration_set`; computed once per process)."""
-    return calibration_set().params
+    """The central calibration (:func:`calibration_set`'s, as :func:`ess.sim.store.stored_calibration` keeps it:
+    read from ``data/generated/calibration.json`` while that matches today's inputs, else computed once)."""
+    from .store import stored_calibration
+    return stored_calibration()["central"]

@@ -5,8 +5,10 @@ written once.
 A scenario is passed whole to :func:`ess.sim.simulate`, :func:`ess.sim.timeline.best_batch`, the helpers of
 :mod:`ess.sim.predictions`, the tables of :mod:`ess.tables.sim` and the simulator widget; ``scenario.replace(...)``
 changes a field, ``scenario.to_dict()`` is what a record stores as its configuration. Construction validates every
-field and reads nothing: fields left ``None`` are filled from ``data/`` only when the scenario is used
-(:meth:`Scenario.resolved`; the deployment's GPU, host, MTP and accept ratio, the FlashTrans link).
+field; fields left ``None`` are filled from ``data/`` only when the scenario is used (:meth:`Scenario.resolved`;
+the deployment's GPU, host, MTP and accept ratio, the FlashTrans link). The cost parameters default to the central
+calibration (stored in ``data/generated/calibration.json``, read once per process): a default scenario predicts
+with fitted costs, never with the unfitted ones unless the caller passes ``CostParams()``.
 
 >>> Scenario(mtp=4, accept_ratio=2.8).replace(strategy="da").strategy
 'da'
@@ -26,7 +28,7 @@ from ..specs import (DEFAULT_DEPLOYMENT, DEFAULT_MODEL, DeploymentSpec, GPUSpec,
 from ..validate import positive_int, real
 from .costs import CostParams
 
-__all__ = ["STRATEGIES", "Scenario", "as_scenario", "default_link_GB_per_s"]
+__all__ = ["STRATEGIES", "Scenario", "as_scenario", "default_link_GB_per_s", "calibrated_default"]
 
 # the overlap strategies of one layer (paper's strategies, paper-facts.md "Overlap strategies"); "best" is the
 # per-layer choice among them
@@ -34,6 +36,12 @@ STRATEGIES = ("none", "da", "dba")
 
 _SPECS = {"model": ModelSpec, "deployment": DeploymentSpec, "gpu": GPUSpec, "host": HostSpec}
 _LOADERS = {"model": model_spec, "deployment": deployment_spec, "gpu": gpu_spec, "host": host_spec}
+
+
+def calibrated_default() -> CostParams:
+    """The central calibration (:func:`ess.sim.store.stored_calibration`): the default scenario's cost parameters."""
+    from .store import stored_calibration
+    return stored_calibration()["central"]
 
 
 def default_link_GB_per_s() -> tuple[float, float]:
@@ -62,7 +70,9 @@ class Scenario:
     * ``h2d_GB_per_s`` / ``d2h_GB_per_s`` the host-to-device and device-to-host link speeds (``None``: FlashTrans;
       ``math.inf``: an infinitely fast link);
     * ``strategy``: ``"none"``, ``"da"``, ``"dba"``, ``"best"`` (the per-layer cheapest) or one name per layer;
-    * ``params``: the cost model's free parameters (:class:`ess.sim.costs.CostParams`; default unfitted);
+    * ``params``: the cost model's free parameters (:class:`ess.sim.costs.CostParams`; default the central
+      calibration, :func:`ess.sim.store.stored_calibration`, read once per process; pass ``CostParams()`` for the
+      unfitted model);
     * ``check_memory``: a batch beyond the memory model's limit is infeasible (off: the paper's Fig. 1 "no memory
       limit" curve, or a stress configuration); ``host_memory_cap``: each GPU's link is capped at its share of the
       host's DRAM bandwidth.
@@ -77,7 +87,7 @@ class Scenario:
     h2d_GB_per_s: float | None = None
     d2h_GB_per_s: float | None = None
     strategy: str | tuple = "best"
-    params: CostParams = field(default_factory=CostParams)
+    params: CostParams = field(default_factory=lambda: calibrated_default())
     check_memory: bool = True
     host_memory_cap: bool = True
 

@@ -39,7 +39,14 @@ from .timeline import simulate
 
 __all__ = ["grid_deployment", "grid_cells", "ratio_grid", "same_geometry", "GridInputs", "grid_inputs",
            "grid_search", "evaluate_configs", "break_even_link", "overlap_links", "grid_bands", "cell_provenance", "CellView",
-           "cell_view", "LINK_RANGE_GB_PER_S", "TOLERANCE", "accept_ratio_for"]
+           "cell_view", "LINK_RANGE_GB_PER_S", "TOLERANCE", "accept_ratio_for", "GRID_MODELS", "GRID_CONTEXTS",
+           "GRID_LONG_CONTEXTS"]
+
+#: the models, contexts (tokens) and long contexts of the grid (notebook 10's parameters; the miss tables of
+#: ``data/generated`` are stored for them): DeepSeek-V3.2, GLM-5, DeepSeek-V4-Flash (``data/models/``)
+GRID_MODELS = ("deepseek-v3.2", "glm-5", "deepseek-v4-flash")
+GRID_CONTEXTS = (8192, 16384, 32768, 65536, 131072)
+GRID_LONG_CONTEXTS = (1048576,)
 
 #: the link speeds the searches span (GB/s, per direction): a link below the first pays or not as the first does;
 #: one that needs more than the last is reported as never reached
@@ -134,6 +141,8 @@ class GridInputs:
     cachesim_batch: int
     band_batch: int
     tables: dict = field(default_factory=dict)
+    store: bool = False
+    _stored_points: dict = field(default_factory=dict, repr=False)
 
     def table(self, model, locality: str | None = None, profile: str = "paper") -> MissesTable:
         """The miss table of ``model`` for a locality model (default the central) and a Fig. 2 mapping, made on
@@ -146,8 +155,24 @@ class GridInputs:
         central = loc is self.localities[0] and profile == "paper"
         t = MissesTable(steps=self.cachesim_steps, batch=self.cachesim_batch if central else self.band_batch,
                         locality=loc, model=spec, profile=profile)
+        if self.store:                                  # the rows kept in data/generated and the user cache
+            from .store import seed_table
+            seed_table(t)
+            self._stored_points[id(t)] = _points(t)
         self.tables[(spec.name, loc.name, profile)] = t
         return t
+
+    def save_tables(self) -> int:
+        """Keep every table's rows computed since it was made in the user cache (:func:`ess.sim.store.save_table`),
+        so that the next process reads them; returns how many tables were written. Nothing without ``store``."""
+        from .store import save_table
+        n = 0
+        for t in self.tables.values():
+            if self.store and _points(t) > self._stored_points.get(id(t), 0):
+                if save_table(t) is not None:
+                    n += 1
+                self._stored_points[id(t)] = _points(t)
+        return n
 
     def summary(self) -> dict:
         """What the bands span, in short (for every record of a cell; :meth:`describe` in full, recorded once)."""
@@ -168,14 +193,34 @@ class GridInputs:
                              "band_batch": self.band_batch}}
 
 
+def _points(table: MissesTable) -> int:
+    return sum(len(row) for row in table._rows.values())
+
+
 def grid_inputs(*, variant_fit: dict | None = None, cachesim_steps: int = 32, cachesim_batch: int = 2,
-                band_batch: int = 1, extrapolate: bool = True) -> GridInputs:
+                band_batch: int = 1, extrapolate: bool = True, stored: bool = True) -> GridInputs:
     """The calibrations and locality models of the calibration band (:func:`ess.sim.predictions.band_inputs`:
     notebook 05's equally good calibrations and the part-batch evidence's ends, notebook 04's locality models) and,
     with ``extrapolate``, the extrapolation variants: the central calibration redone under the kernel efficiencies'
     ``"low"`` and ``"high"`` ends (:func:`ess.sim.costs.efficiencies`), and the central calibration with Blackwell's
     attention at FlashMLA's measured B200 point (``attention_transfer="b200-measured"``; the calibration, on Hopper,
-    is unchanged by it). Miss tables are made on first use (:meth:`GridInputs.table`)."""
+    is unchanged by it). Miss tables are made on first use (:meth:`GridInputs.table`).
+
+    ``stored`` (the default): the calibrations as :func:`ess.sim.store.stored_calibration` keeps them (the shipped
+    ``data/generated/calibration.json`` while it matches today's inputs, else computed once and cached), and every
+    miss table seeded with the rows kept for its settings (:func:`ess.sim.store.seed_table`); the values are the
+    same as computed here (a test regenerates them), only faster. ``stored=False`` computes everything."""
+    from ..validate import boolean
+    stored = boolean("stored", stored)
+    extrapolate = boolean("extrapolate", extrapolate)
+    if stored:
+        from ..tracegen import locality_alternatives
+        from .store import stored_calibration
+        cal = stored_calibration(variant_fit)
+        return GridInputs(cal["central"], cal["calibrations"], dict(cal["extrapolation"]) if extrapolate else {},
+                          list(locality_alternatives()), positive_int("cachesim_steps", cachesim_steps),
+                          positive_int("cachesim_batch", cachesim_batch), positive_int("band_batch", band_batch),
+                          store=True)
     from .calibrate import calibrate, compute_scale_from_cost, cost_growth_evidence
     from .predictions import band_inputs
     bi = band_inputs(variant_fit=variant_fit, cachesim_steps=cachesim_steps, cachesim_batch=cachesim_batch,
@@ -190,14 +235,35 @@ def grid_inputs(*, variant_fit: dict | None = None, cachesim_steps: int = 32, ca
         extra["Blackwell attention at the measured B200 point"] = dataclasses.replace(
             bi.params, attention_transfer="b200-measured")
     return GridInputs(bi.params, bi.calibrations, extra, list(bi.models), int(cachesim_steps), int(cachesim_batch),
-                      int(band_batch))
+                      int(band_batch), store=False)
 
 
 # ------------------------------------------------------------------------------------------------------ search
-def _scenario(model: str, gpu: str, params: CostParams, *, host_cap: bool = True, deployment=None) -> Scenario:
+def _scenario(model: str, gpu: str, params: CostParams, *, host_cap: bool = True, deployment=None,
+              strategy: str = "best") -> Scenario:
     dep = deployment if deployment is not None else grid_deployment(gpu)
-    return Scenario(model=model, deployment=dep, gpu=gpu, params=params, strategy="best", check_memory=True,
+    return Scenario(model=model, deployment=dep, gpu=gpu, params=params, strategy=strategy, check_memory=True,
                     host_memory_cap=host_cap)
+
+
+def _strategy(part: pd.DataFrame) -> str:
+    """The overlap strategy a part of ``found`` was searched under (column ``strategy``; default the per-layer
+    choice)."""
+    return str(part.strategy.iloc[0]) if "strategy" in part else "best"
+
+
+def _check_ratios(ratios):
+    """``ratios`` (``None``: the grid's) as a tuple of sparse-memory ratios in (0, 1)."""
+    if ratios is None:
+        return None
+    from ..validate import real
+    if isinstance(ratios, (str, bytes)) or not hasattr(ratios, "__iter__"):
+        raise TypeError(f"ratios must be a list of sparse-memory ratios in (0, 1), got {type(ratios).__name__}")
+    out = tuple(sorted({real(f"ratios[{i}]", r, lo=0.0, hi=1.0, lo_open=True, hi_open=True)
+                        for i, r in enumerate(ratios)}))
+    if not out:
+        raise ValueError("ratios must hold at least one ratio")
+    return out
 
 
 def _misses(table: MissesTable, L: int, r: float, mtp: int):
@@ -240,7 +306,8 @@ def _candidates(model, deployment, gpu, L: int, mtp: int, table: MissesTable, ra
 
 def grid_search(cells: pd.DataFrame, inputs: GridInputs, *, mtp: int | None = None, n_ratios: int = 8,
                 params: CostParams | None = None, locality: str | None = None, profile: str = "paper",
-                tables: dict | None = None, check_memory: bool = True) -> pd.DataFrame:
+                tables: dict | None = None, check_memory: bool = True, accept_ratio: float | None = None,
+                strategy: str = "best", ratios=None) -> pd.DataFrame:
     """The best offload configuration of every cell of ``cells`` (:func:`grid_cells`) against the best without
     offload, with the central calibration (or ``params``) and the central miss table (or another ``locality`` /
     ``profile``). One simulate call per (model, GPU) covers every link, context, ratio and batch of it.
@@ -253,19 +320,25 @@ def grid_search(cells: pd.DataFrame, inputs: GridInputs, *, mtp: int | None = No
     ``ratio_floor`` (the best ratio is the smallest the pools allow), ``ratios_tried``; ``gain_pct`` (offload over
     no offload, %: negative where offload does not pay); ``reason`` where no configuration is feasible.
     ``tables`` maps a model's name to the miss table it reads instead (e.g. the paper's cell at notebook 07's
-    cache-simulation sizes)."""
+    cache-simulation sizes). ``accept_ratio`` (default :func:`accept_ratio_for` the MTP), ``strategy`` (default the
+    per-layer choice; recorded in column ``strategy`` for the bands and link speeds) and ``ratios`` (default the
+    grid of :func:`ratio_grid`) fix what a search would otherwise choose."""
+    from ..validate import one_of, real
+    from .config import STRATEGIES
     params = inputs.params if params is None else params
+    strategy = one_of("strategy", strategy, STRATEGIES + ("best",))
+    fixed_ratios = _check_ratios(ratios)
     out = []
     for (m, g), part in cells.groupby(["model", "gpu"], sort=False):
         spec = model_spec(m)
         dep = deployment_spec(grid_deployment(g))
-        T = dep.mtp if mtp is None else int(mtp)
-        acc = accept_ratio_for(T, dep)
+        T = dep.mtp if mtp is None else positive_int("mtp", mtp)
+        acc = accept_ratio_for(T, dep) if accept_ratio is None else real("accept_ratio", accept_ratio, lo=1.0, hi=T)
         table = (tables or {}).get(m) or inputs.table(spec, locality, profile)
-        sc = _scenario(m, g, params).replace(check_memory=check_memory)
+        sc = _scenario(m, g, params, strategy=strategy).replace(check_memory=check_memory)
         blocks, per_ctx = [], {}
         for L in sorted(part.context_len.unique()):
-            ratios = ratio_grid(spec, L, T, n_ratios)
+            ratios = ratio_grid(spec, L, T, n_ratios) if fixed_ratios is None else fixed_ratios
             table.prefetch((L, r, T) for r in ratios)
             limits, rows, mrows = _candidates(spec, dep, g, L, T, table, ratios)
             per_ctx[L] = (limits, ratios)
@@ -274,7 +347,7 @@ def grid_search(cells: pd.DataFrame, inputs: GridInputs, *, mtp: int | None = No
         if not blocks:                                           # not even one request fits anywhere
             for _, cell in part.iterrows():
                 limits = per_ctx[int(cell.context_len)][0]
-                out.append({**cell.to_dict(), "mtp": T, "accept_ratio": acc,
+                out.append({**cell.to_dict(), "mtp": T, "accept_ratio": acc, "strategy": strategy,
                             "reason": limits.get(1.0, (0, "no batch fits"))[1]})
             continue
         links = part[["link", "h2d_GB_per_s", "d2h_GB_per_s"]].drop_duplicates("link")
@@ -297,7 +370,8 @@ def grid_search(cells: pd.DataFrame, inputs: GridInputs, *, mtp: int | None = No
         for _, cell in part.iterrows():
             L = int(cell.context_len)
             limits, ratios = per_ctx[L]
-            row = {**cell.to_dict(), "mtp": T, "accept_ratio": acc, "ratios_tried": list(ratios)}
+            row = {**cell.to_dict(), "mtp": T, "accept_ratio": acc, "strategy": strategy,
+                   "ratios_tried": list(ratios)}
             base = (Lc == L) & (R >= 1)
             off = (Lc == L) & (R < 1) & (key == cell.link)
             if not base.any():
@@ -363,25 +437,27 @@ def _bisect_links(pays, n: int, lo: float, hi: float, iterations: int):
 
 
 def break_even_link(found: pd.DataFrame, inputs: GridInputs, *, n_ratios: int = 8, iterations: int = 20,
-                    span=LINK_RANGE_GB_PER_S) -> pd.Series:
+                    span=LINK_RANGE_GB_PER_S, ratios=None) -> pd.Series:
     """Per cell of :func:`grid_search`'s ``found``, the host-to-device link speed (GB/s) below which offload stops
     paying: the smallest at which the best offload configuration (every ratio of the cell's grid, a geometric
     subset of batches up to each one's limit, re-chosen at each speed) is faster than the best without offload.
     The device-to-host speed scales with it (the link's ratio of the two); the host's DRAM share is not applied
     (what the link alone must do). ``span[0]`` where offload pays even there (flag ``break_even_below_span``),
-    NaN where it does not pay at ``span[1]`` (e.g. the batch cap binds without offload already)."""
+    NaN where it does not pay at ``span[1]`` (e.g. the batch cap binds without offload already). ``ratios``: the
+    ratios re-chosen among (default each cell's grid, :func:`ratio_grid`)."""
+    fixed_ratios = _check_ratios(ratios)
     out = pd.Series(np.nan, index=found.index)
     below = pd.Series(False, index=found.index)
     ok = found[found.get("throughput_no_offload", pd.Series(np.nan, index=found.index)).notna()]
     for (m, g), part in ok.groupby(["model", "gpu"], sort=False):
         spec = model_spec(m)
         dep = deployment_spec(grid_deployment(g))
-        sc = _scenario(m, g, inputs.params, host_cap=False)
+        sc = _scenario(m, g, inputs.params, host_cap=False, strategy=_strategy(part))
         table = inputs.table(spec)
         idx, B, Lc, R, M, ratio_d2h = [], [], [], [], [], []
         for ci, cell in part.iterrows():
             T = int(cell.mtp)
-            ratios = ratio_grid(spec, int(cell.context_len), T, n_ratios)
+            ratios = ratio_grid(spec, int(cell.context_len), T, n_ratios) if fixed_ratios is None else fixed_ratios
             _, rows, mrows = _candidates(spec, dep, g, int(cell.context_len), T, table, ratios, every_batch=False)
             for rb, mr in zip(rows, mrows):
                 if rb[0, 0] >= 1:
@@ -562,7 +638,7 @@ def grid_bands(found: pd.DataFrame, inputs: GridInputs) -> pd.DataFrame:
                 got = _misses(table, l, r, T) if r < 1 else np.zeros(spec.n_sparse_layers)
                 valid[j] = got is not None
                 miss.append(np.zeros(spec.n_sparse_layers) if got is None else got)
-            sc = _scenario(m, g, p, deployment=dep)
+            sc = _scenario(m, g, p, deployment=dep, strategy=_strategy(part))
             r = simulate(B, L, R, misses=np.ascontiguousarray(np.stack(miss)), mtp=T, accept_ratio=acc,
                          h2d_GB_per_s=H, d2h_GB_per_s=D, scenario=sc)
             t = np.where(r.feasible & valid, r.throughput_per_gpu, np.nan)
@@ -624,17 +700,20 @@ class CellView:
 
 
 def cell_view(inputs: GridInputs, model: str, gpu: str, link: str, context_len: int, mtp: int,
-              ratio: float | str = "best", *, tables: dict | None = None, n_ratios: int = 8) -> CellView:
+              ratio: float | str = "best", *, tables: dict | None = None, n_ratios: int = 8,
+              accept_ratio: float | None = None, strategy: str = "best") -> CellView:
     """The widget's pure function: one cell at one MTP and ratio (a number in (0, 1), or ``"best"``: every ratio of
     :func:`ratio_grid`, the one with the highest throughput kept), simulated at every batch up to the memory limit
     and the deployment's batch cap, with and without offload, in one vectorised call. ``tables`` maps ``(model,
     mtp)`` to the miss table to read (default :meth:`GridInputs.table`, the central one); a ratio it cannot
-    simulate gives a view with ``reason``."""
+    simulate gives a view with ``reason``. ``accept_ratio`` (default :func:`accept_ratio_for`) and ``strategy``
+    (default the per-layer choice) as in :func:`grid_search`."""
+    from ..validate import real
     spec = model_spec(model)
     dep = deployment_spec(grid_deployment(gpu))
     lk = host_link_spec(link)
     T = positive_int("mtp", mtp)
-    acc = accept_ratio_for(T, dep)
+    acc = accept_ratio_for(T, dep) if accept_ratio is None else real("accept_ratio", accept_ratio, lo=1.0, hi=T)
     table = (tables or {}).get((model, T)) or inputs.table(spec)
     if isinstance(ratio, str):
         if ratio != "best":
@@ -653,8 +732,8 @@ def cell_view(inputs: GridInputs, model: str, gpu: str, link: str, context_len: 
     R = np.concatenate([rb[:, 0] for rb in rows])
     M = np.concatenate([np.broadcast_to(mr, (len(rb), len(mr))) for rb, mr in zip(rows, mrows)])
     res = simulate(B, int(context_len), R, misses=np.ascontiguousarray(M), mtp=T, accept_ratio=acc,
-                   h2d_GB_per_s=lk.h2d_GB_per_s, d2h_GB_per_s=lk.d2h_GB_per_s, scenario=_scenario(model, gpu,
-                                                                                                inputs.params))
+                   h2d_GB_per_s=lk.h2d_GB_per_s, d2h_GB_per_s=lk.d2h_GB_per_s,
+                   scenario=_scenario(model, gpu, inputs.params, strategy=strategy))
     t = np.where(res.feasible, res.throughput_per_gpu, np.nan)
     base, off = R >= 1, R < 1
     b0 = t0 = None

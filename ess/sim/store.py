@@ -1,0 +1,349 @@
+"""Stored simulator inputs: the calibrations and the cache simulation's miss tables that :func:`ess.plan` reads, so
+that an answer takes a second instead of a minute.
+
+Two places hold them, each keyed by what produced it:
+
+* ``data/generated/`` -- **generated artifacts shipped with the project**: ``calibration.json`` (the central
+  calibration, the equally good ones and the part-batch ends of the calibration band, the extrapolation variants)
+  and ``misses/*.json`` (one miss table per model geometry, locality model and Fig. 2 mapping, at the grid's
+  cache-simulation sizes, for the shipped models and contexts at their deployment's MTP). Each file names its
+  inputs (a SHA-256 digest of the ``data/`` files that feed it), the ess version and the command that regenerates
+  it, ``ess calibrate``. A file whose inputs changed is not used (the value is computed again), and a test
+  regenerates a sample and finds the stored values.
+* a **user cache folder** (``$ESS_CACHE_DIR``, else ``$XDG_CACHE_HOME/ess``, else ``~/.cache/ess``) for anything
+  else computed on demand (another context, ratio or MTP; another calibration size): written atomically
+  (:mod:`ess.atomic`: a reader sees a whole old file or a whole new one), each entry keyed by the digest of its
+  inputs *and* of the code that computes it, so a changed input or a changed simulator is never trusted. Two
+  processes may write the same entry: the last whole file wins, and a row either one misses is computed again.
+
+Nothing here computes a prediction: :func:`calibration_payload` and :func:`table_rows` only carry what
+:mod:`ess.sim.calibrate` and :class:`ess.sim.misses.MissesTable` produce.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import json
+import os
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+from ..specs import DATA_DIR
+from .costs import CostParams
+
+__all__ = ["GENERATED_DIR", "FORMAT", "REGENERATE", "cache_dir", "inputs_digest", "code_digest",
+           "calibration_payload", "params_from_payload", "stored_calibration", "write_calibration",
+           "table_identity", "table_rows", "load_rows", "stored_table_path", "seed_table", "save_table",
+           "StaleStoreWarning"]
+
+#: where the shipped generated artifacts live
+GENERATED_DIR = DATA_DIR / "generated"
+#: the layout of the stored files; a file of another format is not read
+FORMAT = 1
+#: the command that regenerates ``data/generated/``
+REGENERATE = "ess calibrate"
+#: the ``data/`` folders whose files feed the calibration and the miss tables (their digest keys every artifact)
+_INPUT_FOLDERS = ("published", "calibration", "models", "hardware", "deployments", "locality")
+#: the modules whose code computes what is cached on demand (their digest keys every user-cache entry)
+_CODE = ("sim/costs.py", "sim/timeline.py", "sim/calibrate.py", "sim/config.py", "sim/misses.py", "sim/grid.py",
+         "sim/predictions.py", "cachesim.py", "tracegen.py", "policies.py", "layout.py", "memory.py", "specs.py",
+         "traces.py")
+
+
+class StaleStoreWarning(UserWarning):
+    """A stored artifact was made from other inputs than today's: it is not used, and the value is computed."""
+
+
+def cache_dir() -> Path:
+    """The user cache folder: ``$ESS_CACHE_DIR``, else ``$XDG_CACHE_HOME/ess``, else ``~/.cache/ess``."""
+    env = os.environ.get("ESS_CACHE_DIR")
+    if env:
+        return Path(env)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "ess"
+
+
+def _digest_files(paths) -> str:
+    h = hashlib.sha256()
+    for p in sorted(paths):
+        h.update(str(p.relative_to(p.parents[1])).encode())
+        h.update(b"\0")
+        h.update(p.read_bytes())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+@functools.lru_cache(maxsize=None)
+def inputs_digest() -> str:
+    """SHA-256 over the ``data/`` files that feed the calibration and the miss tables (their relative paths and
+    bytes): a stored artifact is used only while it matches."""
+    files = [p for f in _INPUT_FOLDERS for p in (DATA_DIR / f).rglob("*") if p.is_file()]
+    return _digest_files(files)
+
+
+@functools.lru_cache(maxsize=None)
+def code_digest() -> str:
+    """SHA-256 over the modules that compute what the user cache holds."""
+    pkg = Path(__file__).resolve().parents[1]
+    return _digest_files([pkg / c for c in _CODE])
+
+
+def _version() -> str:
+    from .. import __version__
+    return __version__
+
+
+def _provenance(kind: str, config: dict) -> dict:
+    return {"format": FORMAT, "kind": kind, "ess_version": _version(), "inputs_sha256": inputs_digest(),
+            "inputs": [f"data/{f}/" for f in _INPUT_FOLDERS], "config": config, "regenerate": REGENERATE}
+
+
+# ------------------------------------------------------------------------------------------------- calibration
+def _params_dict(p: CostParams) -> dict:
+    return p.to_dict()
+
+
+def params_from_payload(d: dict) -> CostParams:
+    """A :class:`CostParams` from its :meth:`~CostParams.to_dict` (a ``ValueError`` naming a missing field)."""
+    fields = {f.name for f in dataclasses.fields(CostParams)}
+    missing = fields - set(d)
+    if missing:
+        raise ValueError(f"a stored calibration lacks {sorted(missing)}")
+    return CostParams(**{k: d[k] for k in fields})
+
+
+def calibration_payload(variant_fit: dict | None = None) -> dict:
+    """The calibrations :func:`ess.sim.grid.grid_inputs` computes (notebook 05's equally good calibrations and the
+    part-batch ends, the extrapolation variants), as plain values with their provenance: what
+    ``data/generated/calibration.json`` holds. Minutes of fitting at the default sizes (``variant_fit`` goes to
+    :func:`ess.sim.calibrate.calibrate`, e.g. a coarser grid)."""
+    from .grid import grid_inputs
+    inputs = grid_inputs(variant_fit=variant_fit, stored=False)
+    return {**_provenance("calibration", {"variant_fit": dict(variant_fit or {})}),
+            "central": _params_dict(inputs.params),
+            "calibrations": {k: _params_dict(v) for k, v in inputs.calibrations.items()},
+            "extrapolation": {k: _params_dict(v) for k, v in inputs.extrapolation.items()}}
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            d = json.load(fh)
+    except (OSError, ValueError):
+        return None
+    return d if isinstance(d, dict) else None
+
+
+def _usable(d: dict | None, kind: str, config: dict, *, code: bool = False) -> bool:
+    return (d is not None and d.get("format") == FORMAT and d.get("kind") == kind and d.get("config") == config
+            and d.get("inputs_sha256") == inputs_digest() and (not code or d.get("code_sha256") == code_digest()))
+
+
+def _calibration_config(variant_fit: dict | None) -> dict:
+    return {"variant_fit": dict(variant_fit or {})}
+
+
+def write_calibration(payload: dict, folder: Path | None = None) -> Path:
+    """Write a :func:`calibration_payload` to ``folder`` (default ``data/generated``) atomically."""
+    from ..atomic import write_json_atomic
+    return write_json_atomic(Path(folder or GENERATED_DIR) / "calibration.json", payload, indent=1)
+
+
+_BUSY: set = set()
+
+
+@functools.lru_cache(maxsize=8)
+def _calibration(key: str) -> dict:
+    if key in _BUSY:                  # a fit that asks for its own result (a default scenario inside calibrate)
+        raise RuntimeError("the stored calibration was asked for while it is being computed: a fit must run in a "
+                           "scenario with explicit cost parameters")
+    _BUSY.add(key)
+    try:
+        return _calibration_uncached(key)
+    finally:
+        _BUSY.discard(key)
+
+
+def _calibration_uncached(key: str) -> dict:
+    variant_fit = json.loads(key)
+    config = _calibration_config(variant_fit)
+    shipped = _read_json(GENERATED_DIR / "calibration.json")
+    if _usable(shipped, "calibration", config):
+        return shipped
+    if shipped is not None and shipped.get("config") == config:
+        warnings.warn(f"data/generated/calibration.json was made from other inputs than today's data/ files: not "
+                      f"used; computing the calibration (run `{REGENERATE}` to store it again)", StaleStoreWarning,
+                      stacklevel=3)
+    name = "calibration-" + hashlib.sha256(key.encode()).hexdigest()[:16] + ".json"
+    cached_path = cache_dir() / name
+    cached = _read_json(cached_path)
+    if _usable(cached, "calibration", config, code=True):
+        return cached
+    payload = {**calibration_payload(variant_fit), "code_sha256": code_digest()}
+    _write_cache(cached_path, payload)
+    return payload
+
+
+def _write_cache(path: Path, payload: dict) -> None:
+    """Write a user-cache entry atomically; a cache folder that cannot be written is not an error (the value was
+    computed, it is just not kept)."""
+    from ..atomic import write_json_atomic
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        write_json_atomic(path, payload, indent=None)
+    except OSError as exc:
+        warnings.warn(f"the ess cache folder {path.parent} cannot be written ({exc.strerror or exc}): the value is "
+                      f"not kept (set ESS_CACHE_DIR to a writable folder)", RuntimeWarning, stacklevel=3)
+
+
+def stored_calibration(variant_fit: dict | None = None) -> dict:
+    """``{"central": CostParams, "calibrations": {name: CostParams}, "extrapolation": {name: CostParams},
+    "source": where it came from}``: the shipped ``data/generated/calibration.json`` when it matches today's inputs
+    and ``variant_fit``, else the user cache, else computed (and cached). Once per process."""
+    if variant_fit is not None and not isinstance(variant_fit, dict):
+        raise TypeError(f"variant_fit must be a dict of calibrate() keywords, got {type(variant_fit).__name__}")
+    key = json.dumps(dict(variant_fit or {}), sort_keys=True)
+    d = _calibration(key)
+    return {"central": params_from_payload(d["central"]),
+            "calibrations": {k: params_from_payload(v) for k, v in d["calibrations"].items()},
+            "extrapolation": {k: params_from_payload(v) for k, v in d["extrapolation"].items()},
+            "source": "computed" if "code_sha256" in d else "data/generated/calibration.json"}
+
+
+# ----------------------------------------------------------------------------------------------------- misses
+def table_identity(table) -> dict:
+    """What makes a :class:`~ess.sim.misses.MissesTable`'s counts what they are: its settings (``config``), the
+    model's cache and selection geometry (the spec without its name and sources) and the simulated rows' cap."""
+    from .misses import MAX_SIMULATED_ROWS
+    geometry = {k: v for k, v in dataclasses.asdict(table.model).items() if k not in ("name", "sources")}
+    cfg = {k: v for k, v in table.config.items() if k not in ("model", "layers", "k", "tokens_per_row")}
+    return json.loads(json.dumps({"config": cfg, "geometry": geometry, "max_rows": MAX_SIMULATED_ROWS},
+                                 sort_keys=True, default=list))
+
+
+def _id_hash(identity: dict) -> str:
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def table_rows(table) -> dict:
+    """A table's computed rows as plain values: ``{"<context>,<mtp>": {repr(ratio): [misses...] or reason}}``."""
+    out = {}
+    for (L, T), row in table._rows.items():
+        out[f"{L},{T}"] = {repr(float(r)): (v if isinstance(v, str) else [float(x) for x in np.asarray(v)])
+                           for r, v in row.items()}
+    return out
+
+
+def load_rows(table, rows: dict) -> int:
+    """Put stored ``rows`` (:func:`table_rows`) into ``table`` where it has none yet; returns how many points."""
+    n = 0
+    for key, row in rows.items():
+        L, T = (int(x) for x in key.split(","))
+        have = table._rows.setdefault((L, T), {})
+        for r, v in row.items():
+            r = float(r)
+            if r in have:
+                continue
+            have[r] = v if isinstance(v, str) else np.asarray(v, dtype=float)
+            n += 1
+    return n
+
+
+def stored_table_path(table, folder: Path | None = None) -> Path:
+    """The shipped file of a table: ``data/generated/misses/<model>-<locality>-<profile>-s<steps>b<batch>.json``
+    (``model`` the first shipped model of its geometry; the identity inside the file decides whether it is used)."""
+    loc = "".join(c if c.isalnum() else "-" for c in table.locality.name).strip("-")
+    name = f"{table.model.name}-{loc}-{table.profile}-s{table.steps}b{table.batch}.json"
+    return Path(folder or GENERATED_DIR) / "misses" / name
+
+
+def _cache_path(identity: dict) -> Path:
+    return cache_dir() / "misses" / f"{_id_hash(identity)}.json"
+
+
+def seed_table(table, *, shipped: bool = True) -> int:
+    """Fill ``table`` with every stored row of its identity: the shipped file (``shipped``; any file of
+    ``data/generated/misses`` whose identity matches) and the user cache. Returns the points loaded."""
+    ident = table_identity(table)
+    n = 0
+    if shipped and (GENERATED_DIR / "misses").is_dir():
+        for p in sorted((GENERATED_DIR / "misses").glob("*.json")):
+            d = _read_json(p)
+            if _usable(d, "misses", ident):
+                n += load_rows(table, d["rows"])
+    d = _read_json(_cache_path(ident))
+    if _usable(d, "misses", ident, code=True):
+        n += load_rows(table, d["rows"])
+    return n
+
+
+def save_table(table, folder: Path | None = None) -> Path | None:
+    """Keep ``table``'s rows: in ``folder`` as a shipped artifact (``ess calibrate``), or, by default, in the user
+    cache (merged with what the cache holds already; written atomically). Returns the path written (``None`` when
+    the cache folder cannot be written)."""
+    ident = table_identity(table)
+    if folder is not None:
+        from ..atomic import write_json_atomic
+        path = stored_table_path(table, folder)
+        payload = {**_provenance("misses", ident), "describe": table.describe(), "rows": table_rows(table)}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return write_json_atomic(path, payload, indent=None)
+    path = _cache_path(ident)
+    seed_table(table, shipped=False)               # what another process kept meanwhile
+    payload = {**_provenance("misses", ident), "code_sha256": code_digest(), "rows": table_rows(table)}
+    _write_cache(path, payload)
+    return path if path.exists() else None
+
+
+# -------------------------------------------------------------------------------------------------- regenerate
+def shipped_tables(models=None, *, cachesim_steps: int = 32, cachesim_batch: int = 2, band_batch: int = 1):
+    """The miss tables ``data/generated/misses`` ships, empty: for each model of the grid
+    (:data:`ess.sim.grid.GRID_MODELS`, one per geometry), the central locality model's table and the band's
+    (the other locality models; Fig. 2 flat for a model other than the paper's), at the grid's sizes, as
+    :meth:`ess.sim.grid.GridInputs.table` makes them."""
+    from ..tracegen import locality_alternatives
+    from .grid import GRID_MODELS, GridInputs, _variants
+    from ..specs import DEFAULT_DEPLOYMENT, deployment_spec, model_spec
+    inputs = GridInputs(CostParams(), {"central": CostParams()}, {}, list(locality_alternatives()),
+                        cachesim_steps, cachesim_batch, band_batch, store=False)
+    gpu = deployment_spec(DEFAULT_DEPLOYMENT).gpu
+    out, seen = [], set()
+    for m in (GRID_MODELS if models is None else models):
+        spec = model_spec(m)
+        for loc, prof in dict.fromkeys([(None, "paper")] + [(v[3], v[4]) for v in _variants(inputs, m, gpu)]):
+            t = inputs.table(spec, loc, prof)
+            if id(t) not in seen:
+                seen.add(id(t))
+                out.append(t)
+    return out
+
+
+def regenerate(folder: Path | None = None, *, models=None, contexts=None, mtp: int | None = None,
+               calibration: bool = True, progress: bool = True) -> list[Path]:
+    """Compute and write ``data/generated/`` (or ``folder``): the calibration (:func:`calibration_payload`) and the
+    miss tables of :func:`shipped_tables` at every context of ``contexts`` (default the grid's,
+    :data:`ess.sim.grid.GRID_CONTEXTS` and :data:`~ess.sim.grid.GRID_LONG_CONTEXTS`) the model reaches, over the
+    ratio grid (:func:`ess.sim.grid.ratio_grid`) at the deployment's MTP (``mtp``). Nothing is read from a store.
+    This is ``ess calibrate``: minutes."""
+    from tqdm.auto import tqdm
+    from .grid import GRID_CONTEXTS, GRID_LONG_CONTEXTS, ratio_grid
+    from ..specs import DEFAULT_DEPLOYMENT, deployment_spec
+    from ..validate import boolean
+    boolean("calibration", calibration)
+    boolean("progress", progress)
+    folder = Path(folder or GENERATED_DIR)
+    T = deployment_spec(DEFAULT_DEPLOYMENT).mtp if mtp is None else int(mtp)
+    contexts = tuple(GRID_CONTEXTS) + tuple(GRID_LONG_CONTEXTS) if contexts is None else tuple(contexts)
+    written = []
+    if calibration:
+        written.append(write_calibration(calibration_payload(), folder))
+    tables = shipped_tables(models)
+    jobs = [(t, L) for t in tables for L in contexts if L <= t.model.max_position_embeddings]
+    for t, L in tqdm(jobs, desc="miss tables", disable=not progress):
+        t.prefetch((L, r, T) for r in ratio_grid(t.model, L, T))
+    for t in tables:
+        written.append(save_table(t, folder))
+    return written
