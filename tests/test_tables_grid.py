@@ -74,10 +74,10 @@ def test_notebook07_record_reads_a_run_of_the_same_size(tmp_path):
     assert tgrid.notebook07_record(here, "missing", True) is None
 
 
-def test_the_scope_table_is_in_the_readme_and_the_book():
+def test_the_scope_table_is_in_the_findings_and_the_book():
     from pathlib import Path
     root = Path(__file__).resolve().parent.parent
-    readme = (root / "README.md").read_text(encoding="utf-8")
+    readme = (root / "docs" / "findings.md").read_text(encoding="utf-8")
     page = (root / "book" / "pages" / "07_beyond_the_paper.md").read_text(encoding="utf-8")
     for part, models, leaves, _ in tgrid.SCOPE:
         assert f"| {part} |" in readme and f"| {part} |" in page, part

@@ -1,6 +1,14 @@
 # %% [markdown]
 # # 10 · Beyond the paper: does latent offload pay on my GPUs, for my model?
 #
+# * **Question:** does latent offload pay for a given model on a given GPU, host link and context -- at which batch
+#   and ratio, and how sure is that?
+# * **Method:** every cell of model x GPU x link x context searched by the calibrated simulator (the stored
+#   calibration and miss tables of `data/generated`), each gain with a calibration band and an extrapolation band;
+#   `ess.plan` answers one cell with the same functions.
+# * **Answer:** the heat maps under "The gain over GPU x context", the one-call check under "One call", every cell
+#   in this notebook's records.
+#
 # **Overview.** Notebooks 05-08 answer the paper's question for one model (DeepSeek-V3.2-Exp) on one machine (H200
 # over PCIe 5 at 37 GB/s). This notebook asks it for today's sparse-attention models and machines: DeepSeek-V3.2
 # (final), GLM-5 (78 layers, 64 heads, qk_nope 192, v 256, 32 indexer heads) and DeepSeek-V4-Flash (compressed: 21
@@ -170,6 +178,34 @@ print(f"{len(ok)} of {len(grid)} cells predicted; offload pays (> 1 %) in {int((
 # %%
 for r in tgrid.grid_records(grid, inputs, provenance):
     rec.record(**r)
+
+# %% [markdown]
+# ## One call
+# `ess.plan(model, gpu, context_len, link=...)` answers one cell of this grid from the stored inputs in about a
+# second (`ess plan` on the command line). Check: at each GPU's reference link, the plan of every cell equals the
+# grid's row (batch, ratio, throughput, the band's low end). The plan's cache-simulation sizes are the full grid's;
+# a smoke run, whose sizes are smaller, skips the comparison and says so. Then the plan of the paper's cell, and its
+# whole curve: throughput per GPU against tokens per second per request, with and without offload.
+
+# %%
+plan_inputs = ess.planning.planner_inputs()
+same_sizes = ((plan_inputs.cachesim_steps, plan_inputs.cachesim_batch, plan_inputs.band_batch)
+              == (cachesim_steps, cachesim_batch, band_batch) and not variant_fit)
+ref_cells = tgrid.reference_cells(grid)
+checked = 0
+for row in ref_cells[ref_cells.best_batch.notna()].itertuples() if same_sizes else ():
+    p = ess.plan(row.model, row.gpu, int(row.context_len), link=row.link)
+    assert (p.batch, p.ratio) == (int(row.best_batch), float(row.best_ratio)), (row.model, row.gpu, row.context_len)
+    assert abs(p.throughput - row.throughput) <= 1e-9 * row.throughput, (row.model, row.gpu, row.context_len)
+    assert abs(p.gain_band[0] - row.gain_pct_low) <= 1e-9 * max(1.0, abs(row.gain_pct_low))
+    checked += 1
+print(f"ess.plan equals the grid on {checked} cells" if same_sizes else
+      "smoke sizes: the plan (full sizes) is not compared with this grid")
+paper_plan = ess.plan("deepseek-v3.2", ess.deployment_spec("paper-table1").gpu, 32768)
+print(paper_plan)
+rec.figure("plan_pareto", paper_plan.figure()).show()
+rec.record("plan_checked_cells", checked, "cells", config={"sizes_equal": bool(same_sizes)},
+           note="cells at the reference links where ess.plan was compared with the grid (0 in a smoke run)")
 
 # %% [markdown]
 # ## The gain over GPU x context, for each model
