@@ -139,7 +139,7 @@ def _face(args) -> int:
     if args.command in ("models", "gpus", "links"):
         return _listing(args.command, args.json)
     if args.command == "calibrate":
-        from .sim.store import regenerate
+        from .planning import regenerate
         for path in regenerate(args.out):
             print(path)
         return 0

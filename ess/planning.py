@@ -34,7 +34,7 @@ from . import validate
 from .specs import DEFAULT_DEPLOYMENT, DEFAULT_MODEL, deployment_spec, list_gpus, list_models, model_spec
 
 __all__ = ["plan", "Plan", "PlanRequest", "SimulateRequest", "simulate_config", "planner_inputs", "parse_tokens",
-           "LIMITS"]
+           "LIMITS", "shipped_tables", "regenerate"]
 
 #: the limit that stops a batch, in words (the grid's names on the left)
 LIMITS = {"gpu": "GPU memory", "host": "host memory", "batch cap": "batch cap",
@@ -471,3 +471,56 @@ def simulate_config(batch: int, context_len: int, ratio: float = 1.0, *, model: 
                    "step_ms": float(res.step_s[0] * 1e3) if ok else None,
                    "stall_ms": float(res.stall_s[0] * 1e3) if ok else None,
                    "misses_per_layer": float(np.mean(misses)), "params": inputs.params.to_dict()})
+
+
+# ------------------------------------------------------------------------------------------------- regenerate
+def shipped_tables(models=None, *, cachesim_steps: int = 32, cachesim_batch: int = 2, band_batch: int = 1) -> list:
+    """The miss tables ``data/generated/misses`` ships, empty, each with the points it holds
+    ``[(table, [(context, mtp, ratios)])]``: for each model of the grid (:data:`ess.sim.grid.GRID_MODELS`, one per
+    geometry) the grid's tables (the central locality model's, the band's other locality models', Fig. 2 flat for
+    a model other than the paper's; :meth:`ess.sim.grid.GridInputs.table`) at the deployment's MTP over each
+    context's ratio grid, and the widget's central tables at the other MTPs of :data:`ess.widgets.grid.MTPS`
+    (:data:`~ess.widgets.grid.TABLE_STEPS` x :data:`~ess.widgets.grid.TABLE_BATCH`) over the widget's ratios too;
+    every context of :data:`~ess.sim.grid.GRID_CONTEXTS` and :data:`~ess.sim.grid.GRID_LONG_CONTEXTS` the model
+    reaches."""
+    from .sim.costs import CostParams
+    from .sim.grid import GRID_CONTEXTS, GRID_LONG_CONTEXTS, GRID_MODELS, GridInputs, _variants, ratio_grid
+    from .sim.misses import MissesTable
+    from .tracegen import locality_alternatives
+    from .widgets.grid import MTPS, RATIOS, TABLE_BATCH, TABLE_STEPS
+    inputs = GridInputs(CostParams(), {"central": CostParams()}, {}, list(locality_alternatives()),
+                        cachesim_steps, cachesim_batch, band_batch, store=False)
+    dep = deployment_spec(DEFAULT_DEPLOYMENT)
+    out, seen = [], set()
+    for m in (GRID_MODELS if models is None else models):
+        spec = model_spec(m)
+        ctx = [L for L in (*GRID_CONTEXTS, *GRID_LONG_CONTEXTS) if L <= spec.max_position_embeddings]
+        for loc, prof in dict.fromkeys([(None, "paper")] + [(v[3], v[4]) for v in _variants(inputs, m, dep.gpu)]):
+            t = inputs.table(spec, loc, prof)
+            if id(t) not in seen:
+                seen.add(id(t))
+                out.append((t, [(L, dep.mtp, ratio_grid(spec, L, dep.mtp)) for L in ctx]))
+        t = MissesTable(steps=TABLE_STEPS, batch=TABLE_BATCH, locality=inputs.localities[0], model=spec)
+        out.append((t, [(L, T, tuple(RATIOS) + ratio_grid(spec, L, T)) for T in MTPS if T != dep.mtp for L in ctx]))
+    return out
+
+
+def regenerate(folder=None, *, models=None, calibration: bool = True, progress: bool = True) -> list:
+    """Compute and write ``data/generated/`` (or ``folder``): the calibration
+    (:func:`ess.sim.store.calibration_payload`) and every table of :func:`shipped_tables` at its points. Nothing
+    is read from a store. This is ``ess calibrate``: minutes."""
+    from tqdm.auto import tqdm
+
+    from .sim import store
+    validate.boolean("calibration", calibration)
+    validate.boolean("progress", progress)
+    written = []
+    if calibration:
+        written.append(store.write_calibration(store.calibration_payload(), folder))
+    tables = shipped_tables(models)
+    jobs = [(t, L, T, ratios) for t, points in tables for L, T, ratios in points]
+    for t, L, T, ratios in tqdm(jobs, desc="miss tables", disable=not progress):
+        t.prefetch((L, r, T) for r in ratios)
+    for t, _ in tables:
+        written.append(store.save_table(t, folder or store.GENERATED_DIR))
+    return written

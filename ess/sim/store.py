@@ -9,7 +9,8 @@ Two places hold them, each keyed by what produced it:
   cache-simulation sizes, for the shipped models and contexts at their deployment's MTP). Each file names its
   inputs (a SHA-256 digest of the ``data/`` files that feed it), the ess version and the command that regenerates
   it, ``ess calibrate``. A file whose inputs changed is not used (the value is computed again), and a test
-  regenerates a sample and finds the stored values.
+  regenerates a sample and finds the stored values. What is shipped, and the command that makes it, is
+  :func:`ess.planning.regenerate`.
 * a **user cache folder** (``$ESS_CACHE_DIR``, else ``$XDG_CACHE_HOME/ess``, else ``~/.cache/ess``) for anything
   else computed on demand (another context, ratio or MTP; another calibration size): written atomically
   (:mod:`ess.atomic`: a reader sees a whole old file or a whole new one), each entry keyed by the digest of its
@@ -260,6 +261,17 @@ def stored_table_path(table, folder: Path | None = None) -> Path:
     return Path(folder or GENERATED_DIR) / "misses" / name
 
 
+@functools.lru_cache(maxsize=4)
+def _shipped_index(folder: str) -> dict:
+    """The shipped miss tables of ``folder``, read once per process: ``{identity hash: [file contents]}``."""
+    out: dict = {}
+    for p in sorted((Path(folder) / "misses").glob("*.json")):
+        d = _read_json(p)
+        if d is not None and isinstance(d.get("config"), dict):
+            out.setdefault(_id_hash(d["config"]), []).append(d)
+    return out
+
+
 def _cache_path(identity: dict) -> Path:
     return cache_dir() / "misses" / f"{_id_hash(identity)}.json"
 
@@ -269,9 +281,8 @@ def seed_table(table, *, shipped: bool = True) -> int:
     ``data/generated/misses`` whose identity matches) and the user cache. Returns the points loaded."""
     ident = table_identity(table)
     n = 0
-    if shipped and (GENERATED_DIR / "misses").is_dir():
-        for p in sorted((GENERATED_DIR / "misses").glob("*.json")):
-            d = _read_json(p)
+    if shipped:
+        for d in _shipped_index(str(GENERATED_DIR)).get(_id_hash(ident), ()):
             if _usable(d, "misses", ident):
                 n += load_rows(table, d["rows"])
     d = _read_json(_cache_path(ident))
@@ -297,53 +308,3 @@ def save_table(table, folder: Path | None = None) -> Path | None:
     _write_cache(path, payload)
     return path if path.exists() else None
 
-
-# -------------------------------------------------------------------------------------------------- regenerate
-def shipped_tables(models=None, *, cachesim_steps: int = 32, cachesim_batch: int = 2, band_batch: int = 1):
-    """The miss tables ``data/generated/misses`` ships, empty: for each model of the grid
-    (:data:`ess.sim.grid.GRID_MODELS`, one per geometry), the central locality model's table and the band's
-    (the other locality models; Fig. 2 flat for a model other than the paper's), at the grid's sizes, as
-    :meth:`ess.sim.grid.GridInputs.table` makes them."""
-    from ..tracegen import locality_alternatives
-    from .grid import GRID_MODELS, GridInputs, _variants
-    from ..specs import DEFAULT_DEPLOYMENT, deployment_spec, model_spec
-    inputs = GridInputs(CostParams(), {"central": CostParams()}, {}, list(locality_alternatives()),
-                        cachesim_steps, cachesim_batch, band_batch, store=False)
-    gpu = deployment_spec(DEFAULT_DEPLOYMENT).gpu
-    out, seen = [], set()
-    for m in (GRID_MODELS if models is None else models):
-        spec = model_spec(m)
-        for loc, prof in dict.fromkeys([(None, "paper")] + [(v[3], v[4]) for v in _variants(inputs, m, gpu)]):
-            t = inputs.table(spec, loc, prof)
-            if id(t) not in seen:
-                seen.add(id(t))
-                out.append(t)
-    return out
-
-
-def regenerate(folder: Path | None = None, *, models=None, contexts=None, mtp: int | None = None,
-               calibration: bool = True, progress: bool = True) -> list[Path]:
-    """Compute and write ``data/generated/`` (or ``folder``): the calibration (:func:`calibration_payload`) and the
-    miss tables of :func:`shipped_tables` at every context of ``contexts`` (default the grid's,
-    :data:`ess.sim.grid.GRID_CONTEXTS` and :data:`~ess.sim.grid.GRID_LONG_CONTEXTS`) the model reaches, over the
-    ratio grid (:func:`ess.sim.grid.ratio_grid`) at the deployment's MTP (``mtp``). Nothing is read from a store.
-    This is ``ess calibrate``: minutes."""
-    from tqdm.auto import tqdm
-    from .grid import GRID_CONTEXTS, GRID_LONG_CONTEXTS, ratio_grid
-    from ..specs import DEFAULT_DEPLOYMENT, deployment_spec
-    from ..validate import boolean
-    boolean("calibration", calibration)
-    boolean("progress", progress)
-    folder = Path(folder or GENERATED_DIR)
-    T = deployment_spec(DEFAULT_DEPLOYMENT).mtp if mtp is None else int(mtp)
-    contexts = tuple(GRID_CONTEXTS) + tuple(GRID_LONG_CONTEXTS) if contexts is None else tuple(contexts)
-    written = []
-    if calibration:
-        written.append(write_calibration(calibration_payload(), folder))
-    tables = shipped_tables(models)
-    jobs = [(t, L) for t in tables for L in contexts if L <= t.model.max_position_embeddings]
-    for t, L in tqdm(jobs, desc="miss tables", disable=not progress):
-        t.prefetch((L, r, T) for r in ratio_grid(t.model, L, T))
-    for t in tables:
-        written.append(save_table(t, folder))
-    return written

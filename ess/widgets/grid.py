@@ -17,6 +17,9 @@ __all__ = ["RATIOS", "MTPS", "grid_view", "grid_widget", "prepare_tables", "widg
 RATIOS = (0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8)
 #: the MTP settings with a sourced accept ratio (:func:`ess.sim.grid.accept_ratio_for`)
 MTPS = (1, 2, 4)
+#: the cache-simulation sizes of the widget's tables at the MTPs other than the deployment's (notebook 10's
+#: ``widget_cachesim_steps`` / ``widget_cachesim_batch``; the stored tables of ``data/generated`` are at these)
+TABLE_STEPS, TABLE_BATCH = 16, 1
 
 
 def widget_contexts(model: str, contexts) -> list:
@@ -47,8 +50,15 @@ def prepare_tables(inputs: "sgrid.GridInputs", models, contexts, *, mtps=MTPS, r
             else:
                 t = MissesTable(steps=steps or inputs.cachesim_steps, batch=batch or inputs.cachesim_batch,
                                 locality=inputs.localities[0], model=m)
+                if inputs.store:                         # the rows kept for these settings
+                    from ..sim.store import seed_table
+                    seed_table(t)
+            before = sum(len(r) for r in t._rows.values())
             for L in widget_contexts(m, contexts):
                 t.prefetch((L, r, T) for r in (*ratios, *sgrid.ratio_grid(m, L, T, n_ratios)))
+            if inputs.store and T != base_mtp and sum(len(r) for r in t._rows.values()) > before:
+                from ..sim.store import save_table
+                save_table(t)
             out[(m, T)] = t
     return out
 
