@@ -105,6 +105,20 @@ def _request_flags(parser: argparse.ArgumentParser, request) -> None:
                             help=f"{meta['help']}; {meta['unit']}{default}" if meta["unit"] else meta["help"])
 
 
+def _flags_named(message: str) -> str:
+    """An error of the library with each argument named as its flag (``context_len`` -> ``--context``)."""
+    import dataclasses
+    import re
+
+    from .planning import PlanRequest, SimulateRequest
+    flags = {f.name: f.metadata["flag"] for r in (PlanRequest, SimulateRequest) for f in dataclasses.fields(r)}
+    names = "|".join(sorted(flags, key=len, reverse=True))
+    # a name as an argument: with an underscore anywhere, or a plain word followed by "must", "=", a quote, a number
+    return re.sub(r"(?<![\w-])(" + names + r")(?![\w])(?=(?:\s+must|=|\s+'|\s+\d|[,;)]))|"
+                  r"(?<![\w-])(\w+_\w+)(?![\w])",
+                  lambda m: flags.get(m.group(1) or m.group(2), m.group(0)), message)
+
+
 def _listing(kind: str, as_json: bool) -> int:
     import dataclasses
     import json
@@ -175,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             return _face(args)
         except (ValueError, TypeError) as exc:         # the question cannot be answered as asked
-            print(f"ess {args.command}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}",
+            print(f"ess {args.command}: {_flags_named(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)}",
                   file=sys.stderr)
             return 2
     from . import pipeline as rp

@@ -292,7 +292,8 @@ def test_cli_plan_agrees_with_the_call_and_says_three_lines():
 @pytest.mark.parametrize("args, flag", [(("plan", "--context", "64q"), "--context"),
                                         (("plan", "--gpu", "TPU"), "--gpu"),
                                         (("plan", "--gpu", "H100", "--link", "c2c-gh200"), "link"),
-                                        (("plan", "--mtp", "3"), "accept_ratio"),
+                                        (("plan", "--mtp", "3"), "--accept-ratio"),
+                                        (("plan", "--model", "tiny", "--context", "8k"), "--context"),
                                         (("simulate", "--batch", "x"), "--batch")])
 def test_cli_bad_input_one_line_exit_2(args, flag):
     """Mistake: a traceback, or an error that does not name the flag, where the command promises one line."""
