@@ -19,8 +19,7 @@ collected, or the process ending) releases the directory.
 
 >>> import tempfile, numpy as np
 >>> from ess.storage import TieredCache
->>> folder = tempfile.mkdtemp()
->>> with Archive(TieredCache("tiny", capacity=4), folder) as archive:
+>>> with tempfile.TemporaryDirectory() as folder, Archive(TieredCache("tiny", capacity=4), folder) as archive:
 ...     archive.cache.add_request("r", np.ones((4, 10, 164), np.uint8))
 ...     archive.spill("r")
 ...     archive.restore("r")["tokens"]

@@ -242,7 +242,8 @@ class _Request:
 class TieredCache:
     """Cache entries in two tiers for one entry format (DeepSeek's latent entries, or any
     :class:`~ess.layout.EntryFormat`): host pool (all entries) and GPU pool (``capacity`` slots per request and
-    layer). A disk tier is paired with it by :class:`ess.archive.Archive`.
+    layer). A disk tier is paired with it by :class:`ess.archive.Archive`. Request ids are ``int`` or ``str``
+    (:func:`ess.validate.request_id`).
 
     Parameters
     ----------
@@ -252,19 +253,24 @@ class TieredCache:
     capacity : int
         GPU slots per (request, layer); from a sparse-memory ratio :func:`ess.layout.capacity_from_ratio`, from a
         byte budget :func:`ess.layout.capacity_from_budget` (with ``max_requests``).
-    dtype : ``"fp8"`` (656-byte entries) or ``"bf16"`` (1,152 B); for a ModelSpec only (an EntryFormat carries its
-        own)
-    policy : ``"lru"`` (default, the paper's), ``"fifo"`` or ``"heat"`` (:data:`ess.policies.ONLINE_POLICIES`;
-        Belady needs the future and runs in the simulations only)
-    backend : transfer backend, ``"auto" | "reference" | "numba" | "torch"``
-    device : ``"cpu"`` or ``"cuda[:n]"``: where the device pool lives (a torch tensor on either; on CUDA the host
-        pool is pinned and misses are read zero-copy)
-    max_requests : when given, the device pool is allocated once for that many requests (a fixed budget) and
+    dtype : str
+        ``"fp8"`` (656-byte entries) or ``"bf16"`` (1,152 B); for a ModelSpec only (an EntryFormat carries its own)
+    policy : str
+        ``"lru"`` (default, the paper's), ``"fifo"`` or ``"heat"`` (:data:`ess.policies.ONLINE_POLICIES`; Belady
+        needs the future and runs in the simulations only)
+    backend : str
+        the transfer backend, ``"auto" | "reference" | "numba" | "torch"``
+    device : str
+        ``"cpu"`` or ``"cuda[:n]"``: where the device pool lives (a torch tensor on either; on CUDA the host pool is
+        pinned and misses are read zero-copy)
+    max_requests : int, optional
+        when given, the device pool is allocated once for that many requests (a fixed budget) and
         :meth:`add_request` refuses more; otherwise it grows by whole requests.
-    policy_options : a dict passed to the policy (``decay`` for heat)
+    policy_options : dict, optional
+        passed to the policy (``decay`` for heat)
 
-    Request ids are ``int`` or ``str`` (:func:`ess.validate.request_id`).
-
+    Examples
+    --------
     >>> import numpy as np
     >>> c = TieredCache("tiny", capacity=4)                  # 4 layers, 164-byte FP8 entries
     >>> c.add_request("r", np.zeros((4, 10, c.entry_bytes), np.uint8))

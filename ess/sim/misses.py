@@ -9,9 +9,16 @@ points in one go (the points sharing a context and an MTP in one sweep). A ratio
 ratio whose pools cannot hold one step's entries is kept with the reason, and asking for it raises that reason as a
 ``ValueError``. ``config`` says what produced the counts.
 
->>> table = MissesTable(steps=8, batch=1)                                     # doctest: +SKIP
->>> table(32768, 0.2, 2).shape                                                # doctest: +SKIP
-(61,)
+A point that needs no trace (a simulated one first compiles the cache simulation, seconds):
+
+>>> table = MissesTable(steps=8, batch=1)
+>>> m = table(32768, 1.0, 2)                      # no offload: one count per sparse layer, all zero
+>>> m.shape, float(m.sum())
+((61,), 0.0)
+>>> table(32768, 0.01, 2)                         # 327 slots cannot hold the K = 2,048 entries of one step
+Traceback (most recent call last):
+...
+ValueError: ratio 0.01 of context_len=32768 (32768 allocated tokens) gives 327 GPU slots per request and layer, ...
 """
 from __future__ import annotations
 
