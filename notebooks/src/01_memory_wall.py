@@ -1,6 +1,15 @@
 # %% [markdown]
 # # 01 · The memory wall
 #
+# * **Question.** How much GPU memory does one request's latent cache take, and how large a decode batch fits on one
+#   GPU with and without offload?
+# * **Method.** Arithmetic on the byte layouts and on the model, GPU, host and deployment specs in `data/`
+#   (`ess.layout`, `ess.memory`); nothing is measured.
+# * **Where the answer is.** The bytes per token and per request under *Bytes per token*; the largest batch against
+#   context in the figure recorded as `memory_wall` (*Largest batch per GPU, every hardware preset*); the paper's
+#   limits and the article's claims checked in the tables of *The no-offload limits of the paper* and *The article's
+#   claims*; the conclusions under *Summary*.
+#
 # **Overview.** DeepSeek-V3.2-Exp attends to only K = 2,048 tokens per step, yet every token's cache stays in GPU
 # memory, so memory, not compute, caps the decode batch (article §1.1). This notebook computes the cache per request
 # from the byte layouts, the largest batch per GPU with and without offload, the paper's no-offload limits, and

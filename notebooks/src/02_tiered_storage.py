@@ -1,6 +1,15 @@
 # %% [markdown]
 # # 02 · Tiered storage
 #
+# * **Question.** Where do a batch's bytes live with offload, and how many entries, and bytes, does each decode step
+#   move host to device?
+# * **Method.** The memory model places the bytes; the real `ess.storage.TieredCache` (real bytes, real copies)
+#   replays a synthetic top-K trace with and without LRU-Warmup and under three eviction policies; then the disk tier
+#   and a live monitor.
+# * **Where the answer is.** The placement in the first figure (*Where the bytes of a batch live*); misses and bytes
+#   per step in the figures of *A trace through the real cache*, their time on the link in *What the bytes cost on the
+#   link*; the policies in *Eviction policies on the same trace*; the conclusions under *Summary*.
+#
 # **Overview.** ESS keeps every latent entry of every request in host memory and only a hot subset on the GPU; each
 # decode step copies the misses among the K selected entries host → device and writes the new token back
 # (article §2, paper "Design"). This notebook shows where the bytes of a batch live for a GPU budget, ratio and

@@ -1,6 +1,15 @@
 # %% [markdown]
 # # 03 · Sparse attention
 #
+# * **Question.** Do the indexer and sparse MLA kernels compute what they should, is attention through the tiered
+#   cache exactly attention over an all-resident cache, and what do sparse attention and FP8 storage save?
+# * **Method.** The `ess` kernels (NumPy reference, Numba, torch) on synthetic latents, keys and queries: checks
+#   against the reference, a bit-for-bit comparison through the cache, a timing scan over the context length, and the
+#   error of FP8 against BF16 storage.
+# * **Where the answer is.** The check tables of *The kernels agree, and sparse with K ≥ L is dense* and *The lossless
+#   check* (record `lossless_all_bitwise_equal`); the figure of *Cost: dense against sparse attention as L grows*; the
+#   figure of *Precision*; the conclusions under *Summary*.
+#
 # **Overview.** DeepSeek Sparse Attention is why offload works at all: at each decode step a cheap *lightning
 # indexer* scores every cached token with a small FP8 key, and sparse MLA attention then reads only the top
 # K = 2,048 latent entries. This notebook runs both for real with the `ess` kernels (NumPy reference, Numba,

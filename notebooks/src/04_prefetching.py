@@ -1,6 +1,16 @@
 # %% [markdown]
 # # 04 · Prefetching
 #
+# * **Question.** How many of a step's top-K entries miss the GPU pool (per layer, over the first decode steps,
+#   against the context and the pool size), and which replacement and prefetch policies lower that?
+# * **Method.** Synthetic trace models measured against every piece of public locality evidence, one chosen by a rule
+#   written in advance and the others kept as a band; cache simulations of the paper's held-back miss figures;
+#   policies against Belady's bound; an LSTM heat predictor and three prefetch classes.
+# * **Where the answer is.** The paper's held-back miss figures, predicted, are the sections *Prediction 1* to
+#   *Prediction 4*, in the middle of the notebook after the evidence and the candidate models; the policies in
+#   *Policies against Belady's bound* and the section after it; prefetching in *Three prefetch classes on one link*;
+#   every number on the book's results page; the conclusions under *Summary*.
+#
 # **Overview.** How much GPU memory offload frees depends on how often the top-K entries a decode step needs are
 # already in the GPU pool. This notebook builds synthetic access traces whose locality rests on **all** the public
 # evidence we hold -- the per-layer adjacent-step overlap of the paper's Fig. 2 (read by eye, in both readings of its

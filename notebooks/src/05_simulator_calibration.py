@@ -1,6 +1,17 @@
 # %% [markdown]
 # # 05 · The simulator and its calibration
 #
+# * **Question.** Does a simulator priced from published kernel timings reproduce the paper's calibration throughputs,
+#   and how far do those data pin its three free parameters?
+# * **Method.** Every operation of a decode step priced as a roofline over kernel measurements; the compute scale
+#   pinned by DeepSeek's decode cost against position; the communication scale and the fixed time per step fitted on
+#   the calibration data only; every equally good fit kept as a band.
+# * **Where the answer is.** The fit against the paper's curve and its residuals are the two figures of *Calibration:
+#   the other two parameters, and every equally good fit* (the fourth section, after the kernel points, the unfitted
+#   model and the compute scale); Table 2's first row in *The no-offload row at the memory limit*; a step's time in
+#   the figure of *Where a step goes*; what stays open in *What the evidence leaves undetermined*; the conclusions
+#   under *Summary*.
+#
 # **Overview.** The paper's throughput numbers come from a simulator built on measured kernel timings. `ess.sim` is
 # our own: every operation of one decode step of DeepSeek-V3.2-Exp (indexer, sparse MLA, projections, dense and MoE
 # GEMMs, expert-parallel dispatch and combine, output heads, MTP drafts) is priced as a roofline whose efficiencies

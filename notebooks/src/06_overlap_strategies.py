@@ -1,6 +1,15 @@
 # %% [markdown]
 # # 06 · Overlap strategies
 #
+# * **Question.** How much extra time per layer do a step's host-to-device copies cost under the serial order, DA and
+#   DBA, and where does each strategy pay off?
+# * **Method.** The calibrated simulator of notebook 05 prices each strategy over miss counts, batches and link
+#   speeds, with a band over the equally good calibrations, the part-batch evidence and the locality models.
+# * **Where the answer is.** The paper's held-back overlap chart, predicted in its own units, is the first figure
+#   (*The paper's chart, in its units*); the cheapest strategy per batch and miss count in the figure of *Where each
+#   strategy is the cheapest*; the overhead at the cache-simulated misses in *At the cache-simulated miss counts*; the
+#   conclusions under *Summary*.
+#
 # **Overview.** Each decode step copies the missed latent entries host-to-device and writes the new tokens back.
 # The paper hides these copies in three ways, chosen per layer offline from profiled miss counts: **none** (SGLang's
 # serial order), **DA** (dual attention: attend over the hits while the misses are copied, then over the misses in a

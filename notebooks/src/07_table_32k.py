@@ -1,6 +1,15 @@
 # %% [markdown]
 # # 07 · The 32K table
 #
+# * **Question.** What decode throughput does the calibrated simulator predict for the held-back 32K rows of the
+#   paper's Table 2, and how much do the misses decide each row's gain?
+# * **Method.** The calibrated simulator of notebook 05 with per-layer misses from the cache simulation, each row at
+#   the paper's ratio and at the ratio of `ess`'s memory rule, each with a band.
+# * **Where the answer is.** The table of *Every row at the paper's ratio and at ess's* and the figure recorded as
+#   `table_32k` (*Every prediction, recorded with its configuration and band*); the misses each offload row can afford
+#   in *How few misses the offload rows can afford*; the article's table in *The article's 32K table, rebuilt*; the
+#   conclusions under *Summary*.
+#
 # **Overview.** The paper's Table 2 gives decode throughput at 32K context for MTP 2 and MTP 4 at five (batch,
 # sparse-memory ratio) pairs, from (52, 1.0) -- no offload, the memory limit -- to (160, 0.21) (paper-facts.md,
 # "Table 2's configurations": inputs, not results). Only its first row's throughput is given to us (calibration data);

@@ -1,6 +1,14 @@
 # %% [markdown]
 # # 08 · 128K and the deployment benefits
 #
+# * **Question.** What gain does offload give at 128K context, and do the article's deployment benefits (GPUs per
+#   task, energy per token, sessions per node) follow from it?
+# * **Method.** The banded predictions of notebook 07 at the paper's 128K (batch, ratio) pairs and at `ess`'s ratio;
+#   adaptive batch sizing; the deployment claims rebuilt under assumptions stated in the notebook.
+# * **Where the answer is.** The 128K rows in the table of *The 128K rows of Table 2*, the gain in *The 128K claim*
+#   (record `claim_128k_gain_pct`); the deployment benefits in the figure of *The deployment benefits of section 3.3*;
+#   the conclusions under *Summary*.
+#
 # **Overview.** At 128K a request's cache is 6.3 GB, so only 13 requests fit on a GPU without offload, and the paper
 # reports its largest gain there (up to +123 % with MTP 2). This notebook predicts the held-back 128K rows of Table 2
 # at the paper's own (batch, ratio) pairs -- (13, 1.0), (40, 0.2), (54, 0.1) -- and at the ratio `ess`'s memory rule
