@@ -404,22 +404,41 @@ def _names(folder: str) -> list[str]:
 
 
 def list_models() -> list[str]:
+    """The model presets' names (``data/models/*.yaml``), sorted: each one a name for :func:`model_spec`.
+
+    >>> "deepseek-v3.2-exp" in list_models() and "tiny" in list_models()
+    True
+    """
     return _names("models")
 
 
 def list_deployments() -> list[str]:
+    """The deployment presets' names (``data/deployments/*.yaml``), sorted: each one a name for
+    :func:`deployment_spec`.
+
+    >>> DEFAULT_DEPLOYMENT in list_deployments()
+    True
+    """
     return _names("deployments")
 
 
 def list_gpus() -> list[str]:
+    """The GPU presets' names (``data/hardware/gpus.yaml``), sorted: each one a name for :func:`gpu_spec`.
+
+    >>> "H200" in list_gpus()
+    True
+    """
     return sorted(_read_yaml("hardware/gpus.yaml"))
 
 
 def list_hosts() -> list[str]:
+    """The host presets' names (``data/hardware/hosts.yaml``), sorted: each one a name for :func:`host_spec`."""
     return sorted(_read_yaml("hardware/hosts.yaml"))
 
 
 def list_host_links() -> list[str]:
+    """The host-link presets' names in the order of ``data/hardware/host_links.yaml``: each one a name for
+    :func:`host_link_spec`."""
     return list(_read_yaml("hardware/host_links.yaml"))
 
 
@@ -448,7 +467,8 @@ def _preset(kind: str, listing):
 
 @_preset("model", list_models)
 def model_spec(name: str = DEFAULT_MODEL) -> ModelSpec:
-    """The model preset ``name`` (``"deepseek-v3.2-exp"`` or ``"tiny"``) from ``data/models/``."""
+    """The model preset ``name`` (e.g. ``"deepseek-v3.2-exp"`` or ``"tiny"``; :func:`list_models` names them all)
+    from ``data/models/``."""
     _check_name("model", name, list_models())
     values, sources = _split_sourced(_read_yaml(f"models/{name}.yaml"), f"data/models/{name}.yaml")
     return _build(ModelSpec, values, sources, f"data/models/{name}.yaml")
