@@ -25,7 +25,8 @@ def test_notebook_matches_its_source(nb, tmp_path):
     assert src.exists(), f"{nb.name} has no source {src.name}"
     out = tmp_path / nb.name
     nbbuild.build(src, out)
-    cells = lambda p: [(c["cell_type"], "".join(c["source"])) for c in json.loads(p.read_text())["cells"]]
+    cells = lambda p: [(c["cell_type"], "".join(c["source"]), c.get("metadata", {}).get("tags", []))
+                       for c in json.loads(p.read_text())["cells"]]
     assert cells(nb) == cells(out), f"{nb.name} differs from {src.name}: run tools/nbbuild.py"
 
 

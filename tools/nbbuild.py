@@ -1,5 +1,6 @@
 """Write a notebook from a light "percent" script: cells start with ``# %%`` (code), ``# %% [markdown]`` or
-``# %% [parameters]`` (the papermill parameters cell). Used by authors to keep notebooks reviewable as text:
+``# %% [parameters]`` (the papermill parameters cell) or ``# %% [hide-input]`` (a code cell whose input the book folds
+away, e.g. long set-up). Used by authors to keep notebooks reviewable as text:
 
     python tools/nbbuild.py notebooks/src/01_memory_wall.py notebooks/01_memory_wall.ipynb
 """
@@ -24,15 +25,16 @@ def build(src: Path, dst: Path) -> None:
             cells.append(nbformat.v4.new_markdown_cell(text))
         else:
             cell = nbformat.v4.new_code_cell(text)
-            if kind == "parameters":
-                cell.metadata["tags"] = ["parameters"]
+            if kind in ("parameters", "hide-input"):
+                cell.metadata["tags"] = [kind]
             cells.append(cell)
 
     for line in src.read_text(encoding="utf-8").splitlines():
         if line.startswith("# %%"):
             flush()
             tag = line[4:].strip()
-            kind = {"[markdown]": "markdown", "[parameters]": "parameters"}.get(tag, "code")
+            kind = {"[markdown]": "markdown", "[parameters]": "parameters", "[hide-input]": "hide-input"}.get(
+                tag, "code")
             lines = []
         else:
             lines.append(line)

@@ -25,7 +25,7 @@ context_lens = [4096, 8192, 16384, 32768, 65536, 131072]
 ratios = [1.0, 0.2, 0.1]
 smoke_sizes = {"context_lens": [16384, 32768, 131072]}
 
-# %%
+# %% [hide-input]
 import pandas as pd
 from IPython.display import display
 

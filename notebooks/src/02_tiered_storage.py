@@ -39,7 +39,7 @@ seed = 0
 monitor_pace_s = 0.1
 smoke_sizes = {"trace_context": 8192, "trace_ratio": 0.5, "trace_steps": 12, "warmup_windows": 8}
 
-# %%
+# %% [hide-input]
 import dataclasses
 import tempfile
 

@@ -35,7 +35,7 @@ lossless_policies = ["lru", "fifo", "heat"]
 smoke_sizes = {"scan_context_lens": [2048, 4096, 8192], "scan_heads": 32, "precision_tokens": 2048,
                "lossless_ratios": [0.1, 1.0], "lossless_policies": ["lru", "fifo"]}
 
-# %%
+# %% [hide-input]
 import numpy as np
 import pandas as pd
 from IPython.display import display

@@ -67,7 +67,7 @@ smoke_sizes = {"batch": 2, "band_batch": 1, "steps": 16, "curve_steps": 48, "poo
                "policy_ratios": [0.125, 0.5], "policy_layer_stride": 20, "policy_batch": 1, "lstm_train_steps": 24,
                "lstm_test_steps": 16, "lstm_epochs": 3, "lstm_samples": 10000, "recorded_steps": 8}
 
-# %%
+# %% [hide-input]
 import numpy as np
 import pandas as pd
 from IPython.display import display

@@ -39,7 +39,7 @@ breakdown_batches = [2, 13, 52, 160, 320]
 variant_fit = {}
 smoke_sizes = {"curve_batches": [2, 16, 52, 128, 320], "variant_fit": {"grid": 12, "refine": 1}}
 
-# %%
+# %% [hide-input]
 import numpy as np
 import pandas as pd
 from IPython.display import display

@@ -59,7 +59,7 @@ smoke_sizes = {"miss_grid": [0, 100, 400, 1600, 4096], "links_GB_per_s": [8, 37,
                "cachesim_batch": 2, "band_batch": 1, "variant_fit": {"grid": 12, "refine": 1}}
 variant_fit = {}
 
-# %%
+# %% [hide-input]
 import numpy as np
 import pandas as pd
 from IPython.display import display

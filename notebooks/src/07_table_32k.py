@@ -38,7 +38,7 @@ band_batch = 2
 variant_fit = {}
 smoke_sizes = {"cachesim_steps": 16, "cachesim_batch": 2, "band_batch": 1, "variant_fit": {"grid": 12, "refine": 1}}
 
-# %%
+# %% [hide-input]
 import numpy as np
 import pandas as pd
 from IPython.display import display

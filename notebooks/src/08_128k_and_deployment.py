@@ -37,7 +37,7 @@ compare_ratio = 0.2
 smoke_sizes = {"cachesim_steps": 16, "cachesim_batch": 2, "band_batch": 1, "adaptive_ratios": [1.0, 0.2, 0.1],
                "variant_fit": {"grid": 12, "refine": 1}}
 
-# %%
+# %% [hide-input]
 import pandas as pd
 from IPython.display import display
 
