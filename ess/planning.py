@@ -326,6 +326,12 @@ def _plain(x):
     return x
 
 
+def _finite(x) -> float | None:
+    """``x`` as a float, ``None`` where it is NaN (a link speed the search did not find)."""
+    x = float(x)
+    return x if math.isfinite(x) else None
+
+
 def _num(row, col):
     v = row.get(col) if hasattr(row, "get") else None
     if v is None or (isinstance(v, float) and math.isnan(v)):
@@ -433,9 +439,8 @@ def _plan(gpu, L, link, T, acc, ratio, strategy, *, model) -> Plan:
                 misses_per_layer=tuple(float(m) for m in misses),
                 link_busy_share=float(min(copy_s / float(res.step_s[0]), 1.0)),
                 strategy_per_layer=layer_names,
-                break_even_GB_per_s=_num({"v": float(be.iloc[0])}, "v"),
-                serial_GB_per_s=_num({"v": float(speeds.serial_GB_per_s.iloc[0])}, "v"),
-                hidden_GB_per_s=_num({"v": float(speeds.hidden_GB_per_s.iloc[0])}, "v"),
+                break_even_GB_per_s=_finite(be.iloc[0]), serial_GB_per_s=_finite(speeds.serial_GB_per_s.iloc[0]),
+                hidden_GB_per_s=_finite(speeds.hidden_GB_per_s.iloc[0]),
                 curve=curve)
 
 
@@ -457,11 +462,15 @@ def simulate_config(batch: int, context_len: int, ratio: float = 1.0, *, model: 
     dep = deployment_spec(sgrid.grid_deployment(gpu))
     acc = sgrid.accept_ratio_for(T, dep) if acc is None else acc
     inputs = planner_inputs()
-    misses = np.zeros(spec.n_sparse_layers) if r >= 1 else np.asarray(inputs.table(spec)(L, r, T))
     lk = host_link_spec(link)
-    res = simulate(B, L, r, misses=misses, mtp=T, accept_ratio=acc, h2d_GB_per_s=lk.h2d_GB_per_s,
-                   d2h_GB_per_s=lk.d2h_GB_per_s, scenario=sgrid._scenario(model, gpu, inputs.params,
-                                                                          strategy=strategy))
+    sc = sgrid._scenario(model, gpu, inputs.params, strategy=strategy)
+    run = lambda m: simulate(B, L, r, misses=m, mtp=T, accept_ratio=acc, h2d_GB_per_s=lk.h2d_GB_per_s,  # noqa: E731
+                             d2h_GB_per_s=lk.d2h_GB_per_s, scenario=sc)
+    misses = np.zeros(spec.n_sparse_layers)
+    res = run(misses)
+    if r < 1 and res.feasible[0]:              # the cache simulation only for a configuration that fits
+        misses = np.asarray(inputs.table(spec)(L, r, T))
+        res = run(misses)
     inputs.save_tables()
     ok = bool(res.feasible[0])
     return _plain({"model": model, "gpu": gpu, "link": link, "batch": B, "context_len": L, "ratio": r, "mtp": T,
