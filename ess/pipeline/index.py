@@ -5,13 +5,19 @@ The run writes it at once (status ``running``), after each change and at the end
 
     {"format": "ess-index/2",
      "run": {"id", "mode", "smoke", "started", "finished", "status", "only", "cell_timeout_s", "versions"},
-     "notebooks": {"01_memory_wall": {"status": "complete", "started", "finished", "seconds", "records",
-                                      "attempts", "results": "results/01_memory_wall.json",
+     "notebooks": {"01_memory_wall": {"status": "complete", "started", "finished", "seconds",
+                                      "peak_rss_bytes", "records", "attempts",
+                                      "results": "results/01_memory_wall.json",
                                       "executed": "notebooks/01_memory_wall.ipynb",
                                       "in_place": {"run_id", "mode", "finished", "this_run": true,
                                                    "results": "results/01_memory_wall.json"}}, ...},
      "earlier_results": {"<notebook not in this run>": {"results", "mode", "run_id", "finished"}},
      "figures": {"status", "files"}, "book": {"status", "html"}}
+
+A notebook's ``seconds`` is its wall time (its process started to its files in place, the kernel's start-up
+included) and ``peak_rss_bytes`` the peak resident memory of the kernel that executed it, the operating system's
+high-water mark of that process (:mod:`ess.pipeline.notebook`; ``null`` when it could not be read); a notebook that
+failed has ``peak_rss_bytes`` too when its kernel ran.
 
 A notebook's ``status`` is this run's (``pending``, ``running``, ``complete``, ``failed``, ``interrupted``,
 ``not run``); ``in_place`` says whose results file is in ``build/results/`` now: this run's (``this_run``) once the
@@ -151,6 +157,10 @@ def load_index(path: str | os.PathLike) -> dict:
         if entry.get("status") not in NOTEBOOK_STATUSES:
             raise ValueError(f"{path}: notebooks.{name}.status must be one of {NOTEBOOK_STATUSES}, got "
                              f"{entry.get('status')!r}")
+        peak = entry.get("peak_rss_bytes")
+        if peak is not None and (isinstance(peak, bool) or not isinstance(peak, int) or peak <= 0):
+            raise ValueError(f"{path}: notebooks.{name}.peak_rss_bytes must be a positive number of bytes or null, "
+                             f"got {peak!r}")
         in_place = entry.get("in_place")
         if in_place is not None and not isinstance(in_place, dict):
             raise ValueError(f"{path}: notebooks.{name}.in_place must be an object or null")

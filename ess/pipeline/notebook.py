@@ -21,6 +21,17 @@ A kill at any instant leaves a results file whole and its figures folder with it
 the executed notebook is the earlier run's, which its ``run_id`` says. A notebook that fails or is interrupted
 (Ctrl-C, SIGTERM) gets a banner cell and ``ess.status`` saying so and is kept under ``build/notebooks/failed/``;
 the earlier run's complete results stay in place.
+
+**What a notebook cost**: :class:`NotebookRun` ``seconds``, the wall time from starting its process to its files in
+place (kernel start-up included), and ``peak_rss_bytes``, the peak resident memory of the kernel that executed it
+(also on :class:`NotebookFailed` when the kernel ran). The peak is the operating system's own high-water mark of the
+kernel process, read without touching the notebook: papermill starts the kernel as a child of the notebook's process
+and waits for it when the notebook ends (finished, failed or timed out: jupyter_client's ``LocalProvisioner.wait``);
+after that, ``getrusage(RUSAGE_CHILDREN).ru_maxrss`` in that process is the largest peak among the children it waited
+for (and theirs) -- the kernel, the only child papermill starts, or a process the notebook started and waited for if
+one grew larger; a maximum, not a sum, and not papermill's own memory (:func:`_child_main` reads it and writes it
+beside the spec). Chosen over polling the kernel's memory (a peak between two polls is missed) and over a last cell
+injected into the notebook (it would change the executed notebook and would not run after a failing cell).
 """
 from __future__ import annotations
 
@@ -29,6 +40,7 @@ import json
 import math
 import numbers
 import re
+import resource
 import signal
 import subprocess
 import sys
@@ -55,20 +67,59 @@ _RUN_ID = re.compile(r"^[A-Za-z0-9]{1,64}$")
 
 
 class NotebookFailed(ReproduceError):
-    """A notebook did not finish; ``kind`` says how (``cell_error``, ``timeout``, ``dead_kernel``, ``error``)."""
+    """A notebook did not finish; ``kind`` says how (``cell_error``, ``timeout``, ``dead_kernel``, ``error``);
+    ``peak_rss_bytes`` the kernel's peak memory when it is known (see the module docstring), else None."""
 
-    def __init__(self, message: str, kind: str):
+    def __init__(self, message: str, kind: str, peak_rss_bytes: int | None = None):
         super().__init__(message)
         self.kind = kind
+        self.peak_rss_bytes = peak_rss_bytes
 
 
 @dataclass(frozen=True)
 class NotebookRun:
+    """A notebook that finished: its executed copy and results file in place, how many records, ``seconds`` of
+    wall time and ``peak_rss_bytes`` of the kernel (None when it could not be read; see the module docstring)."""
+
     name: str
     output: Path
     results: Path
     n_records: int
     seconds: float
+    peak_rss_bytes: int | None = None
+
+
+# the notebook's process: ess.pipeline.notebook_process, then the kernel's peak memory written beside the spec
+_CHILD = "import sys\nfrom ess.pipeline.notebook import _child_main\nsys.exit(_child_main(sys.argv[1:]))\n"
+
+
+def kernel_peak_rss_bytes() -> int | None:
+    """The largest peak resident set size, in bytes, of the child processes this process has waited for and of
+    theirs (the kernel, in a notebook's process: see the module docstring); None when it has waited for none."""
+    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    # ru_maxrss is in kibibytes on Linux and the BSDs, in bytes on macOS (their getrusage(2) pages)
+    peak = int(peak) * (1 if sys.platform == "darwin" else 1024)
+    return peak or None
+
+
+def _child_main(argv: list[str]) -> int:
+    """The notebook's process: :func:`ess.pipeline.notebook_process.main` on the spec ``argv[0]``, then
+    ``{"peak_rss_bytes"}`` of the kernel it ran (:func:`kernel_peak_rss_bytes`, once papermill has waited for it)
+    written to the spec's ``usage_path``, whether the notebook finished or failed."""
+    from . import notebook_process
+    rc = notebook_process.main(argv)
+    spec = json.loads(Path(argv[0]).read_text(encoding="utf-8"))
+    Path(spec["usage_path"]).write_text(json.dumps({"peak_rss_bytes": kernel_peak_rss_bytes()}), encoding="utf-8")
+    return rc
+
+
+def _read_peak(usage_path: Path) -> int | None:
+    """The kernel's peak the notebook's process wrote (None when it wrote none: killed, or an unreadable file)."""
+    try:
+        peak = json.loads(usage_path.read_text(encoding="utf-8")).get("peak_rss_bytes")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return peak if isinstance(peak, int) and not isinstance(peak, bool) and peak > 0 else None
 
 
 def check_cell_timeout(seconds) -> int:
@@ -223,14 +274,15 @@ def run_notebook(path: Path, build: BuildDir, *, smoke: bool = False, kernel_nam
     (work / "results").mkdir(parents=True)
     partial_nb, partial_res = work / path.name, work / "results" / f"{name}.json"
     partial_figs = work / "results" / f"{name}.figures"
-    error_path, log_path = work / "error.json", work / "papermill.log"
+    error_path, log_path, usage_path = work / "error.json", work / "papermill.log", work / "usage.json"
     spec = {"input": str(path.resolve()), "output": str(partial_nb), "cwd": str(work),
             "parameters": {"smoke": smoke, "results_path": f"results/{name}.json"},
-            "kernel_name": kernel_name, "cell_timeout_s": cell_timeout_s, "error_path": str(error_path)}
+            "kernel_name": kernel_name, "cell_timeout_s": cell_timeout_s, "error_path": str(error_path),
+            "usage_path": str(usage_path)}
     (work / "spec.json").write_text(json.dumps(spec), encoding="utf-8")
     started, t0 = utc_now(), time.perf_counter()
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "ess.pipeline.notebook_process", str(work / "spec.json")],
+        proc = subprocess.Popen([sys.executable, "-c", _CHILD, str(work / "spec.json")],
                                 cwd=work, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True, preexec_fn=_die_with_parent)
         try:
@@ -241,10 +293,12 @@ def run_notebook(path: Path, build: BuildDir, *, smoke: bool = False, kernel_nam
             _set_aside(build, path, partial_nb, "interrupted", f"the run was interrupted ({why})", run_id)
             raise
 
+    peak = _read_peak(usage_path)
+
     def fail(message: str, kind: str = "error"):
         kept = _set_aside(build, path, partial_nb, "failed", message, run_id)
         where = f"\n  executed copy: {kept}" if kept else ""
-        return NotebookFailed(message + where, kind)
+        return NotebookFailed(message + where, kind, peak)
 
     with _signals_deferred():
         if rc != 0:
@@ -298,7 +352,7 @@ def run_notebook(path: Path, build: BuildDir, *, smoke: bool = False, kernel_nam
                 build.remove(f"results/{old}")
         build.remove(f"notebooks/failed/{path.name}")
         build.remove(f".partial/{name}")
-        run = NotebookRun(name, out, results_path, len(results.records), time.perf_counter() - t0)
+        run = NotebookRun(name, out, results_path, len(results.records), time.perf_counter() - t0, peak)
         if on_complete is not None:
             on_complete(run)
     return run

@@ -5,8 +5,9 @@
 1. checks every argument, then claims the build folder (:mod:`ess.pipeline.build_folder`: one ``ess`` created, or
    an empty or new one; never the sources, never a folder that holds an input) and holds it for the run;
 2. writes ``build/results/index.json`` (:mod:`ess.pipeline.index`) at once, after each notebook and at the end:
-   which notebooks, smoke or full, start and end times, the status of each notebook and of the run, versions, and
-   per notebook whose results are in place (this run's, or an earlier run's that this one did not replace);
+   which notebooks, smoke or full, start and end times, the status of each notebook and of the run, versions, per
+   notebook its wall time and its kernel's peak memory, and whose results are in place (this run's, or an earlier
+   run's that this one did not replace);
 3. executes each notebook (sorted) in a process of its own (:mod:`ess.pipeline.notebook`); its new results and
    executed copy replace the earlier run's only once it finished, so that a failure or an interrupt (Ctrl-C,
    SIGTERM, kill -9) leaves the last complete results in place; a timed-out cell is retried from a fresh kernel,
@@ -158,8 +159,8 @@ def _run(build: BuildDir, notebooks: list[Path], *, smoke, only, book, progress,
     def complete(run: NotebookRun, attempt: int) -> None:
         nonlocal current
         index.completed(run.name, mode=mode, finished=utc_now(), seconds=round(run.seconds, 2),
-                        records=run.n_records, attempts=attempt + 1, results=f"results/{run.results.name}",
-                        executed=f"notebooks/{run.output.name}")
+                        peak_rss_bytes=run.peak_rss_bytes, records=run.n_records, attempts=attempt + 1,
+                        results=f"results/{run.results.name}", executed=f"notebooks/{run.output.name}")
         runs.append(run)
         current = None
 
@@ -180,7 +181,7 @@ def _run(build: BuildDir, notebooks: list[Path], *, smoke, only, book, progress,
                     # raised is not.
                     if exc.kind != "timeout" or attempt == retries:
                         index.notebook(current, status="failed", finished=utc_now(), attempts=attempt + 1,
-                                       error=str(exc).splitlines()[0])
+                                       peak_rss_bytes=exc.peak_rss_bytes, error=str(exc).splitlines()[0])
                         raise ReproduceError(str(exc)) from None
                     print(f"\n{exc}\nretrying {path.name} ({attempt + 1}/{retries})", file=sys.stderr)
         if figures:
