@@ -4,6 +4,7 @@ known costs; the design's configurations; the whole check on a small engine."""
 from types import SimpleNamespace
 
 import numpy as np
+import torch
 import pytest
 
 from ess.engine.overlap_check import (FAMILIES, PRODUCTS, CheckConfig, CheckDesign, OpCosts, fit_op_costs,
@@ -264,3 +265,19 @@ def test_half_batch_ratios_by_hand():
     assert r.loc["attention", "measured_ratio"] == pytest.approx(0.37 / 0.6)
     assert r.loc["indexer", "rule_ratio"] == pytest.approx(0.52 / 0.74)
     assert r.loc["attention", "rule_ratio"] == pytest.approx(0.5)
+
+
+def test_the_check_prefills_keep_only_the_requests_their_configurations_decode():
+    """Each context is prefilled with the design's largest batch (the same prompts, the same prefill whatever the
+    context's configurations) and keeps only the requests they decode: the others' entries are not held through
+    the check."""
+    from engine_helpers import SMALL, small_engine
+    from ess.engine.overlap_check import check_prefills
+    eng = small_engine()
+    eng.tokenizer = SimpleNamespace(encode=lambda text: [ord(ch) % SMALL.vocab_size for ch in text])
+    d = _design(held_out_batches=[3])                   # L 40 and 60 decode batches 1 and 2, L 50 batch 3
+    pre = check_prefills(eng, d)
+    assert {L: p.batch for L, p in pre.items()} == {40: 2, 50: 3, 60: 2}
+    whole = check_prefills(eng, _design(held_out_batches=[3], calibration_batches=[1, 3]))[40]
+    assert whole.batch == 3 and whole.prompt_ids[:2] == pre[40].prompt_ids
+    assert all(torch.equal(a, b) for a, b in zip(whole.entries, pre[40].entries))

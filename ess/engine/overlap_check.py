@@ -608,11 +608,20 @@ class CheckDesign:
 
 def check_prefills(engine, design: CheckDesign) -> dict:
     """One prefill per context of the design, of ``design.max_batch`` requests of real text (request ``b`` reads
-    :func:`ess.llm.reference_text_ids` from token ``2000 + 9000 b``), room for ``design.steps`` steps."""
+    :func:`ess.llm.reference_text_ids` from token ``2000 + 9000 b``), room for ``design.steps`` steps. Each keeps only
+    the requests its configurations decode (:meth:`ess.engine.Prefilled.select`; a configuration of batch ``B`` takes
+    the first ``B``): the other requests' entries would be held, unused, through the whole check."""
     from ..llm import reference_text_ids
     n = design.max_batch
-    return {L: engine.prefill([reference_text_ids(engine.tokenizer, L, skip_tokens=2000 + 9000 * b)
-                               for b in range(n)], max_new_tokens=design.steps) for L in design.contexts}
+    used = {}
+    for c in design.calibration() + design.held_out():
+        used[c.context_len] = max(used.get(c.context_len, 0), c.batch)
+    out = {}
+    for L in design.contexts:
+        pre = engine.prefill([reference_text_ids(engine.tokenizer, L, skip_tokens=2000 + 9000 * b)
+                              for b in range(n)], max_new_tokens=design.steps)
+        out[L] = pre if used[L] == n else pre.select(range(used[L]))
+    return out
 
 
 @dataclass

@@ -82,7 +82,9 @@ class LlamaModel:
         self.trained_context_length = (config.context_length if trained_context_length is None
                                        else int(trained_context_length))
         self.attention_impl = attention_impl
-        t = lambda a: torch.as_tensor(np.asarray(a), device=self.device).to(dtype)  # noqa: E731
+        # every tensor its own copy: one sharing the caller's array would keep that array's whole buffer alive (the
+        # weight cache reads the file into one buffer, of which the model keeps only some tensors as they are)
+        t = lambda a: torch.tensor(np.asarray(a), device=self.device).to(dtype)  # noqa: E731
         self.embedding = t(weights.embedding)                                       # (V, D)
         self.output = self.embedding if weights.output is weights.embedding else t(weights.output)
         self.final_norm = t(weights.final_norm)

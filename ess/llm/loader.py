@@ -28,7 +28,8 @@ class LoadedModel:
     tokenizer : Tokenizer
     model : LlamaModel
     weights : LlamaWeights
-        The float32 NumPy weights (Hugging Face layout) the torch model shares memory with.
+        The float32 NumPy weights (Hugging Face layout) the torch model was built from (it holds its own copy, so
+        that dropping this object frees them).
     source : Path
         The GGUF file.
     metadata : dict
