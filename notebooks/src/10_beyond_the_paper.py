@@ -49,7 +49,7 @@ smoke_sizes = {"gpus": ["H20", "H200", "B200", "GB200"], "contexts": [8192], "n_
                "widget_cachesim_steps": 4, "widget_cachesim_batch": 1, "paper_cachesim_steps": 16,
                "paper_cachesim_batch": 2, "variant_fit": {"grid": 12, "refine": 1}}
 
-# %%
+# %% [hide-input]
 import time
 
 import numpy as np
