@@ -107,8 +107,11 @@ class Archive:
         self.close()
 
     def _check_open(self) -> None:
+        """Refuse a closed archive, and one used from a process forked from its owner
+        (:class:`~ess.disk.DirectoryInUseError`: the directory's lock is the owner's)."""
         if self.disk.closed:
             raise ValueError(f"the archive in {self.disk.dir} is closed")
+        self.disk._check_open()
 
     # -- what is where ------------------------------------------------------------------------------------------
     def requests(self) -> list:
@@ -145,9 +148,9 @@ class Archive:
         ``overwrite=True``."""
         self._check_open()
         overwrite = validate.boolean("overwrite", overwrite)
+        request_stem(request_id)                              # an id that can name a file (ValueError otherwise)
         self.cache.n_tokens(request_id)                       # held in memory (ValueError otherwise)
         request_id = validate.request_id("request_id", request_id)
-        request_stem(request_id)
         if request_id not in self._owned and self.disk.has(request_id) and not overwrite:
             raise ValueError(f"request_id {request_id!r} is already archived in {self.disk.dir} by another session; "
                              f"checkpointing would replace it: restore it first, discard it, or pass "
@@ -190,6 +193,7 @@ class Archive:
         wrote or restored); returns the blocks that were damaged."""
         self._check_open()
         request_id = validate.request_id("request_id", request_id)
+        request_stem(request_id)
         self.cache.n_tokens(request_id)                       # held in memory (ValueError otherwise)
         if request_id not in self._owned:
             raise ValueError(f"request_id {request_id!r} was not written or restored by this archive: its copy in "
@@ -213,14 +217,14 @@ class Archive:
         and the device pool starts empty. Returns ``{"tokens", "resident", "bytes_h2d", "pool_state_restored"}``."""
         self._check_open()
         request_id = validate.request_id("request_id", request_id)
+        request_stem(request_id)
         if request_id in self.cache.requests():
             raise ValueError(f"request_id {request_id!r} is already in memory")
-        request_stem(request_id)
         if not self.disk.has(request_id):
             raise ValueError(f"request_id {request_id!r} is not on disk in {self.disk.dir}")
-        entries, pool_state, bad = self.disk.read(request_id)
+        entries, pool_state, bad = self.disk.read(request_id, stop_on_damage=True)   # nothing allocated if damaged
         if [b for b in bad if b >= 0]:
-            raise CorruptBlockError(request_id, bad, str(self.disk.dir))
+            raise CorruptBlockError(request_id, bad, str(self.disk.block_path(request_id)))
         pool_ok = -1 not in bad
         try:
             info = self.cache.load_request(request_id, entries, pool_state if pool_ok else None)
@@ -242,8 +246,8 @@ class Archive:
         crash: open a new cache with the capacity and policy of the old one, an archive on it, and recover): each
         intact request gets its host and device pools back as of its last completed checkpoint or spill; a request
         whose archive cannot be read (missing or garbage manifest, a file outside the archive, damaged blocks, another
-        capacity) is left out and reported with the reason, and so are the files no checkpoint names (orphans:
-        nothing is deleted)."""
+        capacity, a file that cannot be read) is left out and reported with the reason, whatever one request's files
+        do, and so are the files no checkpoint names (orphans: nothing is deleted)."""
         self._check_open()
         scan = self.disk.scan()
         out = Recovery([], dict(scan.failed), {}, list(scan.orphans))
@@ -257,8 +261,9 @@ class Archive:
                 out.recovered.append(rid)
                 out.degraded[rid] = str(exc)
                 continue
-            except (CorruptBlockError, ArchiveError, ValueError) as exc:
-                out.failed[rid] = str(exc)
+            except (CorruptBlockError, ArchiveError, ValueError, OSError) as exc:
+                out.failed[rid] = str(exc) if not isinstance(exc, OSError) else \
+                    f"request_id {rid!r}: a file cannot be read ({exc})"
                 continue
             out.recovered.append(rid)
             if not info["pool_state_restored"]:
