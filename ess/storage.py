@@ -178,15 +178,21 @@ class HostPool:
         """Write one token's entries ``(n_layers, entry_bytes)`` uint8; returns its token index."""
         request_id = self._key(request_id)
         entries = validate.entries("entries", entries, (self.n_layers, self.entry_bytes), ndim=2)
-        arr, n = self._arrays[request_id], self._n_tokens[request_id]
-        if n == arr.shape[1]:                       # full: double the capacity, keep the valid rows
-            new, t = self._alloc_checked(2 * arr.shape[1], f"request {request_id!r} growing")
-            new[:, :n] = arr[:, :n]
-            self._arrays[request_id], self._tensors[request_id] = new, t
-            arr = new
-        arr[:, n] = entries
+        n = self._n_tokens[request_id]
+        self._room(request_id, n)[:, n] = entries
         self._n_tokens[request_id] = n + 1
         return n
+
+    def _room(self, request_id, used: int) -> np.ndarray:
+        """The request's array with room for row ``used`` (its rows ``0 .. used-1`` valid): doubled, the valid rows
+        kept, when it is full."""
+        arr = self._arrays[request_id]
+        if used == arr.shape[1]:
+            new, t = self._alloc_checked(2 * arr.shape[1], f"request {request_id!r} growing")
+            new[:, :used] = arr[:, :used]
+            self._arrays[request_id], self._tensors[request_id] = new, t
+            arr = new
+        return arr
 
     def remove(self, request_id) -> None:
         request_id = self._key(request_id)

@@ -66,14 +66,9 @@ class PromptSharingHostPool(HostPool):
     def append(self, request_id, entries: np.ndarray) -> int:
         request_id = self._key(request_id)
         entries = validate.entries("entries", entries, (self.n_layers, self.entry_bytes), ndim=2)
-        tail, n, L = self._arrays[request_id], self._n_tokens[request_id], self._prompt[request_id].shape[1]
-        i = n - L
-        if i == tail.shape[1]:                      # full: double the tail's room, keep its rows
-            new, t = self._alloc_checked(2 * tail.shape[1], f"request {request_id!r} growing")
-            new[:, :i] = tail[:, :i]
-            self._arrays[request_id], self._tensors[request_id] = new, t
-            tail = new
-        tail[:, i] = entries
+        n = self._n_tokens[request_id]
+        i = n - self._prompt[request_id].shape[1]          # the tail's row of this token
+        self._room(request_id, i)[:, i] = entries
         self._n_tokens[request_id] = n + 1
         return n
 
