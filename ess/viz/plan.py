@@ -32,6 +32,8 @@ def fig_pareto(plan) -> go.Figure:
             fig.add_trace(go.Scatter(x=[t / b], y=[t], mode="markers+text", name=name, text=[f"batch {b}"],
                                      textposition="top center", showlegend=False,
                                      marker=dict(size=12, symbol="star", color=color)))
+    top = max([*c.throughput_per_gpu, *c.throughput_per_gpu_no_offload, 1.0])
+    fig.update_yaxes(range=[0, top * 1.12])                 # room for the marks' labels above the curves
     fig.update_layout(template=TEMPLATE, height=420,
                       title=f"{plan.model} on {plan.gpu}, {plan.context_len:,} tokens, {plan.link}",
                       xaxis_title="tokens/s per request", yaxis_title="tokens/s per GPU")
