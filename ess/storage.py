@@ -159,9 +159,9 @@ class HostPool:
     def n_tokens(self, request_id) -> int:
         return self._n_tokens[self._key(request_id)]
 
-    def add(self, request_id, entries: np.ndarray, capacity: int | None = None) -> None:
-        """Hold a request's entries ``(n_layers, n, entry_bytes)`` uint8 with room for ``capacity`` tokens (default
-        n)."""
+    def _check_new(self, request_id, entries, capacity) -> tuple:
+        """A new request's ``(request_id, entries, n_tokens)``, checked: an id not held yet, entries ``(n_layers, n,
+        entry_bytes)`` uint8, a ``capacity`` of at least ``n`` tokens."""
         request_id = validate.request_id("request_id", request_id)
         if request_id in self._arrays:
             raise ValueError(f"request_id {request_id!r} is already in the host pool")
@@ -170,6 +170,12 @@ class HostPool:
         n = entries.shape[1]
         if capacity is not None:
             validate.integer("capacity", capacity, lo=n)
+        return request_id, entries, n
+
+    def add(self, request_id, entries: np.ndarray, capacity: int | None = None) -> None:
+        """Hold a request's entries ``(n_layers, n, entry_bytes)`` uint8 with room for ``capacity`` tokens (default
+        n)."""
+        request_id, entries, n = self._check_new(request_id, entries, capacity)
         arr, t = self._alloc_checked(max(n, 1, capacity or 0), "capacity")
         arr[:, :n] = entries
         self._arrays[request_id], self._tensors[request_id], self._n_tokens[request_id] = arr, t, n

@@ -51,14 +51,7 @@ class PromptSharingHostPool(HostPool):
         self._prompt: dict = {}       # request_id -> the shared prompt rows (n_layers, L, W), never written here
 
     def add(self, request_id, entries: np.ndarray, capacity: int | None = None) -> None:
-        request_id = validate.request_id("request_id", request_id)
-        if request_id in self._arrays:
-            raise ValueError(f"request_id {request_id!r} is already in the host pool")
-        entries = validate.entries("entries", entries, (self.n_layers, None, self.entry_bytes), ndim=3,
-                                   shape_doc=f"(n_layers={self.n_layers}, n, {self.entry_bytes})")
-        n = entries.shape[1]
-        if capacity is not None:
-            validate.integer("capacity", capacity, lo=n)
+        request_id, entries, n = self._check_new(request_id, entries, capacity)
         tail, t = self._alloc_checked(max((capacity or n) - n, 1), "capacity")
         self._prompt[request_id] = entries
         self._arrays[request_id], self._tensors[request_id], self._n_tokens[request_id] = tail, t, n
