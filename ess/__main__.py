@@ -154,7 +154,12 @@ def _face(args) -> int:
         return _listing(args.command, args.json)
     if args.command == "calibrate":
         from .planning import regenerate
-        for path in regenerate(args.out):
+        try:
+            written = regenerate(args.out)
+        except (OSError, RuntimeError) as exc:        # the run itself failed, not the command line
+            print(f"ess calibrate: {exc}", file=sys.stderr)
+            return 1
+        for path in written:
             print(path)
         return 0
     from . import planning as pl

@@ -215,7 +215,6 @@ class Plan:
     mtp: int
     accept_ratio: float
     strategy: str
-    pays: bool
     batch: int | None
     ratio: float | None
     throughput: float | None
@@ -235,7 +234,9 @@ class Plan:
     misses_per_layer: tuple | None
     link_busy_share: float | None
     strategy_per_layer: tuple | None
+    link_effective_GB_per_s: float | None
     break_even_GB_per_s: float | None
+    break_even_below_span: bool | None
     serial_GB_per_s: float | None
     hidden_GB_per_s: float | None
     calibrated: tuple
@@ -247,21 +248,29 @@ class Plan:
     def _name(self) -> str:
         return f"{self.model} on {self.gpu} at {_tokens(self.context_len)}"
 
+    @property
+    def verdict(self) -> str:
+        """``"pays"`` (the whole extrapolation band above 0), ``"may pay"`` (the centre above 0, the band's low end
+        not), ``"does not pay"``; ``"no fit"`` where no offload configuration fits."""
+        if self.throughput is None:
+            return "no fit"
+        return "pays" if self.gain_band[0] > 0 else "may pay" if self.gain_pct > 0 else "does not pay"
+
     def __str__(self) -> str:
         link = f"{self.link}, {self.link_GB_per_s:g} GB/s"
+        if self.link_effective_GB_per_s is not None and self.link_effective_GB_per_s < self.link_GB_per_s:
+            link += f", {self.link_effective_GB_per_s:g} after the host's memory share"
         if self.throughput is None:
             base = ("" if self.baseline_throughput is None else
                     f" Without offload: batch {self.baseline_batch}, {self.baseline_throughput:,.0f} tok/s per GPU.")
             return f"No offload configuration fits: {self.reason} ({self._name()}, {link}).{base}"
         lo, hi = self.gain_band
-        verdict = "pays" if self.pays else "does not pay"
-        line1 = (f"Offload {verdict} for {self._name()} ({link}, MTP {self.mtp}): {self.gain_pct:+.0f} % tokens/s "
+        line1 = (f"Offload {self.verdict} for {self._name()} ({link}, MTP {self.mtp}): {self.gain_pct:+.0f} % tokens/s "
                  f"per GPU (band {lo:+.0f} to {hi:+.0f} %).")
         line2 = (f"Run {self.batch} requests per GPU with {self.ratio:g} of each request's cache on the GPU "
                  f"({self.throughput:,.0f} tok/s per GPU), against {self.baseline_batch} without offload "
                  f"({self.baseline_throughput:,.0f}); {self.limit} stops a larger batch.")
-        be = ("offload pays on any link in the range searched" if self.break_even_GB_per_s is not None
-              and self.break_even_GB_per_s <= 0.5 + 1e-9 else
+        be = ("offload pays on any link in the range searched" if self.break_even_below_span else
               "no link speed in the range searched makes it pay" if self.break_even_GB_per_s is None else
               f"it needs at least {self.break_even_GB_per_s:.3g} GB/s")
         ser = ("" if self.serial_GB_per_s is None else
@@ -399,11 +408,11 @@ def _plan(gpu, L, link, T, acc, ratio, strategy, *, model) -> Plan:
     if _num(row, "best_batch") is None:
         inputs.save_tables()
         none = {f.name: None for f in dataclasses.fields(Plan) if f.name not in common}
-        return Plan(**{**none, **common, "pays": False, "reason": str(row.get("reason") or "no batch fits"),
+        return Plan(**{**none, **common, "reason": str(row.get("reason") or "no batch fits"),
                        "baseline_batch": _num(row, "batch_no_offload"),
                        "baseline_throughput": _num(row, "throughput_no_offload"),
                        "baseline_limit": LIMITS.get(row.get("limit_no_offload"), row.get("limit_no_offload"))})
-    be, _ = sgrid.break_even_link(found, inputs, ratios=fixed)
+    be, be_below = sgrid.break_even_link(found, inputs, ratios=fixed)
     speeds = sgrid.overlap_links(found, inputs)
     B, r = int(row["best_batch"]), float(row["best_ratio"])
     table = inputs.table(spec)
@@ -415,7 +424,8 @@ def _plan(gpu, L, link, T, acc, ratio, strategy, *, model) -> Plan:
                    d2h_GB_per_s=lk.d2h_GB_per_s, scenario=sc)
     dep = deployment_spec(sgrid.grid_deployment(gpu))
     entry = latent_entry_bytes(spec, dep.kv_dtype)
-    copy_s = float(misses.sum()) * B * entry / (lk.h2d_GB_per_s * 1e9)        # every sparse layer's misses, h2d
+    link_eff = float(res.h2d_effective_GB_per_s[0])                           # after the host's DRAM share
+    copy_s = float(misses.sum()) * B * entry / (link_eff * 1e9)              # every sparse layer's misses, h2d
     layer_names = tuple(STRATEGIES[int(i)] for i in np.asarray(res.layer_strategy)[0])
     view = sgrid.cell_view(inputs, model, gpu, link, L, T, r, accept_ratio=acc, strategy=strategy)
     curve = Curve(tuple(int(b) for b in view.batches), tuple(float(t) for t in view.throughput),
@@ -426,7 +436,7 @@ def _plan(gpu, L, link, T, acc, ratio, strategy, *, model) -> Plan:
     slots = pool_slots(spec, r, L)
     inputs.save_tables()
     gain = float(row["gain_pct"])
-    return Plan(**common, pays=bool(gain > 0), batch=B, ratio=r, throughput=float(row["throughput"]),
+    return Plan(**common, batch=B, ratio=r, throughput=float(row["throughput"]),
                 throughput_band_calibration=(float(row["throughput_cal_low"]), float(row["throughput_cal_high"])),
                 throughput_band=(float(row["throughput_low"]), float(row["throughput_high"])),
                 baseline_batch=int(row["batch_no_offload"]), baseline_throughput=float(row["throughput_no_offload"]),
@@ -435,11 +445,11 @@ def _plan(gpu, L, link, T, acc, ratio, strategy, *, model) -> Plan:
                 gain_band=(float(row["gain_pct_low"]), float(row["gain_pct_high"])),
                 limit=LIMITS.get(row["limit"], row["limit"]), step_ms=float(row["step_ms"]),
                 stall_ms=float(row["stall_ms"]), gpu_pool_slots_per_request_per_layer=int(slots),
-                host_memory_GB_per_gpu=float(host_memory_needed_bytes(B, L, model=spec) / 1e9),
+                host_memory_GB_per_gpu=float(host_memory_needed_bytes(B, L, model=spec, dtype=dep.kv_dtype) / 1e9),
                 misses_per_layer=tuple(float(m) for m in misses),
                 link_busy_share=float(min(copy_s / float(res.step_s[0]), 1.0)),
-                strategy_per_layer=layer_names,
-                break_even_GB_per_s=_finite(be.iloc[0]), serial_GB_per_s=_finite(speeds.serial_GB_per_s.iloc[0]),
+                strategy_per_layer=layer_names, link_effective_GB_per_s=link_eff,
+                break_even_GB_per_s=_finite(be.iloc[0]), break_even_below_span=bool(be_below.iloc[0]), serial_GB_per_s=_finite(speeds.serial_GB_per_s.iloc[0]),
                 hidden_GB_per_s=_finite(speeds.hidden_GB_per_s.iloc[0]),
                 curve=curve)
 
@@ -479,7 +489,7 @@ def simulate_config(batch: int, context_len: int, ratio: float = 1.0, *, model: 
                    "throughput_per_node": float(res.throughput[0]) if ok else None,
                    "step_ms": float(res.step_s[0] * 1e3) if ok else None,
                    "stall_ms": float(res.stall_s[0] * 1e3) if ok else None,
-                   "misses_per_layer": float(np.mean(misses)), "params": inputs.params.to_dict()})
+                   "misses_per_layer": float(np.mean(misses)) if ok or r >= 1 else None, "params": inputs.params.to_dict()})
 
 
 # ------------------------------------------------------------------------------------------------- regenerate

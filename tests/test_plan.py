@@ -55,17 +55,18 @@ def test_stored_calibration_is_the_fit():
                     assert shipped[part][name][k] == v
 
 
-@pytest.mark.parametrize("index", [0, 4, 8, 13])
+@pytest.mark.parametrize("index", range(len(pl.shipped_tables())))
 def test_stored_miss_rows_are_the_cache_simulation(index):
     """Mistake: a shipped miss table whose counts the cache simulation no longer gives (a changed generator, policy
-    or locality model). Recomputes one stored row per sampled table (the shortest context) and compares."""
+    or locality model). Recomputes, for every shipped table, its row at the shortest context (two of its ratios)
+    and compares."""
     t = pl.shipped_tables()[index][0]
     path = store.stored_table_path(t)
     d = json.loads(path.read_text())
     assert d["config"] == store.table_identity(t)
     key = min(d["rows"], key=lambda k: int(k.split(",")[0]))
     L, T = (int(x) for x in key.split(","))
-    ratios = [float(r) for r in d["rows"][key]]
+    ratios = [float(r) for r in d["rows"][key]][:2]
     t.prefetch((L, r, T) for r in ratios)
     for r in ratios:
         want = d["rows"][key][repr(r)]
@@ -174,7 +175,7 @@ def test_plan_fields_by_hand(paper_plan):
     latent cache of one request, misses not the table's, a link share over 1, a band that does not hold its
     centre, the calibration band wider than the extrapolation band."""
     p = paper_plan
-    assert p.pays and p.batch > p.baseline_batch
+    assert p.verdict == "pays" and p.batch > p.baseline_batch
     padded = math.ceil(32768 / 64) * 64
     assert p.gpu_pool_slots_per_request_per_layer == math.floor(p.ratio * padded + 1e-9)
     per_request = 61 * 656 * padded                               # 61 layers x 656-B FP8 entries (ess.layout)
@@ -308,8 +309,7 @@ def test_cli_listings_carry_sources():
     r = _ess("links", "--json")
     d = json.loads(r.stdout)
     assert set(d) == set(list_host_links())
-    assert all(e["source"] for e in d["pcie5-flashtrans"].values() if e["value"] not in ("pcie5-flashtrans",)) or \
-        d["pcie5-flashtrans"]["h2d_GB_per_s"]["source"]
+    assert d["pcie5-flashtrans"]["h2d_GB_per_s"]["source"] and d["pcie5-flashtrans"]["d2h_GB_per_s"]["source"]
     r = _ess("gpus")
     assert r.returncode == 0 and "H200" in r.stdout and "[" in r.stdout
 
@@ -322,3 +322,32 @@ def test_reference_links_serve_their_gpus():
                 pl.plan("deepseek-v3.2-exp", g, 32768)
             continue
         assert host_link_spec(reference_link(g)).serves(ess.gpu_spec(g))
+
+
+@pytest.mark.parametrize("row", [[1.0, 2.0], [-5.0] * 21, [float("nan")] * 21])
+def test_cache_rows_that_do_not_fit_are_not_loaded(tmp_path, monkeypatch, row):
+    """Mistake: a user-cache entry whose header checks out loaded whatever its rows hold (a wrong length, negative
+    or NaN counts): the whole entry is refused with a warning, and the table computes its own."""
+    monkeypatch.setenv("ESS_CACHE_DIR", str(tmp_path))
+    from ess.sim.misses import MissesTable
+    t = MissesTable(steps=2, batch=1, model="deepseek-v4-flash")
+    t.prefetch([(8192, 0.5, 1)])
+    path = store.save_table(t)
+    d = json.loads(path.read_text())
+    d["rows"]["8192,1"]["0.5"] = row
+    d["rows"]["8192,1"]["0.6"] = [1.0] * 21                  # a good row beside it is not loaded either
+    path.write_text(json.dumps(d))
+    u = MissesTable(steps=2, batch=1, model="deepseek-v4-flash")
+    with pytest.warns(store.StaleStoreWarning, match="do not fit"):
+        assert store.seed_table(u, shipped=False) == 0
+    assert not u._rows
+
+
+def test_plan_prices_the_link_after_the_hosts_memory_share():
+    """Mistake: the link share and the printed speed taken from the nominal link where the host's DRAM share caps
+    it (a B300 on PCIe 6: 118 GB/s nominal)."""
+    p = pl.plan("glm-5", "B300", 131072, link="pcie6")
+    assert p.link_effective_GB_per_s < p.link_GB_per_s
+    copy_s = sum(p.misses_per_layer) * p.batch * 656 / (p.link_effective_GB_per_s * 1e9)
+    assert p.link_busy_share == pytest.approx(copy_s / (p.step_ms / 1e3), rel=1e-9)
+    assert "after the host's memory share" in str(p)

@@ -620,7 +620,7 @@ def check_prefills(engine, design: CheckDesign) -> dict:
     for L in design.contexts:
         pre = engine.prefill([reference_text_ids(engine.tokenizer, L, skip_tokens=2000 + 9000 * b)
                               for b in range(n)], max_new_tokens=design.steps)
-        out[L] = pre if used[L] == n else pre.select(range(used[L]))
+        out[L] = pre if used.get(L, n) == n else pre.select(range(used[L]))
     return out
 
 

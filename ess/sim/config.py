@@ -28,7 +28,7 @@ from ..specs import (DEFAULT_DEPLOYMENT, DEFAULT_MODEL, DeploymentSpec, GPUSpec,
 from ..validate import positive_int, real
 from .costs import CostParams
 
-__all__ = ["STRATEGIES", "Scenario", "as_scenario", "default_link_GB_per_s", "calibrated_default"]
+__all__ = ["STRATEGIES", "Scenario", "as_scenario", "default_link_GB_per_s"]
 
 # the overlap strategies of one layer (paper's strategies, paper-facts.md "Overlap strategies"); "best" is the
 # per-layer choice among them
@@ -38,10 +38,9 @@ _SPECS = {"model": ModelSpec, "deployment": DeploymentSpec, "gpu": GPUSpec, "hos
 _LOADERS = {"model": model_spec, "deployment": deployment_spec, "gpu": gpu_spec, "host": host_spec}
 
 
-def calibrated_default() -> CostParams:
-    """The central calibration (:func:`ess.sim.store.stored_calibration`): the default scenario's cost parameters."""
-    from .store import stored_calibration
-    return stored_calibration()["central"]
+def _calibrated() -> CostParams:
+    from .calibrate import calibrated_params             # (calibrate imports this module)
+    return calibrated_params()
 
 
 def default_link_GB_per_s() -> tuple[float, float]:
@@ -87,7 +86,7 @@ class Scenario:
     h2d_GB_per_s: float | None = None
     d2h_GB_per_s: float | None = None
     strategy: str | tuple = "best"
-    params: CostParams = field(default_factory=lambda: calibrated_default())
+    params: CostParams = field(default_factory=lambda: _calibrated())
     check_memory: bool = True
     host_memory_cap: bool = True
 

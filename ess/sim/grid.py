@@ -529,7 +529,7 @@ def overlap_links(found: pd.DataFrame, inputs: GridInputs, *, tolerance: float =
                                                 scenario=sc.replace(strategy=strategy))
 
         def hidden(speeds):
-            r = run(speeds, "best")
+            r = run(speeds, _strategy(part))
             return r.stall_s <= tolerance * r.step_no_offload_s
 
         def serial(speeds):

@@ -27,6 +27,7 @@ import functools
 import hashlib
 import json
 import os
+import threading
 import warnings
 from pathlib import Path
 
@@ -50,8 +51,10 @@ REGENERATE = "ess calibrate"
 _INPUT_FOLDERS = ("published", "calibration", "models", "hardware", "deployments", "locality")
 #: the modules whose code computes what is cached on demand (their digest keys every user-cache entry)
 _CODE = ("sim/costs.py", "sim/timeline.py", "sim/calibrate.py", "sim/config.py", "sim/misses.py", "sim/grid.py",
-         "sim/predictions.py", "cachesim.py", "tracegen.py", "policies.py", "layout.py", "memory.py", "specs.py",
-         "traces.py")
+         "sim/predictions.py", "cachesim.py", "lru_list.py", "tracegen.py", "policies.py", "layout.py", "memory.py",
+         "specs.py", "traces.py", "published.py")
+#: the kinds of file in the input folders that feed a value (an editor's swap file does not)
+_INPUT_SUFFIXES = (".yaml", ".yml", ".json", ".csv", ".npz")
 
 
 class StaleStoreWarning(UserWarning):
@@ -81,7 +84,8 @@ def _digest_files(paths) -> str:
 def inputs_digest() -> str:
     """SHA-256 over the ``data/`` files that feed the calibration and the miss tables (their relative paths and
     bytes): a stored artifact is used only while it matches."""
-    files = [p for f in _INPUT_FOLDERS for p in (DATA_DIR / f).rglob("*") if p.is_file()]
+    files = [p for f in _INPUT_FOLDERS for p in (DATA_DIR / f).rglob("*")
+             if p.is_file() and p.suffix in _INPUT_SUFFIXES]
     return _digest_files(files)
 
 
@@ -119,7 +123,7 @@ def params_from_payload(d: dict) -> CostParams:
 def calibration_payload(variant_fit: dict | None = None) -> dict:
     """The calibrations :func:`ess.sim.grid.grid_inputs` computes (notebook 05's equally good calibrations and the
     part-batch ends, the extrapolation variants), as plain values with their provenance: what
-    ``data/generated/calibration.json`` holds. Minutes of fitting at the default sizes (``variant_fit`` goes to
+    ``data/generated/calibration.json`` holds. About 15 s of fitting at the default sizes (``variant_fit`` goes to
     :func:`ess.sim.calibrate.calibrate`, e.g. a coarser grid)."""
     from .grid import grid_inputs
     inputs = grid_inputs(variant_fit=variant_fit, stored=False)
@@ -154,18 +158,20 @@ def write_calibration(payload: dict, folder: Path | None = None) -> Path:
 
 
 _BUSY: set = set()
+_LOCK = threading.RLock()         # one thread computes; another waits for its result
 
 
 @functools.lru_cache(maxsize=8)
 def _calibration(key: str) -> dict:
-    if key in _BUSY:                  # a fit that asks for its own result (a default scenario inside calibrate)
-        raise RuntimeError("the stored calibration was asked for while it is being computed: a fit must run in a "
-                           "scenario with explicit cost parameters")
-    _BUSY.add(key)
-    try:
-        return _calibration_uncached(key)
-    finally:
-        _BUSY.discard(key)
+    with _LOCK:
+        if key in _BUSY:              # a fit that asks for its own result (a default scenario inside calibrate)
+            raise RuntimeError("the stored calibration was asked for while it is being computed: a fit must run in "
+                               "a scenario with explicit cost parameters")
+        _BUSY.add(key)
+        try:
+            return _calibration_uncached(key)
+        finally:
+            _BUSY.discard(key)
 
 
 def _calibration_uncached(key: str) -> dict:
@@ -195,7 +201,7 @@ def _write_cache(path: Path, payload: dict) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         write_json_atomic(path, payload, indent=None)
-    except OSError as exc:
+    except (OSError, ValueError) as exc:          # ValueError: a value JSON cannot hold
         warnings.warn(f"the ess cache folder {path.parent} cannot be written ({exc.strerror or exc}): the value is "
                       f"not kept (set ESS_CACHE_DIR to a writable folder)", RuntimeWarning, stacklevel=3)
 
@@ -238,19 +244,55 @@ def table_rows(table) -> dict:
     return out
 
 
-def load_rows(table, rows: dict) -> int:
-    """Put stored ``rows`` (:func:`table_rows`) into ``table`` where it has none yet; returns how many points."""
-    n = 0
+def _checked_rows(table, rows) -> dict:
+    """``rows`` (:func:`table_rows`) as ``{(L, T): {ratio: array or reason}}``, every key and value checked
+    against ``table``: a context and MTP >= 1, a ratio in (0, 1], a reason or ``n_sparse_layers`` finite counts
+    >= 0. ``ValueError`` on the first that is not (the file is then not used at all)."""
+    out = {}
+    n_layers = table.model.n_sparse_layers
+    if not isinstance(rows, dict):
+        raise ValueError("rows must be a mapping")
     for key, row in rows.items():
-        L, T = (int(x) for x in key.split(","))
-        have = table._rows.setdefault((L, T), {})
+        parts = key.split(",") if isinstance(key, str) else ()
+        if len(parts) != 2 or not all(p.isdigit() and int(p) >= 1 for p in parts) or not isinstance(row, dict):
+            raise ValueError(f"a row key {key!r} is not '<context>,<mtp>'")
+        got = {}
         for r, v in row.items():
             r = float(r)
-            if r in have:
+            if not 0 < r <= 1:
+                raise ValueError(f"a ratio {r!r} outside (0, 1]")
+            if isinstance(v, str):
+                got[r] = v
                 continue
-            have[r] = v if isinstance(v, str) else np.asarray(v, dtype=float)
-            n += 1
+            arr = np.asarray(v, dtype=float)
+            if arr.shape != (n_layers,) or not np.isfinite(arr).all() or (arr < 0).any():
+                raise ValueError(f"misses of ratio {r!r} are not {n_layers} finite counts >= 0")
+            got[r] = arr
+        out[(int(parts[0]), int(parts[1]))] = got
+    return out
+
+
+def load_rows(table, rows: dict) -> int:
+    """Put stored ``rows`` (:func:`table_rows`) into ``table`` where it has none yet; returns how many points.
+    Rows that do not fit the table (:func:`_checked_rows`) are a ``ValueError`` and nothing is loaded."""
+    n = 0
+    for key, row in _checked_rows(table, rows).items():
+        have = table._rows.setdefault(key, {})
+        for r, v in row.items():
+            if r not in have:
+                have[r] = v
+                n += 1
     return n
+
+
+def _load(table, d: dict, where: str) -> int:
+    """:func:`load_rows` of a stored file ``d``; a file whose rows do not fit is not used, with a warning."""
+    try:
+        return load_rows(table, d["rows"])
+    except (ValueError, TypeError, KeyError) as exc:
+        warnings.warn(f"{where} holds miss rows that do not fit its table ({exc}): not used", StaleStoreWarning,
+                      stacklevel=3)
+        return 0
 
 
 def stored_table_path(table, folder: Path | None = None) -> Path:
@@ -284,10 +326,10 @@ def seed_table(table, *, shipped: bool = True) -> int:
     if shipped:
         for d in _shipped_index(str(GENERATED_DIR)).get(_id_hash(ident), ()):
             if _usable(d, "misses", ident):
-                n += load_rows(table, d["rows"])
+                n += _load(table, d, "a file of data/generated/misses")
     d = _read_json(_cache_path(ident))
     if _usable(d, "misses", ident, code=True):
-        n += load_rows(table, d["rows"])
+        n += _load(table, d, f"the cache entry {_cache_path(ident)}")
     return n
 
 

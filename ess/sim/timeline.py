@@ -193,6 +193,7 @@ class SimResult:
     layer_overhead_s: np.ndarray           # (N, n_layers): offload overhead per layer (both micro-batches)
     layer_strategy: np.ndarray             # (N, n_layers): index into STRATEGIES used per layer
     gpus_per_node: int
+    h2d_effective_GB_per_s: np.ndarray | None = None    # the link after the host's DRAM share capped it
 
     @property
     def stall_s(self):
@@ -373,7 +374,7 @@ def simulate(batch, context_len, ratio=1.0, *, misses=None, scenario: Scenario |
     step = np.where(feasible, step, np.nan)
     step0 = np.where(feasible, step0, np.nan)
     return SimResult(B, L, r, mtp, acc, link, step, step0, feasible, reason.astype(object), layer_over, choice,
-                     dep.gpus_per_node)
+                     dep.gpus_per_node, link_eff)
 
 
 def _other_layers(model) -> dict:

@@ -48,8 +48,7 @@ def _infeasible(reason: str) -> tuple:
 
 
 def _calibrated_scenario() -> Scenario:
-    from ..sim.calibrate import calibrated_params
-    return Scenario(params=calibrated_params())
+    return Scenario()                           # the default scenario predicts with the central calibration
 
 
 def sim_budget_view(scenario: Scenario | None = None, ratio: float = 0.2, context_len: int = 32768, *,
