@@ -158,7 +158,7 @@ class GridInputs:
         if self.store:                                  # the rows kept in data/generated and the user cache
             from .store import seed_table
             seed_table(t)
-            self._stored_points[id(t)] = _points(t)
+            self._stored_points[id(t)] = t.n_points
         self.tables[(spec.name, loc.name, profile)] = t
         return t
 
@@ -168,10 +168,10 @@ class GridInputs:
         from .store import save_table
         n = 0
         for t in self.tables.values():
-            if self.store and _points(t) > self._stored_points.get(id(t), 0):
+            if self.store and t.n_points > self._stored_points.get(id(t), 0):
                 if save_table(t) is not None:
                     n += 1
-                self._stored_points[id(t)] = _points(t)
+                self._stored_points[id(t)] = t.n_points
         return n
 
     def summary(self) -> dict:
@@ -191,10 +191,6 @@ class GridInputs:
                                        "all_to_all": "over RDMA instead of NVLink (GB200 NVL72)"},
                 "cachesim": {"steps": self.cachesim_steps, "batch": self.cachesim_batch,
                              "band_batch": self.band_batch}}
-
-
-def _points(table: MissesTable) -> int:
-    return sum(len(row) for row in table._rows.values())
 
 
 def grid_inputs(*, variant_fit: dict | None = None, cachesim_steps: int = 32, cachesim_batch: int = 2,

@@ -151,6 +151,11 @@ class MissesTable:
         other.ratios = ratios
         return other
 
+    @property
+    def n_points(self) -> int:
+        """How many (context, ratio, MTP) points the table holds (computed or loaded)."""
+        return sum(len(row) for row in self._rows.values())
+
     def has_row(self, context_len: int, mtp: int) -> bool:
         """Whether the (context, MTP) row holds every ratio of the grid."""
         row = self._rows.get(_key(self.model, context_len, mtp))

@@ -107,10 +107,6 @@ def _provenance(kind: str, config: dict) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------- calibration
-def _params_dict(p: CostParams) -> dict:
-    return p.to_dict()
-
-
 def params_from_payload(d: dict) -> CostParams:
     """A :class:`CostParams` from its :meth:`~CostParams.to_dict` (a ``ValueError`` naming a missing field)."""
     fields = {f.name for f in dataclasses.fields(CostParams)}
@@ -127,10 +123,10 @@ def calibration_payload(variant_fit: dict | None = None) -> dict:
     :func:`ess.sim.calibrate.calibrate`, e.g. a coarser grid)."""
     from .grid import grid_inputs
     inputs = grid_inputs(variant_fit=variant_fit, stored=False)
-    return {**_provenance("calibration", {"variant_fit": dict(variant_fit or {})}),
-            "central": _params_dict(inputs.params),
-            "calibrations": {k: _params_dict(v) for k, v in inputs.calibrations.items()},
-            "extrapolation": {k: _params_dict(v) for k, v in inputs.extrapolation.items()}}
+    return {**_provenance("calibration", _calibration_config(variant_fit)),
+            "central": inputs.params.to_dict(),
+            "calibrations": {k: v.to_dict() for k, v in inputs.calibrations.items()},
+            "extrapolation": {k: v.to_dict() for k, v in inputs.extrapolation.items()}}
 
 
 def _read_json(path: Path) -> dict | None:

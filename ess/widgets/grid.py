@@ -53,10 +53,10 @@ def prepare_tables(inputs: "sgrid.GridInputs", models, contexts, *, mtps=MTPS, r
                 if inputs.store:                         # the rows kept for these settings
                     from ..sim.store import seed_table
                     seed_table(t)
-            before = sum(len(r) for r in t._rows.values())
+            before = t.n_points
             for L in widget_contexts(m, contexts):
                 t.prefetch((L, r, T) for r in (*ratios, *sgrid.ratio_grid(m, L, T, n_ratios)))
-            if inputs.store and T != base_mtp and sum(len(r) for r in t._rows.values()) > before:
+            if inputs.store and T != base_mtp and t.n_points > before:
                 from ..sim.store import save_table
                 save_table(t)
             out[(m, T)] = t
