@@ -60,9 +60,10 @@ def test_dual_batch_attention_splits_every_operation_in_halves():
     assert predict_run(_costs(), _run("dba"))["predicted_s"] == pytest.approx(10.41 * MS)
 
 
-def _synthetic_run(batch, prompt, misses_per_layer, seed, finish_ms=lambda B: 3.0 * B):
+def _synthetic_run(batch, prompt, misses_per_layer, seed, finish_ms=lambda B: 3.0 * B, full=False):
     """A run whose timed operations cost exactly: indexer 0.1 ms + 2 us per token scanned, attn 0.05 ms + 1 us
-    per selected entry, finish ``finish_ms(batch)`` (3 ms per request), other 1 ms."""
+    per selected entry, finish ``finish_ms(batch)`` (3 ms per request), other 1 ms; ``full``: every other family
+    too (pre_attn, plan, merge, commit per layer; embed, logits, write_back per step), 0.1 ms per request each."""
     rng = np.random.default_rng(seed)
     n_layers, steps, K = 2, 3, 8
     timer = OpTimer()
@@ -77,9 +78,13 @@ def _synthetic_run(batch, prompt, misses_per_layer, seed, finish_ms=lambda B: 3.
             hits[t, layer] = K - misses[t, layer]
             tokens = batch * (prompt + t)
             for op, sec in (("indexer", 0.1 * MS + 2e-6 * tokens), ("attn", 0.05 * MS + 1e-6 * batch * K),
-                            ("finish", finish_ms(batch) * MS)):
+                            ("finish", finish_ms(batch) * MS)) + (
+                    tuple((op, 0.1 * MS * batch) for op in ("pre_attn", "plan", "merge", "commit")) if full else ()):
                 timer.add(op, layer, clock, clock + sec)
                 clock += sec
+        for op in ("embed", "logits", "write_back") if full else ():
+            timer.add(op, -1, clock, clock + 0.1 * MS * batch)
+            clock += 0.1 * MS * batch
         clock += 1 * MS
         step_s.append(clock - start)
     cfg = {"batch": batch, "schedule": "none", "link_GB_per_s": 1.0, "entry_bytes": 100, "mode": "offload",
@@ -220,6 +225,15 @@ def test_the_whole_check_runs_on_a_small_engine():
     pre = {L: eng.prefill(prompts([L, L], L), max_new_tokens=d.steps) for L in d.contexts}
     check = run_check(eng, d, pre, progress=False)
     assert len(check.table) == 13 + 3 and (check.table.predicted_ms > 0).all()
+    assert len(check.measured_table) == 16 and check.shares.shape == (d.steps, eng.config.n_layers)
+    # the prediction's products: the line through the calibration row counts (1, 2) only, of the same measurement
+    from ess.engine.overlap_check import product_line
+    cal_rows = {f: {m: c[m] for m in d.calibration_batches} for f, c in check.measured_costs.products.items()}
+    assert check.costs.products == product_line(cal_rows, range(1, d.max_batch + 1))
+    held = check.held
+    assert (held.misses_per_step != held.misses_per_step_measured).any()       # predicted, not counted
+    s = check.summary()
+    assert {"measured_median", "measured_worst", "measured_goal_met"} <= set(s)
     median, worst = check.held_out_errors()
     assert np.isfinite(median) and worst >= median
     gap, own = check.serial_pricing_gap()
@@ -281,3 +295,93 @@ def test_the_check_prefills_keep_only_the_requests_their_configurations_decode()
     whole = check_prefills(eng, _design(held_out_batches=[3], calibration_batches=[1, 3]))[40]
     assert whole.batch == 3 and whole.prompt_ids[:2] == pre[40].prompt_ids
     assert all(torch.equal(a, b) for a, b in zip(whole.entries, pre[40].entries))
+
+
+# ------------------------------------------------------------------ the prediction: what a held-out run may lend it
+
+def _perturbed(run, seed):
+    """``run`` with its timings scaled (every operation x 3, every step x 3) and its hits and misses redrawn: what a
+    held-out run measured, changed entirely."""
+    import copy
+    rng = np.random.default_rng(seed)
+    out = copy.copy(run)
+    timer = OpTimer()
+    for r in run.timer.records:
+        timer.step = r.step
+        timer.add(r.op, r.layer, 3 * r.start_s, 3 * r.end_s)
+    K = run.config["topk"]
+    out.timer, out.misses = timer, rng.integers(0, K + 1, run.misses.shape)
+    out.hits = K - out.misses
+    times = 3 * run.step_times()
+    out.step_times = lambda: times
+    return out
+
+
+def test_nothing_a_held_out_run_measured_enters_the_fit_or_the_prediction():
+    """Fitted on calibration runs, the held-out run (batch 3) predicted with miss shares: scaling its timings x 3
+    and redrawing its hits and misses leaves every fitted cost and its predicted step unchanged (only the measured
+    step moves). Priced with its own counts (the variant with measured inputs), the same perturbation moves the
+    prediction: the test can tell."""
+    from ess.engine.overlap_check import check_runs, miss_shares  # noqa: F401
+    cal = [_synthetic_run(b, p, 3, s, full=True) for s, (b, p) in enumerate([(1, 50), (2, 50), (1, 200), (2, 120)])]
+    held = _synthetic_run(3, 80, 6, 9, full=True)
+    shares = np.full((3, 2), 0.25)
+    costs, table = check_runs(cal, [held], shares=shares)
+    costs2, table2 = check_runs(cal, [_perturbed(held, 1)], shares=shares)
+    assert costs.coef == costs2.coef and costs.link_latency_s == costs2.link_latency_s
+    a, b = table.iloc[-1], table2.iloc[-1]
+    assert a.role == "held out" and a.predicted_ms == b.predicted_ms and b.measured_ms == pytest.approx(
+        3 * a.measured_ms)
+    assert a.misses_per_step == b.misses_per_step != b.misses_per_step_measured
+    _, own = check_runs(cal, [held])
+    _, own2 = check_runs(cal, [_perturbed(held, 1)])
+    assert own.iloc[-1].predicted_ms != own2.iloc[-1].predicted_ms
+
+
+def test_predicted_counts_by_hand():
+    """Shares 0.25 at step 1 (layer 0) and 0.5 (layer 1); K = 8, prompts of 5 and 20 tokens: at step 1 request 0
+    selects min(8, 6) = 6 entries (1.5 and 3 misses), request 1 selects 8 (2 and 4 misses); hits the rest."""
+    from ess.engine.overlap_check import with_predicted_counts
+    run = SimpleNamespace(config={"topk": 8, "prompt_lens": [5, 20]}, misses=np.zeros((2, 2, 2)),
+                          hits=np.zeros((2, 2, 2)))
+    got = with_predicted_counts(run, np.array([[0.0, 0.0], [0.25, 0.5]]))
+    assert got.misses[1].tolist() == [[1.5, 2.0], [3.0, 4.0]] and got.hits[1].tolist() == [[4.5, 6.0], [3.0, 4.0]]
+    assert run.misses.sum() == 0                                         # the run itself is untouched
+    with pytest.raises(ValueError, match="shares must be"):
+        with_predicted_counts(run, np.zeros((1, 2)))
+
+
+def test_the_cache_simulation_replays_the_engines_misses():
+    """The top-K sets recorded on the calibration prompts, replayed through a pool of another ratio, give the
+    engine's own misses at that ratio: summed over the requests (same prompt lengths), step by step and layer by
+    layer, exactly. What the prediction's counts rest on."""
+    from engine_helpers import prompts, small_engine
+    from ess.engine.overlap_check import miss_shares, record_traces, with_predicted_counts
+    eng = small_engine()
+    d = _design(clock="wall")
+    pre = {L: eng.prefill(prompts([L, L], L), max_new_tokens=d.steps) for L in d.calibration_contexts}
+    traces = record_traces(eng, pre, d)
+    assert [t.context_len for t in traces] == [40, 60] and all(t.steps == d.steps for t in traces)
+    for ratio in (0.5, 0.75):
+        run = eng.decode(pre[60], d.steps, ratio=ratio, schedule="da", link_GB_per_s=0.5)
+        got = with_predicted_counts(run, miss_shares(traces[1:], eng.format, ratio))
+        assert got.misses.sum(axis=2) == pytest.approx(run.misses.sum(axis=2))
+        assert run.misses.sum() > 0
+    with pytest.raises(ValueError, match="ratio"):
+        miss_shares(traces, eng.format, 1.5)
+    with pytest.raises(TypeError, match=r"traces\[0\]"):
+        miss_shares([object()], eng.format, 0.5)
+
+
+def test_the_held_out_set_is_the_one_written_down_before_its_first_run():
+    """Notebook 09's held-out set is the one in data/calibration/engine_check.yaml, whose hash was written beside it
+    before its first run; a set changed in the notebook (or in the file) without a fresh entry fails here."""
+    import yaml
+    from ess.engine.overlap_check import held_out_sha256
+    from ess.engine.repeat_check import notebook_design
+    from ess.specs import DATA_DIR
+    entry = yaml.safe_load((DATA_DIR / "calibration" / "engine_check.yaml").read_text())
+    assert held_out_sha256(entry["held_out"]["value"]) == entry["held_out"]["sha256"]
+    design, _ = notebook_design()
+    assert design.held_out_set() == entry["held_out"]["value"]
+    assert design.held_out_set() != entry["spent_held_out"]["value"]

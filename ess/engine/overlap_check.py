@@ -15,9 +15,10 @@ in the calibration runs, such as the selected entries and the misses at one rati
 built on the model's matrix products (the projections, the MLP, the output head) are not linear in the rows: on a
 CPU a product of 3 rows can cost more than one of 4 (the BLAS library picks its kernel by the row count). Their
 ``products`` feature is what the model's own products cost at that row count, measured in isolation by
-:func:`product_costs` (the products alone, on random inputs, every row count from 1 to the largest batch; no
-decode step), the way the DeepSeek cost model reads a kernel's benchmark curve. Every operation of a held-out run
-is priced from that rule: no time measured in a decode run at a held-out configuration enters its prediction.
+:func:`product_costs` (the products alone, on random inputs; no decode step), the way the DeepSeek cost model reads
+a kernel's benchmark curve: in the prediction, a line through the costs at the calibration row counts
+(:func:`product_line`); in the variant with measured inputs, the cost at every row count. No time measured in a
+decode run at a held-out configuration enters either.
 
 =============== ============================================================ =================================
 family          records                                                       features (besides a constant)
@@ -48,8 +49,16 @@ takes no negative time, whatever the noise of a few jobs says).
 :class:`ess.sim.timeline.LayerOps` with ``indexer = I``, ``pre_attn = 0`` (this model's indexer needs the
 attention queries, so nothing is left between selection and attention), ``attn = a``, ``attn_hit`` = the hits'
 gather and score, ``merge`` = DA's extra (hits + misses - all), ``o_proj = finish``, ``h2d`` / ``d2h`` the link
-jobs; then the per-step operations. The misses of each layer and request are the run's own (the check is of the
-timeline, not of the cache's miss count).
+jobs; then the per-step operations.
+
+**Two variants.** The *prediction* (the headline) prices a held-out run from what was measured at calibration
+configurations only: the matrix products from a rule over row counts fitted on the calibration row counts
+(:func:`product_line`: a line through the costs measured alone at the calibration batches), and its hits and misses
+from the cache simulation of top-K sets recorded on the calibration prompts (:func:`record_traces`,
+:func:`miss_shares`, :func:`with_predicted_counts`), never counted in the held-out run. The variant *with measured
+inputs* takes the products' costs measured alone at every row count (the held-out batches' included) and each run's
+own hits and misses: what measuring those inputs buys. Both rules were chosen, and the held-out set written down
+with its hash, before the set's first run (``data/calibration/engine_check.yaml``).
 
 What the check covers: the none / DA / DBA formulas on one compute lane and one link, with per-operation costs
 measured on this machine. What it does not: DeepSeek's Two-Batch Overlap (two micro-batches, the all-to-all
@@ -65,8 +74,9 @@ from .. import validate
 from ..sim.timeline import LayerOps, overlap_overhead_s
 from .config import DecodeConfig
 
-__all__ = ["FAMILIES", "PRODUCTS", "product_costs", "op_samples", "link_samples", "measured_breakdown", "OpCosts",
-           "nonnegative_lstsq", "fit_op_costs", "predict_run",
+__all__ = ["FAMILIES", "PRODUCTS", "product_costs", "product_line", "op_samples", "link_samples",
+           "measured_breakdown", "OpCosts", "nonnegative_lstsq", "fit_op_costs", "predict_run", "record_traces",
+           "miss_shares", "with_predicted_counts", "held_out_sha256",
            "check_runs", "CheckConfig", "run_configs", "CheckDesign", "check_prefills", "OverlapCheck", "run_check",
            "step_lanes", "misses_by_layer", "GOAL"]
 
@@ -363,6 +373,110 @@ def _products_arg(products) -> dict:
     return out
 
 
+def product_line(products: dict, rows) -> dict:
+    """The matrix products' rule of the prediction: per family the least-squares line ``a + b m`` (``a, b >= 0``,
+    :func:`nonnegative_lstsq`) through the costs measured at the row counts of ``products`` (the calibration
+    batches; :func:`product_costs`), evaluated at every row count of ``rows``: ``{family: {m: seconds}}``, the form
+    :func:`fit_op_costs` takes. Why a line (chosen before the held-out set's first run): at a few rows a product reads
+    each weight matrix once (``a``) and does the same flops per row (``b m``); the BLAS library's choice of kernel
+    by row count is what it cannot see.
+
+    >>> product_line({"finish": {1: 3.0, 2: 5.0, 4: 9.0}}, [1, 3, 6])
+    {'finish': {1: 3.0, 3: 7.0, 6: 13.0}}
+    """
+    products = _products_arg(products)
+    rows = _row_counts(rows)
+    out = {}
+    for fam, curve in products.items():
+        m = np.array(sorted(curve), float)
+        y = np.array([curve[int(k)] for k in m])
+        a, b = nonnegative_lstsq(np.column_stack([np.ones_like(m), m]), y)
+        out[fam] = {r: float(a + b * r) for r in rows}
+    return out
+
+
+def held_out_sha256(held: dict) -> str:
+    """SHA-256 of a held-out set written as JSON with sorted keys and no spaces (:meth:`CheckDesign.held_out_set`;
+    the hash written beside the set in ``data/calibration/engine_check.yaml`` before its first run).
+
+    >>> held_out_sha256({"contexts": [320, 640], "batches": [3, 6], "ratio": 0.5, "links_GB_per_s": [0.003, 0.03],
+    ...                  "steps": 7})[:12]
+    '3e8df8b8ffe6'
+    """
+    import hashlib
+    import json
+    if not isinstance(held, dict):
+        raise TypeError(f"held must be a dict (CheckDesign.held_out_set), got {type(held).__name__}")
+    return hashlib.sha256(json.dumps(held, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def record_traces(engine, prefills: dict, design) -> list:
+    """The top-K sets the model selects on the calibration prompts: per calibration context, the first
+    ``max(design.calibration_batches)`` requests of ``prefills[context]`` decoded ``design.steps`` steps with every
+    entry resident (offload changes nothing that is selected) through an :class:`ess.traces.TraceRecorder` (the
+    LRU-Warmup windows too). One :class:`ess.traces.Trace` per calibration context; what :func:`miss_shares` replays."""
+    from ..traces import TraceRecorder
+    from .config import default_topk
+    if not isinstance(design, CheckDesign):
+        raise TypeError(f"design must be a CheckDesign, got {type(design).__name__}")
+    B = max(design.calibration_batches)
+    out = []
+    for L in design.calibration_contexts:
+        if L not in prefills:
+            raise ValueError(f"no prefill for calibration context {L}; have {sorted(prefills)}")
+        pre = prefills[L].select(range(B))
+        K = default_topk(max(pre.lengths))
+        rec = TraceRecorder(context_len=max(pre.lengths), k=K, n_layers=engine.config.n_layers, batch=B,
+                            meta={"what": "the check's calibration prompts"})
+        engine.decode(pre, design.steps, offload=False, recorder=rec, timing=False, clock=design.clock)
+        out.append(rec.to_trace())
+    return out
+
+
+def miss_shares(traces, entry_format, ratio: float, *, policy: str = "lru") -> np.ndarray:
+    """The misses' share of the selected entries per step and layer, ``(steps, n_layers)``, for a pool of ``ratio``:
+    every trace (:func:`record_traces`) replayed by :func:`ess.cachesim.trace_misses` through ``policy`` with the
+    slots the engine gives ``ratio`` at that trace's context (:func:`ess.layout.pool_slots` of ``entry_format``, at
+    least K), its LRU-Warmup windows first; the misses over the selected entries of every request and trace
+    (pooled). The steps are the fewest any trace holds."""
+    from ..cachesim import trace_misses
+    from ..layout import pool_slots
+    from ..traces import Trace
+    ratio = validate.ratio("ratio", ratio)
+    traces = list(traces) if isinstance(traces, (list, tuple)) else [traces]
+    if not traces:
+        raise ValueError("traces must hold at least one trace")
+    for i, tr in enumerate(traces):
+        if not isinstance(tr, Trace):
+            raise TypeError(f"traces[{i}] must be an ess.traces.Trace, got {type(tr).__name__}")
+    steps = min(tr.steps for tr in traces)
+    missed = selected = 0.0
+    for tr in traces:
+        cap = pool_slots(entry_format, ratio, tr.context_len, need=min(tr.k, tr.context_len))
+        m = trace_misses(tr, policy, capacity=cap, warmup=tr.windows is not None)        # (B, n_layers, steps)
+        missed = missed + m[:, :, :steps].sum(axis=0).T
+        selected = selected + (tr.indices[:, :, :steps] >= 0).sum(axis=(0, 3)).T
+    return np.asarray(missed, float) / np.maximum(selected, 1)
+
+
+def with_predicted_counts(run, shares: np.ndarray):
+    """A copy of ``run`` whose hits and misses are predicted, not counted: the misses of request ``b`` at step ``t``
+    and layer ``l`` are ``shares[t, l]`` (:func:`miss_shares`) times its selected entries ``min(K, prompt + t)``,
+    the rest hits (fractional: expected counts). Everything else is the run's."""
+    import copy
+    shares = np.asarray(shares, float)
+    c = run.config
+    steps, n_layers = run.misses.shape[:2]
+    if shares.ndim != 2 or shares.shape[0] < steps or shares.shape[1] != n_layers:
+        raise ValueError(f"shares must be (steps >= {steps}, {n_layers}) like miss_shares gives, got "
+                         f"{shares.shape}")
+    sel = np.minimum(c["topk"], np.asarray(c["prompt_lens"])[None, :] + np.arange(steps)[:, None])   # (steps, B)
+    misses = shares[:steps, :, None] * sel[:, None, :]
+    out = copy.copy(run)
+    out.misses, out.hits = misses, sel[:, None, :] - misses
+    return out
+
+
 def _layer(costs: OpCosts, run, t: int, layer: int, schedule: str | None = None) -> tuple[float, dict]:
     """Predicted seconds of one layer of step ``t``: the serial work of its schedule (or of ``schedule``) plus the
     formula's overhead; and the parts (for the breakdown)."""
@@ -427,24 +541,32 @@ def predict_run(costs: OpCosts, runs, skip_steps: int = 1, schedule: str | None 
             "products_s": float(np.mean(products))}
 
 
-def check_runs(calibration, held_out, products: dict | None = None):
+def check_runs(calibration, held_out, products: dict | None = None, *, shares=None):
     """Fit the costs on the ``calibration`` runs (with the matrix products' costs ``products``,
     :func:`fit_op_costs`), predict every configuration: ``calibration`` and ``held_out`` are lists of
-    configurations, each a run or a list of runs of that configuration (repeats). One row per configuration with its
-    settings, ``predicted_ms``, ``measured_ms``, ``error`` (predicted / measured - 1), ``products_share`` (the share
-    of the predicted step priced from the matrix products' curve) and ``role``. Returns (costs, DataFrame)."""
+    configurations, each a run or a list of runs of that configuration (repeats). With ``shares``
+    (:func:`miss_shares`) the held-out runs are priced with predicted hits and misses
+    (:func:`with_predicted_counts`), not their own. One row per configuration with its settings,
+    ``misses_per_step`` (the counts priced) and ``misses_per_step_measured`` (the run's own), ``predicted_ms``,
+    ``measured_ms``, ``error`` (predicted / measured - 1), ``products_share`` (the share of the predicted step priced
+    from the matrix products' curve) and ``role``. Nothing of a held-out run but its configuration enters the fit or,
+    with ``shares``, its prediction. Returns (costs, DataFrame)."""
     import pandas as pd
     listed = lambda x: list(x) if isinstance(x, (list, tuple)) else [x]          # noqa: E731
     costs = fit_op_costs([r for runs in calibration for r in listed(runs)], products)
     rows = []
     for role, configs in (("calibration", calibration), ("held out", held_out)):
-        for runs in map(listed, configs):
+        for own in map(listed, configs):
+            runs = [with_predicted_counts(r, shares) for r in own] if shares is not None and role == "held out" \
+                else own
             p = predict_run(costs, runs)
             c = runs[0].config
             rows.append({"role": role, "batch": c["batch"], "context_len": c["context_len"], "ratio": c["ratio"],
                          "link_GB_per_s": c["link_GB_per_s"], "schedule": c["schedule"], "mode": c["mode"],
                          "runs": len(runs),
                          "misses_per_step": float(np.mean([r.misses[1:].sum(axis=(1, 2)).mean() for r in runs])),
+                         "misses_per_step_measured": float(np.mean([r.misses[1:].sum(axis=(1, 2)).mean()
+                                                                    for r in own])),
                          "predicted_ms": p["predicted_s"] * 1e3, "measured_ms": p["measured_s"] * 1e3,
                          "error": p["predicted_s"] / p["measured_s"] - 1.0,
                          "products_share": p["products_s"] / p["predicted_s"]})
@@ -596,6 +718,13 @@ class CheckDesign:
     def max_batch(self) -> int:
         return max(self.calibration_batches + self.held_out_batches)
 
+    def held_out_set(self) -> dict:
+        """The held-out set as ``data/calibration/engine_check.yaml`` writes it down (its hash:
+        :func:`held_out_sha256`)."""
+        return {"contexts": list(self.held_out_contexts), "batches": list(self.held_out_batches),
+                "ratio": self.held_out_ratio, "links_GB_per_s": list(self.held_out_links_GB_per_s),
+                "steps": self.steps}
+
     def describe(self) -> dict:
         """The design as record fields (``calibration``, ``held_out``, ``steps``, ``clock``)."""
         return {"steps": self.steps, "clock": self.clock,
@@ -626,19 +755,37 @@ def check_prefills(engine, design: CheckDesign) -> dict:
 
 @dataclass
 class OverlapCheck:
-    """What :func:`run_check` found: ``costs`` (:class:`OpCosts`) fitted on the calibration runs, ``table`` one
-    row per configuration (:func:`check_runs`), and the runs of both roles."""
+    """What :func:`run_check` found: the prediction -- ``costs`` (:class:`OpCosts`) fitted on the calibration runs
+    with the products' rule of the calibration row counts, ``table`` one row per configuration
+    (:func:`check_runs`, held-out hits and misses from ``shares``) -- the variant with measured inputs
+    (``measured_costs``, ``measured_table``: the products' costs at every row count, each run's own counts), and the
+    runs of both roles. Without ``shares`` the held-out runs are priced with their own counts."""
 
     design: CheckDesign
     costs: OpCosts
     table: object
     calibration_runs: list
     held_out_runs: list
+    measured_costs: OpCosts | None = None
+    measured_table: object = None
+    shares: np.ndarray | None = None
 
     @property
     def held(self):
-        """The held-out rows of :attr:`table`."""
+        """The held-out rows of :attr:`table` (the prediction)."""
         return self.table[self.table.role == "held out"]
+
+    @property
+    def held_measured(self):
+        """The held-out rows of :attr:`measured_table` (the variant with measured inputs; None without it)."""
+        t = self.measured_table
+        return None if t is None else t[t.role == "held out"]
+
+    def _priced(self) -> list:
+        """The held-out runs as the prediction prices them (with predicted counts when there are ``shares``)."""
+        if self.shares is None:
+            return list(self.held_out_runs)
+        return [with_predicted_counts(r, self.shares) for r in self.held_out_runs]
 
     def held_out_errors(self) -> tuple[float, float]:
         """``(median, worst)`` of ``|predicted / measured - 1|`` over the held-out configurations."""
@@ -649,7 +796,7 @@ class OverlapCheck:
         """``(gap, own)``: the median ``|predicted / measured - 1|`` of the held-out DA and DBA runs priced with the
         serial (``"none"``) formula, and with their own (could the check tell a wrong formula from the right
         one?)."""
-        wrong = [predict_run(self.costs, r, schedule="none") for r in self.held_out_runs
+        wrong = [predict_run(self.costs, r, schedule="none") for r in self._priced()
                  if r.config["schedule"] != "none"]
         gap = float(np.median([abs(p["predicted_s"] / p["measured_s"] - 1) for p in wrong]))
         own = float(self.held[self.held.schedule != "none"].error.abs().median())
@@ -659,8 +806,9 @@ class OverlapCheck:
         """The check in a few numbers: ``median`` and ``worst`` held-out |error| and ``worst_config`` (the
         configuration of the worst), ``goal_met`` (both within :data:`GOAL`), ``calibration_median`` /
         ``calibration_worst`` (the fitted rule on its own calibration runs: a run whose calibration points are off
-        was a noisy one), ``serial_gap`` / ``own`` (:meth:`serial_pricing_gap`), and ``products_share_median`` /
-        ``products_share_max`` over the held-out configurations."""
+        was a noisy one), ``serial_gap`` / ``own`` (:meth:`serial_pricing_gap`), ``products_share_median`` /
+        ``products_share_max`` over the held-out configurations; with the variant with measured inputs, its
+        ``measured_median``, ``measured_worst`` and ``measured_goal_met``."""
         import pandas as pd
         median, worst = self.held_out_errors()
         held = self.held
@@ -668,12 +816,18 @@ class OverlapCheck:
         cal = self.table[self.table.role == "calibration"].error.abs()
         gap, own = self.serial_pricing_gap()
         link = "unpaced" if pd.isna(w.link_GB_per_s) else f"{w.link_GB_per_s:g}"
-        return {"median": median, "worst": worst,
+        out = {"median": median, "worst": worst,
                 "worst_config": f"B={w.batch} L={w.context_len} {w.schedule} link={link} ({w.error:+.1%})",
                 "goal_met": bool(median <= GOAL["median"] and worst <= GOAL["worst"]),
                 "calibration_median": float(cal.median()), "calibration_worst": float(cal.max()),
                 "serial_gap": gap, "own": own, "products_share_median": float(held.products_share.median()),
                 "products_share_max": float(held.products_share.max())}
+        m = self.held_measured
+        if m is not None:
+            err = m.error.abs()
+            out["measured_median"], out["measured_worst"] = float(err.median()), float(err.max())
+            out["measured_goal_met"] = bool(err.median() <= GOAL["median"] and err.max() <= GOAL["worst"])
+        return out
 
     def half_batch_ratios(self):
         """What a half batch costs on this engine: for every held-out context and batch with both a ``none`` run
@@ -722,7 +876,7 @@ class OverlapCheck:
         ``batch``."""
         import pandas as pd
         rows = []
-        for run in self.held_out_runs:
+        for run, priced in zip(self.held_out_runs, self._priced()):
             c = run.config
             if c["context_len"] != context_len or c["batch"] != batch:
                 continue
@@ -730,20 +884,24 @@ class OverlapCheck:
             rows += [{"config": f"measured: {name}", "part": k, "ms": v * 1e3}
                      for k, v in measured_breakdown(run).items()]
             rows += [{"config": f"predicted: {name}", "part": k, "ms": v * 1e3}
-                     for k, v in predict_run(self.costs, run)["breakdown_s"].items()]
+                     for k, v in predict_run(self.costs, priced)["breakdown_s"].items()]
         return pd.DataFrame(rows, columns=["config", "part", "ms"])
 
 
 def run_check(engine, design: CheckDesign, prefills: dict | None = None, *, progress: bool = True) -> OverlapCheck:
-    """The whole check: prefill (unless ``prefills`` are given, :func:`check_prefills`), decode every configuration
-    of ``design`` interleaved (:func:`run_configs`), measure the model's matrix products at every row count up to
-    the design's largest batch before and after the runs (:func:`product_costs`, 9 repeats each; the lower of the two
-    medians), fit the costs on the calibration runs and predict every
-    configuration (:func:`check_runs`)."""
+    """The whole check: prefill (unless ``prefills`` are given, :func:`check_prefills`), record the top-K sets of
+    the calibration prompts (:func:`record_traces`), decode every configuration of ``design`` interleaved
+    (:func:`run_configs`), measure the model's matrix products at every row count up to the design's largest batch
+    before and after the runs (:func:`product_costs`, 9 repeats each; the lower of the two medians), then both
+    variants (:func:`check_runs`): the prediction -- the products' line through the calibration row counts
+    (:func:`product_line`), the held-out counts from the cache simulation (:func:`miss_shares`) -- and the variant
+    with measured inputs."""
     if not isinstance(design, CheckDesign):
         raise TypeError(f"design must be a CheckDesign, got {type(design).__name__}")
     prefills = check_prefills(engine, design) if prefills is None else prefills
     cal, held = design.calibration(), design.held_out()
+    shares = miss_shares(record_traces(engine, prefills, design), engine.format, design.held_out_ratio,
+                         policy=held[0].decode.policy)
     rows = range(1, design.max_batch + 1)
     before = product_costs(engine.model, rows, clock=design.clock, repeats=9)
     runs = run_configs(engine, prefills, cal + held, steps=design.steps, progress=progress)
@@ -752,8 +910,11 @@ def run_check(engine, design: CheckDesign, prefills: dict | None = None, *, prog
     # measured before and after the decode runs, the lower median kept: a stall of a shared machine during one
     # of the two measurements does not set the curve
     products = {fam: {m: min(before[fam][m], after[fam][m]) for m in curve} for fam, curve in before.items()}
-    costs, table = check_runs(cal_runs, held_runs, products)
-    return OverlapCheck(design, costs, table, cal_runs, held_runs)
+    line = product_line({fam: {m: curve[m] for m in design.calibration_batches} for fam, curve in products.items()},
+                        rows)
+    costs, table = check_runs(cal_runs, held_runs, line, shares=shares)
+    measured_costs, measured_table = check_runs(cal_runs, held_runs, products)
+    return OverlapCheck(design, costs, table, cal_runs, held_runs, measured_costs, measured_table, shares)
 
 
 def step_lanes(run, step: int):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from ._style import LEGEND, LEGEND_LOW, LEGEND_SHORT, TEMPLATE
+from ._style import COLORS, LEGEND, LEGEND_LOW, LEGEND_SHORT, TEMPLATE
 
 __all__ = ["fig_engine_steps", "fig_engine_layers", "fig_engine_breakdown", "fig_engine_timeline",
            "fig_engine_validation", "fig_product_costs"]
@@ -73,10 +73,10 @@ def fig_engine_timeline(ops, link, title: str = "") -> go.Figure:
 
 
 def fig_engine_validation(df, title: str = "") -> go.Figure:
-    """Predicted against measured step time (columns ``predicted_ms``, ``measured_ms``, ``schedule``, ``role``),
-    with the line where they agree."""
+    """Predicted against measured step time (columns ``predicted_ms``, ``measured_ms``, ``schedule``, ``role``:
+    ``calibration``, ``held out`` or ``held out, measured inputs``), with the line where they agree."""
     fig = go.Figure()
-    symbols = {"calibration": "circle-open", "held out": "circle"}
+    symbols = {"calibration": "circle-open", "held out": "circle", "held out, measured inputs": "x"}
     for (role, sched), sub in df.groupby(["role", "schedule"], sort=False):
         label = [f"B={b}, L={c}, ratio {r:g}, link {l}" for b, c, r, l in
                  zip(sub.batch, sub.context_len, sub.ratio, sub.link_GB_per_s)]
@@ -92,14 +92,20 @@ def fig_engine_validation(df, title: str = "") -> go.Figure:
     return fig
 
 
-def fig_product_costs(products: dict, title: str = "") -> go.Figure:
+def fig_product_costs(products: dict, title: str = "", rule: dict | None = None) -> go.Figure:
     """What the model's matrix products cost against the rows they run on (``{family: {rows: seconds}}``,
-    :func:`ess.engine.overlap_check.product_costs`), one line per family, ms on a log axis."""
+    :func:`ess.engine.overlap_check.product_costs`), one line per family, ms on a log axis; ``rule`` (the same
+    form, :func:`ess.engine.overlap_check.product_line`) drawn dotted beside each."""
     fig = go.Figure()
-    for fam, curve in products.items():
+    for i, (fam, curve) in enumerate(products.items()):
         rows = sorted(curve)
-        fig.add_scatter(x=rows, y=[curve[m] * 1e3 for m in rows], mode="lines+markers", name=fam,
-                        hovertemplate=fam + ", %{x} rows: %{y:.3f} ms")
+        color = COLORS[i % len(COLORS)]
+        fig.add_scatter(x=rows, y=[curve[m] * 1e3 for m in rows], mode="lines+markers", name=f"{fam}, measured",
+                        line={"color": color}, hovertemplate=fam + ", %{x} rows: %{y:.3f} ms")
+        if rule and fam in rule:
+            r = sorted(rule[fam])
+            fig.add_scatter(x=r, y=[rule[fam][m] * 1e3 for m in r], mode="lines", name=f"{fam}, rule",
+                            line={"color": color, "dash": "dot"}, hovertemplate=fam + " rule, %{x} rows: %{y:.3f} ms")
     fig.update_layout(template=TEMPLATE, height=360,
                       title=title or "The model's matrix products against the rows they run on",
                       xaxis={"title": "rows (requests)", "dtick": 1}, yaxis={"title": "ms per call", "type": "log"},
