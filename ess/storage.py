@@ -40,7 +40,7 @@ from . import validate
 import weakref
 from collections.abc import Mapping
 
-from .kernels import check_device, resolve_backend
+from .kernels import check_device, is_tensor, resolve_backend
 from .kernels.transfer import TransferError, copy_rows_unchecked
 from .layout import KV_DTYPES, EntryFormat, check_context_len, entry_format
 from .metrics import MetricsLog, StepMetrics
@@ -240,6 +240,7 @@ class _Pool:
     base: int
     slots: SlotPool
     steps: int = 0
+    copied: object = None          # the plan whose misses copy() moved in (commit() needs it; None after a commit)
 
     def copy_state(self) -> dict:
         return {**self.slots.state(), "steps": self.steps}
@@ -431,8 +432,15 @@ class TieredCache:
             raise ValueError(f"request_id {request_id!r} already exists")
         latent_entries = validate.entries("latent_entries", latent_entries, (self.n_layers, None, self.entry_bytes),
                                           ndim=3, shape_doc=f"(n_layers={self.n_layers}, L, {self.entry_bytes})")
+        n, most = latent_entries.shape[1], self.format.max_context
+        if n > most:
+            raise ValueError(f"latent_entries hold {n} tokens, more than the maximum context of {self.format.name} "
+                             f"({most} tokens)")
         if reserve_tokens is not None:
-            validate.integer("reserve_tokens", reserve_tokens, lo=latent_entries.shape[1])
+            reserve = validate.integer("reserve_tokens", reserve_tokens, lo=n)
+            if reserve > most:
+                raise ValueError(f"reserve_tokens={reserve} exceeds the maximum context of {self.format.name} "
+                                 f"({most} tokens)")
         if not self._free_blocks and self.max_requests is not None:
             self._take_block()                          # raises (nothing changes): every block is in use
         return request_id, latent_entries
@@ -547,6 +555,10 @@ class TieredCache:
         bytes move device -> host); returns the new token's index. The new token is not put in the GPU pool."""
         req = self._check_active(request_id)
         entries = validate.entries("entries", entries, (self.n_layers, self.entry_bytes), ndim=2)
+        n = self.host.n_tokens(request_id)
+        if n >= self.format.max_context:
+            raise ValueError(f"request {request_id!r} holds {n} tokens, the maximum context of {self.format.name}: "
+                             f"no room for another token")
         tok = self.host.append(request_id, entries)
         for p in req.pools:
             p.slots.grow(tok + 1)
@@ -635,9 +647,14 @@ class TieredCache:
             raise TransferError(f"request {plan.request_id!r} layer {plan.layer}: host->device copy of "
                                 f"{sp.n_misses} rows failed ({exc}); the {sp.victims.size} slots being overwritten "
                                 f"were freed") from exc
+        pool.copied = plan
 
     def _commit(self, plan: StepPlan, kind: str) -> PoolStep:
         pool = self._current_pool(plan)
+        if plan.n_misses and pool.copied is not plan:
+            raise ValueError(f"the plan for request {plan.request_id!r} layer {plan.layer} has {plan.n_misses} "
+                             f"misses that were not copied: call copy(plan) before commit(plan)")
+        pool.copied = None
         evicted = pool.slots.commit(plan.pool, plan.scores)
         n_miss = plan.n_misses
         if kind == "step":
@@ -650,7 +667,8 @@ class TieredCache:
 
     def commit(self, plan: StepPlan) -> PoolStep:
         """Apply a plan whose misses were copied (:meth:`copy`): the token map and the policy change, the decode
-        step is counted and logged. Returns the :class:`PoolStep`."""
+        step is counted and logged. Returns the :class:`PoolStep`. A plan with misses that :meth:`copy` did not
+        move is a ``ValueError`` (nothing changes): its slots would be marked present without their rows."""
         return self._commit(plan, "step")
 
     def step(self, request_id, layer: int, indices: np.ndarray, *, scores: np.ndarray | None = None) -> PoolStep:
@@ -730,7 +748,7 @@ class ResidentCache:
         self.max_requests = validate.positive_int("max_requests", max_requests)
         self.max_tokens = check_context_len(self.format, max_tokens, "max_tokens")
         import torch
-        self.device = str(device)
+        self.device = check_device(device)
         self.on_cuda = self.device.startswith("cuda")
         shape = (self.max_requests * self.n_layers * self.max_tokens, self.entry_bytes)
         self._device = torch.zeros(shape, dtype=torch.uint8, device=self.device)
@@ -744,10 +762,23 @@ class ResidentCache:
         return self._device
 
     def _req(self, request_id) -> list:
+        request_id = validate.request_id("request_id", request_id)
         try:
             return self._requests[request_id]
-        except (KeyError, TypeError):
+        except KeyError:
             raise ValueError(f"unknown request_id {request_id!r}") from None
+
+    def _entries(self, name: str, entries, tail: tuple, doc: str):
+        """``entries`` checked as the tiered cache checks them (uint8 bytes of the trailing shape ``tail``; a float
+        array is a ``TypeError``, never cast), a torch tensor (on any device) or anything NumPy takes."""
+        if is_tensor(entries):
+            import torch
+            if entries.dtype != torch.uint8:
+                raise TypeError(f"{name} must be uint8 cache entries {doc}, got dtype {entries.dtype}")
+            if entries.ndim != len(tail) or any(t is not None and s != t for s, t in zip(entries.shape, tail)):
+                raise ValueError(f"{name} must have shape {doc}, got {tuple(entries.shape)}")
+            return entries
+        return validate.entries(name, entries, tail, ndim=len(tail), shape_doc=doc)
 
     def _base(self, block: int, layer: int) -> int:
         return (block * self.n_layers + layer) * self.max_tokens
@@ -760,13 +791,14 @@ class ResidentCache:
 
     def add_request(self, request_id, entries) -> None:
         """Register a request with its prefill entries ``(n_layers, L, entry_bytes)`` uint8 (NumPy or torch)."""
+        request_id = validate.request_id("request_id", request_id)
         if request_id in self._requests:
             raise ValueError(f"request_id {request_id!r} already exists")
+        entries = self._entries("entries", entries, (self.n_layers, None, self.entry_bytes),
+                                f"(n_layers={self.n_layers}, L, {self.entry_bytes})")
         if len(self._requests) == self.max_requests:
             raise ValueError(f"the pool is sized for max_requests={self.max_requests} requests and all are in use")
         shape = tuple(entries.shape)
-        if len(shape) != 3 or shape[0] != self.n_layers or shape[2] != self.entry_bytes:
-            raise ValueError(f"entries must have shape (n_layers={self.n_layers}, L, {self.entry_bytes}), got {shape}")
         if not 1 <= shape[1] <= self.max_tokens:
             raise ValueError(f"entries hold {shape[1]} tokens; the pool holds 1 .. max_tokens={self.max_tokens}")
         block = min(set(range(self.max_requests)) - {r[0] for r in self._requests.values()})
@@ -782,9 +814,8 @@ class ResidentCache:
     def append_token(self, request_id, entries) -> int:
         """The new token's entries ``(n_layers, entry_bytes)`` written into the pool; returns its index."""
         req = self._req(request_id)
-        if tuple(entries.shape) != (self.n_layers, self.entry_bytes):
-            raise ValueError(f"entries must have shape ({self.n_layers}, {self.entry_bytes}), got "
-                             f"{tuple(entries.shape)}")
+        entries = self._entries("entries", entries, (self.n_layers, self.entry_bytes),
+                                f"({self.n_layers}, {self.entry_bytes})")
         tok = req[1]
         if tok >= self.max_tokens:
             raise ValueError(f"request {request_id!r} is full: max_tokens={self.max_tokens}")

@@ -127,7 +127,7 @@ def test_other_bad_calls_change_nothing():
         (lambda: c.warmup("r", 0, [np.arange(5)]), ValueError, "capacity=4"),
         (lambda: c.device_rows(np.array([10 ** 6])), ValueError, "slots must be in"),
         (lambda: c.add_request(1.0, entries(3)), TypeError, "request_id must be an int or a str"),
-        (lambda: c.add_request("s", entries(3), reserve_tokens=10 ** 15), ValueError, "cannot be allocated"),
+        (lambda: c.add_request("s", entries(3), reserve_tokens=10 ** 15), ValueError, "exceeds the maximum context"),
     ]
     for call, err, match in calls:
         with pytest.raises(err, match=match):
