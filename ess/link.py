@@ -15,7 +15,8 @@ device -> host (D2H) -- as :class:`Transfer` jobs and waits for them where its s
 
 Every link keeps each job in ``records`` (a :class:`Transfer`: kind, layer, bytes, and when it was submitted, crossed
 and was waited for) on its clock: :func:`time.perf_counter` (wall time), or for an :class:`EmulatedLink` optionally
-:func:`time.thread_time`, the CPU time of the compute thread that submits and waits (see :data:`CLOCKS`).
+:func:`time.thread_time`, the CPU time of the compute thread that submits and waits (see :data:`CLOCKS`; a second
+thread joins that clock where it stands).
 """
 from __future__ import annotations
 
@@ -35,6 +36,35 @@ __all__ = ["CLOCKS", "INLINE_BELOW_BYTES", "Transfer", "SyncLink", "EmulatedLink
 CLOCKS = {"wall": time.perf_counter, "cpu": time.thread_time}
 
 Chunk = tuple          # (fn: Callable[[], None], nbytes: int)
+
+
+class _SharedCpuClock:
+    """The CPU clock of one emulated link, read from any thread: each thread's :func:`time.thread_time` plus an
+    offset that brings it onto the link's time. A thread's offset is set when it first reads the clock (it joins at
+    the link's latest reading) and grows whenever another thread has read a later time, so the clock never runs
+    backwards and a job waits its own crossing time in CPU seconds, whichever thread submits or waits for it.
+    (Without it, a second thread's CPU time, near 0, waited until that thread had run as many CPU seconds as the
+    first: 1-31 s for a 10-byte job.) Read by one thread only, it is that thread's CPU time exactly."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._offsets: dict = {}               # thread id -> offset (s)
+        self._now: float | None = None         # the latest reading, any thread
+
+    def __call__(self) -> float:
+        raw = time.thread_time()
+        tid = threading.get_ident()
+        with self._lock:
+            off = self._offsets.get(tid)
+            if off is None:                    # a new thread (or a reused id): join at the link's latest reading
+                off = 0.0 if self._now is None else max(self._now - raw, 0.0)
+            now = raw + off
+            if self._now is not None and now < self._now:     # another thread read later: catch up
+                off += self._now - now
+                now = self._now
+            self._offsets[tid] = off
+            self._now = now
+            return now
 
 
 class Transfer:
@@ -137,9 +167,9 @@ class _PacedTransfer(Transfer):
     returns once that time has come and its bytes are copied. Whoever gets to it first copies it: the worker, or the
     waiter (which then does not depend on when the worker thread is scheduled)."""
 
-    def __init__(self, kind, layer, nbytes, start_s, due_s, chunks, clock):
+    def __init__(self, kind, layer, nbytes, submit_s, start_s, due_s, chunks, clock):
         super().__init__(kind, layer, nbytes, clock)
-        self.start_s, self.due_s = start_s, due_s
+        self.submit_s, self.start_s, self.due_s = submit_s, start_s, due_s
         self._chunks = chunks
         self._claim = threading.Lock()
 
@@ -214,7 +244,9 @@ class EmulatedLink(_Link):
         self.inline_below_bytes = (INLINE_BELOW_BYTES if inline_below_bytes is None
                                    else validate.integer("inline_below_bytes", inline_below_bytes, lo=0))
         self.GB_per_s = None if GB_per_s is None else validate.real("GB_per_s", GB_per_s, lo=0.0, lo_open=True)
-        self.clock = CLOCKS[validate.one_of("clock", clock, tuple(CLOCKS))]
+        validate.one_of("clock", clock, tuple(CLOCKS))
+        # the CPU clock shared by every thread that submits or waits (see _SharedCpuClock); wall time is shared as is
+        self.clock = _SharedCpuClock() if clock == "cpu" else CLOCKS[clock]
         self._per_byte = 0.0 if self.GB_per_s is None else 1.0 / (self.GB_per_s * 1e9)
         self._free_at = 0.0                   # when the link's clock has crossed every job submitted so far
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
@@ -229,9 +261,10 @@ class EmulatedLink(_Link):
             raise RuntimeError("the link is closed")
         nbytes = sum(n for _, n in chunks)
         with self._lock:
-            start = max(self.clock(), self._free_at)
+            now = self.clock()
+            start = max(now, self._free_at)
             self._free_at = start + nbytes * self._per_byte
-            job = _PacedTransfer(kind, layer, nbytes, start, self._free_at, chunks, self.clock)
+            job = _PacedTransfer(kind, layer, nbytes, now, start, self._free_at, chunks, self.clock)
             self.records.append(job)
         if nbytes >= self.inline_below_bytes:           # a smaller job is copied by its waiter (see the class)
             self._queue.put(job)
