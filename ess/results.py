@@ -72,7 +72,8 @@ def utc_now() -> str:
 def _plain(value: Any, what: str, depth: int = 0, *, finite: bool = True) -> Any:
     """``value`` as JSON data: NumPy scalars and arrays, tuples and Paths to plain Python values; numbers finite
     (unless ``finite=False``: a configuration may say NaN for "not applicable", as pandas does); dict keys strings
-    (numbers are written as strings, as JSON does). A ``TypeError`` / ``ValueError`` naming ``what`` (and where
+    (numbers are written as strings, as JSON does; two keys that become one string, ``1`` and ``"1"``, are a
+    ``ValueError``). A ``TypeError`` / ``ValueError`` naming ``what`` (and where
     inside it) for anything else."""
     if depth > _MAX_DEPTH:
         raise ValueError(f"{what} is nested deeper than {_MAX_DEPTH} levels (or holds itself)")
@@ -90,11 +91,15 @@ def _plain(value: Any, what: str, depth: int = 0, *, finite: bool = True) -> Any
     if isinstance(value, Path):
         return str(value)
     if isinstance(value, Mapping):
-        out = {}
+        out, given = {}, {}
         for k, v in value.items():
             if isinstance(k, (bool,)) or not isinstance(k, (str, numbers.Real)):
                 raise TypeError(f"{what} must have string keys, got key {k!r}")
             key = k if isinstance(k, str) else str(_plain(k, f"a key of {what}", depth + 1))
+            if key in given:                            # 1 and "1": one JSON key, one value would be lost
+                raise ValueError(f"{what} has keys {given[key]!r} and {k!r} that collide: both are written as the "
+                                 f"JSON key {key!r}")
+            given[key] = k
             out[key] = _plain(v, f"{what}[{key!r}]", depth + 1, finite=finite)
         return out
     if isinstance(value, (list, tuple)):
