@@ -370,6 +370,26 @@ class HostLinkSpec:
 # Loading
 # ----------------------------------------------------------------------------------------------------------------
 
+class _FrozenDict(dict):
+    """A dict no caller can change: the loaders cache each spec, so one caller's change to a spec's ``sources``
+    would reach every later caller. It still copies, pickles and writes as JSON like a dict."""
+
+    def _read_only(self, *args, **kwargs):
+        raise TypeError("a preset spec's sources are read-only (shared by every caller): copy them with dict(...)")
+
+    __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = _read_only
+    __ior__ = _read_only
+
+    def __reduce__(self):
+        return (type(self), (dict(self),))
+
+    def __copy__(self):
+        return self
+
+    def __deepcopy__(self, memo):
+        return self
+
+
 @functools.lru_cache(maxsize=None)
 def _read_yaml(relpath: str) -> dict:
     path = DATA_DIR / relpath
@@ -396,7 +416,7 @@ def _build(cls: type, values: dict, sources: dict, where: str):
     extra = set(values) - names
     if missing or extra:
         raise ValueError(f"{where}: missing fields {sorted(missing)}, unknown fields {sorted(extra)}")
-    return cls(**values, sources=sources)
+    return cls(**values, sources=_FrozenDict(sources))
 
 
 def _names(folder: str) -> list[str]:
@@ -519,9 +539,14 @@ def reference_link(gpu: str) -> str:
     raise ValueError(f"no host link in data/hardware/host_links.yaml names {gpu!r} in its reference_for")
 
 
-@functools.lru_cache(maxsize=None)
 def link_figures() -> dict[str, dict[str, float]]:
-    """Host-device link figures (PCIe theoretical and measured, FlashTrans) as ``{group: {field: value}}``."""
+    """Host-device link figures (PCIe theoretical and measured, FlashTrans) as ``{group: {field: value}}`` (a fresh
+    copy per call: a caller's change stays its own)."""
+    return {group: dict(figures) for group, figures in _link_figures().items()}
+
+
+@functools.lru_cache(maxsize=None)
+def _link_figures() -> dict[str, dict[str, float]]:
     raw = _read_yaml("hardware/links.yaml")
     return {group: _split_sourced(entries, f"links.yaml:{group}")[0] for group, entries in raw.items()}
 
