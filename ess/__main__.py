@@ -11,13 +11,15 @@
 
 The flags of ``plan`` and ``simulate`` are made from the fields of :class:`ess.planning.PlanRequest` and
 :class:`ess.planning.SimulateRequest` (help and unit in each field's metadata). Errors are one line on stderr (no
-traceback): exit 2 when the command line cannot be used (a flag or its value, an ``--only`` name that matches no
-notebook or one named twice, a build folder that is refused, a notebooks folder that does not exist), exit 1 when
-the run itself fails (a notebook, the book); an interrupted run exits 130 (Ctrl-C) or 143 (SIGTERM).
+traceback, whatever fails): exit 2 when the command line cannot be used (a flag or its value, an ``--only`` name
+that matches no notebook or one named twice, a build folder that is refused, a notebooks folder that does not
+exist), exit 1 when the run itself fails (a notebook, the book, the file system: its error names the file); an
+interrupted run exits 130 (Ctrl-C) or 143 (SIGTERM).
 """
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import time
@@ -45,8 +47,15 @@ def _folder(text: str) -> Path:
     return Path(text)
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with a command line that cannot be used said in one line (no usage block), exit 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: {' '.join(message.split())} (see {self.prog} --help)\n")
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="ess", description="Latent-cache offload for sparse-attention decoding (ESS).")
+    p = _Parser(prog="ess", description="Latent-cache offload for sparse-attention decoding (ESS).")
     sub = p.add_subparsers(dest="command", required=True)
     r = sub.add_parser("reproduce", help="execute every notebook, record its numbers, build the book")
     r.add_argument("--smoke", action="store_true", help="small parameters (CI sizes): minutes instead of the full run")
@@ -188,8 +197,45 @@ def _face(args) -> int:
     return 0
 
 
+def _os_error(exc: OSError) -> str:
+    """An error of the file system in one line, naming the file (or, for a temporary file ess was writing, its
+    folder)."""
+    from .pipeline.build_folder import shorten
+
+    what = exc.strerror or str(exc) or type(exc).__name__
+    names = []
+    for name in (exc.filename, exc.filename2):
+        if name is None:
+            continue
+        path = Path(os.fsdecode(name))
+        if path.name.startswith(".") and path.suffix == ".tmp":      # ess.atomic's file beside the one it writes
+            path = path.parent
+        names.append(shorten(path))
+    return f"{what}: {' -> '.join(dict.fromkeys(names))}" if names else what
+
+
 def main(argv: list[str] | None = None) -> int:
+    """The ``ess`` command; every failure is one line on stderr and a non-zero exit (see the module docstring)."""
     args = _parser().parse_args(argv)
+    try:
+        return _command(args)
+    except OSError as exc:                    # the file system refused (a full disk, no permission, a long name)
+        print(f"ess {args.command}: {_os_error(exc)}", file=sys.stderr)
+        return 1
+    except RecursionError:
+        print(f"ess {args.command}: an input is nested too deeply to be read", file=sys.stderr)
+        return 1
+    except MemoryError:
+        print(f"ess {args.command}: out of memory", file=sys.stderr)
+        return 1
+    except Exception as exc:  # noqa: BLE001 -- the promise: one line, never a traceback
+        first = (str(exc).splitlines() or [""])[0][:300]
+        print(f"ess {args.command}: unexpected {type(exc).__name__}: {first} (a bug of ess; please report it with "
+              f"the command line)", file=sys.stderr)
+        return 1
+
+
+def _command(args) -> int:
     if args.command in ("plan", "simulate", "models", "gpus", "links", "calibrate"):
         try:
             return _face(args)

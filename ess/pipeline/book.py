@@ -6,6 +6,11 @@ Staging
 * refuses executed notebooks that did not finish, naming them (the pipeline marks the complete ones in their
   metadata, ``ess.status``; one that failed or was interrupted sits in ``build/notebooks/failed/``, and is refused
   unless the complete copy of an earlier run is in place, which the book then shows and says so);
+* refuses an executed notebook the build's run index does not vouch for (``results/index.json`` must name it, as
+  completed by the run its metadata names or left in place from an earlier run), and one that is a symbolic link:
+  a notebook copied into ``build/notebooks/`` by hand is no run's;
+* quotes numbers only of notebooks that ran: a page quoting a notebook this build did not run (``ess reproduce
+  --only``), or a number it did not record, shows *not run* / *not recorded* in its place and a note at its top;
 * copies ``book/`` and every executed notebook, hiding the parameters cells — the notebook's own and papermill's
   injected one (tag ``remove-cell``);
 * writes ``results.md``, every recorded number beside the published one with its status (the record's field;
@@ -34,7 +39,7 @@ from .. import validate
 from ..results import Record, load_results
 from .build_folder import ROOT, BuildDir
 from .errors import ReproduceError
-from .index import load_index
+from .index import load_index, regular_file_problem
 
 __all__ = ["stage_book", "build_book", "check_executed", "results_page", "MATHJAX_DIR"]
 
@@ -68,23 +73,37 @@ def _book_dir(book_dir) -> Path:
     return book_dir
 
 
+def _one_line(text: str) -> str:
+    return text.replace("\r", "\\r").replace("\n", "\\n")
+
+
 def _index(build: BuildDir) -> dict:
-    """The build's run index (empty when there is none); a :class:`ReproduceError` when it is not one."""
+    """The build's run index (empty when there is none); a :class:`ReproduceError` when it is not one (a link, a
+    folder, not an index)."""
     path = build.path / "results" / "index.json"
-    if not path.exists():
+    if not path.exists() and not path.is_symlink():
         return {}
+    why = regular_file_problem(path)
+    if why:
+        raise ReproduceError(f"{path}: {why}")
     try:
         return load_index(path)
     except ValueError as exc:
-        raise ReproduceError(str(exc)) from None
+        raise ReproduceError(_one_line(str(exc))) from None
 
 
 def _read_nb(path: Path) -> dict:
-    """An executed notebook's JSON; a :class:`ReproduceError` naming it when it is not a notebook."""
+    """An executed notebook's JSON; a :class:`ReproduceError` naming it when it is not a notebook (or not a plain
+    file: a symbolic link, a folder, a pipe)."""
+    why = regular_file_problem(path)
+    if why:
+        raise ReproduceError(f"{path}: {why}")
     try:
         nb = json.loads(path.read_text(encoding="utf-8"))
     except (ValueError, OSError) as exc:
-        raise ReproduceError(f"{path} is not a readable notebook ({exc})") from None
+        raise ReproduceError(_one_line(f"{path} is not a readable notebook ({str(exc)[:200]})")) from None
+    except RecursionError:
+        raise ReproduceError(f"{path} is not a readable notebook (JSON nested too deeply)") from None
     if not isinstance(nb, dict) or not isinstance(nb.get("metadata", {}), dict) or not isinstance(
             nb.get("cells", []), list):
         raise ReproduceError(f"{path} is not a notebook (a JSON object with 'metadata' and 'cells')")
@@ -93,25 +112,60 @@ def _read_nb(path: Path) -> dict:
     return nb
 
 
+def _unvouched(index: dict, name: str, meta: dict) -> str | None:
+    """Why the build's run index does not vouch for the executed notebook ``name`` whose run record is ``meta``
+    (None when it does): the index must name the notebook, as one this run completed or one whose earlier
+    complete results it left in place, with the run id the notebook carries."""
+    if not index:
+        return "no run index (results/index.json) vouches for it; run `ess reproduce` to make one"
+    entry, earlier = index["notebooks"].get(name), index.get("earlier_results", {}).get(name)
+    if entry is None and earlier is None:
+        return ("results/index.json names no notebook of that name: no run of this build made it; move it out of "
+                "the notebooks folder")
+    runs = []
+    if entry is not None:
+        if entry.get("status") == "complete":
+            runs.append(index["run"].get("id"))
+        runs.append((entry.get("in_place") or {}).get("run_id"))
+    if earlier is not None:
+        runs.append(earlier.get("run_id"))
+    runs = [r for r in runs if isinstance(r, str)]
+    if meta.get("run_id") not in runs:
+        said = " or ".join(dict.fromkeys(runs)) or "no complete run of it"
+        return (f"it says run {meta.get('run_id')!r}, results/index.json {said}; run it again with "
+                f"`ess reproduce --only {name[:2]}`")
+    return None
+
+
 def check_executed(build: BuildDir) -> list[Path]:
-    """The executed notebooks of ``build``, all of them complete; a :class:`ReproduceError` naming every one that
-    did not finish: one whose copy is not marked complete (or carries no run record, as one executed by hand or by
-    an older ``ess`` would), one set aside as failed or interrupted, one the last run left running (it was killed)."""
+    """The executed notebooks of ``build``, all of them complete and vouched for by the build's run index; a
+    :class:`ReproduceError` naming every one that did not finish: one whose copy is not marked complete (or
+    carries no run record, as one executed by hand or by an older ``ess`` would), one set aside as failed or
+    interrupted, one the last run left running (it was killed); and naming the first the index does not vouch for
+    (one no run of this build made: a notebook copied in, or a run's copy the index does not name) or that is not a
+    plain file (a symbolic link)."""
     if not isinstance(build, BuildDir):
         raise TypeError(f"build must be a claimed BuildDir, got {type(build).__name__}")
     folder = build.path / "notebooks"
+    if folder.is_symlink():
+        raise ReproduceError(f"{folder}: a symbolic link where ess keeps the executed notebooks (ess reads nothing "
+                             f"through it); remove the link")
     executed = sorted(folder.glob("[0-9][0-9]_*.ipynb"))
+    index = _index(build)
     bad = {}
     for nb in executed:
         meta = _read_nb(nb).get("metadata", {}).get("ess", {})
         if meta.get("status") != "complete":
             bad[nb.stem] = meta.get("status") or "no run record"
+            continue
+        why = _unvouched(index, nb.stem, meta)
+        if why:
+            raise ReproduceError(f"{nb}: not vouched for by the build's run index: {why}")
     done = {nb.stem for nb in executed} - set(bad)
     for nb in sorted((folder / "failed").glob("[0-9][0-9]_*.ipynb")):
         if nb.stem not in done:
             meta = _read_nb(nb).get("metadata", {}).get("ess", {})
             bad[nb.stem] = f"{meta.get('status', 'failed')}: {meta.get('message', '')}".rstrip(": ")
-    index = _index(build)
     if index:
         for name, entry in index["notebooks"].items():
             if entry.get("status") in ("running", "interrupted", "failed") and name not in done:
@@ -238,10 +292,18 @@ def results_page(build: BuildDir, executed: list[Path]) -> str:
             what = {"running": "stopped while it ran (killed)"}.get(entry["status"], entry["status"])
             lines += [f"**The last run of this notebook (run `{last.get('id')}`) did not finish: {what}.** What "
                       f"follows are the complete results of run `{meta.get('run_id')}`, left in place.", ""]
-        if not results_file.exists():
+        if not results_file.exists() and not results_file.is_symlink():
             lines += ["No results file.", ""]
             continue
-        results = load_results(results_file)
+        why = regular_file_problem(results_file)
+        if why:
+            raise ReproduceError(f"{results_file}: {why}")
+        try:
+            results = load_results(results_file)
+        except ValueError as exc:
+            raise ReproduceError(_one_line(str(exc))) from None
+        except RecursionError:
+            raise ReproduceError(f"{results_file}: not a results file (nested too deeply)") from None
         if results.run.get("run_id") != meta.get("run_id"):
             lines += [f"**The results file comes from another run** (`{results.run.get('run_id')}`).", ""]
         lines += [":::{container} ess-results", "",
@@ -299,8 +361,61 @@ def _use_cdn_mathjax(config_path: Path) -> None:
     config_path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
 
 
+# a page quoting a notebook's number: {glue}`/notebooks/NN_name.ipynb::key` or {glue:text}`...::key:format`
+_GLUE_ROLE = re.compile(r"\{glue(?::[a-z]+)?\}`/?notebooks/(?P<nb>[^`/]+?)\.ipynb::(?P<key>[^`:]+)(?::[^`]*)?`")
+
+
+def _glued(nb: dict) -> set[str]:
+    """The names a notebook glued (myst-nb's ``scrapbook`` output metadata)."""
+    return {out["metadata"]["scrapbook"].get("name") for cell in nb.get("cells", []) if isinstance(cell, dict)
+            for out in cell.get("outputs", []) or [] if isinstance(out, dict)
+            and isinstance(out.get("metadata"), dict) and isinstance(out["metadata"].get("scrapbook"), dict)}
+
+
+def _after_title(text: str, block: str) -> str:
+    """``text`` with ``block`` inserted after its first ``# `` title line (at the top when it has none)."""
+    lines = text.splitlines(keepends=True)
+    for i, line in enumerate(lines):
+        if line.startswith("# "):
+            return "".join(lines[:i + 1]) + "\n" + block + "".join(lines[i + 1:])
+    return block + "\n" + text
+
+
+def _quote_what_ran(src: Path, glued: dict[str, set]) -> dict[str, list[str]]:
+    """Every page of the staged book that quotes a number of a notebook this build did not run (``glued`` maps the
+    notebooks that ran to the names they glued), or one the notebook did not record, shows *not run* / *not
+    recorded* in its place, with a note at the top of the page: a book built from what ran (``ess reproduce
+    --only``) instead of a build that fails on the missing numbers. Returns ``{page: [what is missing]}``."""
+    changed = {}
+    for page in sorted(p for p in src.rglob("*.md") if "notebooks" not in p.relative_to(src).parts[:1]):
+        text = page.read_text(encoding="utf-8")
+        missing: dict[str, None] = {}
+
+        def replace(m: re.Match) -> str:
+            nb, key = m.group("nb"), m.group("key")
+            if nb not in glued:
+                missing[f"{nb} (not run)"] = None
+                return f"*(not run: {nb})*"
+            if key not in glued[nb]:
+                missing[f"{nb}::{key} (not recorded)"] = None
+                return f"*(not recorded: {key})*"
+            return m.group(0)
+
+        new = _GLUE_ROLE.sub(replace, text)
+        if missing:
+            rel = str(page.relative_to(src))
+            note = (":::{note}\nThis build did not run or record everything this page quotes: "
+                    + ", ".join(_cell(m) for m in missing) + ". Those numbers read *not run* or *not recorded*; "
+                    "`ess reproduce` without `--only` runs every notebook.\n:::\n")
+            page.write_text(_after_title(new, note), encoding="utf-8")
+            changed[rel] = list(missing)
+    return changed
+
+
 def stage_book(build_dir=None, book_dir: Path | None = None) -> Path:
-    """Stage ``book/`` and the executed notebooks into ``<build>/book_src`` (see the module docstring)."""
+    """Stage ``book/`` and the executed notebooks into ``<build>/book_src`` (see the module docstring). A page
+    that quotes numbers of notebooks the build did not run (``ess reproduce --only``) is staged with those numbers
+    marked *not run* and a note saying so, and a warning on stderr names the pages."""
     book_dir = _book_dir(book_dir)
     build = _claimed(build_dir, book_dir)
     executed = check_executed(build)
@@ -308,9 +423,17 @@ def stage_book(build_dir=None, book_dir: Path | None = None) -> Path:
     src = build.path / "book_src"
     shutil.copytree(book_dir, src)
     (src / "notebooks").mkdir(exist_ok=True)
+    glued = {}
     for nb in executed:
-        (src / "notebooks" / nb.name).write_text(json.dumps(_for_the_book(_read_nb(nb)), indent=1),
-                                                 encoding="utf-8")
+        staged = _for_the_book(_read_nb(nb))
+        glued[nb.stem] = _glued(staged)
+        (src / "notebooks" / nb.name).write_text(json.dumps(staged, indent=1), encoding="utf-8")
+    left_out = _quote_what_ran(src, glued)
+    if left_out:
+        not_run = sorted({m.split(" ")[0] for ms in left_out.values() for m in ms if m.endswith("(not run)")})
+        print(f"warning: {len(left_out)} pages quote numbers this build did not record"
+              + (f" (notebooks not run: {', '.join(not_run)})" if not_run else "") + f": {', '.join(left_out)}; "
+              f"they show 'not run' or 'not recorded' in their place", file=sys.stderr)
     (src / "results.md").write_text(results_page(build, executed), encoding="utf-8")
     banner = _banner(executed)
     if banner:

@@ -36,6 +36,16 @@ CREATED = ("notebooks", "results", "book", "book_src", "figures", "screenshots",
 INPUTS = ("notebooks", "book", "data")
 
 
+_PROBE = ".ess-probe-"
+
+
+def shorten(path, keep: int = 120) -> str:
+    """A path for a one-line message: as it is, or its start and end around ``...`` when it is longer than
+    ``keep`` characters."""
+    text = str(path)
+    return text if len(text) <= keep else f"{text[:keep // 2]}...{text[-keep // 2:]}"
+
+
 class BuildDirError(ReproduceError, ValueError):
     """The build folder cannot be used (one line: which folder and why); a ``ValueError`` too (a bad argument)."""
 
@@ -78,6 +88,15 @@ class BuildDir:
         if isinstance(path, BuildDir):
             path = path.path
         path = _resolved(ROOT / "build" if path is None else validate.path("build_dir", path))
+        try:
+            return cls._claim(path, create, inputs)
+        except BuildDirError:
+            raise
+        except OSError as exc:                        # a name too long for the file system, a folder it cannot read
+            raise BuildDirError(f"build folder {shorten(path)}: {exc.strerror or exc}") from None
+
+    @classmethod
+    def _claim(cls, path: Path, create, inputs) -> "BuildDir":
         if not isinstance(create, bool):
             raise TypeError(f"create must be True or False, got {create!r}")
         if isinstance(inputs, (str, bytes, os.PathLike)):
@@ -109,7 +128,8 @@ class BuildDir:
         build = cls(path)
         marker = path / MARKER
         if not marker.exists():
-            entries = sorted(p.name for p in path.iterdir())
+            # (a probe file is another ess command's check that the folder is writable, at this very moment)
+            entries = sorted(p.name for p in path.iterdir() if not p.name.startswith(_PROBE))
             legacy = path == ROOT / "build" and set(entries) <= set(CREATED)
             if entries and not legacy:
                 shown = ", ".join(entries[:4]) + (", ..." if len(entries) > 4 else "")
@@ -133,12 +153,16 @@ class BuildDir:
         return build
 
     def _check_writable(self) -> None:
-        try:
-            fd, probe = tempfile.mkstemp(prefix=".ess-probe-", dir=self.path)
-            os.close(fd)
-            os.unlink(probe)
-        except OSError as exc:
-            raise BuildDirError(f"build folder {self.path} is not writable: {exc.strerror or exc}") from None
+        """The build folder, and each folder ess writes into that is there already, takes a new file."""
+        for folder in [self.path, *(self.path / n for n in CREATED if (self.path / n).is_dir())]:
+            try:
+                fd, probe = tempfile.mkstemp(prefix=_PROBE, dir=folder)
+                os.close(fd)
+                os.unlink(probe)
+            except OSError as exc:
+                where = "" if folder == self.path else f": {folder}"
+                raise BuildDirError(f"build folder {self.path}{where} is not writable: {exc.strerror or exc}") \
+                    from None
 
     def _write_marker(self) -> None:
         text = json.dumps({"created_by": "ess", "note": "a build folder of the ess command; it deletes only the "

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from pathlib import PurePosixPath, Path
 
 from .. import validate
@@ -37,23 +38,46 @@ from ..atomic import write_json_atomic
 from ..results import load_results, utc_now
 from .build_folder import BuildDir
 
-__all__ = ["RunIndex", "load_index", "results_in_place", "INDEX_FORMAT", "NOTEBOOK_STATUSES"]
+__all__ = ["RunIndex", "load_index", "results_in_place", "regular_file_problem", "INDEX_FORMAT",
+           "NOTEBOOK_STATUSES", "MAX_INDEX_BYTES"]
 
 INDEX_FORMAT = "ess-index/2"
 _OLDER = ("ess-index/1",)
 NOTEBOOK_STATUSES = ("pending", "running", "complete", "failed", "interrupted", "not run")
+MAX_INDEX_BYTES = 64 << 20    # design choice: an index of the ten notebooks takes a few KB; more is not one
+
+
+def regular_file_problem(path: Path) -> str | None:
+    """Why ``path`` is not a plain file ess can read (a symbolic link, a folder, a device or pipe, missing,
+    unreadable), or None when it is one. ess reads nothing of its own through a link, and a pipe or a device
+    (``/dev/zero``) would hang or fill the memory."""
+    try:
+        st = os.lstat(path)
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    if stat.S_ISLNK(st.st_mode):
+        return "a symbolic link where ess keeps a file of its own (ess reads nothing through it); remove the link"
+    if stat.S_ISDIR(st.st_mode):
+        return "a folder where ess keeps a file; move it"
+    if not stat.S_ISREG(st.st_mode):
+        return "not a plain file (a device, pipe or socket); move it"
+    return None
 
 
 def results_in_place(build: BuildDir, name: str) -> dict | None:
     """Whose results file for notebook ``name`` is in ``build/results/`` now: ``{"run_id", "mode", "finished",
     "results"}``, ``{"results", "error"}`` when it cannot be read, None when there is none."""
     path = build.path / "results" / f"{name}.json"
-    if not path.exists():
+    if not path.exists() and not path.is_symlink():
         return None
+    why = regular_file_problem(path)
+    if why:
+        return {"results": f"results/{name}.json", "error": f"{path}: {why}"}
     try:
         run = load_results(path).run
-    except ValueError as exc:
-        return {"results": f"results/{name}.json", "error": str(exc)}
+    except (ValueError, RecursionError) as exc:       # (RecursionError: JSON nested past Python's limit)
+        return {"results": f"results/{name}.json", "error": str(exc) if isinstance(exc, ValueError) else
+                f"{path}: not a results file (nested too deeply)"}
     return {"run_id": run.get("run_id"), "mode": run.get("mode", "unknown"), "finished": run.get("finished"),
             "results": f"results/{name}.json"}
 
@@ -122,6 +146,14 @@ class RunIndex:
         self.write()
 
 
+def _strings(path: Path, where: str, holder: dict, keys) -> None:
+    """Each of ``keys`` in ``holder`` is a string or null (what the pipeline writes there)."""
+    for key in keys:
+        value = holder.get(key)
+        if value is not None and not isinstance(value, str):
+            raise ValueError(f"{path}: {where}.{key} must be a string or null, got {value!r}"[:300])
+
+
 def _inside(path: Path, where: str, value) -> None:
     if not isinstance(value, str):
         raise ValueError(f"{path}: {where} must be a path (a string), got {value!r}")
@@ -136,9 +168,23 @@ def load_index(path: str | os.PathLike) -> dict:
     outside the build folder."""
     path = validate.path("path", path)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{path}: not a run index (invalid JSON: {exc})") from None
+        st = path.stat()
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot read the run index ({exc.strerror or exc})") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise ValueError(f"{path}: not a run index (a folder, device or pipe, not a file)")
+    if st.st_size > MAX_INDEX_BYTES:
+        raise ValueError(f"{path}: not a run index ({st.st_size:,} bytes; an index takes a few KB)")
+    try:
+        with open(path, "rb") as fh:
+            text = fh.read(MAX_INDEX_BYTES + 1).decode("utf-8")
+        data = json.loads(text)
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: not a run index (not UTF-8 text)") from None
+    except ValueError as exc:              # invalid JSON, or an integer of more digits than Python converts
+        raise ValueError(f"{path}: not a run index (invalid JSON: {str(exc)[:200]})") from None
+    except RecursionError:
+        raise ValueError(f"{path}: not a run index (JSON nested too deeply)") from None
     except OSError as exc:
         raise ValueError(f"{path}: cannot read the run index ({exc.strerror or exc})") from None
     if not isinstance(data, dict) or data.get("format") not in (INDEX_FORMAT, *_OLDER):
@@ -164,6 +210,8 @@ def load_index(path: str | os.PathLike) -> dict:
         in_place = entry.get("in_place")
         if in_place is not None and not isinstance(in_place, dict):
             raise ValueError(f"{path}: notebooks.{name}.in_place must be an object or null")
+        _strings(path, f"notebooks.{name}", entry, ("started", "finished", "error"))
+        _strings(path, f"notebooks.{name}.in_place", in_place or {}, ("run_id", "mode", "finished", "error"))
         for where, holder in ((f"notebooks.{name}", entry), (f"notebooks.{name}.in_place", in_place or {})):
             for key in ("results", "executed"):
                 if key in holder:
@@ -172,6 +220,7 @@ def load_index(path: str | os.PathLike) -> dict:
     if not isinstance(earlier, dict) or not all(isinstance(e, dict) for e in earlier.values()):
         raise ValueError(f"{path}: 'earlier_results' must map notebooks to objects")
     for name, entry in earlier.items():
+        _strings(path, f"earlier_results.{name}", entry, ("run_id", "mode", "finished", "error"))
         if "results" in entry:
             _inside(path, f"earlier_results.{name}.results", entry["results"])
     for part in ("figures", "book"):

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from ..results import utc_now
 from ..validate import path as _folder
-from .build_folder import ROOT, BuildDir
+from .build_folder import ROOT, BuildDir, shorten
 from .errors import ReproduceError, RunInterrupted
 from .index import RunIndex
 from .notebook import CELL_TIMEOUT_S, NotebookFailed, NotebookRun, check_cell_timeout, run_notebook
@@ -42,9 +42,12 @@ def list_notebooks(notebooks_dir: str | os.PathLike | None = None) -> list[Path]
     """The notebooks the pipeline runs, in order (``NN_name.ipynb`` in ``notebooks_dir``, default the
     repository's ``notebooks/``); a ``ValueError`` when the folder does not exist."""
     folder = ROOT / "notebooks" if notebooks_dir is None else _folder("notebooks_dir", notebooks_dir)
-    if not folder.is_dir():
-        raise ValueError(f"notebooks_dir {folder} is not a folder")
-    return sorted(p for p in folder.glob("[0-9][0-9]_*.ipynb") if p.is_file())
+    try:
+        if not folder.is_dir():
+            raise ValueError(f"notebooks_dir {shorten(folder)} is not a folder")
+        return sorted(p for p in folder.glob("[0-9][0-9]_*.ipynb") if p.is_file())
+    except OSError as exc:                            # a name too long for the file system, an unreadable folder
+        raise ValueError(f"notebooks_dir {shorten(folder)}: {exc.strerror or exc}") from None
 
 
 def select_notebooks(notebooks: list[Path], only: list[str] | None) -> list[Path]:
@@ -64,10 +67,11 @@ def select_notebooks(notebooks: list[Path], only: list[str] | None) -> list[Path
             raise TypeError(f"only must hold notebook names (strings), got {want!r}")
         hits = [p for stem, p in names.items() if want and (stem == want or stem.startswith(want)
                                                               or stem[3:] == want)]
+        shown = repr(want) if len(want) <= 80 else f"{want[:60]!r}... ({len(want)} characters)"
         if len(hits) != 1:
-            raise ValueError(f"--only {want!r} matches {len(hits)} notebooks; choose one of: {', '.join(names)}")
+            raise ValueError(f"--only {shown} matches {len(hits)} notebooks; choose one of: {', '.join(names)}")
         if hits[0] in chosen:
-            raise ValueError(f"--only {want!r} names {hits[0].stem} a second time")
+            raise ValueError(f"--only {shown} names {hits[0].stem} a second time")
         chosen.append(hits[0])
     return chosen
 
@@ -204,7 +208,10 @@ def _run(build: BuildDir, notebooks: list[Path], *, smoke, only, book, progress,
         index.end("interrupted")
         raise
     except BaseException:
-        index.end("failed")
+        try:
+            index.end("failed")
+        except OSError:              # the index cannot be written either (a full disk, a read-only folder): the
+            pass                     # first error is the one to report
         raise
     index.end("complete")
     return runs
