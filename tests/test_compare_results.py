@@ -130,3 +130,18 @@ def test_a_wall_clock_records_status_is_still_compared(tmp_path):
     res = C.compare(tree(tmp_path / "a", "computed"), tree(tmp_path / "b", "predicted"))
     assert res["wall_status"] == [("03_sparse_attention", "cost_dense_L2048", 'status: "computed" -> "predicted"')]
     assert not C.report(res, out=open("/dev/null", "w"))
+
+
+def test_two_trees_with_nothing_to_compare_do_not_pass(tmp_path, capsys):
+    """Two empty folders (or trees whose files hold no records) compare nothing: not a PASS, exit non-zero."""
+    empty_a, empty_b = tmp_path / "a", tmp_path / "b"
+    empty_a.mkdir()
+    empty_b.mkdir()
+    assert C.main([str(empty_a), str(empty_b)]) != 0
+    out = capsys.readouterr().out
+    assert "nothing to compare" in out.lower() and "PASS" not in out
+    no_records = _tree(tmp_path / "n", {"01_x": []})
+    assert C.main([str(no_records), str(no_records)]) != 0
+    out = capsys.readouterr().out
+    assert "nothing to compare" in out.lower() and "PASS" not in out
+    assert not C.report(C.compare(empty_a, empty_b), out=open("/dev/null", "w"))

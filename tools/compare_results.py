@@ -22,7 +22,8 @@ record names (``re.sub``), so that a deliberate rename does not read as a missin
 is counted in the report.
 
 Exit status: 0 when every deterministic value, unit, published value and status is identical and no record is
-missing on either side; 1 otherwise; 2 for arguments that cannot be used (a tree that is not a folder, a rule or
+missing on either side; 1 otherwise, and when there is nothing to compare (no record in either tree: two empty
+folders are no evidence of anything); 2 for arguments that cannot be used (a tree that is not a folder, a rule or
 regular expression that does not parse, a file in a tree that is not a results file or run index).
 ``index.json`` is compared for its notebooks and record counts only (its seconds are wall-clock).
 """
@@ -242,8 +243,9 @@ def _index_notebooks(index: dict) -> dict:
     return {k: v for k, v in index.items() if isinstance(v, dict)}
 
 
-def report(res: dict, out=sys.stdout, verbose: bool = False) -> bool:
-    """Print the comparison; returns True when it passes."""
+def report(res: dict, out=None, verbose: bool = False) -> bool:
+    """Print the comparison (to ``out``, default stdout); returns True when it passes."""
+    out = sys.stdout if out is None else out
     p = lambda *a: print(*a, file=out)  # noqa: E731
     n_det = len(res["identical"]) + len(res["differ"])
     p(f"deterministic records: {n_det}, identical {len(res['identical'])}, different {len(res['differ'])}")
@@ -273,6 +275,10 @@ def report(res: dict, out=sys.stdout, verbose: bool = False) -> bool:
         p(f"\n{title}:")
         for nb, name, what in rows:
             p(f"  {nb} {name}: {what}" if what else f"  {nb} {name}")
+    if not (n_det or res["wall_clock"] or res["missing"] or res["added"]):
+        p("\nNOTHING TO COMPARE: neither tree holds a record (NN_name.json results files with records); check the "
+          "two folders")
+        return False
     ok = not (res["differ"] or res["missing"] or res["added"] or res["wall_unit"] or res.get("wall_status"))
     p("\nPASS: every deterministic value, unit, published value and status is identical" if ok else "\nFAIL")
     return ok
