@@ -154,7 +154,7 @@ class DecodeEngine:
         all before any decoding. ``extrapolate_context_to`` (**benchmarks only: the output past the trained context
         is not meaningful**): see :func:`ess.llm.load_model`."""
         from ..llm import load_model
-        kw = {} if cache_dir == "default" else {"cache_dir": cache_dir}
+        kw = {} if isinstance(cache_dir, str) and cache_dir == "default" else {"cache_dir": cache_dir}
         lm = load_model(path, device=device, extrapolate_context_to=extrapolate_context_to, **kw)
         return cls(lm.model, lm.tokenizer)
 
@@ -221,7 +221,7 @@ class DecodeEngine:
             if isinstance(p, str) or (isinstance(p, Sequence) and p and isinstance(p[0], dict)):
                 if self.tokenizer is None:
                     raise TypeError(f"prompts[{b}] is text, but the engine has no tokenizer: pass token ids")
-                p = prompt_ids(self.tokenizer, p)
+                p = prompt_ids(self.tokenizer, p, name=f"prompts[{b}]")
             ids, _ = as_token_batch(p, self.config.vocab_size, 1 << 62, f"prompts[{b}]")   # length: prefill
             if ids.shape[0] != 1:
                 raise ValueError(f"prompts[{b}] must be one sequence of token ids")
@@ -349,7 +349,10 @@ class _Session:
         return self.t >= self.steps
 
     def step(self) -> DecodeStepMetrics:
-        """Decode the next token of every request; returns (and logs) the step's metrics."""
+        """Decode the next token of every request; returns (and logs) the step's metrics. A ``RuntimeError`` after
+        :meth:`close` (the run is final) or past the last step."""
+        if self._run is not None:
+            raise RuntimeError(f"the session is closed (after {self.t} of its {self.steps} steps): start a new one")
         if self.done:
             raise RuntimeError(f"the session has decoded its {self.steps} steps")
         t, B = self.t, self.B
@@ -436,6 +439,7 @@ class DecodeSession(_Session):
         capacity = pool_slots(engine.format, cfg.ratio, L, need=min(K, L)) if cfg.offload else None
         if on_step is not None and not callable(on_step):
             raise TypeError(f"on_step must be callable, got {type(on_step).__name__}")
+        _check_recorder(recorder)
         self._begin(engine, pre, steps, feed, cfg.keep_logits, cfg.clock)
 
         self.cfg, self.topk, self.recorder = cfg, K, recorder
@@ -549,6 +553,22 @@ class DecodeSession(_Session):
             self._run = self._run_record([_job_record(j) for j in self.link.records], self.cache.metrics, trace,
                                          self.hits[:self.t], self.misses[:self.t])
         return self._run
+
+
+_RECORDER_METHODS = ("observe", "observe_windows", "end_step", "to_trace")
+
+
+def _check_recorder(recorder) -> None:
+    """``recorder`` is ``None`` or offers what the session calls (:class:`ess.traces.TraceRecorder`'s
+    ``observe``, ``observe_windows``, ``end_step``, ``to_trace``); a ``TypeError`` naming it, before anything is
+    built, otherwise."""
+    if recorder is None:
+        return
+    missing = [m for m in _RECORDER_METHODS if not callable(getattr(recorder, m, None))]
+    if missing or isinstance(recorder, type):                # a class, not an instance, has the methods unbound
+        got = f"the class {recorder.__name__}" if isinstance(recorder, type) else type(recorder).__name__
+        raise TypeError(f"recorder must be an ess.traces.TraceRecorder (or offer {', '.join(_RECORDER_METHODS)}), "
+                        f"got {got}")
 
 
 def release_freed_memory() -> None:

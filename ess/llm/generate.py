@@ -10,7 +10,7 @@ import torch
 from .. import validate
 from .inputs import as_token_batch
 from .llama import LlamaModel
-from .tokenizer import Tokenizer
+from .tokenizer import Tokenizer, check_text
 
 __all__ = ["Generation", "prompt_ids", "generate"]
 
@@ -35,16 +35,22 @@ class Generation:
     stopped_at_eos: bool
 
 
-def prompt_ids(tokenizer: Tokenizer, prompt) -> list[int]:
+def prompt_ids(tokenizer: Tokenizer, prompt, *, name: str = "prompt") -> list[int]:
     """Token ids of a prompt: text (encoded as is), chat messages (a list of ``{"role", "content"}`` dicts,
-    rendered with the model's chat template and a generation prompt), or token ids (returned as a list)."""
+    rendered with the model's chat template and a generation prompt), or token ids (returned as a list). Errors
+    name the prompt as ``name`` (e.g. ``"prompts[3]"``); text UTF-8 cannot encode (a lone surrogate) is a
+    ``ValueError``."""
     if isinstance(prompt, str):
-        return tokenizer.encode(prompt)
+        return tokenizer.encode(check_text(name, prompt))
     if isinstance(prompt, Sequence) and prompt and all(isinstance(m, Mapping) for m in prompt):
+        for i, m in enumerate(prompt):
+            for key in ("role", "content"):
+                if isinstance(m.get(key), str):
+                    check_text(f"{name}[{i}][{key!r}]", m[key])
         return tokenizer.encode_chat(prompt, add_generation_prompt=True)
-    ids, _ = as_token_batch(prompt, tokenizer.vocab_size, 1 << 62, "prompt")
+    ids, _ = as_token_batch(prompt, tokenizer.vocab_size, 1 << 62, name)
     if ids.shape[0] != 1:
-        raise ValueError(f"prompt must be one sequence, got {ids.shape[0]}")
+        raise ValueError(f"{name} must be one sequence, got {ids.shape[0]}")
     return ids[0].tolist()
 
 

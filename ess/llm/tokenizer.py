@@ -89,6 +89,7 @@ class Tokenizer:
         prepended only when the file says so (:attr:`add_bos`)."""
         if not isinstance(text, str):
             raise TypeError(f"text must be str, got {type(text).__name__}")
+        check_text("text", text)
         ids = self._bpe.encode(text, add_special_tokens=False).ids
         return [self.bos_id] + ids if self.add_bos else ids
 
@@ -110,6 +111,8 @@ class Tokenizer:
             if not isinstance(m, Mapping) or not isinstance(m.get("role"), str) or not isinstance(
                     m.get("content"), str):
                 raise ValueError(f"messages[{i}] must be a dict with str 'role' and 'content', got {m!r}")
+            for key in ("role", "content"):
+                check_text(f"messages[{i}][{key!r}]", m[key])
         if self._template is None:
             self._template = _compile(self.chat_template)
         return self._template.render(messages=list(messages), add_generation_prompt=add_generation_prompt,
@@ -119,6 +122,17 @@ class Tokenizer:
         """Token ids of the chat prompt (the rendered text encoded without adding BOS, as ``transformers`` does)."""
         return self._bpe.encode(self.apply_chat_template(messages, add_generation_prompt),
                                 add_special_tokens=False).ids
+
+
+def check_text(name: str, text: str) -> str:
+    """``text`` when UTF-8 can encode it; a ``ValueError`` naming ``name`` and where its first lone surrogate (half
+    of a UTF-16 pair, e.g. ``"\\ud800"``: no character) is, which the tokenizer could not encode."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"{name} holds a lone surrogate {text[exc.start]!r} at index {exc.start}, which is no "
+                         f"character (UTF-8 cannot encode it)") from None
+    return text
 
 
 def _compile(source: str):

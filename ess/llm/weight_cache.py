@@ -20,11 +20,12 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import validate
 from ..atomic import atomic_path
 from .gguf_file import GGUFContents, read_gguf
 
-__all__ = ["CACHE_DIR", "FORMAT_VERSION", "cache_path", "load_cached", "write_cache", "read_cache",
-           "CacheMiss"]
+__all__ = ["CACHE_DIR", "FORMAT_VERSION", "check_cache_dir", "cache_path", "load_cached", "write_cache",
+           "read_cache", "CacheMiss"]
 
 CACHE_DIR = Path(__file__).resolve().parents[2] / "build" / "cache" / "llm"
 FORMAT_VERSION = 1
@@ -42,6 +43,17 @@ def _key(source: Path) -> dict:
     st = source.stat()
     return {"format": FORMAT_VERSION, "source_name": source.name, "source_bytes": st.st_size,
             "source_mtime_ns": st.st_mtime_ns}
+
+
+def check_cache_dir(cache_dir) -> Path | None:
+    """``cache_dir`` as a :class:`~pathlib.Path` (``None`` stays ``None``: no cache): a ``str`` or ``os.PathLike``,
+    not empty (``""`` would put the cache file, hundreds of MB, in the current folder), not an existing file."""
+    if cache_dir is None:
+        return None
+    folder = validate.path("cache_dir", cache_dir)
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(f"cache_dir must be a folder, got the file {folder}")
+    return folder
 
 
 def cache_path(source: str | Path, cache_dir: str | Path = CACHE_DIR) -> Path:
@@ -123,7 +135,8 @@ def load_cached(source: str | Path, cache_dir: str | Path | None = CACHE_DIR, on
     Parameters
     ----------
     source : path of the GGUF file
-    cache_dir : folder of the cache, or None to read the GGUF file without caching
+    cache_dir : folder of the cache, or None to read the GGUF file without caching (an empty string, another type
+        or an existing file is refused: :func:`check_cache_dir`)
     on_build : callable, optional
         Called with ``source`` before the GGUF file is read (e.g. to verify it against its wheel's record).
 
@@ -134,6 +147,7 @@ def load_cached(source: str | Path, cache_dir: str | Path | None = CACHE_DIR, on
         ``"hit"``, ``"built (<why the cache was not used>)"`` or ``"disabled"``.
     """
     source = Path(source)
+    cache_dir = check_cache_dir(cache_dir)
     if cache_dir is None:
         if on_build:
             on_build(source)
