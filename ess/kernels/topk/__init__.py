@@ -22,7 +22,12 @@ import numpy as np
 from ...validate import fits_in_memory, positive_int
 from .. import as_kernel_array, device_of, family_module, is_tensor, resolve_backend
 
-__all__ = ["topk_positions", "get"]
+__all__ = ["MAX_PADDED_K", "topk_positions", "get"]
+
+#: the widest top-K result that pads past its rows' length L: a ``k`` above both L and this is refused (its columns
+#: past L are all -1, and a width near 2**31 would take gigabytes). Design choice: 64 x DeepSeek-V3.2's K of 2,048
+#: (paper-facts.md "DeepSeek-V3.2-Exp geometry"), wide enough for any real top-K.
+MAX_PADDED_K = 1 << 17
 
 
 def get(backend: str):
@@ -33,7 +38,8 @@ def get(backend: str):
 def topk_positions(scores, k: int, *, backend: str = "auto", out=None):
     """``(B, k)`` int64 positions of the top-``k`` scores of each row (module docstring): a NumPy array for a NumPy
     ``scores``, a tensor on its device for a tensor (into ``out`` when given: a C-contiguous (B, k) int64 array of
-    the same kind). ``scores`` (B, L) float32 or float64, C-contiguous; its values are not checked here
+    the same kind). ``scores`` (B, L) float32 or float64, C-contiguous; a ``k`` above both L and
+    :data:`MAX_PADDED_K` is a ``ValueError``; the values of ``scores`` are not checked here
     (:func:`ess.attention.topk_indices` checks them: NaN and ``+inf`` are refused)."""
     k = positive_int("k", k)
     tensors = is_tensor(scores)
@@ -45,7 +51,10 @@ def topk_positions(scores, k: int, *, backend: str = "auto", out=None):
                          f"{tuple(scores.shape)}")
     if not (scores.is_contiguous() if tensors else scores.flags.c_contiguous):
         raise ValueError("scores must be C-contiguous")
-    B = scores.shape[0]
+    B, L = scores.shape
+    if k > max(L, MAX_PADDED_K):
+        raise ValueError(f"k is too large: k={k:,} is wider than the rows (L={L:,}) and than "
+                         f"MAX_PADDED_K={MAX_PADDED_K:,}; its columns past L would all be -1 padding")
     fits_in_memory("k", B * k * 8, f"the ({B}, k) int64 result")
     if out is None:
         if tensors:

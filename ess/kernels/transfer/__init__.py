@@ -62,6 +62,35 @@ def _check_mode(mode) -> str:
     return mode
 
 
+def _span(a) -> tuple[str, int, int]:
+    """``(device kind, first byte address, end address)`` of a contiguous array or tensor."""
+    if _is_torch(a):
+        start = a.data_ptr()
+        return a.device.type, start, start + a.numel() * a.element_size()
+    start = a.__array_interface__["data"][0]
+    return "cpu", start, start + a.nbytes
+
+
+def _unaliased(src, s_idx: np.ndarray, dst) -> tuple:
+    """``(src, s_idx)`` to copy from: as given when ``src`` and ``dst`` do not share memory; otherwise the rows the
+    copy reads, taken out of ``src`` first (indices renumbered), so that every backend reads every source row
+    before it writes any -- as the torch kernel's gather does, and as if ``src`` were a separate array (row by row,
+    the NumPy reference and Numba would read rows the same call had already overwritten)."""
+    (kind_s, lo_s, hi_s), (kind_d, lo_d, hi_d) = _span(src), _span(dst)
+    if kind_s != kind_d or hi_s <= lo_d or hi_d <= lo_s or lo_s == hi_s:
+        return src, s_idx
+    keep = np.flatnonzero(s_idx >= 0)
+    picked = src[s_idx[keep]] if not _is_torch(src) else src[_torch_index(s_idx[keep], src.device)]
+    new_idx = np.full(s_idx.shape, -1, np.int64)
+    new_idx[keep] = np.arange(keep.size)
+    return picked, new_idx                              # a fancy index copies: picked shares nothing with dst
+
+
+def _torch_index(idx: np.ndarray, device):
+    import torch
+    return torch.from_numpy(np.ascontiguousarray(idx, np.int64)).to(device)
+
+
 def _dispatch(src, s_idx, dst, d_idx, backend: str, mode: str):
     cuda = next((d for d in (_device_of(src), _device_of(dst)) if d.startswith("cuda")), None)
     backend = resolve_backend(backend, device=cuda)
@@ -85,8 +114,9 @@ def copy_rows(src, src_idx, dst, dst_idx, *, backend: str = "auto", mode: str = 
     """``dst[dst_idx[i]] = src[src_idx[i]]`` for every ``i`` where both indices are >= 0; returns ``dst``.
 
     Raises ``ValueError`` for indices outside ``[-1, rows)``, a destination row named twice, or rows of different
-    widths; ``TypeError`` for non-uint8 rows or non-integer indices. ``mode`` applies to the torch backend
-    (``"auto" | "zero_copy" | "staged" | "per_row"``, see :mod:`ess.kernels.transfer.torch_ops`); the other backends
+    widths; ``TypeError`` for non-uint8 rows or non-integer indices. When ``src`` and ``dst`` share memory (one
+    array, or overlapping views), every source row is read before any row is written, on every backend. ``mode``
+    applies to the torch backend (``"auto" | "zero_copy" | "staged" | "per_row"``, see :mod:`ess.kernels.transfer.torch_ops`); the other backends
     have one way to copy and ignore a valid ``mode``, but any other value is a ``ValueError`` on every backend."""
     mode = _check_mode(mode)
     n_src, w_src = _check_rows("src", src)
@@ -102,6 +132,7 @@ def copy_rows(src, src_idx, dst, dst_idx, *, backend: str = "auto", mode: str = 
         v = np.sort(valid)
         if (v[1:] == v[:-1]).any():
             raise ValueError(f"dst_idx names destination row {int(v[1:][v[1:] == v[:-1]][0])} more than once")
+    src, s_idx = _unaliased(src, s_idx, dst)
     _dispatch(src, s_idx, dst, d_idx, backend, mode)
     return dst
 
@@ -129,6 +160,7 @@ def gather_rows(src, idx, *, out=None, backend: str = "auto", mode: str = "auto"
     k, w_out = _check_rows("out", out)
     if (k, w_out) != (idx.shape[0], w):
         raise ValueError(f"out must have shape ({idx.shape[0]}, {w}), got {tuple(out.shape)}")
+    src, idx = _unaliased(src, idx, out)
     _dispatch(src, idx, out, np.arange(k, dtype=np.int64), backend, mode)       # distinct destinations by design
     return out
 
