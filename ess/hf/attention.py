@@ -31,6 +31,17 @@ def _masked(attention_mask, indices: torch.Tensor, kv_len: int, dtype):
     return attention_mask.masked_fill(index_mask, torch.finfo(dtype).min)
 
 
+def _check_unpadded(attention_mask) -> None:
+    """A ``ValueError`` when the last query of the batch may not see every earlier token (a padded batch)."""
+    if attention_mask is None:
+        return
+    last = attention_mask[:, :, -1, :]
+    ok = last.all() if last.dtype == torch.bool else bool((last == 0).all())
+    if not ok:
+        raise ValueError("attention_mask: a SparseCache decodes batches of prompts of one length, without padding; "
+                         "pass prompts of equal length (or one at a time) and an all-ones attention mask")
+
+
 def sparse_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, indices=None, **kwargs):
     """transformers' attention-function signature: ``query`` (B, H, S, d), ``key``/``value`` what the cache's
     ``update`` returned, ``indices`` (B, S, K) a DSA model's top-K. Returns ``(output (B, S, H, dv), None)``."""
@@ -41,6 +52,8 @@ def sparse_attention(module, query, key, value, attention_mask, scaling=None, dr
     if active is not None and active[1] == layer:
         cache = active[0]
         ACTIVE.set(None)
+    if cache is not None and layer == 0:
+        _check_unpadded(attention_mask)
     if cache is not None and cache.started:
         if indices is None:
             if cache.info.kind == "dsa":

@@ -148,7 +148,9 @@ class SparseCache(Cache):
         (:func:`ess.hf.enable`): without an active ``SparseCache`` it computes what SDPA computes.
     config : :class:`ess.engine.DecodeConfig`, optional
         Offload on/off, ratio, policy, schedule, link, K, warmup, timing, clock, backend; or its fields as keywords
-        (``settings``). For a DSA model K is the model's ``index_topk`` (``topk`` must be left unset).
+        (``settings``). For a DSA model K is the model's ``index_topk`` (``topk`` must be left unset). The device
+        pool holds ``ratio`` of the longest context a step reads (prompt + ``max_new_tokens`` - 1, in 64-token
+        pages: :func:`ess.layout.pool_slots`).
     max_new_tokens : int
         Room reserved per request (the indexer keys are preallocated for prompt + this many tokens).
     entry_dtype : ``"fp8"``, ``"bf16"`` or ``"float32"``
@@ -274,8 +276,8 @@ class SparseCache(Cache):
         self.rids = list(range(B))
         dev = self.device
         if cfg.offload:
-            need = min(K, L + self.max_new_tokens - 1)
-            self.capacity = pool_slots(self.format, cfg.ratio, L, need=need)
+            longest = L + self.max_new_tokens - 1                # the longest context a step reads
+            self.capacity = pool_slots(self.format, cfg.ratio, longest, need=min(K, longest))
             store = TieredCache(self.format, capacity=self.capacity, policy=cfg.policy, device=dev, max_requests=B,
                                 policy_options=cfg.policy_options)
             for b in self.rids:
