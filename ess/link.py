@@ -20,6 +20,7 @@ thread joins that clock where it stands).
 """
 from __future__ import annotations
 
+import os
 import queue
 import threading
 import time
@@ -251,12 +252,16 @@ class EmulatedLink(_Link):
         self._free_at = 0.0                   # when the link's clock has crossed every job submitted so far
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()
+        self._pid = os.getpid()
         self._thread = threading.Thread(target=self._run, name="ess-link", daemon=True)
         self._thread.start()
 
     def submit(self, kind, layer, chunks):
         _check_job(kind, layer)
         chunks = _check_chunks(chunks)
+        if os.getpid() != self._pid:            # a forked child: the copy worker is the parent's (not running here)
+            raise RuntimeError(f"this EmulatedLink belongs to process {self._pid}; a forked child (process "
+                               f"{os.getpid()}) must make its own link")
         if not self._thread.is_alive():
             raise RuntimeError("the link is closed")
         nbytes = sum(n for _, n in chunks)
@@ -282,6 +287,8 @@ class EmulatedLink(_Link):
             return super().busy_s(start)
 
     def close(self) -> None:
+        if os.getpid() != self._pid:            # a forked child: nothing of the parent's worker to stop here
+            return
         if self._thread.is_alive():
             self._queue.put(None)
             self._thread.join()

@@ -133,3 +133,33 @@ def test_a_dense_step_after_close_is_refused(engine, pre):
         s.step()
     assert s.t == 1 and run.tokens.shape[1] == 2
     np.testing.assert_array_equal(s.close().tokens, run.tokens)
+
+
+# -- sizes and a cache folder that cannot be written ------------------------------------------------------------
+
+def test_an_absurd_extrapolation_is_refused_before_its_position_table(gguf_path):
+    with pytest.raises(ValueError, match="extrapolate_context_to"):               # was a MemoryError (RoPE table)
+        load_model(gguf_path, cache_dir=None, extrapolate_context_to=2 ** 40)
+
+
+def test_a_model_config_with_an_absurd_context_is_refused():
+    import dataclasses
+
+    import torch
+
+    from ess.llm import LlamaModel, LlamaWeights
+    from engine_helpers import SMALL
+    w = LlamaWeights.random(SMALL, seed=0, dtype=np.float32)
+    with pytest.raises(ValueError, match="context_length"):
+        LlamaModel(w, dataclasses.replace(SMALL, context_length=2 ** 40), dtype=torch.float32)
+
+
+def test_a_cache_that_cannot_be_written_still_loads_the_model(gguf_path, tmp_path, monkeypatch):
+    import ess.llm.weight_cache as wc
+
+    def full_disk(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(wc, "write_cache", full_disk)
+    with pytest.warns(RuntimeWarning, match="could not be cached"):
+        contents, status = wc.load_cached(gguf_path, tmp_path / "cache")
+    assert "not cached" in status and contents.tensors

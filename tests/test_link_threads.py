@@ -79,3 +79,20 @@ def test_one_thread_reads_its_own_cpu_time():
             return before, job.submit_s, job.returned_s, time.thread_time()
         before, submit, returned, after = _in_thread(run)
         assert before <= submit <= returned <= after
+
+
+def test_a_forked_child_is_told_to_make_its_own_link():
+    import os
+    with EmulatedLink(1.0) as link:
+        pid = os.fork()
+        if pid == 0:                                      # the child: its parent's copy worker does not run here
+            code = 1
+            try:
+                _job(link, 1 << 20)
+            except RuntimeError as exc:
+                code = 0 if "forked child" in str(exc) else 2
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        _job(link, 1 << 20).wait()                        # the parent's link still works

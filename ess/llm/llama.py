@@ -20,11 +20,20 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..validate import fits_in_memory
 from .attention import dense_attention
 from .config import LlamaConfig
 from .inputs import as_token_batch
 from .kv_cache import KVCache
 from .weights import LlamaWeights
+
+
+def rope_table_bytes(config: LlamaConfig, name: str) -> int:
+    """Bytes the RoPE position tables of ``config`` take while they are built (float64 angles, cosines and sines of
+    ``context_length x head_dim / 2``); a ``ValueError`` naming ``name`` (the argument that set the context) when
+    that is past a quarter of this machine's memory, before anything is allocated."""
+    n = config.context_length * (config.head_dim // 2) * 8 * 3
+    return fits_in_memory(name, n, f"the RoPE position table of {config.context_length:,} positions")
 
 __all__ = ["LlamaModel", "DTYPES", "check_device"]
 
@@ -73,6 +82,7 @@ class LlamaModel:
                  attention_impl: str = "matmul", trained_context_length: int | None = None):
         weights.check(config)
         device = check_device(device)
+        rope_table_bytes(config, "config.context_length")
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {[str(d) for d in DTYPES]}, got {dtype}" +
                              (": float16 overflows in this model's RMSNorm (its residual stream reaches 652, whose "

@@ -10,7 +10,7 @@ import torch
 
 from .config import LlamaConfig
 from .gguf_file import model_path, verify_installed
-from .llama import LlamaModel, check_device
+from .llama import LlamaModel, check_device, rope_table_bytes
 from .tokenizer import Tokenizer
 from .weight_cache import CACHE_DIR, check_cache_dir, load_cached
 from .weights import LlamaWeights
@@ -105,6 +105,7 @@ def load_model(path: str | Path | None = None, *, cache_dir: str | Path | None =
     trained = config.context_length
     if extrapolate_context_to is not None and extrapolate_context_to > trained:
         config = dataclasses.replace(config, context_length=extrapolate_context_to)
+        rope_table_bytes(config, "extrapolate_context_to")
     model = LlamaModel(weights, config, dtype=dtype, device=torch_device, attention_impl=attention_impl,
                        trained_context_length=trained)
     t3 = time.perf_counter()

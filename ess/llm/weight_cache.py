@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import struct
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -160,5 +161,10 @@ def load_cached(source: str | Path, cache_dir: str | Path | None = CACHE_DIR, on
     if on_build:
         on_build(source)
     contents = read_gguf(source)
-    write_cache(contents, source, path)
+    try:
+        write_cache(contents, source, path)
+    except OSError as exc:                   # a read-only or full folder: the cache only saves time, the model is read
+        warnings.warn(f"the decoded model could not be cached in {path.parent} ({type(exc).__name__}: {exc}); "
+                      f"it is read from {source.name} again next time", RuntimeWarning, stacklevel=2)
+        return contents, f"built ({reason}; not cached: {type(exc).__name__})"
     return contents, f"built ({reason})"
