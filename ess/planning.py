@@ -135,31 +135,17 @@ def planner_inputs(*, cachesim_steps: int = 32, cachesim_batch: int = 2, band_ba
 def _check(model, gpu, context_len, link, mtp, accept_ratio, ratio, strategy, *, no_offload: bool = False):
     """Validated arguments: ``(spec, gpu, L, link, T, accept_ratio or None, ratio, strategy)``; ``no_offload``: a
     ratio of 1 (no offload) is allowed."""
-    from .sim.grid import accept_ratio_for, grid_deployment
-    from .specs import gpu_spec, host_link_spec, list_host_links
+    from .sim.grid import accept_ratio_for, grid_deployment, serving_link
     if not isinstance(model, str):
         raise TypeError(f"model must be a preset name (one of {list_models()}), got {type(model).__name__}")
     validate.one_of("model", model, list_models())
     spec = model_spec(model)
-    if not isinstance(gpu, str):
-        raise TypeError(f"gpu must be a preset name (one of {list_gpus()}), got {type(gpu).__name__}")
-    validate.one_of("gpu", gpu, list_gpus())
-    gs = gpu_spec(gpu)
-    from .specs import list_deployments
-    if grid_deployment(gpu) not in list_deployments():
-        able = [g for g in list_gpus() if grid_deployment(g) in list_deployments()]
-        raise ValueError(f"gpu {gpu!r} has no deployment of the paper's shape in data/deployments/ "
-                         f"({grid_deployment(gpu)}.yaml): ess.plan prices {able}")
+    dep = deployment_spec(grid_deployment(gpu))         # a GPU the grid cannot price: a ValueError naming it
     L = validate.integer("context_len", context_len, lo=1, below=spec.max_position_embeddings + 1)
-    serving = [n for n in list_host_links() if host_link_spec(n).serves(gs)]
     if link is None:
         from .specs import reference_link
         link = reference_link(gpu)
-    elif not isinstance(link, str) or link not in list_host_links():
-        raise ValueError(f"link must be a host link preset (one of {list_host_links()}), got {link!r}")
-    if link not in serving:
-        raise ValueError(f"link {link!r} does not serve the {gpu} (its interface); links that do: {serving}")
-    dep = deployment_spec(grid_deployment(gpu))
+    link = serving_link(gpu, link)
     T = dep.mtp if mtp is None else validate.positive_int("mtp", mtp)
     if accept_ratio is None:
         try:

@@ -6,7 +6,8 @@ what was checked.
 * :func:`integer` (and :func:`positive_int`, :func:`non_negative_int`): ``int`` and NumPy integers; ``bool`` and
   floats are refused, even when whole;
 * :func:`real` (and :func:`ratio`, :func:`fraction`): finite ``int``/``float``/NumPy numbers in a range;
-* :func:`boolean`: ``True`` or ``False`` (not ``1``, not ``"no"``);
+* :func:`span`: a range ``(low, high)`` of finite numbers, increasing, above a floor (e.g. link speeds to search);
+* :func:`sequence`: a list of items (a tuple, list or other iterable; not a bare ``str``, which iterates letters);
 * :func:`one_of`: a value from a fixed set;
 * :func:`int_array`: a NumPy integer array of a given rank with values in a range;
 * :func:`number_array`: numbers or arrays of numbers (vectorised arguments), finite, optionally > 0 and whole;
@@ -33,7 +34,8 @@ from typing import Any, Iterable
 
 import numpy as np
 
-__all__ = ["integer", "positive_int", "non_negative_int", "real", "ratio", "fraction", "boolean", "one_of",
+__all__ = ["integer", "positive_int", "non_negative_int", "real", "ratio", "fraction", "span", "sequence", "boolean",
+           "one_of",
            "int_array", "number_array", "float_array", "entries", "request_id", "frame", "path", "fits_in_memory"]
 
 
@@ -102,6 +104,26 @@ def ratio(name: str, value: Any) -> float:
 def fraction(name: str, value: Any) -> float:
     """A share or probability: a number in [0, 1]."""
     return real(name, value, lo=0.0, hi=1.0)
+
+
+def span(name: str, value: Any, *, lo: float = 0.0) -> tuple[float, float]:
+    """A range ``(low, high)``: a pair of finite numbers with ``lo < low < high`` (a reversed, empty or open-ended
+    range is a ``ValueError``, anything but a pair of numbers a ``TypeError``), returned as two floats."""
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__len__") or len(value) != 2:
+        raise TypeError(f"{name} must be a pair (low, high) of numbers, got {_what(value)}")
+    low = real(f"{name}[0]", value[0], lo=lo, lo_open=True)
+    high = real(f"{name}[1]", value[1], lo=lo, lo_open=True)
+    if not low < high:
+        raise ValueError(f"{name} must be a range (low, high) with low < high, got ({low:g}, {high:g})")
+    return low, high
+
+
+def sequence(name: str, value: Any) -> list:
+    """``value``'s items as a list: a list, tuple, array or other finite iterable; a bare ``str`` or ``bytes`` (which
+    would iterate its letters), a mapping or a number is a ``TypeError``."""
+    if isinstance(value, (str, bytes, dict)) or not hasattr(value, "__iter__"):
+        raise TypeError(f"{name} must be a list, got {_what(value)}")
+    return list(value)
 
 
 def boolean(name: str, value: Any) -> bool:

@@ -31,13 +31,13 @@ import pandas as pd
 from ..memory import batch_limits, smallest_step_ratio
 from ..specs import (DEFAULT_DEPLOYMENT, DEFAULT_MODEL, ModelSpec, deployment_spec, gpu_spec, host_link_spec,
                      list_host_links, model_spec)
-from ..validate import positive_int
+from ..validate import boolean, integer, one_of, positive_int, real, sequence, span as check_span
 from .config import Scenario
 from .costs import CostParams
 from .misses import MissesTable
 from .timeline import simulate
 
-__all__ = ["grid_deployment", "grid_cells", "ratio_grid", "same_geometry", "GridInputs", "grid_inputs",
+__all__ = ["grid_deployment", "serving_link", "grid_cells", "ratio_grid", "same_geometry", "GridInputs", "grid_inputs",
            "grid_search", "evaluate_configs", "break_even_link", "overlap_links", "grid_bands", "cell_provenance", "CellView",
            "cell_view", "LINK_RANGE_GB_PER_S", "TOLERANCE", "accept_ratio_for", "GRID_MODELS", "GRID_CONTEXTS",
            "GRID_LONG_CONTEXTS"]
@@ -55,9 +55,35 @@ LINK_RANGE_GB_PER_S = (0.5, 5000.0)
 
 def grid_deployment(gpu: str) -> str:
     """The deployment preset of the grid on ``gpu``: the paper's own (``paper-table1``) on its GPU, the paper's
-    shape on that GPU otherwise (``data/deployments/paper-shape-<gpu>.yaml``)."""
+    shape on that GPU otherwise (``data/deployments/paper-shape-<gpu>.yaml``). A GPU preset without such a
+    deployment (the A100, which has no FP8 tensor cores for the paper's shape) cannot be priced: a ``ValueError``
+    naming it and the GPUs the grid prices."""
+    from ..specs import list_deployments, list_gpus
+    if not isinstance(gpu, str):
+        raise TypeError(f"gpu must be a GPU preset name (one of {list_gpus()}), got {type(gpu).__name__}")
+    one_of("gpu", gpu, list_gpus())
     paper = deployment_spec(DEFAULT_DEPLOYMENT)
-    return paper.name if gpu == paper.gpu else f"paper-shape-{gpu.lower()}"
+    name = paper.name if gpu == paper.gpu else f"paper-shape-{gpu.lower()}"
+    have = list_deployments()
+    if name not in have:
+        able = [g for g in list_gpus() if g == paper.gpu or f"paper-shape-{g.lower()}" in have]
+        raise ValueError(f"gpu {gpu!r} has no deployment of the paper's shape in data/deployments/ ({name}.yaml): "
+                         f"the grid prices {able}")
+    return name
+
+
+def serving_link(gpu: str, link) -> str:
+    """``link`` when it is a host link preset that serves ``gpu`` (:meth:`ess.specs.HostLinkSpec.serves`: its
+    interface); a ``ValueError`` naming both and the links that do serve it otherwise (a GPU is never priced on a
+    link it cannot use)."""
+    gs = gpu_spec(gpu)
+    names = list_host_links()
+    if not isinstance(link, str) or link not in names:
+        raise ValueError(f"link must be a host link preset (one of {names}), got {link!r}")
+    if not host_link_spec(link).serves(gs):
+        serving = [n for n in names if host_link_spec(n).serves(gs)]
+        raise ValueError(f"link {link!r} does not serve the {gpu} (its interface); links that do: {serving}")
+    return link
 
 
 def same_geometry(a: ModelSpec, b: ModelSpec) -> bool:
@@ -88,11 +114,32 @@ def grid_cells(models, gpus, contexts, *, links=None, long_contexts=()) -> pd.Da
     """The cells of a grid: every model x GPU x host link x context, one row each with the deployment, host and the
     link's speeds. ``links``: preset names of ``data/hardware/host_links.yaml`` (default every one), each cell
     taking those that serve its GPU (:meth:`ess.specs.HostLinkSpec.serves`). ``contexts`` apply to every model
-    whose maximum context reaches them; ``long_contexts`` (e.g. 1M) only to such a model too."""
-    links = list_host_links() if links is None else list(links)
+    whose maximum context reaches them; ``long_contexts`` (e.g. 1M) only to such a model too.
+
+    Every context is a positive integer; a GPU that no link of ``links`` serves, a GPU the grid cannot price
+    (:func:`grid_deployment`) or a model that none of the contexts fits is a ``ValueError`` naming it (never a
+    grid that silently leaves it out)."""
+    models, gpus = sequence("models", models), sequence("gpus", gpus)
+    contexts = [positive_int(f"contexts[{i}]", L) for i, L in enumerate(sequence("contexts", contexts))]
+    long_contexts = [positive_int(f"long_contexts[{i}]", L)
+                     for i, L in enumerate(sequence("long_contexts", long_contexts))]
+    links = list_host_links() if links is None else sequence("links", links)
+    for ln in links:
+        host_link_spec(ln)                               # an unknown name: a ValueError naming it
+    specs = {m: model_spec(m) for m in models}
+    for g in gpus:
+        grid_deployment(g)
+        if not any(host_link_spec(ln).serves(gpu_spec(g)) for ln in links):
+            raise ValueError(f"links {links} serve none of gpu {g!r} (its interface); links that do: "
+                             f"{[n for n in list_host_links() if host_link_spec(n).serves(gpu_spec(g))]}")
+    for m, spec in specs.items():
+        if contexts or long_contexts:
+            if min(contexts + long_contexts) > spec.max_position_embeddings:
+                raise ValueError(f"contexts {contexts + long_contexts} all exceed model {m!r}'s "
+                                 f"{spec.max_position_embeddings:,} positions")
     rows = []
     for m in models:
-        spec = model_spec(m)
+        spec = specs[m]
         for g in gpus:
             gs = gpu_spec(g)
             dep = deployment_spec(grid_deployment(g))
@@ -115,12 +162,16 @@ def grid_cells(models, gpus, contexts, *, links=None, long_contexts=()) -> pd.Da
 def ratio_grid(model, context_len: int, mtp: int, n: int = 8, top: float = 0.8) -> tuple:
     """``n`` sparse-memory ratios from the smallest whose pools hold one step's selection
     (:func:`ess.memory.smallest_step_ratio`, on a grid of 0.01) to ``top``, spaced geometrically (denser at the
-    small ratios, where the batch grows fastest), rounded to 3 decimals; fewer where they coincide."""
+    small ratios, where the batch grows fastest), rounded to 3 decimals; fewer where they coincide. ``top`` is a
+    ratio in (0, 1]."""
     model = model_spec(model) if isinstance(model, str) else model
-    lo = smallest_step_ratio(int(context_len), int(mtp), model=model)
+    context_len = integer("context_len", context_len, lo=1, below=model.max_position_embeddings + 1)
+    mtp, n = positive_int("mtp", mtp), positive_int("n", n)
+    top = real("top", top, lo=0.0, hi=1.0, lo_open=True)
+    lo = smallest_step_ratio(context_len, mtp, model=model)
     if lo >= top:
         return (round(float(lo), 3),) if lo < 1 else ()
-    r = np.geomspace(lo, top, positive_int("n", n))
+    r = np.geomspace(lo, top, n)
     return tuple(sorted({round(float(x), 3) for x in r}))
 
 
@@ -143,6 +194,11 @@ class GridInputs:
     tables: dict = field(default_factory=dict)
     store: bool = False
     _stored_points: dict = field(default_factory=dict, repr=False)
+
+    def __post_init__(self):
+        for name in ("cachesim_steps", "cachesim_batch", "band_batch"):
+            setattr(self, name, positive_int(name, getattr(self, name)))
+        self.store = boolean("store", self.store)
 
     def table(self, model, locality: str | None = None, profile: str = "paper") -> MissesTable:
         """The miss table of ``model`` for a locality model (default the central) and a Fig. 2 mapping, made on
@@ -206,17 +262,17 @@ def grid_inputs(*, variant_fit: dict | None = None, cachesim_steps: int = 32, ca
     ``data/generated/calibration.json`` while it matches today's inputs, else computed once and cached), and every
     miss table seeded with the rows kept for its settings (:func:`ess.sim.store.seed_table`); the values are the
     same as computed here (a test regenerates them), only faster. ``stored=False`` computes everything."""
-    from ..validate import boolean
     stored = boolean("stored", stored)
     extrapolate = boolean("extrapolate", extrapolate)
+    cachesim_steps = positive_int("cachesim_steps", cachesim_steps)
+    cachesim_batch = positive_int("cachesim_batch", cachesim_batch)
+    band_batch = positive_int("band_batch", band_batch)
     if stored:
         from ..tracegen import locality_alternatives
         from .store import stored_calibration
         cal = stored_calibration(variant_fit)
         return GridInputs(cal["central"], cal["calibrations"], dict(cal["extrapolation"]) if extrapolate else {},
-                          list(locality_alternatives()), positive_int("cachesim_steps", cachesim_steps),
-                          positive_int("cachesim_batch", cachesim_batch), positive_int("band_batch", band_batch),
-                          store=True)
+                          list(locality_alternatives()), cachesim_steps, cachesim_batch, band_batch, store=True)
     from .calibrate import calibrate, compute_scale_from_cost, cost_growth_evidence
     from .predictions import band_inputs
     bi = band_inputs(variant_fit=variant_fit, cachesim_steps=cachesim_steps, cachesim_batch=cachesim_batch,
@@ -230,8 +286,8 @@ def grid_inputs(*, variant_fit: dict | None = None, cachesim_steps: int = 32, ca
             extra[f"kernel efficiencies {end} (recalibrated: compute {q.compute_scale:.3f})"] = q
         extra["Blackwell attention at the measured B200 point"] = dataclasses.replace(
             bi.params, attention_transfer="b200-measured")
-    return GridInputs(bi.params, bi.calibrations, extra, list(bi.models), int(cachesim_steps), int(cachesim_batch),
-                      int(band_batch), store=False)
+    return GridInputs(bi.params, bi.calibrations, extra, list(bi.models), cachesim_steps, cachesim_batch,
+                      band_batch, store=False)
 
 
 # ------------------------------------------------------------------------------------------------------ search
@@ -319,11 +375,13 @@ def grid_search(cells: pd.DataFrame, inputs: GridInputs, *, mtp: int | None = No
     cache-simulation sizes). ``accept_ratio`` (default :func:`accept_ratio_for` the MTP), ``strategy`` (default the
     per-layer choice; recorded in column ``strategy`` for the bands and link speeds) and ``ratios`` (default the
     grid of :func:`ratio_grid`) fix what a search would otherwise choose."""
-    from ..validate import one_of, real
     from .config import STRATEGIES
     params = inputs.params if params is None else params
     strategy = one_of("strategy", strategy, STRATEGIES + ("best",))
     fixed_ratios = _check_ratios(ratios)
+    n_ratios = positive_int("n_ratios", n_ratios)
+    check_memory = boolean("check_memory", check_memory)
+    mtp = None if mtp is None else positive_int("mtp", mtp)
     out = []
     for (m, g), part in cells.groupby(["model", "gpu"], sort=False):
         spec = model_spec(m)
@@ -401,15 +459,21 @@ def evaluate_configs(inputs: GridInputs, model: str, gpu: str, link: str, contex
     miss table (or ``table``), in one vectorised call: ``batch``, ``ratio``, ``throughput`` (per node),
     ``throughput_per_gpu``, ``feasible``, ``reason``. ``check_memory=False`` for a configuration sized by a rule of
     its own (the paper's Table 2 rows)."""
+    from ..validate import number_array
     spec = model_spec(model)
     dep = deployment_spec(grid_deployment(gpu))
-    T = dep.mtp if mtp is None else int(mtp)
+    lk = host_link_spec(serving_link(gpu, link))
+    context_len = integer("context_len", context_len, lo=1, below=spec.max_position_embeddings + 1)
+    T = dep.mtp if mtp is None else positive_int("mtp", mtp)
+    check_memory = boolean("check_memory", check_memory)
+    B = number_array("batches", batches, whole=True)
+    R = number_array("ratios", ratios, at_most=1.0)
+    if B.shape != R.shape:
+        raise ValueError(f"batches and ratios must give one value per row each, got shapes {B.shape} and {R.shape}")
     table = inputs.table(spec) if table is None else table
-    lk = host_link_spec(link)
-    B = np.asarray(batches, dtype=float)
-    R = np.asarray(ratios, dtype=float)
-    M = np.stack([table(int(context_len), float(r), T) if r < 1 else np.zeros(spec.n_sparse_layers) for r in R])
-    res = simulate(B, int(context_len), R, misses=np.ascontiguousarray(M), mtp=T, accept_ratio=accept_ratio_for(T, dep),
+    M = np.stack([table(context_len, float(r), T) if r < 1 else np.zeros(spec.n_sparse_layers)
+                  for r in np.atleast_1d(R)])
+    res = simulate(B, context_len, R, misses=np.ascontiguousarray(M), mtp=T, accept_ratio=accept_ratio_for(T, dep),
                    h2d_GB_per_s=lk.h2d_GB_per_s, d2h_GB_per_s=lk.d2h_GB_per_s,
                    scenario=_scenario(model, gpu, inputs.params).replace(check_memory=check_memory))
     return pd.DataFrame({"batch": B.astype(int), "ratio": R, "throughput": res.throughput,
@@ -440,8 +504,12 @@ def break_even_link(found: pd.DataFrame, inputs: GridInputs, *, n_ratios: int = 
     The device-to-host speed scales with it (the link's ratio of the two); the host's DRAM share is not applied
     (what the link alone must do). ``span[0]`` where offload pays even there (flag ``break_even_below_span``),
     NaN where it does not pay at ``span[1]`` (e.g. the batch cap binds without offload already). ``ratios``: the
-    ratios re-chosen among (default each cell's grid, :func:`ratio_grid`)."""
+    ratios re-chosen among (default each cell's grid, :func:`ratio_grid`). ``span`` is ``(low, high)`` with
+    ``0 < low < high``, ``iterations`` (bisection steps) at least 1."""
     fixed_ratios = _check_ratios(ratios)
+    n_ratios = positive_int("n_ratios", n_ratios)
+    iterations = positive_int("iterations", iterations)
+    span = check_span("span", span)
     out = pd.Series(np.nan, index=found.index)
     below = pd.Series(False, index=found.index)
     ok = found[found.get("throughput_no_offload", pd.Series(np.nan, index=found.index)).notna()]
@@ -507,7 +575,11 @@ def overlap_links(found: pd.DataFrame, inputs: GridInputs, *, tolerance: float =
       DBA costs (what the overlap hides only shrinks as the link gets faster).
 
     ``span[0]`` where it holds there already, NaN where not even at ``span[1]`` (the layer without locality, which
-    misses most of what it selects, can keep DBA worth more than 1 % to very fast links)."""
+    misses most of what it selects, can keep DBA worth more than 1 % to very fast links). ``tolerance`` is a share
+    of the step in [0, 1], ``span`` ``(low, high)`` with ``0 < low < high``, ``iterations`` at least 1."""
+    tolerance = real("tolerance", tolerance, lo=0.0, hi=1.0)
+    iterations = positive_int("iterations", iterations)
+    span = check_span("span", span)
     out = pd.DataFrame({"hidden_GB_per_s": np.nan, "serial_GB_per_s": np.nan}, index=found.index)
     ok = found[found.get("best_batch", pd.Series(np.nan, index=found.index)).notna()]
     for (m, g), part in ok.groupby(["model", "gpu"], sort=False):
@@ -704,10 +776,11 @@ def cell_view(inputs: GridInputs, model: str, gpu: str, link: str, context_len: 
     mtp)`` to the miss table to read (default :meth:`GridInputs.table`, the central one); a ratio it cannot
     simulate gives a view with ``reason``. ``accept_ratio`` (default :func:`accept_ratio_for`) and ``strategy``
     (default the per-layer choice) as in :func:`grid_search`."""
-    from ..validate import real
     spec = model_spec(model)
     dep = deployment_spec(grid_deployment(gpu))
-    lk = host_link_spec(link)
+    lk = host_link_spec(serving_link(gpu, link))
+    context_len = integer("context_len", context_len, lo=1, below=spec.max_position_embeddings + 1)
+    n_ratios = positive_int("n_ratios", n_ratios)
     T = positive_int("mtp", mtp)
     acc = accept_ratio_for(T, dep) if accept_ratio is None else real("accept_ratio", accept_ratio, lo=1.0, hi=T)
     table = (tables or {}).get((model, T)) or inputs.table(spec)
@@ -716,9 +789,7 @@ def cell_view(inputs: GridInputs, model: str, gpu: str, link: str, context_len: 
             raise ValueError(f"ratio must be a number in (0, 1) or 'best', got {ratio!r}")
         ratios = ratio_grid(spec, context_len, T, n_ratios)
     else:
-        if not 0 < float(ratio) < 1:
-            raise ValueError(f"ratio must be in (0, 1) or 'best', got {ratio!r}")
-        ratios = (float(ratio),)
+        ratios = (real("ratio", ratio, lo=0.0, hi=1.0, lo_open=True, hi_open=True),)
     limits, rows, mrows = _candidates(spec, dep, gpu, int(context_len), T, table, ratios)
     empty = np.zeros(0)
     if not rows:
