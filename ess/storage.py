@@ -751,7 +751,12 @@ class ResidentCache:
         self.device = check_device(device)
         self.on_cuda = self.device.startswith("cuda")
         shape = (self.max_requests * self.n_layers * self.max_tokens, self.entry_bytes)
-        self._device = torch.zeros(shape, dtype=torch.uint8, device=self.device)
+        try:
+            self._device = torch.zeros(shape, dtype=torch.uint8, device=self.device)
+        except (MemoryError, ValueError, RuntimeError, TypeError) as exc:   # too large (a size past int64 too)
+            raise ValueError(f"a pool of max_requests={self.max_requests} x {self.n_layers} layers x max_tokens="
+                             f"{self.max_tokens} x {self.entry_bytes} B = {shape[0] * shape[1]:,} B cannot be "
+                             f"allocated on {self.device} ({type(exc).__name__})") from None
         self._layer_base = torch.arange(self.n_layers, device=self.device) * self.max_tokens   # (n_layers,)
         self._requests: dict = {}                      # request_id -> [block, n_tokens, steps]
         self.metrics = MetricsLog()

@@ -147,3 +147,8 @@ def test_resident_cache_numpy_int_id_names_the_int_request():
     r.add_request(np.int64(3), entries(4))
     assert r.requests() == [3] and type(r.requests()[0]) is int
     assert r.n_tokens(3) == 4
+
+
+def test_resident_cache_of_absurd_size_is_refused_naming_its_arguments():
+    with pytest.raises(ValueError, match="max_requests=1000000000000"):        # was torch's RuntimeError
+        ResidentCache(TINY, max_requests=10 ** 12, max_tokens=CTX)
