@@ -87,6 +87,17 @@ def _parser() -> argparse.ArgumentParser:
         k.add_argument("--json", action="store_true", help="print as JSON")
     c = sub.add_parser("calibrate", help="regenerate data/generated (the stored calibration and miss tables)")
     c.add_argument("--out", default=None, type=_folder, help="write here instead of data/generated")
+    rt = sub.add_parser("record-trace", help="record a transformers model's top-K sets as an ess trace (ess.hf)")
+    rt.add_argument("--model", required=True, help="a transformers model folder, a .gguf file, or 'smollm2' (the "
+                                                   "GGUF file ess installs)")
+    rt.add_argument("--context", type=int, required=True, help="prompt tokens (the context at the first step)")
+    rt.add_argument("--steps", type=int, required=True, help="decode steps to record")
+    rt.add_argument("--batch", type=int, default=1, help="requests (text slices --stride tokens apart)")
+    rt.add_argument("--topk", type=int, default=None, help="K of an MHA/GQA model (default context / 16; a DSA "
+                                                           "model uses its own index_topk)")
+    rt.add_argument("--skip", type=int, default=0, help="text tokens skipped before the first request's prompt")
+    rt.add_argument("--stride", type=int, default=20000, help="text tokens between requests' prompts")
+    rt.add_argument("--out", type=Path, required=True, help="the .npz trace to write")
     return p
 
 
@@ -236,6 +247,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _command(args) -> int:
+    if args.command == "record-trace":
+        from .hf.run import run_command
+        try:
+            run_command(args)
+            return 0
+        except (ValueError, TypeError) as exc:         # the command line cannot be used
+            print(f"ess record-trace: {str(exc).splitlines()[0]}", file=sys.stderr)
+            return 2
     if args.command in ("plan", "simulate", "models", "gpus", "links", "calibrate"):
         try:
             return _face(args)

@@ -96,11 +96,13 @@ def test_a_padded_batch_and_a_one_request_dba_are_refused():
         H.decode(MODEL, IDS, 2, topk=4, schedule="dba")
 
 
-def test_record_trace_command_refuses_bad_flags(tmp_path):
-    from ess.hf.run import main
-    with pytest.raises(ValueError, match="--out must end in .npz"):
-        main(["--model", "smollm2", "--context", "8", "--steps", "1", "--out", str(tmp_path / "t.txt")])
-    with pytest.raises(ValueError, match="--model .*no such file or folder"):
-        main(["--model", str(tmp_path / "none"), "--context", "8", "--steps", "1", "--out", str(tmp_path / "t.npz")])
-    with pytest.raises(ValueError, match="--context"):
-        main(["--model", "smollm2", "--context", "0", "--steps", "1", "--out", str(tmp_path / "t.npz")])
+def test_record_trace_command_refuses_bad_flags(tmp_path, capsys):
+    from ess.__main__ import main
+    base = ["record-trace", "--model", "smollm2", "--steps", "1"]
+    assert main(base + ["--context", "8", "--out", str(tmp_path / "t.txt")]) == 2
+    assert "--out must end in .npz" in capsys.readouterr().err
+    assert main(["record-trace", "--model", str(tmp_path / "none"), "--context", "8", "--steps", "1",
+                 "--out", str(tmp_path / "t.npz")]) == 2
+    assert "no such file or folder" in capsys.readouterr().err
+    assert main(base + ["--context", "0", "--out", str(tmp_path / "t.npz")]) == 2
+    assert "--context" in capsys.readouterr().err

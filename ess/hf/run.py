@@ -8,11 +8,10 @@ trace recorder, and the ``ess record-trace`` command.
 * :func:`dense_decode` -- the same loop with transformers' own SDPA attention and ``DynamicCache`` (the dense
   baseline; for a DSA model transformers' dense-masked top-K);
 * :func:`record_trace` -- a model's top-K selections as an :class:`ess.traces.Trace` (for the cache simulation and
-  the simulator); :func:`main` is ``ess record-trace``.
+  the simulator); :func:`run_command` runs ``ess record-trace`` (its flags: ``ess record-trace --help``).
 """
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from dataclasses import dataclass
@@ -26,7 +25,7 @@ from ..engine.config import DecodeConfig
 from .cache import SparseCache
 from .models import model_info
 
-__all__ = ["HFRun", "decode", "dense_decode", "record_trace", "main", "PREFILL_CHUNK"]
+__all__ = ["HFRun", "decode", "dense_decode", "record_trace", "run_command", "PREFILL_CHUNK"]
 
 # design choice: prompts longer than this are prefilled in chunks of this many tokens (a progress bar per chunk);
 # the chunk bounds the prefill's attention scores at chunk x context floats per head
@@ -182,22 +181,8 @@ def _load(path: str):
     return model.eval(), tok
 
 
-def add_arguments(ap: argparse.ArgumentParser) -> None:
-    """The ``record-trace`` command's flags."""
-    ap.add_argument("--model", required=True, help="a transformers model folder, a .gguf file, or 'smollm2' "
-                                                   "(the GGUF file ess installs)")
-    ap.add_argument("--context", type=int, required=True, help="prompt tokens (the context at the first step)")
-    ap.add_argument("--steps", type=int, required=True, help="decode steps to record")
-    ap.add_argument("--batch", type=int, default=1, help="requests (text slices --stride tokens apart)")
-    ap.add_argument("--topk", type=int, default=None, help="K for an MHA/GQA model (default context / 16; a DSA "
-                                                          "model uses its own index_topk)")
-    ap.add_argument("--skip", type=int, default=0, help="text tokens skipped before the first request's prompt")
-    ap.add_argument("--stride", type=int, default=20000, help="text tokens between requests' prompts")
-    ap.add_argument("--out", type=Path, required=True, help="the .npz trace to write")
-
-
 def run_command(args) -> Path:
-    """``ess record-trace``: load the model, read real text (:func:`ess.llm.reference_text_ids`, teacher-forced),
+    """``ess record-trace`` (``args``: its parsed flags): load the model, read real text (:func:`ess.llm.reference_text_ids`, teacher-forced),
     record, write the trace atomically; returns its path."""
     from ..llm import reference_text_ids
     if args.out.suffix != ".npz":
@@ -219,11 +204,3 @@ def run_command(args) -> Path:
     print(f"wrote {args.out}: context {trace.context_len}, {trace.steps} steps, K {trace.k}, batch {trace.batch}, "
           f"{trace.n_layers} layers; recorded in {trace.meta['seconds']:.0f} s")
     return args.out
-
-
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="ess record-trace", description="record a transformers model's top-K sets as "
-                                                                      "an ess trace")
-    add_arguments(ap)
-    run_command(ap.parse_args(argv))
-    return 0
