@@ -163,3 +163,11 @@ def test_a_cache_that_cannot_be_written_still_loads_the_model(gguf_path, tmp_pat
     with pytest.warns(RuntimeWarning, match="could not be cached"):
         contents, status = wc.load_cached(gguf_path, tmp_path / "cache")
     assert "not cached" in status and contents.tensors
+
+
+def test_a_topk_past_the_models_context_is_refused(engine, pre):
+    with pytest.raises(ValueError, match="topk"):                               # was a MemoryError (576 TiB)
+        engine.start(pre, 2, topk=2 ** 40)
+    with pytest.raises(ValueError, match="topk"):
+        engine.start(pre, 2, topk=engine.config.context_length + 1)
+    assert engine.decode(pre, 2, topk=engine.config.context_length).tokens.shape == (2, 3)

@@ -436,6 +436,9 @@ class DecodeSession(_Session):
             raise ValueError(f"the longest prompt ({L} tokens) + steps ({steps}) exceed the model's context of "
                              f"{c.context_length} tokens")
         K = default_topk(L) if cfg.topk is None else cfg.topk
+        if K > c.context_length:                 # no step can select more; a (B, H, K) table would be allocated
+            raise ValueError(f"topk={K} exceeds the model's context of {c.context_length} tokens (no step selects "
+                             f"more entries than the context holds)")
         capacity = pool_slots(engine.format, cfg.ratio, L, need=min(K, L)) if cfg.offload else None
         if on_step is not None and not callable(on_step):
             raise TypeError(f"on_step must be callable, got {type(on_step).__name__}")
