@@ -15,7 +15,7 @@ __all__ = ["TESTED_RANGE", "check_version", "Cache", "CacheLayerMixin", "registe
            "ATTENTION_NAME"]
 
 # the transformers versions ess.hf is tested against (pyproject.toml pins the same range)
-TESTED_RANGE = ("5.0", "6.0")
+TESTED_RANGE = ("5.24", "6.0")
 # the name the attention function and its mask function are registered under
 ATTENTION_NAME = "ess_sparse"
 
@@ -33,7 +33,7 @@ def check_version() -> str:
     try:
         import transformers
     except ImportError:                                   # pragma: no cover - a dependency of the package
-        raise ImportError("ess.hf needs transformers (pip install 'transformers>=5.0,<6')") from None
+        raise ImportError("ess.hf needs transformers (pip install 'transformers>=5.24,<6')") from None
     v = transformers.__version__
     lo, hi = (_version_tuple(x) for x in TESTED_RANGE)
     if not lo <= _version_tuple(v) < hi:
