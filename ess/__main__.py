@@ -208,10 +208,10 @@ def _face(args) -> int:
     return 0
 
 
-def _os_error(exc: OSError) -> str:
-    """An error of the file system in one line, naming the file (or, for a temporary file ess was writing, its
-    folder)."""
-    from .pipeline.build_folder import shorten
+def _os_error(exc: OSError, args) -> str:
+    """An error of the file system in one line, naming the file (for a temporary file ess was writing, its folder;
+    for an error that names no file, such as a full disk, the folder the command writes to)."""
+    from .pipeline.build_folder import ROOT, shorten
 
     what = exc.strerror or str(exc) or type(exc).__name__
     names = []
@@ -222,7 +222,11 @@ def _os_error(exc: OSError) -> str:
         if path.name.startswith(".") and path.suffix == ".tmp":      # ess.atomic's file beside the one it writes
             path = path.parent
         names.append(shorten(path))
-    return f"{what}: {' -> '.join(dict.fromkeys(names))}" if names else what
+    if names:
+        return f"{what}: {' -> '.join(dict.fromkeys(names))}"
+    if args.command in ("reproduce", "book"):
+        return f"{what} (writing to the build folder {shorten(args.build_dir or ROOT / 'build')})"
+    return what
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -231,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _command(args)
     except OSError as exc:                    # the file system refused (a full disk, no permission, a long name)
-        print(f"ess {args.command}: {_os_error(exc)}", file=sys.stderr)
+        print(f"ess {args.command}: {_os_error(exc, args)}", file=sys.stderr)
         return 1
     except RecursionError:
         print(f"ess {args.command}: an input is nested too deeply to be read", file=sys.stderr)
@@ -282,7 +286,7 @@ def _command(args) -> int:
               file=sys.stderr)
         return 2
     except rp.ReproduceError as exc:
-        print(f"ess {args.command}: {exc}", file=sys.stderr)
+        print(f"ess {args.command}: {' | '.join(ln for ln in str(exc).splitlines() if ln.strip())}", file=sys.stderr)
         return 1
     except KeyboardInterrupt as exc:                 # Ctrl-C, or SIGTERM / SIGHUP (RunInterrupted)
         signame = getattr(exc, "signame", "SIGINT")

@@ -121,8 +121,10 @@ def fake_jupyter_book(monkeypatch) -> list:
 
 
 def one_line(err: str) -> list[str]:
-    """The lines of ``err`` that are not the progress bar's (tqdm redraws its bar with carriage returns)."""
-    return [line for line in err.replace("\r", "\n").splitlines() if line.strip() and "nb/s" not in line]
+    """The lines of ``err`` that are neither the progress bar's (tqdm redraws its bar with carriage returns) nor a
+    warning the command printed on its way (``warning: ...``): the failure's own lines."""
+    return [line for line in err.replace("\r", "\n").splitlines()
+            if line.strip() and "nb/s" not in line and not line.startswith("warning: ")]
 
 
 def linked(path: Path, elsewhere: Path) -> Path:

@@ -120,7 +120,16 @@ def load(tree: Path, inferred: set | None = None) -> dict[str, dict[str, dict]]:
     notebooks whose status was inferred (an older format) are added to ``inferred``."""
     out = {}
     for path in sorted(tree.glob("[0-9][0-9]_*.json")):
-        results = load_results(path)
+        if not path.is_file():                   # a folder, a pipe (reading it would wait forever), a device
+            raise ValueError(f"{path}: not a results file (a folder, pipe or device)")
+        try:
+            results = load_results(path)
+        except RecursionError:
+            raise ValueError(f"{path}: not a results file (nested too deeply)") from None
+        except ValueError as exc:
+            if str(path) in str(exc):
+                raise
+            raise ValueError(f"{path}: not a results file ({str(exc)[:200]})") from None
         if results.status_inferred and inferred is not None:
             inferred.add(path.stem)
         out[path.stem] = {r.name: asdict(r) for r in results.records}
@@ -210,7 +219,7 @@ def compare(before: Path, after: Path, *, keys: list[str] | None = None,
                 res["text"].append((nb, name, "; ".join(f"{f}: {_short(b.get(f), 160)} -> {_short(a.get(f), 160)}"
                                                         for f in txt)))
     bi, ai = before / "index.json", after / "index.json"
-    if bi.exists() and ai.exists():
+    if (bi.exists() or bi.is_symlink()) and (ai.exists() or ai.is_symlink()):
         # the index lists the notebooks under "notebooks" (format ess-index/1) or at its top level (before it)
         b_idx, a_idx = (_index_notebooks(_read_index(p)) for p in (bi, ai))
         for nb in sorted(set(b_idx) | set(a_idx)):
@@ -227,10 +236,14 @@ def compare(before: Path, after: Path, *, keys: list[str] | None = None,
 def _read_index(path: Path) -> dict:
     """An ``index.json``: one with a format through :func:`ess.pipeline.index.load_index` (checked), one of before
     the format as it is (a JSON object of notebooks)."""
+    if not path.is_file():
+        raise ValueError(f"{path}: not a run index (a folder, pipe or device)")
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except ValueError as exc:
-        raise ValueError(f"{path}: not a run index ({exc})") from None
+        raise ValueError(f"{path}: not a run index ({str(exc)[:200]})") from None
+    except RecursionError:
+        raise ValueError(f"{path}: not a run index (nested too deeply)") from None
     if not isinstance(data, dict):
         raise ValueError(f"{path}: not a run index (a JSON object)")
     return load_index(path) if "format" in data else data

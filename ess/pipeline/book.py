@@ -475,8 +475,13 @@ def _build(build: BuildDir, book_dir: Path | None) -> Path:
            "-W", "-n", "--keep-going"]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
-        tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-40:])
-        raise ReproduceError(f"the book did not build (jupyter-book exit {proc.returncode}):\n{tail}")
+        lines = (proc.stdout + proc.stderr).splitlines()
+        first = next((ln for ln in lines if "WARNING" in ln or "ERROR" in ln), lines[-1] if lines else "")
+        out.mkdir(exist_ok=True)
+        log = out / "jupyter-book.log"
+        log.write_text(proc.stdout + proc.stderr, encoding="utf-8")
+        raise ReproduceError(f"the book did not build (jupyter-book exit {proc.returncode}): {first.strip()[:300]} "
+                             f"(the whole output: {log})")
     html = out / "_build" / "html" / "index.html"
     if not html.exists():
         raise ReproduceError(f"jupyter-book succeeded but {html} is missing")

@@ -4,8 +4,9 @@ A build folder is one ``ess`` created (it holds the marker file ``.ess-build``) 
 ``ess`` then marks. ``ess`` refuses, with a one-line :class:`BuildDirError` and before it writes anything, the
 repository itself or a folder that holds it, a folder that holds one of the run's inputs or lies inside one (the
 notebooks it runs, ``book/``, ``data/``, the repository's ``notebooks/``: a marker does not make them ess's), a
-folder holding files tracked by git, a non-empty folder without the marker, a file or a symbolic link in the way of
-a folder ess writes, a missing parent folder and a folder it cannot write to. It deletes only what it creates
+folder holding files tracked by git, a non-empty folder without the marker, a marker that is a symbolic link or
+not a file, a file or a symbolic link in the way of a folder ess writes, a missing parent folder, a name the file
+system cannot hold, and a folder it cannot write to (the build folder, or one ess writes into that is there). It deletes only what it creates
 there: the folders named in :data:`CREATED` and files inside them, never through a symbolic link.
 
 The repository's own ``build/`` from before the marker existed is adopted when it holds nothing but those folders.
@@ -127,6 +128,10 @@ class BuildDir:
                 raise BuildDirError(f"build folder {path} cannot be created: {exc.strerror or exc}") from None
         build = cls(path)
         marker = path / MARKER
+        if marker.is_symlink() or (marker.exists() and not marker.is_file()):
+            what = "a symbolic link" if marker.is_symlink() else "not a file"
+            raise BuildDirError(f"build folder {path}: its marker {MARKER} is {what} (ess writes nothing through "
+                                f"it); remove it")
         if not marker.exists():
             # (a probe file is another ess command's check that the folder is writable, at this very moment)
             entries = sorted(p.name for p in path.iterdir() if not p.name.startswith(_PROBE))

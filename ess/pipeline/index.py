@@ -131,6 +131,14 @@ class RunIndex:
                                                          "finished": fields.get("finished"), "this_run": True,
                                                          "results": fields.get("results")}, **fields)
 
+    def recheck_in_place(self, build: BuildDir, name: str) -> None:
+        """Read again whose results file for ``name`` is in place (a run stopped while it swapped that notebook's
+        files in: its results may be this run's while its executed copy is not)."""
+        found = results_in_place(build, name)
+        if found is not None:
+            found["this_run"] = found.get("run_id") == self.run_id
+        self.data["notebooks"][name]["in_place"] = found
+
     def part(self, key: str, **fields) -> None:
         self.data[key] = fields
         self.write()

@@ -54,7 +54,7 @@ from typing import Callable
 from .. import validate
 from ..atomic import write_json_atomic, write_text_atomic
 from ..results import load_results, utc_now
-from .build_folder import BuildDir
+from .build_folder import BuildDir, BuildDirError
 from .errors import ReproduceError
 
 __all__ = ["NotebookRun", "run_notebook", "check_cell_timeout", "CELL_TIMEOUT_S", "MAX_CELL_TIMEOUT_S"]
@@ -68,11 +68,15 @@ _RUN_ID = re.compile(r"^[A-Za-z0-9]{1,64}$")
 
 class NotebookFailed(ReproduceError):
     """A notebook did not finish; ``kind`` says how (``cell_error``, ``timeout``, ``dead_kernel``, ``error``);
-    ``peak_rss_bytes`` the kernel's peak memory when it is known (see the module docstring), else None."""
+    ``peak_rss_bytes`` the kernel's peak memory when it is known (see the module docstring), else None;
+    ``executed`` where its executed copy was set aside (None when none was kept). The message is one line: what
+    went wrong, then where the copy is."""
 
-    def __init__(self, message: str, kind: str, peak_rss_bytes: int | None = None):
-        super().__init__(message)
+    def __init__(self, message: str, kind: str, peak_rss_bytes: int | None = None, executed: Path | None = None):
+        super().__init__(message + (f"; executed copy: {executed}" if executed else ""))
+        self.reason = message
         self.kind = kind
+        self.executed = executed
         self.peak_rss_bytes = peak_rss_bytes
 
 
@@ -159,6 +163,11 @@ def _die_with_parent() -> None:
 
 
 def _describe(path: Path, error: dict, cell_timeout_s: int) -> str:
+    """What went wrong, in one line (the ``ess`` command prints it as it is)."""
+    return " | ".join(line for line in _what_failed(path, error, cell_timeout_s).splitlines() if line.strip())
+
+
+def _what_failed(path: Path, error: dict, cell_timeout_s: int) -> str:
     kind = error.get("kind")
     if kind == "cell_error":
         return (f"notebook {path.name} failed in cell {error['cell_index']} (execution count {error['exec_count']}): "
@@ -268,6 +277,10 @@ def run_notebook(path: Path, build: BuildDir, *, smoke: bool = False, kernel_nam
     cell_timeout_s = check_cell_timeout(cell_timeout_s)
     run_id = run_id or uuid.uuid4().hex[:12]
     name = path.stem
+    for rel in (f"results/{name}.json", f"notebooks/{path.name}"):      # where the finished files go: checked
+        target = build.own(rel)                        # before the notebook runs (a link there is refused), so
+        if target.is_dir():                            # that neither is replaced without the other
+            raise BuildDirError(f"{target} is a folder where ess writes a file; move it")
     build.sub(".partial")
     build.remove(f".partial/{name}")                   # what a killed run left half-done
     work = build.own(f".partial/{name}")
@@ -297,8 +310,7 @@ def run_notebook(path: Path, build: BuildDir, *, smoke: bool = False, kernel_nam
 
     def fail(message: str, kind: str = "error"):
         kept = _set_aside(build, path, partial_nb, "failed", message, run_id)
-        where = f"\n  executed copy: {kept}" if kept else ""
-        return NotebookFailed(message + where, kind, peak)
+        return NotebookFailed(message, kind, peak, kept)
 
     with _signals_deferred():
         if rc != 0:

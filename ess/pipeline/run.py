@@ -185,7 +185,7 @@ def _run(build: BuildDir, notebooks: list[Path], *, smoke, only, book, progress,
                     # raised is not.
                     if exc.kind != "timeout" or attempt == retries:
                         index.notebook(current, status="failed", finished=utc_now(), attempts=attempt + 1,
-                                       peak_rss_bytes=exc.peak_rss_bytes, error=str(exc).splitlines()[0])
+                                       peak_rss_bytes=exc.peak_rss_bytes, error=exc.reason)
                         raise ReproduceError(str(exc)) from None
                     print(f"\n{exc}\nretrying {path.name} ({attempt + 1}/{retries})", file=sys.stderr)
         if figures:
@@ -204,11 +204,14 @@ def _run(build: BuildDir, notebooks: list[Path], *, smoke, only, book, progress,
         build.remove(".partial")
     except KeyboardInterrupt:
         if current:
+            index.recheck_in_place(build, current)
             index.notebook(current, status="interrupted", finished=utc_now())
         index.end("interrupted")
         raise
     except BaseException:
         try:
+            if current:
+                index.recheck_in_place(build, current)
             index.end("failed")
         except OSError:              # the index cannot be written either (a full disk, a read-only folder): the
             pass                     # first error is the one to report
