@@ -4,6 +4,7 @@ Run by hand (not in CI; minutes per module)::
 
     .venv/bin/python tools/mutation.py                       # every module below, every mutant
     .venv/bin/python tools/mutation.py --module costs --sample 40 --seed 1
+    .venv/bin/python tools/mutation.py --module grid --sample 20 --quick      # the quick tier only
 
 For each module it enumerates small mistakes in the source (AST mutations): an arithmetic operator flipped (+ -,
 * /, // /, ** *), a comparison flipped or made strict/loose (< <=, > >=, == !=), a constant off by one (integers +1,
@@ -43,6 +44,9 @@ MODULES = {
                                      "tests/test_sim_costs_models.py"]),
     "cachesim": ("ess/cachesim.py", ["tests/test_cachesim.py", "tests/test_memory_safety.py::test_index_rows_copies_and_checks",
                                      "tests/test_memory_safety.py::test_the_caller_keeps_its_array_and_the_trace_keeps_its_copy"]),
+    "overlap_check": ("ess/engine/overlap_check.py", ["tests/test_engine_overlap_check.py"]),
+    "calibrate": ("ess/sim/calibrate.py", ["tests/test_sim_calibrate.py", "tests/test_plan.py"]),
+    "grid": ("ess/sim/grid.py", ["tests/test_sim_grid.py", "tests/test_plan.py", "tests/test_tables_grid.py"]),
 }
 # tests too slow to run for every mutant (seconds each on two cores), deselected; what they check is covered by the
 # faster ones in the same files
@@ -177,7 +181,7 @@ def mutants(source: str) -> list[dict]:
 
 
 def _copy_repo(dst: Path) -> None:
-    for name in ("ess", "tests", "data", "pyproject.toml"):
+    for name in ("ess", "tests", "data", "notebooks", "pyproject.toml"):
         src = ROOT / name
         if src.is_dir():
             shutil.copytree(src, dst / name, ignore=shutil.ignore_patterns("__pycache__", "*.nbi", "*.nbc"))
@@ -185,11 +189,12 @@ def _copy_repo(dst: Path) -> None:
             shutil.copy2(src, dst / name)
 
 
-def run_tests(work: Path, tests: list[str], deselect: list[str], timeout: float) -> tuple[str, float]:
-    """'passed', 'failed' or 'timeout', and the seconds taken."""
+def run_tests(work: Path, tests: list[str], deselect: list[str], timeout: float,
+              quick: bool = False) -> tuple[str, float]:
+    """'passed', 'failed' or 'timeout', and the seconds taken (``quick``: the quick tier's tests only)."""
     existing = [t for t in tests if (work / t.split("::")[0]).exists()]
     cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "--no-header", "-W", "ignore",
-           *existing]
+           *(["-m", "not slow and not browser"] if quick else []), *existing]
     for d in deselect:
         cmd += ["--deselect", d] if "::" in d else ["-k", f"not {d}"]
     env = {**os.environ, "PYTHONPATH": str(work), "PYTHONDONTWRITEBYTECODE": "1"}
@@ -207,6 +212,8 @@ def main(argv=None) -> int:
     ap.add_argument("--sample", type=int, default=0, help="at most this many mutants per module (0 = all)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the sample")
     ap.add_argument("--timeout", type=float, default=240.0, help="seconds per mutant before it counts as killed")
+    ap.add_argument("--quick", action="store_true", help="run only the quick tier of each module's tests (not slow, "
+                                                         "not browser): does the quick tier alone catch the mistake?")
     ap.add_argument("--out", default=str(ROOT / "build" / "mutation" / "report.json"))
     args = ap.parse_args(argv)
     report = {"modules": {}, "started": time.strftime("%Y-%m-%d %H:%M:%S")}
@@ -218,7 +225,7 @@ def main(argv=None) -> int:
             path = work / rel
             original = path.read_text(encoding="utf-8")
             stat = path.stat()
-            status, base_s = run_tests(work, tests, DESELECT.get(name, []), args.timeout * 4)
+            status, base_s = run_tests(work, tests, DESELECT.get(name, []), args.timeout * 4, args.quick)
             if status != "passed":
                 print(f"{name}: the tests fail on the unmutated code ({status}); skipped")
                 continue
@@ -231,7 +238,7 @@ def main(argv=None) -> int:
             try:
                 for i, m in enumerate(ms):
                     path.write_text(m["source"], encoding="utf-8")
-                    status, dt = run_tests(work, tests, DESELECT.get(name, []), args.timeout)
+                    status, dt = run_tests(work, tests, DESELECT.get(name, []), args.timeout, args.quick)
                     times.append(dt)
                     if status == "passed":
                         survivors.append({"line": m["line"], "what": m["what"],

@@ -21,7 +21,8 @@ from .misses import MissesTable
 from .timeline import simulate
 
 __all__ = ["BandInputs", "band_inputs", "predict_configs", "step_breakdown", "overlap_vs_misses", "overlap_bands",
-           "band_frames", "strategy_overheads", "break_even_misses"]
+           "band_frames", "strategy_overheads", "break_even_misses", "calibrated_range", "extrapolated_parts",
+           "extrapolation_params", "mtp_growth", "mtp_step_ratio", "mtp_growth_frame"]
 
 # where an offload configuration's misses come from: a MissesTable, or any (context_len, ratio, mtp) -> (n_layers,)
 Misses = MissesTable | Callable[[int, float, int], np.ndarray]
@@ -392,3 +393,113 @@ def strategy_overheads(misses, *, scenario: Scenario | None = None, context_len:
                      "layers_none": int((ch == 0).sum()), "layers_da": int((ch == 1).sum()),
                      "layers_dba": int((ch == 2).sum())})
     return pd.DataFrame(rows)
+
+
+# ------------------------------------------------------------------------------------------------ extrapolation
+def calibrated_range() -> dict:
+    """What the cost model was calibrated on (the calibration points, :func:`ess.sim.calibrate.calibration_points`):
+    ``mtp`` and ``context_len`` (each the one value every point shares), ``batch_max`` (the largest batch),
+    ``ratio`` (1: no point offloads)."""
+    from .calibrate import calibration_points
+    pts = calibration_points()
+    mtps, contexts = {p.mtp for p in pts}, {p.context_len for p in pts}
+    if len(mtps) != 1 or len(contexts) != 1:              # the rule below assumes one MTP and one context
+        raise ValueError(f"the calibration points span MTP {sorted(mtps)} and contexts {sorted(contexts)}")
+    return {"mtp": mtps.pop(), "context_len": contexts.pop(), "batch_max": max(p.batch for p in pts),
+            "ratio": max(p.ratio for p in pts)}
+
+
+def extrapolated_parts(batch: int, context_len: int, ratio: float, mtp: int) -> list:
+    """Which parts of a prediction at ``batch``, ``context_len``, ``ratio`` and ``mtp`` leave what the cost model
+    was calibrated on (:func:`calibrated_range`), in words; empty for a calibrated configuration.
+
+    >>> extrapolated_parts(52, 32768, 1.0, 2)
+    []
+    >>> [p.split(":")[0] for p in extrapolated_parts(400, 131072, 0.2, 4)]      # Fig. 1 reaches batch 320
+    ['MTP 4', 'context 128K', 'batch 400', 'ratio 0.2']
+    """
+    c = calibrated_range()
+    out = []
+    if mtp != c["mtp"]:
+        out.append(f"MTP {mtp}: the step's growth with query tokens per request priced by the cost model, calibrated "
+                   f"at MTP {c['mtp']} (band: public MTP growth, data/calibration/mtp_growth.yaml)")
+    if context_len != c["context_len"]:
+        out.append(f"context {context_len // 1024}K: calibrated at {c['context_len'] // 1024}K; the indexer's growth "
+                   f"with position from DeepSeek's decode cost (4K-128K)")
+    if batch > c["batch_max"]:
+        out.append(f"batch {batch}: beyond the largest calibration batch ({c['batch_max']})")
+    if ratio < c["ratio"]:
+        out.append(f"ratio {ratio:.3g}: offload, never calibrated on a DeepSeek run; misses from the locality models "
+                   f"(calibration band), the copies and their overlap from the link and the formulas (checked on a "
+                   f"real engine, notebook 09)")
+    return out
+
+
+def extrapolation_params(scenario: Scenario | None = None, variant_fit: dict | None = None) -> dict:
+    """The cost-parameter variants of the extrapolation band that apply to ``scenario``'s GPU (notebook 10's, kept by
+    :func:`ess.sim.store.stored_calibration`): the kernel efficiencies at the slowest and the fastest shapes measured
+    at each point, each recalibrated; Blackwell's sparse attention at FlashMLA's measured B200 point on a Blackwell
+    GPU only. ``{name: CostParams}``."""
+    from .store import stored_calibration
+    gpu = as_scenario(scenario).specs()[2]
+    return {name: p for name, p in stored_calibration(variant_fit)["extrapolation"].items()
+            if p.attention_transfer == "hopper" or gpu.architecture == "blackwell"}
+
+
+def mtp_growth() -> dict:
+    """The public evidence on how a DeepSeek-class decode step grows with the query tokens per request
+    (``data/calibration/mtp_growth.yaml``, ``step_growth_per_query_token``): ``{"low", "central", "high"}`` -> ``a``
+    of the rule ``s(m) / s(1) = 1 + a (m - 1)`` (:func:`mtp_step_ratio`), and its ``source``."""
+    from .costs import calibration_data
+    e = calibration_data("mtp_growth")["step_growth_per_query_token"]
+    return {"low": float(e["low"]["a"]), "central": float(e["value"]["a"]), "high": float(e["high"]["a"]),
+            "source": e["source"]}
+
+
+def mtp_step_ratio(mtp, a: float, *, base: int = 2):
+    """The step at ``mtp`` query tokens per request over the step at ``base``: ``(1 + a (mtp - 1)) / (1 + a (base -
+    1))`` (the public rule, :func:`mtp_growth`).
+
+    >>> round(mtp_step_ratio(4, 0.32), 3), round(mtp_step_ratio(1, 0.32), 3)
+    (1.485, 0.758)
+    """
+    a = validate.real("a", a, lo=0.0)
+    base = validate.positive_int("base", base)
+    m = _counts("mtp", mtp, whole=True)
+    out = (1 + a * (m - 1)) / (1 + a * (base - 1))
+    return float(out[0]) if np.ndim(mtp) == 0 else out
+
+
+def mtp_growth_frame(frame: pd.DataFrame, a: float, *, scenario: Scenario | None = None) -> pd.DataFrame:
+    """``frame`` (rows of :func:`predict_configs` or :func:`ess.tables.sim.table2_predictions`) with the step's
+    growth with query tokens per request set by the public rule at ``a`` instead of the cost model's: each row at an
+    MTP other than the calibrated one (:func:`calibrated_range`) has its step (and its zero-miss bound's) scaled by
+    ``mtp_step_ratio(mtp, a) / g``, where ``g`` is the cost model's own ratio of the no-offload step at that MTP
+    to the step at the calibrated MTP (same batch, context and accept ratio, memory not checked); throughput and
+    OTPS by the inverse; ``gain_pct`` / ``gain_no_miss_pct`` against the unchanged reference. The offload part of
+    the step (stalls) is scaled alike. Rows at the calibrated MTP are unchanged. One extrapolation variant of the
+    bands of notebooks 07-08."""
+    sc = as_scenario(scenario).replace(check_memory=False)
+    base = calibrated_range()["mtp"]
+    out = frame.copy()
+    ok = (out.mtp != base) & out.get("step_ms_no_offload", pd.Series(np.nan, index=out.index)).notna()
+    if not ok.any():
+        return out
+    part = out[ok]
+    B, L = part.batch.to_numpy(int), part.context_len.to_numpy(int)
+    # the step does not depend on the accept ratio (only the tokens it yields do): 1 is valid at every MTP
+    at_base = simulate(B, L, 1.0, mtp=base, accept_ratio=1.0, scenario=sc).step_no_offload_s * 1e3
+    g_model = part.step_ms_no_offload.to_numpy(float) / at_base
+    f = mtp_step_ratio(part.mtp.to_numpy(int), a, base=base) / g_model
+    has_ref = "gain_pct" in out and "throughput" in out
+    if has_ref:
+        ref = out.throughput / (1 + out.gain_pct / 100)
+    for col, k in (("step_ms", f), ("stall_ms", f), ("step_ms_no_offload", f), ("throughput", 1 / f),
+                   ("otps", 1 / f), ("throughput_no_miss", 1 / f)):
+        if col in out:
+            out.loc[ok, col] = out.loc[ok, col].to_numpy(float) * k
+    if has_ref:
+        out["gain_pct"] = (out.throughput / ref - 1) * 100
+        if "gain_no_miss_pct" in out:
+            out["gain_no_miss_pct"] = (out.throughput_no_miss / ref - 1) * 100
+    return out

@@ -19,10 +19,11 @@ from ..memory import largest_batch, ratio_for_batch, smallest_step_ratio
 from ..published import published
 from ..sim.config import Scenario, as_scenario
 from ..sim.costs import calibration_data
-from ..sim.predictions import BandInputs, Misses, band_frames, predict_configs
+from ..sim.predictions import (BandInputs, Misses, band_frames, extrapolated_parts, extrapolation_params, mtp_growth,
+                               mtp_growth_frame, predict_configs)
 from ..sim.timeline import simulate
 
-__all__ = ["table2_predictions", "table2_bands", "previous_table2", "table2_moves", "band_over", "BAND_COLUMNS", "article_table_32k", "claim_128k",
+__all__ = ["table2_predictions", "table2_bands", "table2_extrapolation", "extrapolation_band", "previous_table2", "table2_moves", "band_over", "BAND_COLUMNS", "article_table_32k", "claim_128k",
            "table2_records", "article_records", "table2_128k_records", "deployment_records",
            "deployment_benefits", "section12_claims", "deployment_assumptions"]
 
@@ -147,6 +148,58 @@ def table2_bands(band: BandInputs, *, scenario: Scenario | None = None, contexts
     t2 = band_frames(frames, BAND_COLUMNS)
     t2["band_infeasible"] = np.sum([(f.status == "infeasible").to_numpy() for f in frames.values()], axis=0)
     return t2, frames
+
+
+def table2_extrapolation(band: BandInputs, central: pd.DataFrame, *, scenario: Scenario | None = None,
+                         contexts=("32k", "128k"), variant_fit: dict | None = None) -> dict:
+    """The extrapolation variants of Table 2's predictions, each one assumption changed from the central frame
+    ``central`` (:func:`table2_bands`' first frame), as notebook 10's extrapolation band is built: the kernel
+    efficiencies at the slowest and the fastest shapes measured at each point, recalibrated
+    (:func:`ess.sim.predictions.extrapolation_params`), with the central locality model; and the step's growth with query tokens per request set by the public evidence at its low, central and
+    high ``a`` (:func:`ess.sim.predictions.mtp_growth`, :func:`ess.sim.predictions.mtp_growth_frame`; rows at the
+    calibrated MTP unchanged). ``{name: frame}``; :func:`extrapolation_band` envelopes them with the calibration
+    band."""
+    if not isinstance(band, BandInputs):
+        raise TypeError(f"band must be an ess.sim.predictions.BandInputs, got {type(band).__name__}")
+    sc = as_scenario(scenario)
+    out = {name: table2_predictions(band.central_misses, scenario=sc.replace(params=p), contexts=contexts)
+           for name, p in extrapolation_params(sc, variant_fit).items()}
+    growth = mtp_growth()
+    for end in ("low", "central", "high"):
+        out[f"MTP growth: public {end} (a = {growth[end]:g})"] = mtp_growth_frame(central, growth[end], scenario=sc)
+    return out
+
+
+def extrapolation_band(t2: pd.DataFrame, frames: dict, xframes: dict, columns=BAND_COLUMNS) -> pd.DataFrame:
+    """``t2`` (:func:`table2_bands`) with ``<column>_ext_low`` / ``<column>_ext_high`` for each of ``columns``: the
+    lowest and highest value over the calibration band's ``frames`` and the extrapolation variants ``xframes``
+    (:func:`table2_extrapolation`; it contains the calibration band), ``ext_band_size``, and ``extrapolated``: which
+    parts of each row leave the calibrated range (:func:`ess.sim.predictions.extrapolated_parts`). A row with
+    nothing extrapolated keeps its calibration band."""
+    every = band_frames(list(frames.values()) + list(xframes.values()), columns)
+    out = t2.copy()
+    for col in columns:
+        out[f"{col}_ext_low"], out[f"{col}_ext_high"] = every[f"{col}_low"], every[f"{col}_high"]
+    out["ext_band_size"] = every["band_size"]
+    out["extrapolated"] = [extrapolated_parts(int(r.batch), int(r.context_len), 1.0 if pd.isna(r.ratio) else
+                                              float(r.ratio), int(r.mtp)) for _, r in out.iterrows()]
+    calibrated = out.extrapolated.map(len) == 0          # nothing extrapolated: the calibration band alone
+    for col in columns:
+        for end in ("low", "high"):
+            if f"{col}_{end}" in out:
+                out.loc[calibrated, f"{col}_ext_{end}"] = out.loc[calibrated, f"{col}_{end}"]
+    return out
+
+
+def _ext(r, col: str) -> dict:
+    """A row's extrapolation band of ``col`` and what it extrapolates, for its record's configuration (nothing for a
+    frame without one)."""
+    if f"{col}_ext_low" not in r:
+        return {}
+    lo, hi = r[f"{col}_ext_low"], r[f"{col}_ext_high"]
+    return {"extrapolation_band": {"low": None if pd.isna(lo) else float(lo), "high": None if pd.isna(hi) else
+                                   float(hi)},
+            "extrapolated": list(r.extrapolated)}
 
 
 def previous_table2() -> pd.DataFrame:
@@ -480,14 +533,14 @@ def table2_records(t2: pd.DataFrame, provenance: dict) -> list[dict]:
                             high=r.throughput_high, role="calibration"))
             continue
         out.append(dict(
-            name=f"{r.row}_throughput", value=r.throughput, unit="tokens/s per node", config=cfg,
+            name=f"{r.row}_throughput", value=r.throughput, unit="tokens/s per node", config={**cfg, **_ext(r, "throughput")},
             note=f"held back: prediction; stall {r.stall_ms:.1f} ms, {r.misses_per_step:.0f} misses per request "
                  f"and step ({r.misses_per_step_low:.0f}-{r.misses_per_step_high:.0f} over the band); gain vs row 1 "
                  f"{r.gain_pct:+.1f} % ({r.gain_pct_low:+.1f} to {r.gain_pct_high:+.1f} %); source of the config: "
                  f"{r.source}", low=r.throughput_low, high=r.throughput_high, status="held back (predicted)"))
-        out.append(dict(name=f"{r.row}_otps", value=r.otps, unit="tokens/s per request", config=cfg,
-                        note="held back: prediction", low=r.otps_low, high=r.otps_high,
-                        status="held back (predicted)"))
+        out.append(dict(name=f"{r.row}_otps", value=r.otps, unit="tokens/s per request",
+                        config={**cfg, **_ext(r, "otps")}, note="held back: prediction", low=r.otps_low,
+                        high=r.otps_high, status="held back (predicted)"))
         out.append(dict(name=f"{r.row}_throughput_no_miss", value=r.throughput_no_miss, unit="tokens/s per node",
                         config=cfg, note="bound: zero misses (only the D2H write-back of new tokens); band over the "
                                          "calibrations", low=r.throughput_no_miss_low, high=r.throughput_no_miss_high,
@@ -499,13 +552,27 @@ _ARTICLE_KEYS = {"Baseline": "article_baseline", "MTP=4": "article_mtp4", "ESS A
                  "Offload contribution": "article_offload_contribution"}
 
 
-def article_records(art: pd.DataFrame, frames: dict, provenance: dict) -> list[dict]:
+def _article_parts(maps_to: str) -> list:
+    """What an article row's configuration (its ``maps_to`` text: ``MTP m``, ``batch B``, ``ratio r`` or
+    ``offload``) extrapolates (:func:`ess.sim.predictions.extrapolated_parts`; a difference of two rows: both)."""
+    import re
+    mtp = re.search(r"MTP (\d+)", maps_to)
+    batch = re.search(r"batch (\d+)", maps_to)
+    ratio = re.search(r"ratio ([0-9.]+)", maps_to)
+    r = float(ratio.group(1).rstrip(".")) if ratio else (0.5 if "offload" in maps_to else 1.0)
+    L = published("paper_table2")["t2_32k_mtp2_b52_r1"]["context_len"]
+    return extrapolated_parts(int(batch.group(1)) if batch else 1, L, r, int(mtp.group(1)) if mtp else 2)
+
+
+def article_records(art: pd.DataFrame, frames: dict, provenance: dict, xframes: dict | None = None) -> list[dict]:
     """The records of :func:`article_table_32k` (notebook 07): every row with a percentage of ours, at its MTP 4
     accept ratio, with the article's value and source, and the band of the same row over ``frames`` (the
-    combinations of :func:`table2_bands`)."""
+    combinations of :func:`table2_bands`); with ``xframes`` (:func:`table2_extrapolation`) its extrapolation band
+    over both, and what it extrapolates (MTP 4; offload for the rows with it)."""
     pub = published("paper_table2")
     m4 = pub["t2_32k_mtp4"]
     arts = {key: article_table_32k(f) for key, f in frames.items()}
+    xarts = {key: article_table_32k(f) for key, f in (xframes or {}).items()}
     out = []
     for i, a in art.iterrows():
         if a.ours_pct is None or pd.isna(a.ours_pct):
@@ -513,9 +580,13 @@ def article_records(art: pd.DataFrame, frames: dict, provenance: dict) -> list[d
         tag = a.row.lower().replace(" ", "_").replace("=", "")
         acc = a.mtp4_accept_ratio
         _, lo, hi = band_over({key: f.ours_pct.iloc[i] for key, f in arts.items()})
+        ext = {}
+        if xframes:
+            _, xlo, xhi = band_over({key: f.ours_pct.iloc[i] for key, f in {**arts, **xarts}.items()})
+            ext = {"extrapolation_band": {"low": xlo, "high": xhi}, "extrapolated": _article_parts(a.maps_to)}
         out.append(dict(name=f"article_{tag}_pct_acc{acc:g}", value=float(a.ours_pct), unit="%",
                         config={"maps_to": a.maps_to, "mtp4_accept_ratio": acc,
-                                "accept_ratio_source": m4["accept_ratio_source"], **provenance},
+                                "accept_ratio_source": m4["accept_ratio_source"], **provenance, **ext},
                         published=a.article_pct, source=pub[_ARTICLE_KEYS[a.row]]["source"],
                         note=f"prediction; paper/blog: {a.paper_pct} %; zero-miss bound {a.ours_pct_no_miss:+.1f} %; "
                              f"{a.explanation}", low=lo, high=hi, status="predicted"))
@@ -537,14 +608,15 @@ def table2_128k_records(t128: pd.DataFrame, provenance: dict) -> list[dict]:
             out.append(dict(name=f"{r.row}_throughput", value=None, unit="tokens/s per node", config=cfg,
                             note=f"infeasible: {r.reason}", status="held back (predicted)"))
             continue
-        out.append(dict(name=f"{r.row}_throughput", value=r.throughput, unit="tokens/s per node", config=cfg,
+        out.append(dict(name=f"{r.row}_throughput", value=r.throughput, unit="tokens/s per node",
+                        config={**cfg, **_ext(r, "throughput")},
                         note=f"held back: prediction; gain vs ratio 1 {r.gain_pct:+.1f} % ({r.gain_pct_low:+.1f} to "
                              f"{r.gain_pct_high:+.1f} %); zero-miss bound {r.throughput_no_miss:,.0f}; the limit "
                              f"that binds: {r.limit_binds or 'none'}", low=r.throughput_low, high=r.throughput_high,
                         status="held back (predicted)"))
-        out.append(dict(name=f"{r.row}_otps", value=r.otps, unit="tokens/s per request", config=cfg,
-                        note="held back: prediction", low=r.otps_low, high=r.otps_high,
-                        status="held back (predicted)"))
+        out.append(dict(name=f"{r.row}_otps", value=r.otps, unit="tokens/s per request",
+                        config={**cfg, **_ext(r, "otps")}, note="held back: prediction", low=r.otps_low,
+                        high=r.otps_high, status="held back (predicted)"))
     return out
 
 

@@ -94,6 +94,11 @@ print(f"memory model's limit at {L // 1024}K, ratio {profile_ratio}: batch "
 print("configuration: the paper's overlap chart with the FlashTrans link" if as_data else
       f"what-if: the parameters differ from the chart ({chart['source']}) or FlashTrans ({flashtrans})")
 label = f"{L // 1024}K, batch {B}, MTP {mtp}, {LINK:g} GB/s"
+# every number below is offload at 128K and batch 160: outside what the cost model was calibrated on (MTP 2, 32K, no
+# offload). Its extrapolation band adds, to the calibrations, notebook 10's kernel-efficiency variants (the slowest
+# and fastest measured shapes, recalibrated); each record says what it extrapolates.
+xparams = predictions.extrapolation_params(scenario, variant_fit)
+extrapolated = predictions.extrapolated_parts(B, L, profile_ratio, mtp)
 cfg = {"context_len": L, "batch": B, "mtp": mtp, "h2d_GB_per_s": LINK, "d2h_GB_per_s": D2H,
        "params": "central calibration (notebook 05)", "memory_checked": False, "as_published_chart": as_data,
        "band": band.describe()}
@@ -109,16 +114,22 @@ cfg = {"context_len": L, "batch": B, "mtp": mtp, "h2d_GB_per_s": LINK, "d2h_GB_p
 chart_ov = predictions.overlap_bands(calibrations, {"uniform": None}, chart_misses, scenario=scenario,
                                      context_len=L, batch=B, mtp=mtp)
 chart_ov = chart_ov[chart_ov.strategy.isin(STRATEGIES)]
+chart_x = predictions.overlap_bands({**calibrations, **xparams}, {"uniform": None}, chart_misses, scenario=scenario,
+                                    context_len=L, batch=B, mtp=mtp)
+chart_x = chart_x[chart_x.strategy.isin(STRATEGIES)]
 display(chart_ov.pivot(index="misses_per_layer", columns="strategy",
                        values=["overhead_us_per_layer", "overhead_us_per_layer_low",
                                "overhead_us_per_layer_high"]).round(1))
 vsim.fig_overlap_vs_misses(chart_ov, f"Extra time per layer and micro-batch, {label} (band: calibrations x "
                                      "part-batch evidence)", value="overhead_us_per_layer").show()
-for _, r in chart_ov.iterrows():
+for (_, r), (_, x) in zip(chart_ov.iterrows(), chart_x.iterrows()):
     rec.record(f"overlap_us_{r.strategy}_m{int(r.misses_per_layer)}", r.overhead_us_per_layer,
                "us per layer and micro-batch",
                config={**cfg, "strategy": r.strategy, "misses_per_layer": r.misses_per_layer,
-                       "profile": "uniform over the layers", "micro_batch": B / 2},
+                       "profile": "uniform over the layers", "micro_batch": B / 2,
+                       "extrapolation_band": {"low": float(x.overhead_us_per_layer_low),
+                                              "high": float(x.overhead_us_per_layer_high)},
+                       "extrapolated": extrapolated},
                note="held back in the paper (the overlap chart): prediction", low=r.overhead_us_per_layer_low,
                high=r.overhead_us_per_layer_high, status="held back (predicted)")
 
@@ -191,14 +202,18 @@ for L_ in (context_len_short, L):
 # %%
 profiles = {name: table(L, profile_ratio, mtp) for name, table in band.misses.items()}
 ov = predictions.overlap_bands(calibrations, profiles, miss_grid, scenario=scenario, context_len=L, batch=B, mtp=mtp)
+ov_x = predictions.overlap_bands({**calibrations, **xparams}, profiles, miss_grid, scenario=scenario, context_len=L,
+                                 batch=B, mtp=mtp)
 piv = ov.pivot(index="misses_per_layer", columns="strategy", values="overhead_pct")
 display(ov.pivot(index="misses_per_layer", columns="strategy",
                  values=["overhead_pct", "overhead_pct_low", "overhead_pct_high"]).round(2))
 vsim.fig_overlap_vs_misses(ov, f"Offload overhead, {label} (band: calibrations x locality models)").show()
-for _, r in ov.iterrows():
+for (_, r), (_, x) in zip(ov.iterrows(), ov_x.iterrows()):
     rec.record(f"overhead_{r.strategy}_m{int(r.misses_per_layer)}", r.overhead_pct, "% of step",
                config={**cfg, "strategy": r.strategy, "mean_misses_per_layer": r.misses_per_layer,
-                       "profile": f"ess.cachesim {L // 1024}K ratio {profile_ratio}"},
+                       "profile": f"ess.cachesim {L // 1024}K ratio {profile_ratio}",
+                       "extrapolation_band": {"low": float(x.overhead_pct_low), "high": float(x.overhead_pct_high)},
+                       "extrapolated": extrapolated},
                note="held back in the paper: prediction", low=r.overhead_pct_low, high=r.overhead_pct_high,
                status="held back (predicted)")
 
