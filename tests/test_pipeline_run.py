@@ -407,3 +407,22 @@ def test_a_notebooks_folder_that_does_not_exist_or_holds_none_is_a_usage_error(t
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and ("is not a folder" in err[0] or "holds no NN_name.ipynb" in err[0]), err
     assert not (tmp_path / "b").exists()
+
+
+@pytest.mark.slow
+def test_only_one_notebook_into_a_fresh_build_folder_builds_the_book_from_what_ran(tmp_path, capsys):
+    """`ess reproduce --only 01 --smoke` into a fresh build folder with the book on: the book builds (warnings are
+    errors) from notebook 01 alone; a page quoting a notebook that did not run shows that in place of the number
+    and says so at its top, and the command says which pages on stderr, one line."""
+    build = tmp_path / "b"
+    assert main(["reproduce", "--only", "01", "--smoke", "--no-figures", "--build-dir", str(build)]) == 0, \
+        capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "05_simulator_calibration" in err and "pages/05_simulator.md" in err
+    site = build / "book" / "_build" / "html"
+    intro = html.unescape(re.sub(r"<[^>]+>", "", (site / "intro.html").read_text(encoding="utf-8")))
+    assert "not run: 05_simulator_calibration" in intro and "did not run or record" in intro
+    first = {r.name: r.value for r in load_records(build / "results" / "01_memory_wall.json")}
+    design = (site / "pages" / "01_design.html").read_text(encoding="utf-8")
+    assert f'<span class="pasted-text">{first["indexer_entry_bytes"]}</span>' in design, "01's numbers are quoted"
+    assert sorted(p.name for p in (site / "notebooks").glob("*.html")) == ["01_memory_wall.html"]
