@@ -385,3 +385,111 @@ def test_the_held_out_set_is_the_one_written_down_before_its_first_run():
     design, _ = notebook_design()
     assert design.held_out_set() == entry["held_out"]["value"]
     assert design.held_out_set() != entry["spent_held_out"]["value"]
+
+
+# ------------------------------------------------------------------ the pieces under the fit, by hand
+
+def test_each_half_of_a_split_batch_is_sized_by_its_own_requests():
+    """B = 3 (halves: requests 0-1 and 2), prompts of 10, 20 and 40 tokens, K = 8, step 1: indexer_b0 scans
+    11 + 21 = 32 tokens over 2 requests, indexer_b1 41 over 1; attn_hits gathers the hits (2 + 3 + 4), attn_misses
+    the misses (6 + 5 + 4) over all three."""
+    from ess.engine.overlap_check import op_samples
+    timer = OpTimer()
+    timer.step = 1
+    for i, op in enumerate(("indexer_b0", "indexer_b1", "attn_hits", "attn_misses")):
+        timer.add(op, 0, i * MS, (i + 1) * MS)
+    hits = np.array([[[0, 0, 0]], [[2, 3, 4]]])
+    misses = np.array([[[0, 0, 0]], [[6, 5, 4]]])
+    run = SimpleNamespace(config={"batch": 3, "prompt_lens": [10, 20, 40], "topk": 8, "steps": 2}, timer=timer,
+                          hits=hits, misses=misses, step_times=lambda: np.array([1.0, 0.004]))
+    df = op_samples(run).set_index(["family", "requests"])
+    ind = op_samples(run)
+    ind = ind[ind.family == "indexer"].sort_values("requests")
+    assert ind[["requests", "tokens", "selected"]].to_numpy().tolist() == [[1, 41, 8], [2, 32, 16]]
+    attn = op_samples(run)
+    attn = attn[attn.family == "attn"]
+    assert attn.entries.tolist() == [9, 15] and (attn.requests == 3).all()
+    assert len(df) == 5                                   # four calls and the step's "other" row
+
+
+def test_link_jobs_from_the_first_timed_step_by_hand():
+    """Steps start at their embed (0 and 10 ms); only jobs submitted from step 1's start count. The job at 11 ms
+    waits 0.5 ms to start, crosses 2 ms, and its waiter returns 0.3 ms after it lands; it found the link idle and
+    its caller began waiting (1.8 ms before it returned) before it landed: blocked. The next, submitted at 12 ms while
+    the first crosses, is not idle, and its caller began waiting after it landed (``waited_s`` is how long the wait
+    took)."""
+    from ess.engine.overlap_check import link_samples
+    timer = OpTimer()
+    for t, start in ((0, 0.0), (1, 0.010)):
+        timer.step = t
+        timer.add("embed", -1, start, start + 0.0001)
+    jobs = [{"kind": "h2d", "layer": 0, "nbytes": 100, "submit_s": 0.001, "start_s": 0.001, "end_s": 0.002,
+             "returned_s": 0.002, "waited_s": 0.002},
+            {"kind": "h2d", "layer": 0, "nbytes": 2000, "submit_s": 0.011, "start_s": 0.0115, "end_s": 0.0135,
+             "returned_s": 0.0138, "waited_s": 0.0018},
+            {"kind": "d2h", "layer": 1, "nbytes": 50, "submit_s": 0.012, "start_s": 0.0135, "end_s": 0.014,
+             "returned_s": 0.015, "waited_s": 0.0005}]
+    run = SimpleNamespace(config={"link_GB_per_s": 0.001}, timer=timer, link_records=jobs)
+    df = link_samples(run)
+    assert df.bytes.tolist() == [2000, 50]
+    assert df.queue_s.tolist() == pytest.approx([0.0005, 0.0015]) and df.cross_s.tolist() == pytest.approx([0.002,
+                                                                                                            0.0005])
+    assert df.resume_s.tolist() == pytest.approx([0.0003, 0.001])
+    assert df.idle.tolist() == [True, False] and df.blocked.tolist() == [True, False]
+
+
+def test_the_paced_link_latency_by_hand():
+    """Paced jobs at 0.001 GB/s (1e6 B/s) crossing bytes / 1e6 + 0.4 ms, each waking 0.1 ms after submission on an
+    idle link and returning 0.2 ms after landing to a blocked waiter: latency = wake 0.1 + overshoot 0.4 + resume
+    0.2 = 0.7 ms; a 1,000-byte job is then priced 0.7 + 1 = 1.7 ms."""
+    from ess.engine.overlap_check import fit_op_costs
+    run = _synthetic_run(2, 50, 3, 0, full=True)
+    jobs, t = [], [r.start_s for r in run.timer.records if r.op == "embed"][1]       # from step 1's start on
+    for n in (1000, 3000, 500):
+        submit, start = t, t + 0.0001
+        end = start + n / 1e6 + 0.0004
+        jobs.append({"kind": "h2d", "layer": 0, "nbytes": n, "submit_s": submit, "start_s": start, "end_s": end,
+                     "returned_s": end + 0.0002, "waited_s": submit})
+        t = end + 0.001
+    run.link_records = jobs
+    run.config["link_GB_per_s"] = 0.001
+    costs = fit_op_costs([run])
+    assert costs.link_latency_s["h2d"] == pytest.approx(0.0007)
+    assert costs.link_s("h2d", 1000, 0.001) == pytest.approx(0.0017)
+
+
+def test_a_rows_numbers_are_its_prediction_and_measurement():
+    """check_runs' row of a configuration: predicted_ms and measured_ms are predict_run's seconds x 1000 and error
+    their ratio minus one."""
+    from ess.engine.overlap_check import check_runs
+    cal = [_synthetic_run(b, p, 3, s, full=True) for s, (b, p) in enumerate([(1, 50), (2, 50), (1, 200), (2, 120)])]
+    held = _synthetic_run(3, 80, 6, 9, full=True)
+    costs, table = check_runs(cal, [held])
+    p = predict_run(costs, held)
+    row = table.iloc[-1]
+    assert row.predicted_ms == pytest.approx(p["predicted_s"] * 1e3) and row.measured_ms == pytest.approx(
+        p["measured_s"] * 1e3)
+    assert row.error == pytest.approx(p["predicted_s"] / p["measured_s"] - 1) and row.measured_ms > 1.0
+
+
+def test_the_serial_gap_and_the_breakdown_price_the_predicted_counts():
+    """A held-out DA run whose own misses (up to 6 per request and layer) differ from the predicted ones (shares 0):
+    the serial formula's gap is |predicted / measured - 1| of the run priced with the predicted counts (here: no
+    copy at all, so the serial price is the serial work alone), and the breakdown's predicted parts are the same
+    run's; priced with its own counts both would differ."""
+    from ess.engine.overlap_check import OverlapCheck, check_runs, with_predicted_counts
+    cal = [_synthetic_run(b, p, 3, s, full=True) for s, (b, p) in enumerate([(1, 50), (2, 50), (1, 200), (2, 120)])]
+    held = _synthetic_run(3, 80, 6, 9, full=True)
+    held.config["schedule"] = "da"
+    shares = np.zeros((3, 2))
+    costs, table = check_runs(cal, [held], shares=shares)
+    check = OverlapCheck(None, costs, table, cal, [held], shares=shares)
+    priced = with_predicted_counts(held, shares)
+    p = predict_run(costs, priced, schedule="none")
+    gap, own = check.serial_pricing_gap()
+    assert gap == pytest.approx(abs(p["predicted_s"] / p["measured_s"] - 1))
+    assert own == pytest.approx(abs(table.iloc[-1].error))
+    assert p["predicted_s"] != predict_run(costs, held, schedule="none")["predicted_s"]       # the counts matter
+    parts = check.breakdown(80, 3)
+    pred = parts[parts.config.str.startswith("predicted")].set_index("part").ms
+    assert pred.to_dict() == pytest.approx({k: v * 1e3 for k, v in predict_run(costs, priced)["breakdown_s"].items()})
