@@ -493,3 +493,24 @@ def test_the_serial_gap_and_the_breakdown_price_the_predicted_counts():
     parts = check.breakdown(80, 3)
     pred = parts[parts.config.str.startswith("predicted")].set_index("part").ms
     assert pred.to_dict() == pytest.approx({k: v * 1e3 for k, v in predict_run(costs, priced)["breakdown_s"].items()})
+
+
+def test_the_summary_by_hand(monkeypatch):
+    """Held-out errors +2 %, -4 %, +10 % (median 4 %, worst 10 % at B=6), calibration errors 1 % and -3 % (median 2 %,
+    worst 3 %), measured-input errors 1 %, 2 %, -20 %; products' shares 0.3, 0.5, 0.4."""
+    import pandas as pd
+    from ess.engine.overlap_check import OverlapCheck
+    rows = [("calibration", 1, 0.01, 0.2), ("calibration", 2, -0.03, 0.2), ("held out", 3, 0.02, 0.3),
+            ("held out", 4, -0.04, 0.5), ("held out", 6, 0.10, 0.4)]
+    table = pd.DataFrame([{"role": r, "batch": b, "context_len": 64, "schedule": "da", "link_GB_per_s": 0.01,
+                           "error": e, "products_share": s} for r, b, e, s in rows])
+    measured = table.assign(error=[0.0, 0.0, 0.01, 0.02, -0.20])
+    check = OverlapCheck(None, None, table, [], [], measured_table=measured)
+    monkeypatch.setattr(OverlapCheck, "serial_pricing_gap", lambda self: (0.3, 0.04))
+    s = check.summary()
+    assert s["median"] == pytest.approx(0.04) and s["worst"] == pytest.approx(0.10)
+    assert s["worst_config"] == "B=6 L=64 da link=0.01 (+10.0%)" and s["goal_met"] is False
+    assert s["calibration_median"] == pytest.approx(0.02) and s["calibration_worst"] == pytest.approx(0.03)
+    assert s["products_share_median"] == pytest.approx(0.4) and s["products_share_max"] == pytest.approx(0.5)
+    assert s["measured_median"] == pytest.approx(0.02) and s["measured_worst"] == pytest.approx(0.20)
+    assert s["measured_goal_met"] is False and (s["serial_gap"], s["own"]) == (0.3, 0.04)
