@@ -109,3 +109,25 @@ def test_each_step_reads_k_rows_not_the_context():
     assert (read == K).all()
     assert (c["cache_misses"][0] == K).all()                                   # a cold pool: the first step misses
     np.testing.assert_array_equal(c["host_to_device_bytes"], c["cache_misses"] * E)
+
+
+def test_a_sparse_cache_continues_from_transformers_own_prefill():
+    # one dense prefill into transformers' DynamicCache, taken over by a SparseCache: the same steps as a
+    # SparseCache that prefilled itself (without LRU-Warmup, whose windows a DynamicCache does not keep)
+    from transformers import DynamicCache
+    ids = torch.tensor(prompts([70, 70], 6))
+    want = H.decode(MODEL, ids, 3, ratio=0.3, topk=6, warmup=False)
+    dyn = DynamicCache(config=MODEL.config)
+    H.enable(MODEL)
+    first, _ = H.prefill(MODEL, ids, dyn)
+    cache = H.SparseCache.from_cache(MODEL, dyn, max_new_tokens=3, ratio=0.3, topk=6, warmup=False)
+    tok = first.argmax(-1)
+    with torch.no_grad():
+        for t in range(3):
+            lg = MODEL(input_ids=tok[:, None], cache=cache).logits[:, -1]
+            assert torch.equal(lg, want.logits[:, t])
+            tok = lg.argmax(-1)
+    cache.close()
+    np.testing.assert_array_equal(cache.counters()["cache_misses"], want.counters["cache_misses"])
+    with pytest.raises(TypeError, match="cache must be a transformers cache"):
+        H.SparseCache.from_cache(MODEL, object(), max_new_tokens=3)

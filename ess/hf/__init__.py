@@ -23,4 +23,4 @@ from .cache import SparseCache  # noqa: F401
 from .latent import LATENT_DTYPES, LatentFormat  # noqa: F401
 from .models import (DSA_TYPES, GQA_TYPES, UNSUPPORTED, ModelInfo, load_smollm2, model_info,  # noqa: F401
                      tiny_dsa_config, tiny_dsa_model, transformers_llama)
-from .run import HFRun, decode, dense_decode, record_trace  # noqa: F401
+from .run import HFRun, decode, dense_decode, prefill, record_trace  # noqa: F401

@@ -206,6 +206,33 @@ class SparseCache(Cache):
         self._recorder = None
         self.link = None
 
+    @classmethod
+    def from_cache(cls, model, cache, config: DecodeConfig | None = None, *, max_new_tokens: int, **kwargs):
+        """A SparseCache that continues from a prompt already prefilled into transformers' own ``cache`` (a
+        ``DynamicCache`` of ``model``, every layer holding the prompt): its entries (and a DSA model's indexer keys)
+        are taken over, so that one prefill serves a dense and a sparse run. LRU-Warmup needs the prefill's queries
+        or top-K sets, which a transformers cache does not keep: the device pool starts cold. Other arguments as
+        for the constructor."""
+        new = cls(model, config, max_new_tokens=max_new_tokens, **kwargs)
+        layers = getattr(cache, "layers", None)
+        if not isinstance(layers, list) or len(layers) != new.n_layers:
+            raise TypeError(f"cache must be a transformers cache of the model's {new.n_layers} layers, got "
+                            f"{type(cache).__name__}")
+        for i, layer in enumerate(layers):
+            a, b = getattr(layer, "keys", None), getattr(layer, "values", None)
+            if not isinstance(a, torch.Tensor) or a.ndim != 4 or a.shape[2] == 0:
+                raise ValueError(f"cache: layer {i} holds no prefilled entries")
+            new._prefill[i], new._seen[i] = (a, b), a.shape[2]
+            ik = getattr(layer, "indexer_keys", None)
+            if new.info.kind == "dsa" and ik is not None and ik.numel():
+                buf = torch.zeros((ik.shape[0], ik.shape[1] + new.max_new_tokens, ik.shape[2]), dtype=ik.dtype,
+                                  device=ik.device)
+                buf[:, :ik.shape[1]] = ik
+                new._index_keys[i] = (buf, ik.shape[1])
+        if len({p[0].shape[2] for p in new._prefill}) != 1:
+            raise ValueError("cache: its layers hold prompts of different lengths")
+        return new
+
     # -- transformers' cache protocol -------------------------------------------------------------------------
     def _update(self, layer: int, a: torch.Tensor, b: torch.Tensor):
         """``cache.update``: GQA (keys, values) (B, Hkv, S, hd); DSA (k_pass, k_rot) (B, 1, S, kv / rope)."""

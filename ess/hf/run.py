@@ -25,7 +25,7 @@ from ..engine.config import DecodeConfig
 from .cache import SparseCache
 from .models import model_info
 
-__all__ = ["HFRun", "decode", "dense_decode", "record_trace", "run_command", "PREFILL_CHUNK"]
+__all__ = ["HFRun", "prefill", "decode", "dense_decode", "record_trace", "run_command", "PREFILL_CHUNK"]
 
 # design choice: prompts longer than this are prefilled in chunks of this many tokens (a progress bar per chunk);
 # the chunk bounds the prefill's attention scores at chunk x context floats per head
@@ -81,23 +81,32 @@ def _feed(feed, B: int, steps: int):
     return feed
 
 
-def _loop(model, ids, steps, cache, feed, keep_logits, progress) -> HFRun:
+def prefill(model, input_ids, cache, *, progress: bool = False):
+    """The dense prefill of prompts ``input_ids`` (B, T) into ``cache`` (a :class:`SparseCache` or transformers'
+    own), in chunks of :data:`PREFILL_CHUNK` tokens with a progress bar when ``progress`` and the prompt is longer
+    than one chunk. Returns ``(logits (B, V) after the prompt, seconds)``."""
     from tqdm.auto import tqdm
-    B, T = ids.shape
-    dev = ids.device
+    ids = _ids(model, input_ids)
+    T = ids.shape[1]
     chunks = [(s, min(s + PREFILL_CHUNK, T)) for s in range(0, T, PREFILL_CHUNK)]
     if len(chunks) > 1 and chunks[-1][1] - chunks[-1][0] == 1:          # a 1-token chunk would read as a decode
         chunks[-2:] = [(chunks[-2][0], T)]
-    kept = []
+    t0 = time.perf_counter()
     with torch.no_grad():
-        t0 = time.perf_counter()
         bar = tqdm(total=T, desc="prefill", unit="tok", disable=not progress or len(chunks) == 1, file=sys.stderr)
         for s, e in chunks:
             out = model(input_ids=ids[:, s:e], cache=cache, use_cache=True)
             bar.update(e - s)
         bar.close()
-        prefill_s = time.perf_counter() - t0
-        first = out.logits[:, -1].float()
+    return out.logits[:, -1].float(), time.perf_counter() - t0
+
+
+def _loop(model, ids, steps, cache, feed, keep_logits, progress) -> HFRun:
+    B = ids.shape[0]
+    dev = ids.device
+    kept = []
+    first, prefill_s = prefill(model, ids, cache, progress=progress)
+    with torch.no_grad():
         tokens = np.zeros((B, steps + 1), np.int64)
         tokens[:, 0] = (feed[:, 0] if feed is not None else first.argmax(-1)).cpu().numpy()
         times = np.zeros(steps)
