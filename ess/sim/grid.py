@@ -31,7 +31,7 @@ import pandas as pd
 from ..memory import batch_limits, smallest_step_ratio
 from ..specs import (DEFAULT_DEPLOYMENT, DEFAULT_MODEL, ModelSpec, deployment_spec, gpu_spec, host_link_spec,
                      list_host_links, model_spec)
-from ..validate import boolean, integer, one_of, positive_int, real, sequence, span as check_span
+from ..validate import boolean, frame, integer, one_of, positive_int, real, sequence, span as check_span
 from .config import Scenario
 from .costs import CostParams
 from .misses import MissesTable
@@ -51,6 +51,15 @@ GRID_LONG_CONTEXTS = (1048576,)
 #: the link speeds the searches span (GB/s, per direction): a link below the first pays or not as the first does;
 #: one that needs more than the last is reported as never reached
 LINK_RANGE_GB_PER_S = (0.5, 5000.0)
+
+#: the most ratios a grid spaces (they are rounded to 3 decimals: no more than 1,000 differ) and the most bisection
+#: steps of a link search (each halves a log-space interval; float64 tells no two speeds apart after ~60)
+MAX_RATIOS = 1000
+MAX_ITERATIONS = 100
+
+#: the columns of grid_cells' frame, and those grid_search adds to every row (the link searches and bands read them)
+CELL_COLUMNS = ("model", "gpu", "link", "h2d_GB_per_s", "d2h_GB_per_s", "context_len")
+FOUND_COLUMNS = CELL_COLUMNS + ("mtp", "accept_ratio")
 
 
 def grid_deployment(gpu: str) -> str:
@@ -166,7 +175,7 @@ def ratio_grid(model, context_len: int, mtp: int, n: int = 8, top: float = 0.8) 
     ratio in (0, 1]."""
     model = model_spec(model) if isinstance(model, str) else model
     context_len = integer("context_len", context_len, lo=1, below=model.max_position_embeddings + 1)
-    mtp, n = positive_int("mtp", mtp), positive_int("n", n)
+    mtp, n = positive_int("mtp", mtp), integer("n", n, lo=1, below=MAX_RATIOS + 1)
     top = real("top", top, lo=0.0, hi=1.0, lo_open=True)
     lo = smallest_step_ratio(context_len, mtp, model=model)
     if lo >= top:
@@ -379,9 +388,10 @@ def grid_search(cells: pd.DataFrame, inputs: GridInputs, *, mtp: int | None = No
     params = inputs.params if params is None else params
     strategy = one_of("strategy", strategy, STRATEGIES + ("best",))
     fixed_ratios = _check_ratios(ratios)
-    n_ratios = positive_int("n_ratios", n_ratios)
+    n_ratios = integer("n_ratios", n_ratios, lo=1, below=MAX_RATIOS + 1)
     check_memory = boolean("check_memory", check_memory)
     mtp = None if mtp is None else positive_int("mtp", mtp)
+    frame("cells", cells, CELL_COLUMNS)
     out = []
     for (m, g), part in cells.groupby(["model", "gpu"], sort=False):
         spec = model_spec(m)
@@ -507,8 +517,9 @@ def break_even_link(found: pd.DataFrame, inputs: GridInputs, *, n_ratios: int = 
     ratios re-chosen among (default each cell's grid, :func:`ratio_grid`). ``span`` is ``(low, high)`` with
     ``0 < low < high``, ``iterations`` (bisection steps) at least 1."""
     fixed_ratios = _check_ratios(ratios)
-    n_ratios = positive_int("n_ratios", n_ratios)
-    iterations = positive_int("iterations", iterations)
+    frame("found", found, FOUND_COLUMNS)
+    n_ratios = integer("n_ratios", n_ratios, lo=1, below=MAX_RATIOS + 1)
+    iterations = integer("iterations", iterations, lo=1, below=MAX_ITERATIONS + 1)
     span = check_span("span", span)
     out = pd.Series(np.nan, index=found.index)
     below = pd.Series(False, index=found.index)
@@ -577,8 +588,9 @@ def overlap_links(found: pd.DataFrame, inputs: GridInputs, *, tolerance: float =
     ``span[0]`` where it holds there already, NaN where not even at ``span[1]`` (the layer without locality, which
     misses most of what it selects, can keep DBA worth more than 1 % to very fast links). ``tolerance`` is a share
     of the step in [0, 1], ``span`` ``(low, high)`` with ``0 < low < high``, ``iterations`` at least 1."""
+    frame("found", found, FOUND_COLUMNS)
     tolerance = real("tolerance", tolerance, lo=0.0, hi=1.0)
-    iterations = positive_int("iterations", iterations)
+    iterations = integer("iterations", iterations, lo=1, below=MAX_ITERATIONS + 1)
     span = check_span("span", span)
     out = pd.DataFrame({"hidden_GB_per_s": np.nan, "serial_GB_per_s": np.nan}, index=found.index)
     ok = found[found.get("best_batch", pd.Series(np.nan, index=found.index)).notna()]
@@ -672,7 +684,7 @@ def grid_bands(found: pd.DataFrame, inputs: GridInputs) -> pd.DataFrame:
     ``gain_pct_low`` / ``_high`` (the extrapolation band, which contains it), the same for ``throughput``,
     ``band_size``, ``band_infeasible`` (combinations under which the central configuration does not fit or cannot
     be simulated), and ``calibrated_cell``."""
-    df = found.copy()
+    df = frame("found", found, FOUND_COLUMNS).copy()
     for col in ("gain_pct", "throughput"):
         for s in ("cal_low", "cal_high", "low", "high"):
             df[f"{col}_{s}"] = np.nan
@@ -780,7 +792,7 @@ def cell_view(inputs: GridInputs, model: str, gpu: str, link: str, context_len: 
     dep = deployment_spec(grid_deployment(gpu))
     lk = host_link_spec(serving_link(gpu, link))
     context_len = integer("context_len", context_len, lo=1, below=spec.max_position_embeddings + 1)
-    n_ratios = positive_int("n_ratios", n_ratios)
+    n_ratios = integer("n_ratios", n_ratios, lo=1, below=MAX_RATIOS + 1)
     T = positive_int("mtp", mtp)
     acc = accept_ratio_for(T, dep) if accept_ratio is None else real("accept_ratio", accept_ratio, lo=1.0, hi=T)
     table = (tables or {}).get((model, T)) or inputs.table(spec)
