@@ -1,10 +1,14 @@
 """Bring your own model: a transformers decoder decoding sparsely through ess's tiered cache.
 
->>> import ess.hf  # doctest: +SKIP
->>> model = ess.hf.tiny_dsa_model("deepseek_v32")              # or any Llama/Qwen/Mistral, or load_smollm2()
->>> cache = ess.hf.SparseCache(model, max_new_tokens=8, ratio=0.5, schedule="da")
->>> out = model.generate(ids, cache=cache, max_new_tokens=8, do_sample=False)
->>> cache.frame()                                              # cache_hits, cache_misses, host_to_device_bytes
+>>> import torch, ess.hf
+>>> model = ess.hf.tiny_dsa_model("deepseek_v32", index_topk=8)   # or any Llama/Qwen/Mistral; load_smollm2()
+>>> ids = torch.randint(0, 97, (1, 24), generator=torch.Generator().manual_seed(0))
+>>> cache = ess.hf.SparseCache(model, max_new_tokens=4, ratio=0.5, schedule="da")
+>>> out = model.generate(ids, attention_mask=torch.ones_like(ids), cache=cache, max_new_tokens=4,
+...                      min_new_tokens=4, do_sample=False)
+>>> cache.close()
+>>> cache.counters()["cache_misses"].shape       # (decode steps, layers, requests); also cache_hits, bytes
+(3, 3, 1)
 
 Modules, one concern each:
 

@@ -26,7 +26,6 @@ sampled decoding (no beam search), a float32 model.
 """
 from __future__ import annotations
 
-import time
 from contextvars import ContextVar
 from typing import Callable
 
@@ -94,10 +93,11 @@ class _Layer(CacheLayerMixin):
         raise NotImplementedError("a SparseCache does not support beam search (num_beams=1)")
 
 
-class _LatentWiring:
+class _LatentWiring(KVWiring):
     """A DSA model's part of one layer of a decode step (:func:`ess.decode.run_layer`): the model's indexer has
     selected (``cached``: (B, K) positions in the cache, -1 padded); attention scores the selected latent rows where
-    they lie in the device pool (:class:`LatentStepAttention`)."""
+    they lie in the device pool (:class:`LatentStepAttention`, whose columns :class:`KVWiring`'s ``attend`` and
+    ``merge`` fill and combine as for K/V entries)."""
 
     def __init__(self, cached: np.ndarray, att: LatentStepAttention, new: torch.Tensor):
         self.cached, self.att, self._new = cached, att, new
@@ -105,19 +105,6 @@ class _LatentWiring:
     def select(self, rows):
         idx = self.cached[rows]
         return idx, np.where(idx >= 0, 1.0, 0.0)
-
-    def attend(self, plans, rows, part):
-        bs, cols, slots = [], [], []
-        for plan, r in zip(plans, np.asarray(rows).tolist()):
-            pos = (np.flatnonzero(plan.indices >= 0) if part == "all"
-                   else plan.hit_pos if part == "hits" else plan.miss_pos)
-            bs.append(np.full(pos.size, r, np.int64))
-            cols.append(pos)
-            slots.append(np.asarray(plan.slots)[pos])
-        self.att.load(np.concatenate(bs), np.concatenate(cols), np.concatenate(slots))
-
-    def merge(self, rows):
-        self.att.combine(rows)
 
     def finish(self):
         pass
