@@ -134,3 +134,18 @@ def test_glm_shared_layers_reuse_the_previous_selection():
 def test_a_dsa_model_selects_with_its_own_index_topk():
     with pytest.raises(ValueError, match="topk=8.*index_topk"):
         H.SparseCache(MODELS["deepseek_v32"], max_new_tokens=4, topk=8)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("model_type", H.DSA_TYPES)
+def test_cuda_is_lossless_and_matches_the_cpu(model_type):
+    cpu = MODELS[model_type]
+    ids = _ids(2, 60, 4)
+    want = H.decode(cpu, ids, 3, entry_dtype="float32", offload=False)
+    gpu = H.tiny_dsa_model(model_type, index_topk=TOPK, seed=1).to("cuda")
+    base = H.decode(gpu, ids, 3, offload=False)
+    for schedule in ("none", "da", "dba"):
+        _same(H.decode(gpu, ids, 3, ratio=0.3, schedule=schedule), base)
+    f32 = H.decode(gpu, ids, 3, entry_dtype="float32", ratio=0.3)
+    np.testing.assert_array_equal(f32.tokens, want.tokens)
+    torch.testing.assert_close(f32.logits, want.logits, rtol=0, atol=1e-3)

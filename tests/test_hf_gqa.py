@@ -131,3 +131,14 @@ def test_a_sparse_cache_continues_from_transformers_own_prefill():
     np.testing.assert_array_equal(cache.counters()["cache_misses"], want.counters["cache_misses"])
     with pytest.raises(TypeError, match="cache must be a transformers cache"):
         H.SparseCache.from_cache(MODEL, object(), max_new_tokens=3)
+
+
+@pytest.mark.cuda
+def test_cuda_is_lossless_and_matches_the_cpu():
+    gpu = H.transformers_llama(WEIGHTS, SMALL).to("cuda")
+    ids = torch.tensor(prompts([150, 150], 1))
+    base = H.decode(gpu, ids, 4, offload=False, topk=10)
+    for schedule in ("none", "da", "dba"):
+        _same(H.decode(gpu, ids, 4, ratio=0.2, schedule=schedule, topk=10), base)
+    cpu = H.decode(MODEL, ids, 4, offload=False, topk=10)
+    torch.testing.assert_close(base.logits, cpu.logits, rtol=0, atol=1e-3)
