@@ -9,7 +9,7 @@ settings and against transformers' own dense decoding, and their ratios, measure
 * ``hf_dense``: transformers' own dense decoding (SDPA over its ``DynamicCache``).
 
 One prompt of ``--context`` tokens of real text (``pydoc_data.topics``), prefilled **once** by transformers
-(chunked SDPA, on every core); every mode continues from it (:meth:`ess.hf.SparseCache.from_cache`; ess's engine takes the same
+(one forward: SDPA's fused causal kernel, on every core); every mode continues from it (:meth:`ess.hf.SparseCache.from_cache`; ess's engine takes the same
 K/V entries and FP8 indexer keys), so LRU-Warmup is off in both sparse modes (the pool starts cold; the
 ``--warmup`` untimed steps fill it). Timing: one session per mode, ``--warmup`` untimed steps then
 ``--repeats`` x ``--steps`` timed ones, the modes' steps interleaved (a dense step, an ess step, an hf step, ...)
@@ -106,9 +106,9 @@ def main(argv=None) -> dict:
     from transformers import DynamicCache
     dyn = DynamicCache(config=model.config)
     torch.set_num_threads(os.cpu_count() or 1)                     # the prefill on every core (not timed)
-    first, prefill_s = H.prefill(model, torch.tensor([ids]), dyn, progress=True)
+    first, prefill_s = H.prefill(model, torch.tensor([ids]), dyn, chunk=None)
     torch.set_num_threads(args.threads)
-    print(f"prefill of {L} tokens (transformers, chunked SDPA): {prefill_s:.1f} s", flush=True)
+    print(f"prefill of {L} tokens (transformers, SDPA): {prefill_s:.1f} s", flush=True)
     K = max(1, L // 16)
     cfg = DecodeConfig(topk=K, ratio=args.ratio, schedule=args.schedule, warmup=False)
     pre = engine_prefilled(ids, dyn, first, eng.config.n_layers, prefill_s)
