@@ -27,6 +27,8 @@ calls, so that a caller can overlap them with attention (:mod:`ess.decode`):
    (:mod:`ess.kernels.transfer`). A copy that fails part-way frees the slots it was writing (their old entries are
    dropped, never left half-written) and raises :class:`~ess.kernels.transfer.TransferError`.
 3. :meth:`TieredCache.commit` -- only now does the token map change; the policy sees the step, the metrics log it.
+   A plan whose misses :meth:`~TieredCache.copy` did not move is refused (its slots would be marked present
+   without their rows).
 
 :meth:`TieredCache.step` runs the three in order.
 """
