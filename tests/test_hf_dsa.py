@@ -149,3 +149,29 @@ def test_cuda_is_lossless_and_matches_the_cpu(model_type):
     f32 = H.decode(gpu, ids, 3, entry_dtype="float32", ratio=0.3)
     np.testing.assert_array_equal(f32.tokens, want.tokens)
     torch.testing.assert_close(f32.logits, want.logits, rtol=0, atol=1e-3)
+
+
+@pytest.mark.parametrize("model_type", H.DSA_TYPES)
+def test_a_prompt_prefilled_in_chunks_decodes_as_transformers_does(model_type):
+    # a long prompt is prefilled in chunks (a progress bar per chunk). transformers' own DSA prefill in chunks
+    # differs from its one-pass prefill (its indexer selects among the keys present when a chunk runs); the sparse
+    # cache, prefilled in the same chunks, decodes as transformers' own attention does from its chunked prefill
+    from transformers import DynamicCache
+    model = MODELS[model_type]
+    ids = _ids(2, 70, 5)
+    caches = {"dense": DynamicCache(config=model.config),
+              "ess": H.SparseCache(model, max_new_tokens=3, entry_dtype="float32", ratio=0.5)}
+    logits = {}
+    for name, cache in caches.items():
+        model.set_attn_implementation("sdpa" if name == "dense" else H.ATTENTION_NAME)
+        first, _ = H.prefill(model, ids, cache, chunk=16)
+        tok, out = first.argmax(-1), []
+        with torch.no_grad():
+            for _ in range(3):
+                lg = model(input_ids=tok[:, None], cache=cache).logits[:, -1]
+                out.append(lg)
+                tok = lg.argmax(-1)
+        logits[name] = torch.stack(out, 1)
+    caches["ess"].close()
+    torch.testing.assert_close(logits["ess"], logits["dense"], rtol=0, atol=1e-5)
+    assert caches["ess"].counters()["cache_misses"].sum() > 0

@@ -225,7 +225,7 @@ class SparseCache(Cache):
         """``cache.update``: GQA (keys, values) (B, Hkv, S, hd); DSA (k_pass, k_rot) (B, 1, S, kv / rope)."""
         S = a.shape[2]
         if not self.started:
-            if layer == 0 and self._prefill[0] is not None:
+            if layer == 0 and self._prefill[0] is not None and S == 1:     # the first decode step
                 self._start()
             else:
                 if self._prefill[layer] is not None:
@@ -255,9 +255,10 @@ class SparseCache(Cache):
             buf_n = 0
         else:
             buf, buf_n = buf
-        if buf_n + S > buf.shape[1]:
-            raise ValueError(f"the cache holds {buf.shape[1]} tokens per request (prompt + max_new_tokens="
-                             f"{self.max_new_tokens}); generating more needs a larger max_new_tokens")
+        if buf_n + S > buf.shape[1]:                     # a further prefill chunk: room for it and the decoding
+            grown = torch.zeros((B, buf_n + S + self.max_new_tokens, D), dtype=k.dtype, device=k.device)
+            grown[:, :buf_n] = buf[:, :buf_n]
+            buf = grown
         buf[:, buf_n:buf_n + S] = k
         self._index_keys[layer] = (buf, buf_n + S)
         return buf[:, :buf_n + S]
