@@ -76,6 +76,7 @@ def model_info(model) -> ModelInfo:
         raise ValueError(f"model: ess.hf decodes float32 models (its K/V entries are float32), this one is {dtype}; "
                          f"load it with dtype=torch.float32")
     device = next(model.parameters()).device
+    # a config without max_position_embeddings: no limit of the model's own; 2**20 tokens bounds the host pool's format
     max_pos = int(getattr(config, "max_position_embeddings", 0) or 1 << 20)
     nl = int(config.num_hidden_layers)
     if mt in DSA_TYPES:
@@ -100,6 +101,8 @@ def tiny_dsa_config(model_type: str = "deepseek_v32", *, n_layers: int = 3, inde
     validate.one_of("model_type", model_type, DSA_TYPES)
     n_layers = validate.positive_int("n_layers", n_layers)
     index_topk = validate.positive_int("index_topk", index_topk)
+    # design choice: every size small enough that a decode step takes milliseconds on a CPU; kv_lora_rank 128 and
+    # qk_rope_head_dim 16 are ess's "tiny" model's (data/models/tiny.yaml), so its FP8 latent layout applies
     kw = dict(vocab_size=validate.positive_int("vocab_size", vocab_size), hidden_size=64, intermediate_size=96,
               moe_intermediate_size=32, num_hidden_layers=n_layers, num_attention_heads=4, num_key_value_heads=4,
               n_shared_experts=1, n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1,
@@ -120,8 +123,10 @@ def tiny_dsa_model(model_type: str = "deepseek_v32", *, seed: int = 0, attn_impl
     cfg = tiny_dsa_config(model_type, **config)
     torch.manual_seed(validate.non_negative_int("seed", seed))
     model = AutoModelForCausalLM.from_config(cfg, attn_implementation=attn_implementation, dtype=torch.float32)
-    with torch.no_grad():                        # transformers initialises some weights to zero or one; perturb them
-        for name, p in model.named_parameters():  # so that every path (norm scales, gate biases) carries signal
+    # design choice: transformers initialises norm scales to one and gate biases to zero; a 0.1 random perturbation
+    # of every vector makes each of those paths carry signal (a test of them can fail)
+    with torch.no_grad():
+        for p in model.parameters():
             if p.ndim == 1:
                 p.add_(0.1 * torch.randn_like(p))
     return model.eval()
