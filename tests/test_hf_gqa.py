@@ -142,3 +142,20 @@ def test_cuda_is_lossless_and_matches_the_cpu():
         _same(H.decode(gpu, ids, 4, ratio=0.2, schedule=schedule, topk=10), base)
     cpu = H.decode(MODEL, ids, 4, offload=False, topk=10)
     torch.testing.assert_close(base.logits, cpu.logits, rtol=0, atol=1e-3)
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3", "mistral"])
+def test_other_gqa_families_decode_as_their_own_attention(arch):
+    # tiny random models of the other supported families (transformers' config classes, no download): K covering
+    # the context equals transformers' own attention; offloaded equals all-resident
+    from transformers import AutoConfig, AutoModelForCausalLM
+    cfg = AutoConfig.for_model(arch, vocab_size=97, hidden_size=48, intermediate_size=64, num_hidden_layers=2,
+                               num_attention_heads=6, num_key_value_heads=2, head_dim=8, max_position_embeddings=512)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+    ids = torch.tensor(prompts([40, 40], 11))
+    dense = H.dense_decode(model, ids, 4)
+    full = H.decode(model, ids, 4, topk=64, ratio=1.0)
+    np.testing.assert_array_equal(full.tokens, dense.tokens)
+    torch.testing.assert_close(full.logits, dense.logits, rtol=0, atol=1e-4)
+    _same(H.decode(model, ids, 4, topk=6, ratio=0.3, schedule="dba"), H.decode(model, ids, 4, topk=6, offload=False))
