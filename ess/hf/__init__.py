@@ -19,8 +19,9 @@ Modules, one concern each:
 * :mod:`~ess.hf.latent` a DSA model's latent entry in ess's byte layout and sparse MLA over it;
 * :mod:`~ess.hf.cache` :class:`SparseCache`, the cache on transformers' API whose entries live in the tiered cache;
 * :mod:`~ess.hf.attention` the registered attention function and :func:`enable`;
-* :mod:`~ess.hf.run` decoding runs (greedy, teacher-forced) with their logits and counters, the trace recorder and
-  the ``ess record-trace`` command.
+* :mod:`~ess.hf.run` decoding runs (greedy, teacher-forced) with their logits and counters, the chunked prefill,
+  the trace recorder and the ``ess record-trace`` command;
+* :mod:`~ess.hf.figures` the rows a run read against the context.
 """
 from .attention import ATTENTION_NAME, enable, sparse_attention  # noqa: F401
 from .cache import SparseCache  # noqa: F401
