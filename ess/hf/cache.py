@@ -3,7 +3,8 @@ step the registered attention function (:mod:`ess.hf.attention`) runs through it
 
 How a ``model.generate(ids, cache=SparseCache(model, ...))`` runs:
 
-* **prefill** (the first forward): dense, transformers' own SDPA attention; ``update`` keeps each layer's new
+* **prefill** (every forward before the first one-token step; a long prompt may come in chunks): dense,
+  transformers' own SDPA attention; ``update`` keeps each layer's new
   entries (and, for DSA, ``update_indexer`` the indexer keys; the attention the last prompt positions' top-K, the
   LRU-Warmup windows);
 * **first decode step** (layer 0's ``update``): the prompt's entries go to the host pool of a
@@ -19,7 +20,9 @@ How a ``model.generate(ids, cache=SparseCache(model, ...))`` runs:
 Entries: a GQA model's K/V entry (:mod:`ess.engine.kv`, float32); a DSA model's latent entry
 (:class:`ess.hf.latent.LatentFormat`, FP8 in ess's layout by default). Counters per step, layer and request:
 ``cache_hits``, ``cache_misses``, ``host_to_device_bytes`` (:meth:`SparseCache.counters`), a per-step row for the
-live monitor (:mod:`ess.monitor`, ``on_step``), and optionally the top-K sets as an :mod:`ess.traces` trace.
+live monitor (:mod:`ess.monitor`, ``on_step``; its ``step_s`` runs from layer 0's ``update`` to the end of the last
+layer's attention, so the final norm, the logits and sampling are outside it), and optionally the top-K sets as an
+:mod:`ess.traces` trace.
 
 Limits: a batch of prompts of one length (no padding), one token per decode step after the prefill, greedy or
 sampled decoding (no beam search), a float32 model.
