@@ -163,7 +163,10 @@ def _book_src(tmp_path: Path) -> Path:
     (src / "intro.md").write_text("# Intro\n\nA is {glue:text}`/notebooks/01_a.ipynb::x:d`, "
                                   "B is {glue:text}`/notebooks/02_b.ipynb::x:d`.\n")
     (src / "pages" / "01_p.md").write_text("# P\n\nOnly B: {glue:text}`/notebooks/02_b.ipynb::x:.2f` and "
-                                           "{glue:text}`/notebooks/01_a.ipynb::missing_key:d`.\n")
+                                           "{glue:text}`/notebooks/01_a.ipynb::missing_key:d`. "
+                                           "[Notebook 2](../notebooks/02_b.ipynb#part) shows it, "
+                                           "{doc}`the second <../notebooks/02_b>` too; "
+                                           "[Notebook 1](../notebooks/01_a.ipynb) ran.\n")
     return src
 
 
@@ -183,6 +186,8 @@ def test_only_some_notebooks_into_a_fresh_build_stages_a_book_from_what_ran(tmp_
     assert "{glue:text}`/notebooks/01_a.ipynb::x:d`" in intro, "a number of a notebook that ran is quoted"
     assert "02_b.ipynb" not in intro and "02_b.ipynb" not in page
     assert "ipynb::missing_key" not in page and "not recorded: missing_key" in page
+    assert "Notebook 2 *(not run: 02_b)*" in page and "the second *(not run: 02_b)*" in page
+    assert "[Notebook 1](../notebooks/01_a.ipynb)" in page
     assert "02_b" in intro and "not run" in intro and "02_b" in page
     err = capsys.readouterr().err
     assert "02_b" in err and "intro.md" in err

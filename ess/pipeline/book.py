@@ -363,6 +363,9 @@ def _use_cdn_mathjax(config_path: Path) -> None:
 
 # a page quoting a notebook's number: {glue}`/notebooks/NN_name.ipynb::key` or {glue:text}`...::key:format`
 _GLUE_ROLE = re.compile(r"\{glue(?::[a-z]+)?\}`/?notebooks/(?P<nb>[^`/]+?)\.ipynb::(?P<key>[^`:]+)(?::[^`]*)?`")
+# a link to a notebook's page: [text](../notebooks/NN_name.ipynb#anchor) or {doc}`text <../notebooks/NN_name>`
+_NOTEBOOK_LINK = re.compile(r"\[(?P<text>[^\]]*)\]\((?:\.\./|\./|/)*notebooks/(?P<nb>[^)/#\s]+?)(?:\.ipynb)?(?:#[^)]*)?\)"
+                            r"|\{doc\}`(?:(?P<dtext>[^`<]*?)\s*<)?(?:\.\./|\./|/)*notebooks/(?P<dnb>[^`>/]+?)>?`")
 
 
 def _glued(nb: dict) -> set[str]:
@@ -384,8 +387,9 @@ def _after_title(text: str, block: str) -> str:
 def _quote_what_ran(src: Path, glued: dict[str, set]) -> dict[str, list[str]]:
     """Every page of the staged book that quotes a number of a notebook this build did not run (``glued`` maps the
     notebooks that ran to the names they glued), or one the notebook did not record, shows *not run* / *not
-    recorded* in its place, with a note at the top of the page: a book built from what ran (``ess reproduce
-    --only``) instead of a build that fails on the missing numbers. Returns ``{page: [what is missing]}``."""
+    recorded* in its place, and a link to a notebook not run is its text marked *not run*, with a note at the top
+    of the page: a book built from what ran (``ess reproduce --only``) instead of a build that fails on the missing
+    numbers and pages. Returns ``{page: [what is missing]}``."""
     changed = {}
     for page in sorted(p for p in src.rglob("*.md") if "notebooks" not in p.relative_to(src).parts[:1]):
         text = page.read_text(encoding="utf-8")
@@ -401,7 +405,14 @@ def _quote_what_ran(src: Path, glued: dict[str, set]) -> dict[str, list[str]]:
                 return f"*(not recorded: {key})*"
             return m.group(0)
 
-        new = _GLUE_ROLE.sub(replace, text)
+        def unlink(m: re.Match) -> str:
+            nb = m.group("nb") or m.group("dnb")
+            if nb in glued:
+                return m.group(0)
+            missing[f"{nb} (not run)"] = None
+            return f"{m.group('text') or m.group('dtext') or nb} *(not run: {nb})*"
+
+        new = _NOTEBOOK_LINK.sub(unlink, _GLUE_ROLE.sub(replace, text))
         if missing:
             rel = str(page.relative_to(src))
             note = (":::{note}\nThis build did not run or record everything this page quotes: "
@@ -476,6 +487,7 @@ def _build(build: BuildDir, book_dir: Path | None) -> Path:
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         lines = (proc.stdout + proc.stderr).splitlines()
+        lines = [re.sub(r"\x1b\[[0-9;]*m", "", ln) for ln in lines]          # the terminal's colours
         first = next((ln for ln in lines if "WARNING" in ln or "ERROR" in ln), lines[-1] if lines else "")
         out.mkdir(exist_ok=True)
         log = out / "jupyter-book.log"

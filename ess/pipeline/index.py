@@ -172,8 +172,9 @@ def _inside(path: Path, where: str, value) -> None:
 
 def load_index(path: str | os.PathLike) -> dict:
     """Read ``index.json`` (this format or ``ess-index/1``); a ``ValueError`` naming the file when it is not one:
-    invalid JSON, a part missing or of the wrong type, a status the pipeline does not write, a path that leads
-    outside the build folder."""
+    not a plain file (a folder, a pipe, a device), larger than :data:`MAX_INDEX_BYTES`, invalid JSON (or nested
+    past Python's limit, or an integer of more digits than Python converts), a part missing or of the wrong type, a
+    status the pipeline does not write, a path that leads outside the build folder."""
     path = validate.path("path", path)
     try:
         st = path.stat()
