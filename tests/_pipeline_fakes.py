@@ -3,8 +3,12 @@ and book staging, with each notebook's process replaced by a small script that c
 results file (no kernel starts, no notebook is executed).
 
 * :func:`fake_children` -- make ``ess.pipeline.notebook`` start :data:`FAKE_CHILD` instead of papermill;
+* :func:`fake_jupyter_book` -- ``jupyter-book build`` replaced by a stand-in that writes an ``index.html``;
 * :func:`tiny_notebooks` -- ``NN_name.ipynb`` files with a title and a parameters cell;
-* :func:`reproduce` -- ``ess reproduce`` in this process (its exit status, stdout and stderr).
+* :func:`reproduce` -- the ``ess`` command in this process (its exit status, stdout and stderr);
+  :func:`one_line` -- the lines of its stderr that are the failure's (not the progress bar's, not a warning's);
+* :func:`files`, :func:`index_of`, :func:`linked` -- a folder's files, a build's index, a link planted in place
+  of a file.
 """
 from __future__ import annotations
 
