@@ -98,6 +98,19 @@ class PlanRequest:
         "overlap of copies with compute: none, da, dba, or best (per layer)", "name", "--strategy",
         choices=lambda: ["best", "none", "da", "dba"]))
 
+    def __post_init__(self):
+        _check_counts(self)
+
+
+def _check_counts(request) -> None:
+    """A request's counts are integers (never a truncated float): its context, MTP and (``ess simulate``) batch;
+    the rest is checked where it is answered (:func:`plan`, :func:`simulate_config`)."""
+    validate.positive_int("context_len", request.context_len)
+    if request.mtp is not None:
+        validate.positive_int("mtp", request.mtp)
+    if hasattr(request, "batch"):
+        validate.positive_int("batch", request.batch)
+
 
 @dataclass(frozen=True)
 class SimulateRequest:
@@ -114,6 +127,9 @@ class SimulateRequest:
     accept_ratio: float | None = field(default=None,
                                        metadata=PlanRequest.__dataclass_fields__["accept_ratio"].metadata)
     strategy: str = field(default="best", metadata=PlanRequest.__dataclass_fields__["strategy"].metadata)
+
+    def __post_init__(self):
+        _check_counts(self)
 
 
 # ------------------------------------------------------------------------------------------------------ inputs
@@ -512,7 +528,8 @@ def shipped_tables(models=None, *, cachesim_steps: int = 32, cachesim_batch: int
 
 def regenerate(folder=None, *, models=None, calibration: bool = True, progress: bool = True) -> list:
     """Compute and write ``data/generated/`` (or ``folder``): the calibration
-    (:func:`ess.sim.store.calibration_payload`) and every table of :func:`shipped_tables` at its points. Nothing
+    (:func:`ess.sim.store.calibration_payload`), its band's leave-one-out coverage
+    (:func:`ess.sim.store.coverage_payload`) and every table of :func:`shipped_tables` at its points. Nothing
     is read from a store. This is ``ess calibrate``: minutes."""
     from tqdm.auto import tqdm
 
@@ -522,6 +539,7 @@ def regenerate(folder=None, *, models=None, calibration: bool = True, progress: 
     written = []
     if calibration:
         written.append(store.write_calibration(store.calibration_payload(), folder))
+        written.append(store.write_coverage(store.coverage_payload(), folder))
     tables = shipped_tables(models)
     jobs = [(t, L, T, ratios) for t, points in tables for L, T, ratios in points]
     for t, L, T, ratios in tqdm(jobs, desc="miss tables", disable=not progress):

@@ -204,6 +204,7 @@ def test_128k_rows_name_the_limit_that_binds(t2_zero):
 
 
 def test_table2_bands_are_the_lowest_and_highest_over_the_combinations():
+    from ess.sim.calibrate import band_widening
     fns = {"few": flat_misses(50.0), "many": flat_misses(400.0)}
     P2 = P.__class__(P.compute_scale * 1.1, P.comm_scale, P.fixed_ms, "a second calibration")
     band = BandInputs(P, {"central": P, "other": P2}, [], fns, 1)
@@ -211,11 +212,15 @@ def test_table2_bands_are_the_lowest_and_highest_over_the_combinations():
     assert len(frames) == 4 and (t2.band_size == 4).all()
     stack = np.stack([f.throughput.to_numpy(dtype=float) for f in frames.values()])
     np.testing.assert_allclose(t2.throughput, frames[("central", "few")].throughput)     # the central combination
-    np.testing.assert_allclose(t2.throughput_low, stack.min(axis=0))
-    np.testing.assert_allclose(t2.throughput_high, stack.max(axis=0))
+    w = band_widening()                                      # throughput's band widened to its measured coverage
+    assert 0 < w < 0.2
+    np.testing.assert_allclose(t2.throughput_low, stack.min(axis=0) * (1 - w))
+    np.testing.assert_allclose(t2.throughput_high, stack.max(axis=0) * (1 + w))
+    gains = np.stack([f.gain_pct.to_numpy(dtype=float) for f in frames.values()])
+    np.testing.assert_allclose(t2.gain_pct_low, np.nanmin(gains, axis=0))      # a gain's band is not widened
     off = t2.ratio < 1                                       # more misses lower the offload rows: the "many" frames
     np.testing.assert_allclose(t2.throughput_low[off], np.minimum(frames[("central", "many")].throughput,
-                                                                  frames[("other", "many")].throughput)[off])
+                                                                  frames[("other", "many")].throughput)[off] * (1 - w))
     assert ts.band_over({"a": 3.0, "b": None, "c": 1.0, "d": np.nan}) == (3.0, 1.0, 3.0)
     assert ts.band_over({"a": None}) == (None, None, None)
 

@@ -41,11 +41,15 @@ def _fit_scenario(scenario: Scenario | None) -> Scenario:
 
 __all__ = ["CalibrationPoint", "calibration_points", "Calibration", "calibrate", "predict_points",
            "calibration_variants", "calibrated_params", "cost_growth_evidence", "cost_growth_ms",
-           "compute_scale_from_cost", "CalibrationSet", "calibration_set", "calibration_spread", "EQUALLY_GOOD_RMS_PP"]
+           "compute_scale_from_cost", "CalibrationSet", "calibration_set", "calibration_spread", "EQUALLY_GOOD_RMS_PP",
+           "leave_one_out", "band_coverage", "BAND_NOMINAL", "band_widening", "widen_band"]
 
 # RMS differences below 1 percentage point are within the precision of a chart read by eye: such fits are equally
 # good (a choice, data/calibration/README.md, "The operation split")
 EQUALLY_GOOD_RMS_PP = 1.0
+#: the share of left-out calibration points a calibration band is held to contain (a choice: a band is read as "the
+#: value is likely here", held to four in five); below it the band is widened (:func:`band_coverage`)
+BAND_NOMINAL = 0.8
 # bounds of calibrate's search on run time only (the default is a 24-point grid refined twice)
 _MAX_GRID, _MAX_REFINE = 64, 8
 
@@ -378,3 +382,106 @@ def calibrated_params() -> CostParams:
     read from ``data/generated/calibration.json`` while that matches today's inputs, else computed once)."""
     from .store import stored_calibration
     return stored_calibration()["central"]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Coverage: is a left-out calibration point inside the band the others give it?
+# ----------------------------------------------------------------------------------------------------------------
+
+def leave_one_out(*, part_batch_band: bool = True, progress: bool = False, **kw) -> pd.DataFrame:
+    """Leave-one-out over the calibration points: for each point, the calibration band refitted without it -- the
+    compute scale pinned at each of the decode-cost evidence's central value and ends (:func:`calibration_set`; the
+    evidence does not depend on the points) under each of the four fitting choices (:func:`calibration_variants`),
+    the equally good ones kept (RMS on the remaining points at most the lowest plus :data:`EQUALLY_GOOD_RMS_PP`),
+    and with ``part_batch_band`` the central fit under each end of the part-batch evidence (as
+    :func:`ess.sim.predictions.band_inputs` adds them) -- and the left-out point predicted by each: ``predicted``
+    (the central fit's), ``low`` / ``high`` (over the kept fits), ``inside`` (the published value within), and
+    ``outside_rel`` (how far outside, relative to the nearer end; 0 inside). The four fits with a free compute scale
+    are left out (seconds each, and the full set keeps one of them). ``kw`` go to :func:`calibrate` (e.g. a coarser
+    ``grid``). One row per point."""
+    from tqdm.auto import tqdm
+    from ..validate import boolean
+    part_batch_band = boolean("part_batch_band", part_batch_band)
+    progress = boolean("progress", progress)
+    pts = calibration_points()
+    ev = cost_growth_evidence()
+    scales = {at: compute_scale_from_cost(ev[at], scenario=kw.get("scenario")) for at in ("low", "central", "high")}
+    extra = {}
+    if part_batch_band:
+        for end in ("low", "high"):
+            scen = Scenario(params=CostParams(part_batch=end))
+            extra[f"part-batch {end}"] = (scen, compute_scale_from_cost(ev["central"], scenario=scen))
+    rows = []
+    for i in tqdm(range(len(pts)), desc="leave one out", unit="point", disable=not progress):
+        rest, out = pts[:i] + pts[i + 1:], pts[i]
+        fits = {}
+        for at, sc in scales.items():
+            for name, c in _variants_on(rest, compute_scale=sc, **kw).items():
+                fits[f"compute {at}, {name}"] = c
+        limit = min(c.rms_rel_error for c in fits.values()) + EQUALLY_GOOD_RMS_PP / 100
+        central = f"compute central, default (Table 2 weight 5)"
+        kept = {n: c.params for n, c in fits.items() if c.rms_rel_error <= limit or n == central}
+        for name, (scen, sc) in extra.items():
+            kept[name] = calibrate(rest, compute_scale=sc, scenario=scen, **{k: v for k, v in kw.items()
+                                                                             if k != "scenario"}).params
+        preds = {}
+        for n, q in kept.items():
+            scen = extra[n][0] if n in extra else kw.get("scenario")
+            preds[n] = float(predict_points([out], q, scenario=scen)[0])
+        lo, hi = min(preds.values()), max(preds.values())
+        obs = out.throughput
+        outside = 0.0 if lo <= obs <= hi else (lo - obs) / lo if obs < lo else (obs - hi) / hi
+        rows.append({"name": out.name, "batch": out.batch, "published": obs, "read_from_chart": out.read_from_chart,
+                     "predicted": preds[central], "low": lo, "high": hi, "band_size": len(preds),
+                     "rel_error": preds[central] / obs - 1, "inside": lo <= obs <= hi, "outside_rel": outside})
+    return pd.DataFrame(rows)
+
+
+def _variants_on(points, **kw) -> dict:
+    """:func:`calibration_variants` on ``points`` instead of every calibration point."""
+    return {"default (Table 2 weight 5)": calibrate(points, **kw),
+            "Fig. 1 only": calibrate([p for p in points if p.read_from_chart], **kw),
+            "Table 2 weight 1": calibrate(points, table2_weight=1.0, **kw),
+            "Table 2 weight 20": calibrate(points, table2_weight=20.0, **kw)}
+
+
+def band_coverage(loo: pd.DataFrame, nominal: float) -> dict:
+    """The share of left-out points inside their band (:func:`leave_one_out`) against ``nominal``, and the one rule
+    that widens a band that covers less: every band's ends moved out by the same relative margin ``widen`` (low x
+    (1 - widen), high x (1 + widen)), the smallest margin that puts ``ceil(nominal x (n + 1))`` of the ``n`` left-out
+    points inside (the jackknife's finite-sample rank; 0 when the band already covers ``nominal``), and the coverage
+    it gives. Never point by point.
+
+    >>> loo = pd.DataFrame({"inside": [True, True, False, False], "outside_rel": [0.0, 0.0, 0.02, 0.05]})
+    >>> c = band_coverage(loo, 0.6)          # ceil(0.6 x 5) = 3 points inside: the 2 % one joins
+    >>> c["coverage"], c["widen"], c["coverage_widened"]
+    (0.5, 0.02, 0.75)
+    """
+    nominal = real("nominal", nominal, lo=0.0, hi=1.0, lo_open=True, hi_open=True)
+    if not isinstance(loo, pd.DataFrame) or not {"inside", "outside_rel"} <= set(loo.columns) or loo.empty:
+        raise TypeError("loo must be the non-empty frame of leave_one_out (columns inside, outside_rel)")
+    n = len(loo)
+    d = np.sort(loo.outside_rel.to_numpy(float))
+    need = min(int(np.ceil(nominal * (n + 1))), n)
+    cover = float(loo.inside.mean())
+    widen = 0.0 if cover >= nominal else float(d[need - 1])
+    return {"points": n, "nominal": nominal, "coverage": cover, "widen": widen,
+            "coverage_widened": float(np.mean(d <= widen + 1e-12))}
+
+
+def band_widening() -> float:
+    """The relative margin every throughput's calibration band is widened by (:func:`band_coverage` of the stored
+    leave-one-out, :func:`ess.sim.store.stored_coverage`; 0 when the band covers :data:`BAND_NOMINAL`)."""
+    from .store import stored_coverage
+    return float(stored_coverage()["widen"])
+
+
+def widen_band(low, high, widen: float | None = None):
+    """``(low x (1 - widen), high x (1 + widen))`` (default :func:`band_widening`): the one rule that widens a
+    throughput's calibration band to its nominal coverage. Arrays or numbers; NaN stays NaN.
+
+    >>> widen_band(100.0, 110.0, 0.05)
+    (95.0, 115.5)
+    """
+    w = band_widening() if widen is None else real("widen", widen, lo=0.0, hi=1.0, hi_open=True)
+    return low * (1 - w), high * (1 + w)

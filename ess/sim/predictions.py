@@ -99,9 +99,15 @@ class BandInputs:
         return as_scenario(base).replace(params=self.params)
 
     def describe(self) -> dict:
-        """What the band spans, for a record's configuration."""
+        """What the band spans, for a record's configuration (and how much a throughput's band is widened to its
+        measured coverage, :func:`ess.sim.calibrate.band_widening`)."""
+        from .calibrate import BAND_NOMINAL, band_widening
         return {"calibrations": list(self.calibrations), "locality": [m.config() for m in self.models],
-                "band_batch": self.band_batch}
+                "band_batch": self.band_batch,
+                "throughput_band_widened_by": band_widening(),
+                "widening": f"every throughput band's ends moved out by this share, so that {BAND_NOMINAL:.0%} of the "
+                            f"calibration points, each left out of a refit, lie in the band the others give them "
+                            f"(notebook 05)"}
 
     def provenance(self, scenario: Scenario | None = None) -> dict:
         """The configuration every banded prediction of ``scenario`` (default :meth:`scenario`) shares, for its
@@ -124,6 +130,10 @@ def band_inputs(*, variant_fit: dict | None = None, cachesim_steps: int = 64, ca
     With ``part_batch_band`` the central calibration under each end of the part-batch evidence
     (``data/calibration/part_batch.yaml``: ``"low"`` and ``"high"``, each calibrated anew on the same data) joins
     the calibrations, so that every band also spans what the kernels' fixed parts leave open."""
+    from ..validate import boolean, positive_int
+    cachesim_steps, cachesim_batch, band_batch = (positive_int(n, v) for n, v in (
+        ("cachesim_steps", cachesim_steps), ("cachesim_batch", cachesim_batch), ("band_batch", band_batch)))
+    part_batch_band = boolean("part_batch_band", part_batch_band)
     from ..tracegen import locality_alternatives
     from .calibrate import calibrate, calibration_set, compute_scale_from_cost, cost_growth_evidence
     cs = calibration_set(**(variant_fit or {}))
@@ -418,6 +428,9 @@ def extrapolated_parts(batch: int, context_len: int, ratio: float, mtp: int) -> 
     >>> [p.split(":")[0] for p in extrapolated_parts(400, 131072, 0.2, 4)]      # Fig. 1 reaches batch 320
     ['MTP 4', 'context 128K', 'batch 400', 'ratio 0.2']
     """
+    from ..validate import positive_int
+    batch, context_len, mtp = (positive_int(n, v) for n, v in (("batch", batch), ("context_len", context_len),
+                                                                ("mtp", mtp)))
     c = calibrated_range()
     out = []
     if mtp != c["mtp"]:

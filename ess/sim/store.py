@@ -220,6 +220,45 @@ def stored_calibration(variant_fit: dict | None = None) -> dict:
             "source": "computed" if "code_sha256" in d else "data/generated/calibration.json"}
 
 
+# --------------------------------------------------------------------------------------------------- coverage
+def coverage_payload() -> dict:
+    """The leave-one-out coverage of the calibration band (:func:`ess.sim.calibrate.leave_one_out` at the default
+    sizes, :func:`ess.sim.calibrate.band_coverage` at :data:`ess.sim.calibrate.BAND_NOMINAL`), as plain values with
+    their provenance: what ``data/generated/coverage.json`` holds. A minute or more of fitting."""
+    from .calibrate import BAND_NOMINAL, band_coverage, leave_one_out
+    loo = leave_one_out()
+    return {**_provenance("coverage", {"nominal": BAND_NOMINAL}), **band_coverage(loo, BAND_NOMINAL),
+            "rows": json.loads(loo.to_json(orient="records"))}
+
+
+def write_coverage(payload: dict, folder: Path | None = None) -> Path:
+    """Write a :func:`coverage_payload` to ``folder`` (default ``data/generated``) atomically."""
+    from ..atomic import write_json_atomic
+    return write_json_atomic(Path(folder or GENERATED_DIR) / "coverage.json", payload, indent=1)
+
+
+@functools.lru_cache(maxsize=1)
+def stored_coverage() -> dict:
+    """The calibration band's leave-one-out coverage (:func:`coverage_payload`): the shipped
+    ``data/generated/coverage.json`` while it matches today's inputs, else the user cache, else computed (and
+    cached). Once per process."""
+    from .calibrate import BAND_NOMINAL
+    config = {"nominal": BAND_NOMINAL}
+    shipped = _read_json(GENERATED_DIR / "coverage.json")
+    if _usable(shipped, "coverage", config):
+        return shipped
+    if shipped is not None:
+        warnings.warn(f"data/generated/coverage.json was made from other inputs than today's: not used; computing "
+                      f"the coverage (run `{REGENERATE}` to store it again)", StaleStoreWarning, stacklevel=2)
+    cached_path = cache_dir() / "coverage.json"
+    cached = _read_json(cached_path)
+    if _usable(cached, "coverage", config, code=True):
+        return cached
+    payload = {**coverage_payload(), "code_sha256": code_digest()}
+    _write_cache(cached_path, payload)
+    return payload
+
+
 # ----------------------------------------------------------------------------------------------------- misses
 def table_identity(table) -> dict:
     """What makes a :class:`~ess.sim.misses.MissesTable`'s counts what they are: its settings (``config``), the

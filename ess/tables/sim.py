@@ -17,6 +17,7 @@ import pandas as pd
 from ..layout import indexer_entry_bytes, latent_entry_bytes
 from ..memory import largest_batch, ratio_for_batch, smallest_step_ratio
 from ..published import published
+from ..sim.calibrate import widen_band
 from ..sim.config import Scenario, as_scenario
 from ..sim.costs import calibration_data
 from ..sim.predictions import (BandInputs, Misses, band_frames, extrapolated_parts, extrapolation_params, mtp_growth,
@@ -30,6 +31,9 @@ __all__ = ["table2_predictions", "table2_bands", "table2_extrapolation", "extrap
 # the predicted columns of table2_predictions that get a band
 BAND_COLUMNS = ("throughput", "otps", "step_ms", "stall_ms", "misses_per_step", "gain_pct", "throughput_no_miss",
                 "gain_no_miss_pct")
+# the columns whose calibration band the leave-one-out coverage tests (a prediction of one configuration's rate;
+# a gain, a ratio of two predictions under one calibration, is not tested and not widened)
+WIDENED_COLUMNS = ("throughput", "otps", "throughput_no_miss")
 
 
 def _memory_verdict(batch: int, ratio: float, context_len: int, mtp: int, kw: dict) -> dict:
@@ -135,7 +139,8 @@ def table2_bands(band: BandInputs, *, scenario: Scenario | None = None, contexts
     """:func:`table2_predictions` for every calibration of ``band`` (each replacing the scenario's cost parameters)
     crossed with every locality model's miss table; the first of each is the central one. Returns ``(t2, frames)``:
     ``t2`` the central frame with ``<column>_low`` / ``<column>_high`` for each of :data:`BAND_COLUMNS` (the lowest
-    and highest value over the combinations; NaN where none is feasible), ``band_size`` (the combinations) and
+    and highest value over the combinations; NaN where none is feasible; those of :data:`WIDENED_COLUMNS` widened to
+    the band's measured coverage, :func:`ess.sim.calibrate.widen_band`), ``band_size`` (the combinations) and
     ``band_infeasible`` (how many of them are infeasible for the row); ``frames`` every combination's frame by
     ``(calibration, locality)``."""
     if not isinstance(band, BandInputs):
@@ -146,6 +151,8 @@ def table2_bands(band: BandInputs, *, scenario: Scenario | None = None, contexts
     frames = {(cn, ln): table2_predictions(table, scenario=sc.replace(params=p), contexts=contexts)
               for ln, table in band.misses.items() for cn, p in band.calibrations.items()}
     t2 = band_frames(frames, BAND_COLUMNS)
+    for col in WIDENED_COLUMNS:              # widened to the band's measured coverage (notebook 05)
+        t2[f"{col}_low"], t2[f"{col}_high"] = widen_band(t2[f"{col}_low"], t2[f"{col}_high"])
     t2["band_infeasible"] = np.sum([(f.status == "infeasible").to_numpy() for f in frames.values()], axis=0)
     return t2, frames
 
@@ -178,8 +185,11 @@ def extrapolation_band(t2: pd.DataFrame, frames: dict, xframes: dict, columns=BA
     nothing extrapolated keeps its calibration band."""
     every = band_frames(list(frames.values()) + list(xframes.values()), columns)
     out = t2.copy()
-    for col in columns:
-        out[f"{col}_ext_low"], out[f"{col}_ext_high"] = every[f"{col}_low"], every[f"{col}_high"]
+    for col in columns:                       # it contains the calibration band (widened where that is)
+        lo, hi = every[f"{col}_low"], every[f"{col}_high"]
+        if f"{col}_low" in out:
+            lo, hi = np.fmin(lo, out[f"{col}_low"]), np.fmax(hi, out[f"{col}_high"])
+        out[f"{col}_ext_low"], out[f"{col}_ext_high"] = lo, hi
     out["ext_band_size"] = every["band_size"]
     out["extrapolated"] = [extrapolated_parts(int(r.batch), int(r.context_len), 1.0 if pd.isna(r.ratio) else
                                               float(r.ratio), int(r.mtp)) for _, r in out.iterrows()]

@@ -176,3 +176,31 @@ def fig_batch_sweep(batches, throughput, otps, *, title: str = "") -> go.Figure:
     fig.update_yaxes(title_text="tokens/s per node", secondary_y=False)
     fig.update_yaxes(title_text="OTPS", secondary_y=True)
     return fig
+
+
+def fig_loo_coverage(loo, widen: float = 0.0, title: str = "") -> go.Figure:
+    """Each calibration point left out of a refit (:func:`ess.sim.calibrate.leave_one_out`): its published value
+    against the band the other points give it (``low``-``high``, the central prediction marked), inside in one
+    colour, outside in another; with ``widen`` > 0 the widened band dotted. Throughput against batch."""
+    fig = go.Figure()
+    x = loo.batch.to_numpy()
+    fig.add_scatter(x=x, y=loo.predicted, mode="markers", name="refit without the point (central)",
+                    marker={"symbol": "line-ew-open", "size": 14, "color": COLORS[0]},
+                    error_y={"type": "data", "symmetric": False, "array": loo.high - loo.predicted,
+                             "arrayminus": loo.predicted - loo.low, "color": COLORS[0], "thickness": 2})
+    if widen > 0:
+        lo, hi = loo.low * (1 - widen), loo.high * (1 + widen)
+        fig.add_scatter(x=x + 2, y=loo.predicted, mode="markers", name=f"widened by {widen:.1%}",
+                        marker={"size": 1, "color": COLORS[4]},
+                        error_y={"type": "data", "symmetric": False, "array": hi - loo.predicted,
+                                 "arrayminus": loo.predicted - lo, "color": COLORS[4], "thickness": 1})
+    for inside, name, color in ((True, "published, inside its band", COLORS[2]),
+                                (False, "published, outside", COLORS[1])):
+        part = loo[loo.inside == inside]
+        fig.add_scatter(x=part.batch, y=part.published, mode="markers", name=name,
+                        marker={"size": 8, "color": color}, text=part.name,
+                        hovertemplate="%{text}: %{y:,.0f} tokens/s")
+    fig.update_layout(template=_TEMPLATE, height=420, legend=LEGEND,
+                      title=title or "Leave one out: is each calibration point inside the band the others give it?",
+                      xaxis={"title": "batch per GPU"}, yaxis={"title": "tokens/s per node"})
+    return fig
