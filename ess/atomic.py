@@ -126,6 +126,9 @@ def write_json_atomic(path: str | Path, data: Any, *, indent: int | None = 1, **
     """Write ``data`` as JSON to ``path`` atomically (:func:`atomic_path`); ``kwargs`` go to :func:`json.dumps`
     (NaN and infinities are refused unless ``allow_nan=True`` is passed: they are not JSON)."""
     _path("path", path)
+    if indent is not None:
+        from .validate import non_negative_int
+        indent = non_negative_int("indent", indent)
     kwargs.setdefault("allow_nan", False)
     try:
         text = json.dumps(data, indent=indent, **kwargs)

@@ -596,11 +596,15 @@ def sweep_synthetic(context_len: int, ratios: Sequence[float], *, policies: Iter
     array (n_layers, steps)) receives the mean over the requests of the entries each decode step selects (the
     denominator of a hit rate).
     """
+    from .validate import boolean, integer, non_negative_int, positive_int
+    context_len, mtp, steps, batch, threads = (positive_int(n, v) for n, v in (
+        ("context_len", context_len), ("mtp", mtp), ("steps", steps), ("batch", batch), ("threads", threads)))
+    seed, warmup_windows = integer("seed", seed), non_negative_int("warmup_windows", warmup_windows)
     trace_model = check_trace_model(trace_model)
     n_layers, k = geometry(n_layers, k)
     ratios = list(ratios)
     policies = list(policies)
-    warmups = [bool(w) for w in warmups]
+    warmups = [boolean(f"warmups[{i}]", w) for i, w in enumerate(warmups)]
     if not ratios:
         raise ValueError("ratios must not be empty")
     for p in policies:
@@ -657,6 +661,8 @@ def misses_per_step(context_len: int, ratio: float, *, n_layers: int | None = No
                     mtp: int = 2, steps: int = 64, batch: int = 4, warmup: bool = True, policy: str = "lru", seed: int = 0,
                     profile: Any = "paper", trace_model: str | None = None, **kwargs: Any) -> np.ndarray:
     """Mean misses per request in each layer and decode step: (n_layers, steps). See :func:`misses_per_layer`."""
+    from .validate import boolean
+    warmup = boolean("warmup", warmup)
     res = sweep_synthetic(context_len, [ratio], policies=[policy], warmups=[warmup], n_layers=n_layers, k=k, mtp=mtp,
                           steps=steps, batch=batch, seed=seed, profile=profile, trace_model=trace_model, **kwargs)
     return res[(ratio, policy, bool(warmup))]

@@ -52,6 +52,13 @@ class LatentLayout:
     rope_offset: int
     rope_bytes: int
 
+    def __post_init__(self):
+        from .validate import integer
+        for name in ("entry_bytes", "ckv_offset", "ckv_bytes", "scale_offset", "n_scales", "rope_offset",
+                     "rope_bytes"):
+            if getattr(self, name) is not None or name != "scale_offset":
+                integer(f"LatentLayout.{name}", getattr(self, name), lo=0)
+
 
 @dataclass(frozen=True)
 class EntryFormat:
@@ -88,6 +95,8 @@ def entry_format(model, dtype: str = "fp8") -> EntryFormat:
 def check_model(model, *, entry_format_ok: bool = False):
     """``model`` when it is a :class:`~ess.specs.ModelSpec` (or, with ``entry_format_ok``, an :class:`EntryFormat`);
     a ``TypeError`` naming ``model`` otherwise (a preset name is resolved by :func:`ess.specs.model_spec`)."""
+    from .validate import boolean
+    boolean("entry_format_ok", entry_format_ok)
     if isinstance(model, ModelSpec) or (entry_format_ok and isinstance(model, EntryFormat)):
         return model
     want = "a ModelSpec or an EntryFormat" if entry_format_ok else "a ModelSpec"

@@ -68,6 +68,9 @@ class PrefetchConfig:
     decay: float = DEFAULT_HEAT_DECAY      # heat decay per step
 
     def __post_init__(self) -> None:
+        from .validate import boolean
+        boolean("speculative", self.speculative)
+        boolean("delayed", self.delayed)
         positive_int("capacity", self.capacity)
         real("link_GB_per_s", self.link_GB_per_s, lo=0.0, lo_open=True)
         real("step_time_us", self.step_time_us, lo=0.0, lo_open=True)

@@ -46,6 +46,18 @@ HOST_INTERFACES = ("pcie", "nvlink-c2c")
 EP_TRANSPORTS = ("rdma", "nvlink")
 
 
+def _check_field_types(obj: Any) -> None:
+    """Each field annotated ``int`` (or ``int | None``) holds an integer, never a float a later ``int()`` would
+    truncate; each annotated ``bool`` a bool (``"no"`` is truthy). The message names ``Class.field``."""
+    from .validate import boolean, integer
+    for f in dataclasses.fields(obj):
+        value, kind = getattr(obj, f.name), str(f.type)
+        if kind in ("int", "int | None") and not (value is None and kind == "int | None"):
+            integer(f"{type(obj).__name__}.{f.name}", value)
+        elif kind == "bool":
+            boolean(f"{type(obj).__name__}.{f.name}", value)
+
+
 def _require_positive(obj: Any, names: tuple[str, ...]) -> None:
     for name in names:
         value = getattr(obj, name)
@@ -103,6 +115,7 @@ class ModelSpec:
     sources: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
+        _check_field_types(self)
         optional = {"layer_compress_ratios", "sparse_compress_ratio", "sliding_window", "latent_pad_bytes",
                     "indexer_scale_bytes", "kv_shared", "o_groups", "o_lora_rank", "expert_bytes_per_param",
                     "expert_scale_group"}
@@ -236,6 +249,7 @@ class GPUSpec:
     sources: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
+        _check_field_types(self)
         _require_positive(self, ("hbm_capacity_GiB", "hbm_bandwidth_GB_per_s", "bf16_dense_TFLOPS",
                                  "nvlink_GB_per_s", "sm_count"))
         if self.pcie_gen not in PCIE_GENERATIONS:
@@ -267,6 +281,7 @@ class HostSpec:
     sources: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
+        _check_field_types(self)
         _require_positive(self, ("sockets", "memory_capacity_GB", "memory_bandwidth_GB_per_s_per_socket", "gpus"))
 
     @property
@@ -306,6 +321,7 @@ class DeploymentSpec:
     sources: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
+        _check_field_types(self)
         _require_positive(self, ("nodes", "gpus_per_node", "tp", "ep", "mtp", "mtp_accept_ratio"))
         if self.ep_transport not in EP_TRANSPORTS:
             raise ValueError(f"DeploymentSpec.ep_transport must be one of {EP_TRANSPORTS}, got {self.ep_transport!r}")
@@ -351,6 +367,7 @@ class HostLinkSpec:
     sources: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
+        _check_field_types(self)
         _require_positive(self, ("h2d_GB_per_s", "d2h_GB_per_s"))
         object.__setattr__(self, "reference_for", tuple(self.reference_for or ()))
         if self.interface not in ("pcie4", "pcie5", "pcie6", "nvlink-c2c"):

@@ -18,6 +18,7 @@ models behind every prediction's band), each a :class:`LocalityModel`.
 """
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 from dataclasses import dataclass
@@ -694,7 +695,7 @@ def _check_generator_args(context_len, k, mtp, steps, batch, n_layers, warmup_wi
     return context_len, k, mtp, steps, batch, n_layers, warmup_windows, seed
 
 
-def synthetic_streams(context_len: int, *, n_layers: int | None = None, k: int | None = None, mtp: int = 2,
+def _synthetic_streams(context_len: int, *, n_layers: int | None = None, k: int | None = None, mtp: int = 2,
                       steps: int = 64,
                       batch: int = 4, warmup_windows: int = PAPER_WARMUP_WINDOWS, profile: Any = "paper",
                       seed: int = 0, n_sinks: int | None = None, local_window: int | None = None,
@@ -795,6 +796,19 @@ def synthetic_streams(context_len: int, *, n_layers: int | None = None, k: int |
                 raise ValueError(f"popularity_sigma={sigma:g} is too skewed to draw k = {k} distinct entries from a "
                                  f"context of {context_len} tokens (more than {_MAX_DRAWS_PER_ENTRY} draws per entry)")
             yield b, layer, warm, out
+
+
+@functools.wraps(_synthetic_streams)
+def synthetic_streams(context_len, **kwargs):
+    # the generator's arguments are checked when it is made, not at its first item (a wrong one would otherwise
+    # surface far from the call that passed it)
+    _check_generator_args(context_len, kwargs.get("k"), kwargs.get("mtp", 2), kwargs.get("steps", 64),
+                          kwargs.get("batch", 4), kwargs.get("n_layers"),
+                          kwargs.get("warmup_windows", PAPER_WARMUP_WINDOWS), kwargs.get("seed", 0))
+    for name in ("n_sinks", "local_window"):
+        if kwargs.get(name) is not None:
+            integer(name, kwargs[name], lo=0)
+    return _synthetic_streams(context_len, **kwargs)
 
 
 def synthetic_trace(context_len: int, *, n_layers: int | None = None, k: int | None = None, mtp: int = 2,

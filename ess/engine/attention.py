@@ -52,7 +52,11 @@ class StepAttention:
 
     def __init__(self, batch: int, width: int, n_heads: int, n_kv_heads: int, head_dim: int, device="cpu",
                  backend: str = "auto"):
-        B, K, H = batch, int(width), n_heads
+        from ..validate import positive_int
+        batch, width, n_heads, n_kv_heads, head_dim = (positive_int(n, v) for n, v in (
+            ("batch", batch), ("width", width), ("n_heads", n_heads), ("n_kv_heads", n_kv_heads),
+            ("head_dim", head_dim)))
+        B, K, H = batch, width, n_heads
         self.B, self.K, self.H, self.Hkv, self.hd, self.G = B, K, H, n_kv_heads, head_dim, H // n_kv_heads
         self.scale = 1.0 / math.sqrt(head_dim)
         self.device = torch.device(device)

@@ -48,6 +48,8 @@ __all__ = ["indexer_key_bytes", "quantize_keys", "IndexerCache", "selection_mass
 
 def indexer_key_bytes(n_kv_heads: int, head_dim: int) -> int:
     """Bytes of one indexer key: ``Hkv x hd`` FP8 codes plus ``Hkv`` float32 scales (204 B for SmolLM2-135M)."""
+    from ..validate import positive_int
+    n_kv_heads, head_dim = positive_int("n_kv_heads", n_kv_heads), positive_int("head_dim", head_dim)
     return n_kv_heads * head_dim + 4 * n_kv_heads
 
 

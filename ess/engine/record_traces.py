@@ -34,6 +34,8 @@ def mtp_union(trace, mtp: int = 2):
     """The trace of ``mtp`` query tokens per step from a one-token-per-step ``trace`` (module docstring): steps
     ``mtp s .. mtp s + mtp - 1`` united into step ``s`` (a trailing partial group is dropped)."""
     from ..traces import Trace
+    from ..validate import positive_int
+    mtp = positive_int("mtp", mtp)
     if trace.mtp != 1:
         raise ValueError(f"trace must have mtp = 1, got {trace.mtp}")
     n = trace.steps // mtp

@@ -26,6 +26,9 @@ def indexer_selection_example(model: ModelSpec, n_tokens: int = 96, *, topk: int
     """What the indexer picks on a small synthetic prefill: every position ``t`` queries with the key of token
     ``t - lag`` plus noise (a "look back" pattern), and token 0 has a large key (an attention sink). Returns
     ``scores`` (T, T) (row t = query at position t, -inf where s > t) and ``indices`` (T, K)."""
+    from ..validate import integer, non_negative_int
+    n_tokens, lag, seed = positive_int("n_tokens", n_tokens), non_negative_int("lag", lag), integer("seed", seed)
+    topk = None if topk is None else positive_int("topk", topk)
     n_tokens = positive_int("n_tokens", n_tokens)
     rng = np.random.default_rng(seed)
     D, Hi = model.index_head_dim, model.index_n_heads
@@ -54,6 +57,10 @@ def storage_precision(model: ModelSpec, n_tokens: int = 4096, *, topk: int | Non
     row per format: ``entry_bytes``, ``rel_rms_error`` (||o - o*|| / ||o*|| over all heads), ``max_abs_error``,
     ``lse_max_abs_error``.
     """
+    from ..validate import integer
+    n_tokens, batch, seed = positive_int("n_tokens", n_tokens), positive_int("batch", batch), integer("seed", seed)
+    topk = None if topk is None else positive_int("topk", topk)
+    n_heads = None if n_heads is None else positive_int("n_heads", n_heads)
     import pandas as pd
     rng = np.random.default_rng(seed)
     H = n_heads or model.n_heads
@@ -95,6 +102,9 @@ def lossless_check(model: ModelSpec, *, ratios: Sequence[float] = (0.1, 0.3, 1.0
     ``n_tokens=None`` takes the shortest whole-page context, and at least
     4 K tokens, at which the smallest ratio's pool holds one step's K entries. A given ``n_tokens`` too short for a
     ratio is a ``ValueError``."""
+    from ..validate import integer
+    batch, steps, seed = positive_int("batch", batch), positive_int("steps", steps), integer("seed", seed)
+    n_tokens = None if n_tokens is None else positive_int("n_tokens", n_tokens)
     import pandas as pd
     K = model.index_topk
     ratios = list(ratios)

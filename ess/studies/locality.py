@@ -106,6 +106,10 @@ def buffer_hit_rate(context_len: int, *, buffer_k: int = 2, steps: int = 128, ba
     windows, every layer of the model (:func:`ess.tracegen.geometry`), mean over layers and ``batch`` requests.
     ``generator`` keywords go to :func:`ess.tracegen.synthetic_streams` (e.g. ``reading``, ``drift_rho``).
     With the defaults at 32K it is the statistic h2K of ``data/locality/README.md`` (setting S)."""
+    from ..validate import integer, positive_int
+    context_len, buffer_k, steps, batch = (positive_int(n, v) for n, v in (
+        ("context_len", context_len), ("buffer_k", buffer_k), ("steps", steps), ("batch", batch)))
+    seed = integer("seed", seed)
     k = geometry()[1]
     m = misses_per_step(context_len, buffer_k * k / context_len, mtp=1, steps=steps, batch=batch, seed=seed,
                         trace_model=trace_model, **generator)                         # (n_layers, steps)
@@ -165,6 +169,9 @@ def trace_shape(trace: Trace, *, buffer_k: int = 2, union_window: int = 4, retur
     of the steps); ``union4`` the share of distinct entries among ``union_window`` consecutive sets
     (:func:`ess.traces.union_share`); ``return8`` the share of entries leaving the set that come back within
     ``return_within`` steps (:func:`ess.traces.return_share`). Also ``overlap``, the mean adjacent overlap."""
+    from ..validate import positive_int
+    buffer_k, union_window, return_within = (positive_int(n, v) for n, v in (
+        ("buffer_k", buffer_k), ("union_window", union_window), ("return_within", return_within)))
     if trace.mtp != 1:
         raise ValueError(f"trace_shape needs a trace with one query token per step (mtp 1), got mtp {trace.mtp}")
     m = trace_misses(trace, "lru", capacity=buffer_k * trace.k, warmup=trace.windows is not None)
@@ -247,6 +254,9 @@ def measure_evidence(models: Iterable[LocalityModel], *, context_len: int = 3276
     distances and the score (:func:`evidence_distances`). Returns a DataFrame and the probes' per-layer overlaps."""
     import pandas as pd
     from ..tracegen import drift_calibration, generator_defaults, locality_profile
+    from ..validate import integer, positive_int
+    context_len, probe_steps = positive_int("context_len", context_len), positive_int("probe_steps", probe_steps)
+    probe_seed = integer("probe_seed", probe_seed)
     real = real_traces() if real is None else dict(real)
     real_mean = ({s: float(np.mean([trace_shape(tr)[s] for tr in real.values()])) for s in SHAPE_STATS}
                  if real else None)

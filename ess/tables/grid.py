@@ -74,6 +74,8 @@ def model_cache_table(models, *, context_len: int = 131072) -> pd.DataFrame:
     from ..layout import indexer_entry_bytes, latent_entry_bytes, request_cache, token_bytes
     from ..memory import weights_per_gpu_bytes
     from ..specs import deployment_spec, model_spec
+    from ..validate import positive_int
+    context_len = positive_int("context_len", context_len)
     dep = deployment_spec("paper-table1")
     rows = []
     for m in models:

@@ -29,6 +29,8 @@ def trace_setting(seed: int) -> dict:
     """The configuration every synthetic trace of the notebook shares: DeepSeek-V3.2-Exp's K and layers, the
     paper's warmup windows, the generator's sinks and local window (``data/locality/generator.yaml``), LRU."""
     from ..tracegen import PAPER_WARMUP_WINDOWS, generator_defaults
+    from ..validate import integer
+    seed = integer("seed", seed)
     model, gen = model_spec(DEFAULT_MODEL), generator_defaults()
     return {"k": model.index_topk, "n_layers": model.n_layers, "warmup_windows": PAPER_WARMUP_WINDOWS, "seed": seed,
             "n_sinks": gen["n_sinks"], "local_window": gen["local_window"], "policy": "lru"}
@@ -37,6 +39,8 @@ def trace_setting(seed: int) -> dict:
 def band_setting(models, band_batch: int) -> dict:
     """What a band of the notebook spans: the locality models (the central first) and the requests the
     alternatives simulate."""
+    from ..validate import positive_int
+    band_batch = positive_int("band_batch", band_batch)
     return {"band": [m.config() for m in models], "band_batch": band_batch,
             "band_rule": "data/locality/README.md, Bands"}
 
@@ -231,6 +235,10 @@ def warmup_curves(context_len: int, ratio: float, models, *, steps: int, seed: i
     ``models`` (the central first): the curves, the first step's misses, the steady state (second half of the
     steps, with warmup) and the steps taken to settle without warmup (the first within 10 % of that state)."""
     from ..cachesim import sweep_synthetic
+    from ..validate import integer, positive_int
+    context_len, steps, batch, band_batch = (positive_int(n, v) for n, v in (
+        ("context_len", context_len), ("steps", steps), ("batch", batch), ("band_batch", band_batch)))
+    seed = integer("seed", seed)
     central = models[0]
     curves, per_layer_first = {}, None
     for m in models:
@@ -279,6 +287,9 @@ def misses_by_context(context_lens, ratio: float, models, *, mtp: int, steps: in
     ``models`` (the first under plain record names, the others with ``_<trace model>`` appended): ``{model name:
     [mean per context]}`` and the records."""
     from ..cachesim import misses_per_layer
+    from ..validate import integer, positive_int
+    mtp, steps, batch = (positive_int(n, v) for n, v in (("mtp", mtp), ("steps", steps), ("batch", batch)))
+    seed = integer("seed", seed)
     by_ctx, records = {}, []
     for i, m in enumerate(models):
         by_ctx[m.name] = [float(misses_per_layer(L, ratio, mtp=mtp, steps=steps, batch=batch, seed=seed,

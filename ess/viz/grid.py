@@ -15,7 +15,8 @@ __all__ = ["context_label", "fig_gain_heatmap", "fig_gain_vs_context", "fig_brea
 
 def context_label(L: int) -> str:
     """``8192 -> "8K"``, ``1048576 -> "1M"``."""
-    L = int(L)
+    from ..validate import positive_int
+    L = positive_int("L", L)
     return f"{L // 1048576}M" if L >= 1048576 and L % 1048576 == 0 else f"{L // 1024}K"
 
 

@@ -36,6 +36,8 @@ def memory_budget_view(gpu: str = "H200", context_len: int = 32768, ratio: float
 
 def memory_budget_widget(gpu: str = "H200", context_len: int = 32768, ratio: float = 0.2) -> W.VBox:
     """Dropdown (GPU), context and ratio sliders -> the :func:`memory_budget_view` figure and summary."""
+    from ..validate import one_of, positive_int
+    one_of("context_len", positive_int("context_len", context_len), CONTEXTS)
     gpu_w = W.Dropdown(options=list_gpus(), value=gpu, description="GPU", style=LABEL)
     ctx_w = W.SelectionSlider(options=[(f"{c // 1024}K", c) for c in CONTEXTS], value=context_len,
                               description="context L", style=LABEL)

@@ -57,6 +57,10 @@ def prefetch_view(speculative: str = "heat", warmup: str = "before", ratio: floa
     ``"none"``. ``step_time_us`` default: 73.3 ms step / 61 layers / batch 52 (paper Table 2, as
     :class:`ess.prefetch.PrefetchConfig`). The summary adds ``first_step_misses`` and ``first_step_entries`` (all
     pools) and ``explain``, a sentence on what the warmup setting does to the first steps."""
+    from ..validate import integer, positive_int
+    context_len, n_layers, steps = (positive_int(n, v) for n, v in (("context_len", context_len),
+                                                                    ("n_layers", n_layers), ("steps", steps)))
+    seed = integer("seed", seed)
     if speculative not in SPECULATIVE_CHOICES:
         raise ValueError(f"speculative must be one of {sorted(SPECULATIVE_CHOICES)}, got {speculative!r}")
     if warmup not in WARMUP_CHOICES:
@@ -99,7 +103,9 @@ def prefetch_widget(*, context_len: int = 32768, n_layers: int = 4, steps: int =
     bandwidth -> :func:`prefetch_view` (trace size from ``context_len``, ``n_layers``, ``steps``; starting values of
     the controls from ``defaults``)."""
     import ipywidgets as W
-
+    from ..validate import positive_int
+    context_len, n_layers, steps = (positive_int(n, v) for n, v in (("context_len", context_len),
+                                                                    ("n_layers", n_layers), ("steps", steps)))
     v = dict(speculative="heat", warmup="before", ratio=0.2, link_GB_per_s=37.0)
     unknown = set(defaults) - set(v)
     if unknown:
