@@ -128,6 +128,8 @@ class _Link:
 
     def busy_s(self, start: int = 0) -> float:
         """Seconds the link spent moving the finished jobs recorded from number ``start`` on."""
+        from .validate import integer
+        start = integer("start", start)
         return sum(r.end_s - r.start_s for r in self.records[start:] if r.done())
 
     def close(self) -> None:

@@ -188,10 +188,14 @@ class OpTimer:
         self.step = 0
         self.records: list[OpRecord] = []
 
-    @contextmanager
     def span(self, op: str, layer: int = -1):
+        """A context that times ``op`` of ``layer`` (-1: not a layer's); its arguments are checked when it is made."""
         if not isinstance(op, str):
             raise TypeError(f"op must be an operation's name (str), got {type(op).__name__}")
+        return self._span(op, integer("layer", layer, lo=-1))
+
+    @contextmanager
+    def _span(self, op: str, layer: int):
         if not self.enabled:
             yield
             return

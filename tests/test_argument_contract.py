@@ -209,7 +209,7 @@ ARGS = {
     "ess.sim.predictions.overlap_vs_misses": lambda: {"miss_counts": [0.0, 100.0]},
     "ess.heat_predictor.evaluate_predictor": lambda: {"predictor": __import__("ess.heat_predictor").heat_predictor
                                                       .HeatScorer(), "seq": np.array([[0, 1], [1, 2], [2, 3]])},
-    "ess.link.EmulatedLink": lambda: {"GB_per_s": 10.0, "clock": "virtual"},
+    "ess.link.EmulatedLink": lambda: {"GB_per_s": 10.0},
     "ess.sim.grid.GridInputs": lambda: {"params": __import__("ess.sim.costs").sim.costs.CostParams(),
                                         "calibrations": {}, "extrapolation": {}, "localities": _locs(),
                                         "cachesim_steps": 8, "cachesim_batch": 1, "band_batch": 1},
@@ -227,8 +227,50 @@ ARGS = {
     "ess.layout.LatentLayout": _fields(lambda: __import__("ess.layout").layout.latent_layout(_tiny())),
 }
 
-#: a cheap instance of a class whose public methods are swept (a function: a fresh one per call)
-INSTANCES = {}
+def _cache():
+    from ess.storage import TieredCache
+    c = TieredCache("tiny", capacity=4)
+    c.add_request("r", np.zeros((4, 10, c.entry_bytes), np.uint8))
+    return c
+
+
+def _host_pool():
+    from ess.storage import HostPool
+    pool = HostPool(2, 16)
+    pool.add("r", np.zeros((2, 8, 16), np.uint8))
+    return pool
+
+
+def _make(module, name, *args, **kw):
+    return lambda: getattr(importlib.import_module(module), name)(*args, **kw)
+
+
+#: a cheap instance of a class whose public methods are swept (a function: a fresh one per call); the methods of
+#: other classes are not swept (their constructors are)
+INSTANCES = {
+    "ess.storage.TieredCache": _cache,
+    "ess.storage.HostPool": _host_pool,
+    "ess.traces.TraceRecorder": _make("ess.traces", "TraceRecorder", context_len=8, k=2, n_layers=1, batch=1),
+    "ess.sim.misses.MissesTable": _make("ess.sim.misses", "MissesTable", steps=2, batch=1, model="tiny"),
+    "ess.policies.SlotPool": _make("ess.policies", "SlotPool", 4),
+    "ess.policies.EvictionPolicy": _make("ess.policies", "LRUPolicy", 4),
+    "ess.metrics.OpTimer": _make("ess.metrics", "OpTimer"),
+    "ess.metrics.MetricsLog": _make("ess.metrics", "MetricsLog"),
+    "ess.link.EmulatedLink": _make("ess.link", "EmulatedLink", 10.0),
+}
+ARGS.update({
+    "ess.storage.TieredCache.add_request": lambda: {"request_id": "s", "latent_entries": np.zeros(
+        (4, 10, _cache().entry_bytes), np.uint8)},
+    "ess.storage.TieredCache.plan": lambda: {"request_id": "r", "indices": np.array([0, 1])},
+    "ess.storage.TieredCache.step": lambda: {"request_id": "r", "indices": np.array([0, 1])},
+    "ess.storage.TieredCache.warmup": lambda: {"request_id": "r", "windows": np.array([[0, 1]])},
+    "ess.storage.HostPool.add": lambda: {"request_id": "s", "entries": np.zeros((2, 8, 16), np.uint8)},
+    "ess.traces.TraceRecorder.observe": lambda: {"indices": np.array([[0, 1]])},
+    "ess.traces.TraceRecorder.observe_windows": lambda: {"indices": np.array([[0, 1]])},
+    "ess.policies.EvictionPolicy.choose_victims": lambda: {"candidates": np.array([0, 1, 2])},
+    "ess.metrics.OpTimer.span": lambda: {"op": "x"},
+    "ess.metrics.OpTimer.add": lambda: {"op": "x", "start_s": 0.0, "end_s": 1.0},
+})
 
 _RECORD = ("an output record: the library fills it from values it has checked; checking every field in "
            "__post_init__ would cost the per-step and per-layer paths and guard no user's input")
@@ -283,10 +325,7 @@ EXCLUDED = {
 
 
 def _instance(qn: str):
-    for cls, make in INSTANCES.items():
-        if qn.startswith(cls + "."):
-            return make()
-    return None
+    return next(make() for cls, make in INSTANCES.items() if qn.startswith(cls + "."))
 
 
 def _is_method(qn: str, f) -> bool:

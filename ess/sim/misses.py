@@ -129,7 +129,7 @@ class MissesTable:
     def simulated_rows(self, context_len: int) -> int:
         """The rows the cache simulation runs for ``context_len`` tokens: the model's rows, at most
         :data:`MAX_SIMULATED_ROWS`."""
-        return int(min(self.model.sparse_rows(int(context_len)), MAX_SIMULATED_ROWS))
+        return int(min(self.model.sparse_rows(positive_int("context_len", context_len)), MAX_SIMULATED_ROWS))
 
     def _profile(self):
         """The per-layer overlaps the traces reproduce, over the model's sparse layers: ``"paper"`` for the default
