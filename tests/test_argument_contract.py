@@ -210,6 +210,10 @@ ARGS = {
     "ess.heat_predictor.evaluate_predictor": lambda: {"predictor": __import__("ess.heat_predictor").heat_predictor
                                                       .HeatScorer(), "seq": np.array([[0, 1], [1, 2], [2, 3]])},
     "ess.link.EmulatedLink": lambda: {"GB_per_s": 10.0},
+    "ess.llm.inputs.as_token_batch": lambda: {"token_ids": [[1, 2]], "vocab_size": 100, "max_length": 10},
+    "ess.llm.reference.rope_angles": lambda: {"positions": np.arange(4), "head_dim": 8, "base": 10000.0},
+    "ess.llm.weights.permute_rope_rows": lambda: {"w": np.zeros((8, 3)), "n_heads": 2},
+    "ess.llm.weights.unpermute_rope_rows": lambda: {"w": np.zeros((8, 3)), "n_heads": 2},
     "ess.sim.grid.GridInputs": lambda: {"params": __import__("ess.sim.costs").sim.costs.CostParams(),
                                         "calibrations": {}, "extrapolation": {}, "localities": _locs(),
                                         "cachesim_steps": 8, "cachesim_batch": 1, "band_batch": 1},
@@ -306,9 +310,7 @@ EXCLUDED = {
     **{n: _NOT_TABULATED for n in (
         "ess.archive.Archive", "ess.disk.DiskTier", "ess.attention.prepare_index_queries",
         "ess.decode.decode_layer", "ess.decode.run_layer", "ess.decode.select", "ess.replay.replay_steps",
-        "ess.replay.replay_trace", "ess.replay.run_trace", "ess.llm.kv_cache.KVCache", "ess.llm.config.LlamaConfig",
-        "ess.llm.inputs.as_token_batch", "ess.llm.reference.rope_angles", "ess.llm.weights.permute_rope_rows",
-        "ess.llm.weights.unpermute_rope_rows", "ess.quant.encode_latent", "ess.quant.encode_indexer_keys", "ess.layout.layer_pool_slots",
+        "ess.replay.replay_trace", "ess.replay.run_trace", "ess.llm.kv_cache.KVCache", "ess.llm.config.LlamaConfig", "ess.quant.encode_latent", "ess.quant.encode_indexer_keys", "ess.layout.layer_pool_slots",
         "ess.monitor.check_row", "ess.sim.costs.gemm_time_s", "ess.sim.costs.layer_costs",
         "ess.sim.predictions.break_even_misses", "ess.sim.store.seed_table", "ess.sim.sweep.sweep",
         "ess.sim.timeline.offload_overhead_s", "ess.storage.ResidentCache", "ess.studies.locality.fit_drift_rho",
@@ -435,3 +437,28 @@ if __name__ == "__main__":                         # triage: each callable's out
             signal.alarm(0)
         if res != "ok":
             print(f"{qn} {name}={bad!r}: {res}", flush=True)
+
+
+def test_token_id_arrays_of_floats_are_refused_not_truncated():
+    import torch
+
+    from ess.llm.inputs import as_token_batch
+    for ids in (np.array([[1.0, 2.0]]), [[1.5, 2]], torch.tensor([[1.0, 2.0]]), np.array([1.0, 2.0], np.float32)):
+        with pytest.raises(TypeError, match="token_ids"):
+            as_token_batch(ids, 100, 10)
+    ids, lengths = as_token_batch(np.array([[1, 2]]), 100, 10)
+    assert ids.tolist() == [[1, 2]] and lengths.tolist() == [2]
+
+
+def test_the_span_and_sequence_validators():
+    from ess.validate import sequence, span
+    assert span("span", (0.5, 5000)) == (0.5, 5000.0)
+    for bad, err in (((5.0, 1.0), ValueError), ((1.0, 1.0), ValueError), ((0.0, 1.0), ValueError),
+                     ((1.0, math.inf), ValueError), ((math.nan, 1.0), ValueError), ((1.0,), TypeError),
+                     ("ab", TypeError), (3.0, TypeError), ((True, 2.0), TypeError)):
+        with pytest.raises(err, match="link_span"):
+            span("link_span", bad)
+    assert sequence("gpus", ("H200",)) == ["H200"] and sequence("contexts", np.array([1, 2])) == [1, 2]
+    for bad in ("H200", b"H200", 3, {"a": 1}):
+        with pytest.raises(TypeError, match="gpus must be a list"):
+            sequence("gpus", bad)

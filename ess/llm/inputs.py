@@ -65,6 +65,8 @@ def as_token_batch(token_ids, vocab_size: int, max_length: int, name: str = "tok
     ValueError
         Empty batch or sequence, an id outside the vocabulary, a sequence longer than ``max_length``.
     """
+    from ..validate import positive_int
+    vocab_size, max_length = positive_int("vocab_size", vocab_size), positive_int("max_length", max_length)
     if isinstance(token_ids, (torch.Tensor, np.ndarray)) and token_ids.ndim == 2:
         seqs = [_one(row, f"{name}[{i}]") for i, row in enumerate(token_ids)]
     elif isinstance(token_ids, (torch.Tensor, np.ndarray)):

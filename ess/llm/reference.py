@@ -28,6 +28,8 @@ def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
 
 def rope_angles(positions: np.ndarray, head_dim: int, base: float) -> np.ndarray:
     """Rotation angles, ``positions``: (T,) -> (T, head_dim/2), angle[t, i] = positions[t] * base^(-2i/head_dim)."""
+    from ..validate import positive_int
+    head_dim = positive_int("head_dim", head_dim)
     inv_freq = base ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)      # (hd/2,)
     return np.asarray(positions, dtype=np.float64)[:, None] * inv_freq[None, :]
 

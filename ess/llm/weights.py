@@ -147,6 +147,8 @@ def permute_rope_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
     w : (n_heads * hd, ...) array
     n_heads : int
     """
+    from ..validate import positive_int
+    n_heads = positive_int("n_heads", n_heads)
     hd = w.shape[0] // n_heads
     return w.reshape(n_heads, 2, hd // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
@@ -163,6 +165,8 @@ def unpermute_rope_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
     -------
     (n_heads * hd, ...) array, C-contiguous (a copy)
     """
+    from ..validate import positive_int
+    n_heads = positive_int("n_heads", n_heads)
     if w.shape[0] % n_heads or (w.shape[0] // n_heads) % 2:
         raise ValueError(f"rows ({w.shape[0]}) must split into {n_heads} heads of an even size")
     hd = w.shape[0] // n_heads
