@@ -24,7 +24,8 @@ from ..sim.predictions import (BandInputs, Misses, band_frames, extrapolated_par
                                mtp_growth_frame, predict_configs)
 from ..sim.timeline import simulate
 
-__all__ = ["table2_predictions", "table2_bands", "table2_extrapolation", "extrapolation_band", "previous_table2", "table2_moves", "band_over", "BAND_COLUMNS", "article_table_32k", "claim_128k",
+__all__ = ["table2_predictions", "table2_bands", "table2_extrapolation", "extrapolation_band", "target_verdict",
+           "TARGET_TOLERANCE", "previous_table2", "table2_moves", "band_over", "BAND_COLUMNS", "article_table_32k", "claim_128k",
            "table2_records", "article_records", "table2_128k_records", "deployment_records",
            "deployment_benefits", "section12_claims", "deployment_assumptions"]
 
@@ -199,6 +200,33 @@ def extrapolation_band(t2: pd.DataFrame, frames: dict, xframes: dict, columns=BA
             if f"{col}_{end}" in out:
                 out.loc[calibrated, f"{col}_ext_{end}"] = out.loc[calibrated, f"{col}_{end}"]
     return out
+
+
+#: a claim without a band is reproduced when our value is within this share of the published one (a choice: the
+#: precision of a chart read by eye and of an article's rounded figures)
+TARGET_TOLERANCE = 0.10
+
+
+def target_verdict(value, published, low=None, high=None) -> tuple[str, str]:
+    """``("reproduced" | "not reproduced", tolerance)`` of a target claim (``role: target`` in ``data/published/``):
+    reproduced when the published value lies within the prediction's band ``[low, high]`` (its extrapolation band
+    where it has one), or, without a band, within :data:`TARGET_TOLERANCE` of ``value`` (relative to the published
+    value). The tolerance says which.
+
+    >>> target_verdict(234.0, 123.0, 195.0, 244.0)
+    ('not reproduced', 'published within the band [195, 244]')
+    >>> target_verdict(2.9, 3.0)[0]
+    'reproduced'
+    """
+    if value is None or published is None or pd.isna(value) or pd.isna(published):
+        return "not reproduced", "no value to set beside the published one"
+    if low is not None and high is not None and not (pd.isna(low) or pd.isna(high)):
+        ok = float(low) <= float(published) <= float(high)
+        tol = f"published within the band [{float(low):,.3g}, {float(high):,.3g}]"
+    else:
+        ok = abs(float(value) - float(published)) <= TARGET_TOLERANCE * abs(float(published))
+        tol = f"within {TARGET_TOLERANCE:.0%} of the published value"
+    return ("reproduced" if ok else "not reproduced"), tol
 
 
 def _ext(r, col: str) -> dict:
@@ -594,12 +622,16 @@ def article_records(art: pd.DataFrame, frames: dict, provenance: dict, xframes: 
         if xframes:
             _, xlo, xhi = band_over({key: f.ours_pct.iloc[i] for key, f in {**arts, **xarts}.items()})
             ext = {"extrapolation_band": {"low": xlo, "high": xhi}, "extrapolated": _article_parts(a.maps_to)}
+        xb = ext.get("extrapolation_band", {})
+        verdict, tol = target_verdict(a.ours_pct, a.article_pct, xb.get("low", lo), xb.get("high", hi))
         out.append(dict(name=f"article_{tag}_pct_acc{acc:g}", value=float(a.ours_pct), unit="%",
                         config={"maps_to": a.maps_to, "mtp4_accept_ratio": acc,
-                                "accept_ratio_source": m4["accept_ratio_source"], **provenance, **ext},
+                                "accept_ratio_source": m4["accept_ratio_source"], **provenance, **ext,
+                                "tolerance": tol},
                         published=a.article_pct, source=pub[_ARTICLE_KEYS[a.row]]["source"],
                         note=f"prediction; paper/blog: {a.paper_pct} %; zero-miss bound {a.ours_pct_no_miss:+.1f} %; "
-                             f"{a.explanation}", low=lo, high=hi, status="predicted"))
+                             f"{a.explanation}", low=lo, high=hi,
+                        status=verdict if a.article_pct is not None and not pd.isna(a.article_pct) else "predicted"))
     return out
 
 
@@ -640,11 +672,13 @@ def deployment_records(dep_df: pd.DataFrame, label: str, provenance: dict) -> li
     for _, r in dep_df.iterrows():
         ok = r.claim in src
         tag = f"deploy_{label}_{r.claim.replace(' ', '_')}"
+        verdict, tol = target_verdict(r.ours_ratio, r.article_ratio) if ok else ("predicted", None)
         out.append(dict(name=f"{tag}_ratio", value=float(r.ours_ratio), unit="after/before",
-                        config={**r.config, **provenance}, published=float(r.article_ratio) if ok else None,
+                        config={**r.config, **provenance, **({"tolerance": tol} if tol else {})},
+                        published=float(r.article_ratio) if ok else None,
                         source=pub[src[r.claim]]["source"] if ok else None,
                         note=f"before: {r.status_before}; after: {r.status_after}; zero-miss bound "
-                             f"{r.ours_ratio_no_miss:.3f}; {r.assumption}", status="predicted"))
+                             f"{r.ours_ratio_no_miss:.3f}; {r.assumption}", status=verdict))
         if r.status_before == "fitted by construction":
             out.append(dict(name=f"{tag}_before", value=float(r.ours_before), unit=r.unit,
                             config={**r.config, **provenance},

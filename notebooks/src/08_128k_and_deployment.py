@@ -133,6 +133,7 @@ c128 = tsim.claim_128k(t128)
 _, c_lo, c_hi = tsim.band_over({key: tsim.claim_128k(f)["ours_pct"] for key, f in frames128.items()})
 _, x_lo, x_hi = tsim.band_over({key: tsim.claim_128k(f)["ours_pct"]
                                 for key, f in {**frames128, **xframes128}.items()})
+verdict_128k = tsim.target_verdict(c128["ours_pct"], c128["published_pct"], x_lo, x_hi)
 rec.record("claim_128k_gain_pct", c128["ours_pct"], "%",
            config={"batch": c128["batch"], "ratio": c128["ratio"], "baseline_batch": c128["baseline_batch"],
                    "context_len": limit128["context_len"], "mtp": dep.mtp,
@@ -141,8 +142,8 @@ rec.record("claim_128k_gain_pct", c128["ours_pct"], "%",
                    "extrapolated": predictions.extrapolated_parts(c128["batch"], limit128["context_len"],
                                                                   c128["ratio"], dep.mtp)},
            published=c128["published_pct"], source=c128["source"],
-           note=f"prediction; zero-miss bound {c128['ours_pct_no_miss']:+.1f} %", low=c_lo, high=c_hi,
-           status="predicted")
+           note=f"prediction; zero-miss bound {c128['ours_pct_no_miss']:+.1f} %; {verdict_128k[1]}", low=c_lo,
+           high=c_hi, status=verdict_128k[0])
 print(f"{limit128['context_len'] // 1024}K, MTP {dep.mtp}: ours {c128['ours_pct']:+.1f} % (calibration band "
       f"{c_lo:+.1f} to {c_hi:+.1f} %, extrapolation band {x_lo:+.1f} to {x_hi:+.1f} %; batch {c128['batch']} at ratio {c128['ratio']} vs batch "
       f"{c128['baseline_batch']} without offload); zero-miss bound {c128['ours_pct_no_miss']:+.1f} %; "
