@@ -58,6 +58,8 @@ class LlamaConfig:
     tied_output: bool = True
 
     def __post_init__(self):
+        from ..validate import boolean
+        boolean("LlamaConfig.tied_output", self.tied_output)
         for name in _INT_FIELDS:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
