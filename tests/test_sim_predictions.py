@@ -34,8 +34,11 @@ def test_band_inputs_and_their_provenance():
     assert band.scenario().params == P and band.central_misses is band.misses[_central().name]
     prov = band.provenance(band.scenario(Scenario(strategy="dba")))
     assert prov["strategy"] == "dba" and prov["params"] == P.to_dict() and "mtp" not in prov
+    from ess.sim.calibrate import band_widening
+    widening = prov["band"].pop("widening")
     assert prov["band"] == {"calibrations": ["central", "other"], "locality": [_central().config()],
-                            "band_batch": 2}
+                            "band_batch": 2, "throughput_band_widened_by": band_widening()}
+    assert "left out" in widening                       # the record says what the widening is
     assert prov["misses"] == band.central_misses.config and prov["deployment"] == "paper-table1"
 
 

@@ -181,7 +181,7 @@ def mutants(source: str) -> list[dict]:
 
 
 def _copy_repo(dst: Path) -> None:
-    for name in ("ess", "tests", "data", "notebooks", "pyproject.toml"):
+    for name in ("ess", "tests", "data", "notebooks", "docs", "book", "README.md", "pyproject.toml"):
         src = ROOT / name
         if src.is_dir():
             shutil.copytree(src, dst / name, ignore=shutil.ignore_patterns("__pycache__", "*.nbi", "*.nbc"))
