@@ -443,7 +443,7 @@ def layer_costs(model: ModelSpec, gpu: GPUSpec, deployment: DeploymentSpec, micr
         if not isinstance(spec, cls):
             raise TypeError(f"{name} must be a {cls.__name__}, got {type(spec).__name__}")
     one_of("kind", kind, ("sparse", "dense", "window"))
-    if kind == "dense":
+    if kind == "dense" or compress_ratio is not None:      # given where it does not apply: still a whole number
         compress_ratio = positive_int("compress_ratio", compress_ratio)
     b = number_array("micro_batch", micro_batch, at_most=MAX_EXACT_COUNT, max_ndim=None)
     L = number_array("context_len", context_len, at_least=1, at_most=model.max_position_embeddings, max_ndim=None)

@@ -360,6 +360,8 @@ def _cache_path(identity: dict) -> Path:
 def seed_table(table, *, shipped: bool = True) -> int:
     """Fill ``table`` with every stored row of its identity: the shipped file (``shipped``; any file of
     ``data/generated/misses`` whose identity matches) and the user cache. Returns the points loaded."""
+    from ..validate import boolean
+    shipped = boolean("shipped", shipped)
     ident = table_identity(table)
     n = 0
     if shipped:
