@@ -1,0 +1,33 @@
+"""calibrate() against a plain reference: with the compute scale pinned, a dense search over the communication scale
+with the fixed time in closed form finds no better fit than calibrate's coarse-to-fine search (the fast path), and
+calibrate's fixed time is the closed form at its own scales."""
+import numpy as np
+import pytest
+
+from ess.sim import calibrate as C
+from ess.sim.config import Scenario
+from ess.sim.costs import CostParams
+
+
+def _loss_and_fixed(points, sc, sm, scen, table2_weight=5.0):
+    """The weighted squared relative step error and its best fixed time (seconds) at scales (sc, sm), plainly."""
+    dep = scen.specs()[1]
+    obs = np.array([p.batch * dep.gpus_per_node * p.accept_ratio / p.throughput for p in points])
+    w = np.array([1.0 if p.read_from_chart else table2_weight for p in points])
+    s = C._step_without_fixed(points, sc, sm, scen)
+    # d/df sum w ((s + f - obs) / obs)^2 = 0  =>  f = sum (w / obs^2) (obs - s) / sum (w / obs^2)
+    f = max(float(np.sum(w / obs ** 2 * (obs - s)) / np.sum(w / obs ** 2)), 0.0)
+    return float(np.sum(w * ((s + f - obs) / obs) ** 2)), f
+
+
+def test_calibrate_finds_the_dense_searchs_best_fit():
+    points = C.calibration_points()
+    scen = Scenario(params=CostParams())
+    sc = 0.6
+    got = C.calibrate(points, compute_scale=sc)
+    q = got.params
+    loss_got, f_got = _loss_and_fixed(points, sc, q.comm_scale, scen)
+    assert q.fixed_ms == pytest.approx(f_got * 1e3, rel=1e-9)        # the closed form at its own scales
+    ref = min(_loss_and_fixed(points, sc, sm, scen)[0] for sm in np.geomspace(0.1, 5.0, 300))
+    assert loss_got <= ref * 1.002                                   # no dense-search scale fits better
+    assert got.rms_rel_error == pytest.approx(np.sqrt(np.mean(got.residuals.rel_error ** 2)))
