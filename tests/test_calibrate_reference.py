@@ -31,3 +31,5 @@ def test_calibrate_finds_the_dense_searchs_best_fit():
     ref = min(_loss_and_fixed(points, sc, sm, scen)[0] for sm in np.geomspace(0.1, 5.0, 300))
     assert loss_got <= ref * 1.002                                   # no dense-search scale fits better
     assert got.rms_rel_error == pytest.approx(np.sqrt(np.mean(got.residuals.rel_error ** 2)))
+    assert got.max_abs_rel_error == pytest.approx(np.abs(got.residuals.rel_error).max())
+    assert got.max_abs_rel_error > got.rms_rel_error                 # the worst point is worse than the RMS
