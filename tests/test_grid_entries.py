@@ -12,7 +12,7 @@ from ess.sim import grid as sgrid
 from ess.sim.costs import CostParams
 from ess.specs import gpu_spec, host_link_spec, list_deployments, list_gpus, list_host_links
 from ess.tracegen import locality_alternatives
-from test_sim_grid import FakeTable
+import test_probe_grid as probe_grid
 
 MODEL = "deepseek-v3.2"
 BAD_CONTEXTS = [0, -5, 2.5, float("nan"), "32k", True]
@@ -20,19 +20,12 @@ BAD_CONTEXTS = [0, -5, 2.5, float("nan"), "32k", True]
 
 @pytest.fixture(scope="module")
 def inputs():
-    p = CostParams(0.6, 1.2, 46.0, fitted_on="a test")
-    locs = list(locality_alternatives())
-    inp = sgrid.GridInputs(p, {"central": p}, {}, locs, 8, 1, 1)
-    for i, loc in enumerate(locs):
-        inp.tables[(MODEL, loc.name, "paper")] = FakeTable(MODEL, 1.0 + 0.3 * i)
-    inp.tables[(MODEL, locs[0].name, "flat")] = FakeTable(MODEL, 0.7)
-    return inp
+    return probe_grid.inputs()                       # grid inputs on fake miss tables, shared with the probes
 
 
 @pytest.fixture(scope="module")
 def found(inputs):
-    cells = sgrid.grid_cells([MODEL], ["H200"], [32768], links=["pcie5-flashtrans"])
-    return sgrid.grid_search(cells, inputs)
+    return probe_grid.found()
 
 
 # -------------------------------------------------------------------------------------------------- contexts
