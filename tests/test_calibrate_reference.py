@@ -33,3 +33,18 @@ def test_calibrate_finds_the_dense_searchs_best_fit():
     assert got.rms_rel_error == pytest.approx(np.sqrt(np.mean(got.residuals.rel_error ** 2)))
     assert got.max_abs_rel_error == pytest.approx(np.abs(got.residuals.rel_error).max())
     assert got.max_abs_rel_error > got.rms_rel_error                 # the worst point is worse than the RMS
+
+
+def test_the_cost_growth_counterpart_by_its_definition():
+    """cost_growth_ms: (step at the long position - step at the short) / (batch x accept ratio), in ms of GPU time per
+    output token, at Table 2 row 1's batch, MTP and accept ratio on the evidence's machine (H800), no memory check."""
+    from ess.published import published
+    from ess.sim import simulate
+    q = CostParams(compute_scale=0.6, comm_scale=1.2, fixed_ms=40.0)
+    ev = C.cost_growth_evidence()
+    row = published("paper_table2")["t2_32k_mtp2_b52_r1"]
+    scen = Scenario(params=q, gpu=ev["machine"], check_memory=False)
+    r = simulate(row["batch"], [ev["short_position"], ev["long_position"]], 1.0, mtp=row["mtp"],
+                 accept_ratio=row["accept_ratio"], scenario=scen)
+    want = (r.step_s[1] - r.step_s[0]) / (row["batch"] * row["accept_ratio"]) * 1e3
+    assert C.cost_growth_ms(q) == pytest.approx(want) and 0.05 < want < 1.0
