@@ -232,6 +232,8 @@ ARGS = {
     "ess.llm.kv_cache.KVCache": lambda: {"config": __import__("ess.llm.config").llm.config.LlamaConfig(
         **ARGS["ess.llm.config.LlamaConfig"]()), "batch": 2},
     "ess.kernels.topk.topk_positions": lambda: {"scores": np.linspace(0, 1, 32, dtype=np.float32).reshape(2, 16)},
+    "ess.viz.sim.fig_overlap_vs_misses": lambda: {"df": __import__("ess.sim.predictions").sim.predictions
+                                                  .overlap_vs_misses([0.0, 100.0])},
     "ess.llm.inputs.as_token_batch": lambda: {"token_ids": [[1, 2]], "vocab_size": 100, "max_length": 10},
     "ess.llm.reference.rope_angles": lambda: {"positions": np.arange(4), "head_dim": 8, "base": 10000.0},
     "ess.llm.weights.permute_rope_rows": lambda: {"w": np.zeros((8, 3)), "n_heads": 2},
@@ -340,9 +342,8 @@ EXCLUDED = {
         "ess.tables.prefetching.policy_comparison", "ess.tables.prefetching.prefetch_classes",
         "ess.tables.prefetching.smallest_pools", "ess.tables.sim.deployment_benefits",
         "ess.viz.memory.fig_batch_limits", "ess.viz.monitor.fig_monitor",
-        "ess.viz.sim.fig_overlap_vs_misses", "ess.viz.sim.fig_table2", "ess.viz.storage.fig_step_traffic",
-        "ess.widgets.grid",
-        "ess.studies.attention.indexer_selection_example")},
+        "ess.viz.sim.fig_table2", "ess.viz.storage.fig_step_traffic",
+        "ess.widgets.grid")},
 }
 
 

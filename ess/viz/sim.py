@@ -105,6 +105,8 @@ def fig_overlap_vs_misses(df, title: str = "Offload overhead against misses", *,
     """``value`` (default the overhead in % of the no-offload step; ``"overhead_us_per_layer"``: the paper's units,
     extra microseconds per layer and micro-batch) per strategy against ``x`` (default the mean misses per request,
     step and layer), with the band of ``<value>_low`` / ``<value>_high`` shaded where the frame has it."""
+    from ..validate import boolean
+    log_x = boolean("log_x", log_x)
     fig = go.Figure()
     for i, (s, part) in enumerate(df.groupby("strategy", sort=False)):
         color = COLORS[i % len(COLORS)]
