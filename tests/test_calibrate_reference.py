@@ -48,3 +48,23 @@ def test_the_cost_growth_counterpart_by_its_definition():
                  accept_ratio=row["accept_ratio"], scenario=scen)
     want = (r.step_s[1] - r.step_s[0]) / (row["batch"] * row["accept_ratio"]) * 1e3
     assert C.cost_growth_ms(q) == pytest.approx(want) and 0.05 < want < 1.0
+
+
+def test_each_fitting_choice_is_what_its_name_says():
+    """The four fitting choices of calibration_variants fit with the Table 2 weight their names give (5, 1, 20) or
+    on the chart points alone."""
+    v = C.calibration_variants(grid=4, refine=0, compute_scale=0.6)
+    for name, weight in (("default (Table 2 weight 5)", 5), ("Table 2 weight 1", 1), ("Table 2 weight 20", 20)):
+        assert f"Table 2 weight {weight}; " in v[name].params.fitted_on
+        assert "1 Table 2 rows" in v[name].params.fitted_on
+    assert "0 Table 2 rows" in v["Fig. 1 only"].params.fitted_on
+
+
+def test_the_central_fit_is_kept_beside_the_best(monkeypatch):
+    """With no slack for 'equally good' only the best pinned fit qualifies; the central one is kept too, first,
+    and the best stays in the set."""
+    monkeypatch.setattr(C, "EQUALLY_GOOD_RMS_PP", 0.0)
+    monkeypatch.setattr(C, "_CACHE", {})
+    cs = C.calibration_set(grid=4, refine=0)
+    best = min(cs.fits, key=lambda n: cs.fits[n].rms_rel_error)
+    assert cs.kept[0] == cs.central and best in cs.kept

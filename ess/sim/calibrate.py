@@ -209,11 +209,12 @@ def calibrate(points: list[CalibrationPoint] | None = None, *, table2_weight: fl
     return Calibration(params, df, float(np.sqrt(np.mean(rel ** 2))), float(np.max(np.abs(rel))))
 
 
-def calibration_variants(**kw) -> dict[str, Calibration]:
+def calibration_variants(points: list[CalibrationPoint] | None = None, **kw) -> dict[str, Calibration]:
     """The fit under other defensible choices, to show how much the choices move the predictions: the default,
-    Fig. 1 alone, Table 2's row weighted like one chart point, and like twenty (``kw`` go to :func:`calibrate`,
-    e.g. a pinned ``compute_scale``)."""
-    pts = calibration_points()
+    Fig. 1 alone, Table 2's row weighted like one chart point, and like twenty, on ``points`` (default every
+    calibration point; :func:`leave_one_out` passes all but one). ``kw`` go to :func:`calibrate` (e.g. a pinned
+    ``compute_scale``)."""
+    pts = calibration_points() if points is None else _points(points)
     return {"default (Table 2 weight 5)": calibrate(pts, **kw),
             "Fig. 1 only": calibrate([p for p in pts if p.read_from_chart], **kw),
             "Table 2 weight 1": calibrate(pts, table2_weight=1.0, **kw),
@@ -416,7 +417,7 @@ def leave_one_out(*, part_batch_band: bool = True, progress: bool = False, **kw)
         rest, out = pts[:i] + pts[i + 1:], pts[i]
         fits = {}
         for at, sc in scales.items():
-            for name, c in _variants_on(rest, compute_scale=sc, **kw).items():
+            for name, c in calibration_variants(rest, compute_scale=sc, **kw).items():
                 fits[f"compute {at}, {name}"] = c
         limit = min(c.rms_rel_error for c in fits.values()) + EQUALLY_GOOD_RMS_PP / 100
         central = f"compute central, default (Table 2 weight 5)"
@@ -435,14 +436,6 @@ def leave_one_out(*, part_batch_band: bool = True, progress: bool = False, **kw)
                      "predicted": preds[central], "low": lo, "high": hi, "band_size": len(preds),
                      "rel_error": preds[central] / obs - 1, "inside": lo <= obs <= hi, "outside_rel": outside})
     return pd.DataFrame(rows)
-
-
-def _variants_on(points, **kw) -> dict:
-    """:func:`calibration_variants` on ``points`` instead of every calibration point."""
-    return {"default (Table 2 weight 5)": calibrate(points, **kw),
-            "Fig. 1 only": calibrate([p for p in points if p.read_from_chart], **kw),
-            "Table 2 weight 1": calibrate(points, table2_weight=1.0, **kw),
-            "Table 2 weight 20": calibrate(points, table2_weight=20.0, **kw)}
 
 
 def band_coverage(loo: pd.DataFrame, nominal: float) -> dict:
