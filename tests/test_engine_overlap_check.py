@@ -514,3 +514,16 @@ def test_the_summary_by_hand(monkeypatch):
     assert s["products_share_median"] == pytest.approx(0.4) and s["products_share_max"] == pytest.approx(0.5)
     assert s["measured_median"] == pytest.approx(0.02) and s["measured_worst"] == pytest.approx(0.20)
     assert s["measured_goal_met"] is False and (s["serial_gap"], s["own"]) == (0.3, 0.04)
+
+
+def test_the_products_line_by_hand():
+    """Costs 4, 5, 9 at rows 1, 2, 4: the least-squares line through them is a + b m with b = sum (m - 7/3)(y - 6) /
+    sum (m - 7/3)^2 = (4/3 x 2 + 1/3 x 1 + 5/3 x 3) / (16/9 + 1/9 + 25/9) = (8/3 + 1/3 + 5) / (42/9) = 8 x 9 / 42 =
+    12/7 and a = 6 - 12/7 x 7/3 = 2: at 3 rows 2 + 36/7, at 6 rows 2 + 72/7. A falling curve gets no negative
+    slope: 5, 4, 3 at 1, 2, 4 rows give the flat mean 4."""
+    from ess.engine.overlap_check import product_line
+    got = product_line({"finish": {1: 4.0, 2: 5.0, 4: 9.0}, "logits": {1: 5.0, 2: 4.0, 4: 3.0}}, [3, 6])
+    assert got["finish"] == pytest.approx({3: 2 + 36 / 7, 6: 2 + 72 / 7})
+    assert got["logits"] == pytest.approx({3: 4.0, 6: 4.0})
+    with pytest.raises(ValueError, match=r"rows\[0\]"):
+        product_line({"finish": {1: 1.0}}, [0])
