@@ -132,15 +132,26 @@ def tiny_dsa_model(model_type: str = "deepseek_v32", *, seed: int = 0, attn_impl
     return model.eval()
 
 
-def load_smollm2(*, attn_implementation: str = "sdpa"):
-    """``(model, tokenizer)``: SmolLM2-135M-Instruct loaded by transformers from ess's GGUF file (float32, offline;
-    about 14 s, transformers dequantises every tensor)."""
+def load_smollm2(*, source: str = "gguf", attn_implementation: str = "sdpa"):
+    """``(model, tokenizer)``: SmolLM2-135M-Instruct as transformers' ``LlamaForCausalLM`` (float32, eval mode,
+    offline) with transformers' tokenizer, both from the GGUF file ess installs (:func:`ess.llm.model_path`).
+
+    ``source="gguf"``: transformers reads and dequantises the file itself (about 15 s); ``"ess"``: the weights come
+    from ess's decoded copy of the same file (:func:`ess.llm.load_model`, cached between runs: about 7 s), put into
+    transformers' model by :func:`transformers_llama` -- the same tensors (``tests/test_llm_parity.py`` checks
+    transformers' own reading against ess's)."""
     import os
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    from ..llm import model_path
+    from ..llm import load_model, model_path
+    validate.one_of("source", source, ("gguf", "ess"))
     os.environ.setdefault("HF_HUB_OFFLINE", "1")     # the local GGUF file only; never the hub
     path = model_path()
     tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    if source == "ess":
+        lm = load_model()
+        model = transformers_llama(lm.weights, lm.config)
+        model.set_attn_implementation(attn_implementation)
+        return model, tok
     model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32,
                                                  attn_implementation=attn_implementation)
     return model.eval(), tok

@@ -5,8 +5,10 @@
 #   architecture -- decode through the tiered cache unchanged, and what does offload do to it?
 # * **Method:** `ess.hf` plugs ess into transformers' own extension points: a cache on its cache API whose entries
 #   live in ess's tiered cache, and an attention function registered in its attention registry. SmolLM2-135M
-#   loaded by transformers, and tiny random DeepSeek-V3.2 and GLM-5 models built from transformers' config classes,
-#   decode through it; the outputs are compared with transformers' own attention and with all-resident decoding.
+#   as transformers' `LlamaForCausalLM` (the GGUF file's weights, as ess decodes them and caches between runs:
+#   identical to transformers' own reading of the file, which the tests also run), and tiny random DeepSeek-V3.2
+#   and GLM-5 models built from transformers' config classes, decode through it; the outputs are compared with
+#   transformers' own attention and with all-resident decoding.
 # * **Answer:** "SmolLM2 through transformers" (same tokens offloaded or not, bit for bit), "DeepSeek-V3.2's own
 #   architecture" (transformers' dense-masked output to float32 rounding, K rows read per step), and the monitor
 #   and trace below.
@@ -60,7 +62,7 @@ torch.set_num_threads(threads)
 rec = ess.Recorder("11_bring_your_own_model", results_path, smoke=smoke)
 if smoke:
     globals().update(smoke_sizes)              # the CI sizes of the parameters cell
-model, tok = ess.hf.load_smollm2()             # transformers reads ess's GGUF file (float32)
+model, tok = ess.hf.load_smollm2(source="ess")  # transformers' LlamaForCausalLM, the GGUF file's weights
 print(type(model).__name__, ess.hf.model_info(model))
 
 # %% [markdown]
