@@ -72,6 +72,8 @@ def test_the_rest_of_the_arguments():
         H.LatentFormat(96, 16, "fp8")
     with pytest.raises(ValueError, match="steps"):
         H.decode(MODEL, IDS, 0)
+    with pytest.raises(ValueError, match="source"):
+        H.load_smollm2(source="hub")
 
 
 def test_bad_prompts():

@@ -77,3 +77,12 @@ def test_the_record_trace_command(tmp_path):
     assert main(["record-trace", "--model", "smollm2", "--context", "128", "--steps", "3", "--out", str(out)]) == 0
     tr = load_trace(out)
     assert (tr.context_len, tr.steps, tr.k, tr.n_layers, tr.batch) == (128, 3, 8, 30, 1)
+
+
+def test_both_loaders_give_the_same_weights(hf):
+    # transformers' own reading of the GGUF file, and ess's cached decoding put into transformers' model
+    theirs = hf[0].state_dict()
+    ours = H.load_smollm2(source="ess")[0].state_dict()
+    assert set(ours) == set(theirs)
+    for k in theirs:
+        assert torch.equal(ours[k], theirs[k]), k
