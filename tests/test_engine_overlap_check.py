@@ -527,3 +527,39 @@ def test_the_products_line_by_hand():
     assert got["logits"] == pytest.approx({3: 4.0, 6: 4.0})
     with pytest.raises(ValueError, match=r"rows\[0\]"):
         product_line({"finish": {1: 1.0}}, [0])
+
+
+def test_the_trimmed_mean_by_hand():
+    """Ten values of 0.001 and 11..20: 10 % each side drops two of each end, leaving eight of 0.001 and 11..18, mean
+    (0.008 + 116) / 16 (20 % would drop four a side); fewer than 5 values: the plain mean; from 5 values on at least
+    one a side."""
+    from ess.engine.overlap_check import _trimmed_mean
+    x = [0.001] * 10 + list(range(11, 21))
+    assert _trimmed_mean(x) == pytest.approx((8 * 0.001 + sum(range(11, 19))) / 16)
+    assert _trimmed_mean([1, 2, 100]) == pytest.approx(103 / 3)
+    assert _trimmed_mean([1, 2, 3, 4, 100]) == pytest.approx(3.0)
+
+
+def test_a_steps_lanes_are_the_jobs_submitted_while_it_ran():
+    """Step 1 runs from 10 to 20 ms (two operations, 10-12 and 18-20 ms): jobs submitted at 11 and 19 ms are its,
+    one at 5 ms (step 0) and one at 25 ms (after it) are not."""
+    from ess.engine.overlap_check import step_lanes
+    timer = OpTimer()
+    timer.step = 0
+    timer.add("embed", -1, 0.0, 0.005)
+    timer.step = 1
+    timer.add("embed", -1, 0.010, 0.012)
+    timer.add("attn", 0, 0.018, 0.020)
+    job = lambda t: {"kind": "h2d", "layer": 0, "nbytes": 1, "submit_s": t, "start_s": t, "end_s": t,  # noqa: E731
+                     "returned_s": t, "waited_s": 0.0}
+    run = SimpleNamespace(timer=timer, link_records=[job(0.005), job(0.011), job(0.019), job(0.025)])
+    ops, link = step_lanes(run, 1)
+    assert list(ops.op) == ["embed", "attn"] and link.submit_s.tolist() == [0.011, 0.019]
+
+
+def test_product_costs_are_seconds_of_the_products_alone():
+    """Each product's cost is the clock's difference over the call (not a sum of clock readings): a small model's
+    products take well under a second."""
+    from engine_helpers import small_engine
+    got = product_costs(small_engine().model, [1, 2], clock="wall", repeats=2)
+    assert all(0 < v < 0.5 for c in got.values() for v in c.values())
