@@ -29,6 +29,7 @@ sampled decoding (no beam search), a float32 model.
 """
 from __future__ import annotations
 
+import weakref
 from contextvars import ContextVar
 from typing import Callable
 
@@ -49,7 +50,7 @@ from ..link import CLOCKS, SyncLink, make_link
 from ..metrics import DecodeMetricsLog, DecodeStepMetrics, OpTimer
 from ..storage import ResidentCache, TieredCache
 from ._compat import Cache, CacheLayerMixin
-from .latent import LatentFormat, LatentStepAttention
+from .latent import LATENT_DTYPES, LatentFormat, LatentStepAttention
 from .models import ModelInfo, model_info
 
 __all__ = ["SparseCache", "ACTIVE"]
@@ -166,7 +167,7 @@ class SparseCache(Cache):
                              f"index_topk ({self.info.index_topk}); leave topk unset or change the model's config")
         self.cfg = config
         self.max_new_tokens = validate.positive_int("max_new_tokens", max_new_tokens)
-        validate.one_of("entry_dtype", entry_dtype, ("fp8", "bf16", "float32"))
+        validate.one_of("entry_dtype", entry_dtype, LATENT_DTYPES)
         if on_step is not None and not callable(on_step):
             raise TypeError(f"on_step must be callable, got {type(on_step).__name__}")
         self.record = validate.boolean("record_trace", record_trace)
@@ -338,6 +339,7 @@ class SparseCache(Cache):
                     self._recorder.observe_windows(layer, windows[layer][..., :min(K, L)])
         self.link = (make_link(cfg.link_GB_per_s, device=dev, emulate=cfg.emulate_link, clock=cfg.clock)
                      if cfg.offload else SyncLink())
+        weakref.finalize(self, self.link.close)          # a cache dropped without close() stops its copy worker
         self.staging = torch.zeros((info.n_layers, B, E), dtype=torch.uint8,
                                    pin_memory=dev.startswith("cuda"))
         self._prefill = [None] * info.n_layers
