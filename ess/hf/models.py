@@ -27,7 +27,8 @@ from .. import validate
 __all__ = ["GQA_TYPES", "DSA_TYPES", "UNSUPPORTED", "ModelInfo", "model_info", "tiny_dsa_config", "tiny_dsa_model",
            "load_smollm2", "transformers_llama"]
 
-# decoders whose attention is plain MHA/GQA with RoPE over a K/V cache (checked: q_proj/k_proj/v_proj, one head dim)
+# decoders whose attention is plain MHA/GQA with RoPE over a K/V cache, one head dim (the tests decode a tiny model
+# of each: tests/test_hf_gqa.py)
 GQA_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 # DeepSeek Sparse Attention: MLA latents in the cache, a lightning indexer choosing the top-K
 DSA_TYPES = ("deepseek_v32", "glm_moe_dsa")
