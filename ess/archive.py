@@ -27,6 +27,8 @@ collected, or the process ending) releases the directory.
 """
 from __future__ import annotations
 
+import functools
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -35,7 +37,22 @@ from .disk import ArchiveError, CorruptBlockError, DiskTier, request_stem
 from .kernels.transfer import TransferError
 from .storage import TieredCache
 
-__all__ = ["Archive", "Recovery"]
+__all__ = ["Archive", "Recovery", "ArchiveWriteError"]
+
+
+class ArchiveWriteError(OSError):
+    """A checkpoint the disk could not take (full, a file-size limit, an I/O error): names the request, the archive's
+    directory and the file; the request's last good checkpoint is kept."""
+
+
+def _serial(method):
+    """One writer or reader at a time per archive: two threads on one archive take turns (each checkpoint's clean-up
+    removes the files its manifest does not name, a concurrent writer's temporary files among them)."""
+    @functools.wraps(method)
+    def run(self, *args, **kwargs):
+        with self._lock:
+            return method(self, *args, **kwargs)
+    return run
 
 
 @dataclass
@@ -83,6 +100,7 @@ class Archive:
         self._spilled: dict = {}          # request id -> None: spilled by this archive, in the order they went
         self._owned: set = set()          # ids whose archived copy this archive wrote or restored
         self._clean: dict = {}            # request id -> tokens on disk and unchanged since (incremental checkpoint)
+        self._lock = threading.RLock()
         cache._attach_archive(self)
 
     # -- the directory -------------------------------------------------------------------------------------------
@@ -141,6 +159,7 @@ class Archive:
                              f"(Archive.discard) before adding a new request under that id")
 
     # -- writing ------------------------------------------------------------------------------------------------
+    @_serial
     def checkpoint(self, request_id, *, overwrite: bool = False) -> int:
         """Write a request held in memory to disk (blocks changed since its last checkpoint, the device-pool state
         and the manifest), keeping it in memory. Returns the number of blocks written. An archived copy that this
@@ -157,18 +176,29 @@ class Archive:
                              f"overwrite=True")
         if request_id not in self._owned:
             self._clean.pop(request_id, None)
-        n = self.disk.write(request_id, self.cache.host.entries(request_id), self.cache.pool_state(request_id),
-                            from_token=self._clean.get(request_id, 0))
+        try:
+            n = self.disk.write(request_id, self.cache.host.entries(request_id), self.cache.pool_state(request_id),
+                                from_token=self._clean.get(request_id, 0))
+        except (ArchiveError, TypeError, ValueError):
+            raise
+        except OSError as exc:                    # a full disk, a file-size limit: name what was being written
+            self._clean.pop(request_id, None)     # the next checkpoint writes every block again
+            where = f" ({exc.filename})" if exc.filename else ""
+            raise ArchiveWriteError(exc.errno, f"checkpoint of request_id {request_id!r} to {self.disk.dir}{where} "
+                                               f"failed: {exc.strerror or exc}; its last good checkpoint is kept") \
+                from exc
         self._clean[request_id] = self.cache.n_tokens(request_id)
         self._owned.add(request_id)
         return n
 
+    @_serial
     def spill(self, request_id, *, overwrite: bool = False) -> None:
         """Pause a request: :meth:`checkpoint` it, then free its host and device memory."""
         self.checkpoint(request_id, overwrite=overwrite)
         self.cache.remove_request(request_id)
         self._spilled[validate.request_id("request_id", request_id)] = None
 
+    @_serial
     def discard(self, request_id) -> None:
         """Delete the archived copy of a request (its manifest first, then its files); a spilled request is then
         gone. The copy in memory, if any, stays. A ``ValueError`` when the directory holds no such request."""
@@ -188,6 +218,7 @@ class Archive:
         self._check_open()
         return self.disk.verify(validate.request_id("request_id", request_id))
 
+    @_serial
     def repair(self, request_id) -> list[int]:
         """Rewrite the damaged disk blocks of a request from its copy in memory (which must be the one this archive
         wrote or restored); returns the blocks that were damaged."""
@@ -208,6 +239,7 @@ class Archive:
         return bad
 
     # -- reading ------------------------------------------------------------------------------------------------
+    @_serial
     def restore(self, request_id) -> dict:
         """Bring an archived request (spilled, or found on disk after a crash) back into the cache: host pool from
         the disk blocks, each checked against its CRC-32, then the device pool refilled with the resident entries
@@ -241,6 +273,7 @@ class Archive:
         self._owned.add(request_id)
         self._clean[request_id] = n_tokens
 
+    @_serial
     def recover(self) -> Recovery:
         """Restore every request archived in the directory that is not in memory, request by request (after a
         crash: open a new cache with the capacity and policy of the old one, an archive on it, and recover): each

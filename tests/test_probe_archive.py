@@ -889,22 +889,15 @@ PROBES = [
 
 # Probes that do not classify as clear error or sensible with today's code (each a real fault, described above it);
 # kept out of PROBES so that the suite passes, and listed here so that they are run by hand and not forgotten.
-FINDINGS: list[Probe] = [
-    # A checkpoint that does not fit the disk (a 2-MB file-size limit: the block file grown past it) ends in a bare
-    # ``OSError: [Errno 27] File too large`` from the block write, naming neither the request, nor its block file,
-    # nor the archive's directory (raw). No data is lost: the last good checkpoint restores byte for byte, and the
-    # next checkpoint, once there is room, goes through and leaves no orphan.
+
+
+# Found by these probes and fixed since: a checkpoint the disk cannot take is refused naming the request and the
+# directory (ArchiveWriteError), and two threads on one archive take turns instead of deleting each other's files.
+PROBES += [
     Probe("archive", "full_disk_2mb_during_a_checkpoint", full_disk_2mb_during_a_checkpoint,
           ("req-sa", "spill-folder"), clear_types=(DiskFullRefusal,)),
-    # Two threads checkpointing the same request of one archive: each checkpoint's clean-up deletes the tier's files
-    # of that request which its own manifest does not name -- the other thread's temporary manifest
-    # (``.req-sa.json.<random>.tmp``) and pool file included -- so the other thread's rename fails with a raw
-    # ``FileNotFoundError`` naming that temporary file (raw; no lock or refusal serialises the two writers). In the
-    # runs tried the request's entries and pool state still recovered whole, but a manifest committed by one thread
-    # can name a pool file the other thread's clean-up has just deleted.
     Probe("archive", "two_threads_checkpoint_one_request", two_threads_checkpoint_one_request),
 ]
-
 
 def test_archive_probes(tmp_path_factory):
     rows = run_probes(PROBES, tmp_path_factory.mktemp)
