@@ -45,8 +45,10 @@ MODULES = {
     "cachesim": ("ess/cachesim.py", ["tests/test_cachesim.py", "tests/test_memory_safety.py::test_index_rows_copies_and_checks",
                                      "tests/test_memory_safety.py::test_the_caller_keeps_its_array_and_the_trace_keeps_its_copy"]),
     "overlap_check": ("ess/engine/overlap_check.py", ["tests/test_engine_overlap_check.py"]),
-    "calibrate": ("ess/sim/calibrate.py", ["tests/test_sim_calibrate.py", "tests/test_band_coverage.py"]),
-    "grid": ("ess/sim/grid.py", ["tests/test_sim_grid.py", "tests/test_tables_grid.py", "tests/test_grid_entries.py"]),
+    "calibrate": ("ess/sim/calibrate.py", ["tests/test_sim_calibrate.py", "tests/test_band_coverage.py",
+                                           "tests/test_calibrate_reference.py"]),
+    "grid": ("ess/sim/grid.py", ["tests/test_sim_grid.py", "tests/test_tables_grid.py", "tests/test_grid_entries.py",
+                                 "tests/test_grid_mutants.py"]),
 }
 # tests too slow to run for every mutant (seconds each on two cores), deselected; what they check is covered by the
 # faster ones in the same files
