@@ -563,3 +563,21 @@ def test_product_costs_are_seconds_of_the_products_alone():
     from engine_helpers import small_engine
     got = product_costs(small_engine().model, [1, 2], clock="wall", repeats=2)
     assert all(0 < v < 0.5 for c in got.values() for v in c.values())
+
+
+def test_a_batch_of_two_is_split_too():
+    """Dual-batch attention splits a batch of two into two requests of one: its half-batch ratio is measured (only a
+    batch of one, never split, is left out)."""
+    from ess.engine.overlap_check import OverlapCheck
+    runs = []
+    for schedule, ops in (("none", {"indexer": 1.0, "plan": 0.2, "attn": 0.5, "merge": 0.1}),
+                          ("dba", {"indexer_b0": 0.6, "plan_b0": 0.15, "indexer_b1": 0.6, "plan_b1": 0.15,
+                                   "attn_b0": 0.3, "merge_b0": 0.07, "attn_b1": 0.3, "merge_b1": 0.07})):
+        r = _timed_run(schedule, ops)
+        r.config = {**r.config, "batch": 2, "prompt_lens": [10, 10]}
+        runs.append(r)
+    costs = OpCosts({f: (0.1 * MS,) + (0.0,) * len(FAMILIES[f]) for f in ("indexer", "plan", "attn", "merge")},
+                    {}, {}, {}, ())
+    got = OverlapCheck(None, costs, None, [], runs).half_batch_ratios()
+    assert set(got.batch) == {2} and got.set_index("operation").loc["indexer", "measured_ratio"] == pytest.approx(
+        0.625)
