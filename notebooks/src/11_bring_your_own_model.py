@@ -40,7 +40,7 @@ dsa_index_topk = 32
 dsa_ratio = 0.2
 trace_context = 384
 trace_steps = 8
-smoke_sizes = {"gen_tokens": 4, "dsa_context": 120, "dsa_steps": 3, "trace_context": 128, "trace_steps": 3}
+smoke_sizes = {"gen_tokens": 4, "dsa_context": 224, "dsa_steps": 3, "trace_context": 128, "trace_steps": 3}
 
 # %% [hide-input]
 import numpy as np
