@@ -174,6 +174,11 @@ def _tmp_json():
     return {"path": Path(tempfile.mkdtemp()) / "x.json", "data": {"a": 1}}
 
 
+def _decode_config():
+    from ess.engine.config import DecodeConfig
+    return DecodeConfig()
+
+
 #: valid arguments of one callable, where the name table is not enough
 ARGS = {
     "ess.cachesim.misses_per_layer": lambda: {"context_len": 1024, "ratio": 0.5, "k": 16, "n_layers": 2, "steps": 4},
@@ -181,6 +186,15 @@ ARGS = {
     "ess.cachesim.sweep_synthetic": lambda: {"context_len": 1024, "ratios": [0.5], "k": 16, "n_layers": 2,
                                              "steps": 4},
     "ess.cachesim.trace_misses": lambda: {"trace": _trace(), "capacity": 8},
+    "ess.engine.overlap_check.CheckConfig": lambda: {"context_len": 64, "batch": 2, "decode": _decode_config()},
+    "ess.engine.overlap_check.CheckDesign": lambda: {
+        "calibration_contexts": [40], "calibration_batches": [1, 2], "calibration_ratio": 0.5,
+        "calibration_links_GB_per_s": [0.05], "held_out_contexts": [50], "held_out_batches": [2],
+        "held_out_ratio": 0.75, "held_out_links_GB_per_s": [0.1], "steps": 2},
+    "ess.engine.overlap_check.product_line": lambda: {"products": {"finish": {1: 1.0, 2: 2.0}}, "rows": [1, 2]},
+    "ess.sim.calibrate.CalibrationPoint": lambda: {"name": "p", "batch": 2, "context_len": 1024, "ratio": 1.0,
+                                                   "mtp": 2, "accept_ratio": 1.7, "throughput": 100.0,
+                                                   "read_from_chart": True, "source": "s"},
     "ess.cachesim.sequence_misses": lambda: {"steps": np.array([[0, 1], [1, 2]]), "capacity": 4},
     "ess.cachesim.smallest_pool": lambda: {"context_len": 4096, "target": 30.0, "k": 64, "n_layers": 1, "steps": 2,
                                            "batch": 1},
@@ -319,7 +333,13 @@ EXCLUDED = {
         "ess.sim.predictions.BandInputs", "ess.link.Transfer", "ess.engine.engine.DecodeSession",
         "ess.engine.engine.DenseSession")},
     # owned elsewhere this round
-    **{n: _OWNED for n in ("ess.engine.overlap_check", "ess.sim.calibrate.CalibrationPoint")},
+    # a decode run or a model to build (tests/test_engine_overlap_check.py checks their arguments)
+    **{n: _MODEL for n in (
+        "ess.engine.overlap_check.link_samples", "ess.engine.overlap_check.measured_breakdown",
+        "ess.engine.overlap_check.misses_by_layer", "ess.engine.overlap_check.op_samples",
+        "ess.engine.overlap_check.predict_run", "ess.engine.overlap_check.product_costs",
+        "ess.engine.overlap_check.run_check", "ess.engine.overlap_check.run_configs",
+        "ess.engine.overlap_check.step_lanes")},
     # a real model
     **{n: _MODEL for n in (
         "ess.engine.quality", "ess.engine.record_traces.record", "ess.engine.repeat_check.repeat_check",

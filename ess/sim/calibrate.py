@@ -66,6 +66,15 @@ class CalibrationPoint:
     read_from_chart: bool
     source: str
 
+    def __post_init__(self):
+        from ..validate import boolean, positive_int, ratio
+        for name in ("batch", "context_len", "mtp"):
+            positive_int(name, getattr(self, name))
+        ratio("ratio", self.ratio)
+        real("accept_ratio", self.accept_ratio, lo=1.0, hi=float(self.mtp))
+        real("throughput", self.throughput, lo=0.0, lo_open=True)
+        boolean("read_from_chart", self.read_from_chart)
+
 
 def calibration_points() -> list[CalibrationPoint]:
     """Every entry with ``role: calibration`` in ``data/published/paper_fig1.yaml`` and ``paper_table2.yaml``."""
