@@ -241,14 +241,18 @@ print(f"DBA beats DA from {cross} misses per layer on this grid")
 Ls = context_len_short
 ov32 = predictions.overlap_bands(calibrations, {"central": misses(Ls, profile_ratio_short, mtp)}, miss_grid,
                                scenario=scenario, context_len=Ls, batch=B, mtp=mtp)
+ov32_x = predictions.overlap_bands({**calibrations, **xparams}, {"central": misses(Ls, profile_ratio_short, mtp)},
+                                   miss_grid, scenario=scenario, context_len=Ls, batch=B, mtp=mtp)
 piv32 = ov32.pivot(index="misses_per_layer", columns="strategy", values="overhead_pct")
 display(piv32.round(2))
 vsim.fig_overlap_vs_misses(ov32, f"Offload overhead, {Ls // 1024}K, batch {B}, MTP {mtp}, {LINK:g} GB/s "
                                  "(band: calibrations)").show()
-for _, r in ov32.iterrows():
+for (_, r), (_, x) in zip(ov32.iterrows(), ov32_x.iterrows()):
     rec.record(f"overhead{Ls // 1024}k_{r.strategy}_m{int(r.misses_per_layer)}", r.overhead_pct, "% of step",
                config={**cfg, "context_len": Ls, "strategy": r.strategy, "mean_misses_per_layer": r.misses_per_layer,
-                       "profile": f"ess.cachesim {Ls // 1024}K ratio {profile_ratio_short} (central locality)"},
+                       "profile": f"ess.cachesim {Ls // 1024}K ratio {profile_ratio_short} (central locality)",
+                       "extrapolation_band": {"low": float(x.overhead_pct_low), "high": float(x.overhead_pct_high)},
+                       "extrapolated": predictions.extrapolated_parts(B, Ls, profile_ratio_short, mtp)},
                note="prediction; band over the equally good calibrations", low=r.overhead_pct_low,
                high=r.overhead_pct_high, status="predicted")
 da_wins = piv32[(piv32["da"] < piv32["dba"] - 1e-6)].index.tolist()
@@ -262,17 +266,23 @@ assert (piv32["best"] <= piv32[list(STRATEGIES)].min(axis=1) + 1e-9).all()
 # and the locality models (each model its own misses).
 
 # %%
-at_parts = []
+at_parts, at_x = [], []
 for ratio in offload_ratios:
     frames = [predictions.strategy_overheads(table(L, ratio, mtp), scenario=scenario.replace(params=q), context_len=L,
                                            batch=B, mtp=mtp, ratio=ratio)
               for table in band.misses.values() for q in calibrations.values()]
+    xframes = [predictions.strategy_overheads(misses(L, ratio, mtp), scenario=scenario.replace(params=q), context_len=L,
+                                            batch=B, mtp=mtp, ratio=ratio) for q in xparams.values()]
     at_parts.append(predictions.band_frames(frames, ("overhead_pct", "stall_ms", "mean_misses_per_layer")))
+    at_x.append(predictions.band_frames(frames + xframes, ("overhead_pct",)))
 at_sim = pd.concat(at_parts, ignore_index=True)
+at_sim_x = pd.concat(at_x, ignore_index=True)
 display(at_sim.round(2))
-for _, r in at_sim.iterrows():
+for (_, r), (_, x) in zip(at_sim.iterrows(), at_sim_x.iterrows()):
     rec.record(f"overhead_cachesim_r{r.ratio:g}_{r.strategy}", r.overhead_pct, "% of step",
-               config={**cfg, "ratio": r.ratio, "strategy": r.strategy, "misses": misses.config},
+               config={**cfg, "ratio": r.ratio, "strategy": r.strategy, "misses": misses.config,
+                       "extrapolation_band": {"low": float(x.overhead_pct_low), "high": float(x.overhead_pct_high)},
+                       "extrapolated": predictions.extrapolated_parts(B, L, float(r.ratio), mtp)},
                note=f"held back in the paper: prediction; mean misses per layer {r.mean_misses_per_layer:.0f} "
                     f"({r.mean_misses_per_layer_low:.0f}-{r.mean_misses_per_layer_high:.0f} over the locality "
                     f"models); layers none/DA/DBA {r.layers_none}/{r.layers_da}/{r.layers_dba}",
