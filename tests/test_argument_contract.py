@@ -121,6 +121,13 @@ def _trace():
     return Trace(idx.astype(np.int32), 16, 4, 1)
 
 
+def _one_combination():
+    """A band of one combination (the project's scenario, no misses): what value_band and its users iterate."""
+    import types
+    from ess.sim.config import as_scenario
+    return types.SimpleNamespace(variants=lambda sc, vf: {"c": ("calibration", as_scenario(sc), None)})
+
+
 #: a valid value for a required parameter, by its name (a function: a fresh value per call)
 VALID = {
     "model": _tiny, "models": lambda: ["tiny"], "context_len": lambda: 1024, "mtp": lambda: 1, "batch": lambda: 2,
@@ -217,6 +224,8 @@ ARGS = {
                                                  "context_len": 16, "k": 4, "mtp": 1},
     "ess.atomic.write_json_atomic": _tmp_json,
     "ess.sim.predictions.mtp_step_ratio": lambda: {"mtp": 2, "a": 1.0},
+    "ess.sim.predictions.value_band": lambda: {"band": _one_combination(), "fn": lambda sc, m: 1.0},
+    "ess.tables.sim.adaptive_batch": lambda: {"band": _one_combination(), "context_len": 1024, "ratios": [1.0]},
     "ess.sim.predictions.step_breakdown": lambda: {"batches": [52], "context_len": 32768},
     "ess.sim.predictions.strategy_overheads": lambda: {"misses": np.zeros(61), "context_len": 32768, "batch": 52,
                                                        "mtp": 2, "ratio": 0.5},

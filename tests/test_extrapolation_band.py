@@ -77,3 +77,121 @@ def test_the_extrapolation_band_envelopes_the_calibration_band():
     assert got.throughput_ext_low.tolist() == [95.0, 180.0]
     assert got.throughput_ext_high.tolist() == [100.0, 260.0]          # row 0 calibrated: its calibration band
     assert got.extrapolated.iloc[0] == [] and len(got.extrapolated.iloc[1]) == 2
+
+
+# --- the bands of one number (adaptive batch sizing, the deployment claims) ------------------------------------------
+
+def _fake_band(values):
+    """A band whose combinations are the plain numbers of ``values`` ({name: (kind, number)}), central first."""
+    import types
+    return types.SimpleNamespace(variants=lambda sc, vf: {n: (k, v, None) for n, (k, v) in values.items()})
+
+
+def test_value_band_by_hand():
+    """Calibration band over the calibration combinations only; extrapolation band over all; a combination without
+    a value counts in neither; widening moves the calibration band's ends by the stored share."""
+    from ess.sim.calibrate import band_widening
+    b = _fake_band({"central": ("calibration", 10.0), "cal2": ("calibration", 12.0), "cal3": ("calibration", None),
+                    "x1": ("extrapolation", 7.0), "x2": ("extrapolation", float("nan"))})
+    got = P.value_band(b, lambda sc, m: sc)
+    assert got == {"value": 10.0, "low": 10.0, "high": 12.0, "ext_low": 7.0, "ext_high": 12.0, "band_size": 2,
+                   "ext_band_size": 3}
+    w = band_widening()
+    wide = P.value_band(b, lambda sc, m: sc, widen=True)
+    assert (wide["low"], wide["high"]) == pytest.approx((10.0 * (1 - w), 12.0 * (1 + w)))
+    assert wide["ext_high"] == pytest.approx(12.0 * (1 + w)) and wide["ext_low"] == 7.0   # contains the widened band
+    keyed = P.value_band(b, lambda sc, m: {"a": sc, "b": None if sc is None else -sc})
+    assert keyed["b"]["low"] == -12.0 and keyed["b"]["ext_high"] == -7.0
+
+
+def test_value_band_refuses_another_mtp_and_a_non_callable():
+    band = P.BandInputs(None, {"c": None}, [], {}, 1)
+    with pytest.raises(TypeError, match="fn"):
+        P.value_band(band, 3.0)
+    import types
+    fake = types.SimpleNamespace(variants=lambda sc, vf: {"c": ("calibration", types.SimpleNamespace(mtp=4), None)})
+    with pytest.raises(ValueError, match="MTP 4"):
+        P.value_band(fake, lambda sc, m: 1.0)
+
+
+@pytest.fixture(scope="module")
+def small_band():
+    """A real BandInputs: the project's calibration and a 20 % slower one, two miss profiles (flat, doubled)."""
+    import types
+    from ess.sim.config import as_scenario
+    from ess.sim.costs import CostParams
+    from ess.specs import model_spec
+    p0 = as_scenario(None).params
+    assert isinstance(p0, CostParams)
+    slow = CostParams(**{**p0.__dict__, "compute_scale": p0.compute_scale * 1.2})
+    nl = model_spec("deepseek-v3.2-exp").n_sparse_layers
+    flat = lambda L, r, mtp: np.full(nl, 40.0 * (1 - r))                 # noqa: E731
+    double = lambda L, r, mtp: np.full(nl, 80.0 * (1 - r))               # noqa: E731
+    models = [types.SimpleNamespace(name="flat"), types.SimpleNamespace(name="double")]
+    return P.BandInputs(p0, {"central": p0, "slower": slow}, models, {"flat": flat, "double": double}, 1)
+
+
+def test_adaptive_batch_central_is_best_batch_and_band_holds_every_choice(small_band):
+    from ess.sim.timeline import best_batch
+    sc = small_band.scenario()
+    L, ratios = 32768, [1.0, 0.5]
+    got = tsim.adaptive_batch(small_band, L, ratios, scenario=sc)
+    plain = best_batch(L, ratios, misses_by_ratio={0.5: small_band.central_misses(L, 0.5, 2)}, scenario=sc)
+    assert {k: got[k] for k in plain} == plain
+    # each combination chooses anew: the band's ends are the best throughputs of the slowest and fastest combination
+    every = [best_batch(L, ratios, misses_by_ratio={0.5: m(L, 0.5, 2)}, scenario=s)["throughput"]
+             for _, s, m in small_band.variants(sc).values()]
+    cal = every[:4]
+    assert got["band"]["ext_low"] <= min(every) + 1e-9 and got["band"]["ext_high"] >= max(every) - 1e-9
+    assert got["band"]["low"] < min(cal) and got["band"]["high"] > max(cal)           # widened
+    assert got["band"]["band_size"] == 4 and got["band"]["ext_band_size"] == len(every)
+    assert got["extrapolated"] == P.extrapolated_parts(got["batch"], L, got["ratio"], 2)
+    none = tsim.adaptive_batch(small_band, L, ratios, otps_floor=1e9, scenario=sc)
+    assert none["throughput"] is None and none["band"]["value"] is None and none["band"]["low"] is None
+
+
+def test_deployment_bands_vary_the_throughputs_not_the_memory(small_band):
+    """At the central frame's context and ratio: the central combination gives the frame's own ratios; the
+    sessions (memory only) have a band of zero width, and so are judged by the tolerance; a throughput ratio's band
+    is wider, and a target inside it is reproduced."""
+    sc = small_band.scenario()
+    dep_df = tsim.deployment_benefits(small_band.central_misses, scenario=sc, context_len=32768, ratio=0.5)
+    bands = tsim.deployment_bands(small_band, dep_df, scenario=sc)
+    for _, r in dep_df.iterrows():
+        b = bands[r.claim]
+        assert b["value"] == pytest.approx(r.ours_ratio)
+        assert b["low"] <= r.ours_ratio <= b["high"]
+    s = bands["sessions per node"]
+    assert s["low"] == s["high"] == s["ext_low"] == s["ext_high"]
+    g = bands["GPUs per task"]
+    assert g["ext_high"] > g["ext_low"]
+    assert any("ratio 0.5" in p for p in g["extrapolated"])
+    recs = {r["name"]: r for r in tsim.deployment_records(dep_df, "t", {}, bands)}
+    gr = recs["deploy_t_GPUs_per_task_ratio"]
+    assert gr["low"] == g["low"] and gr["config"]["extrapolation_band"] == {"low": g["ext_low"], "high": g["ext_high"]}
+    assert "band" in gr["config"]["tolerance"]
+    assert "within" in recs["deploy_t_sessions_per_node_ratio"]["config"]["tolerance"]
+    # a published ratio inside the band: reproduced (the band decides, not the 10 % tolerance)
+    inside = dep_df.assign(article_ratio=np.where(dep_df.claim == "GPUs per task", g["ext_high"], dep_df.article_ratio))
+    r2 = {r["name"]: r for r in tsim.deployment_records(inside, "t", {}, bands)}
+    assert r2["deploy_t_GPUs_per_task_ratio"]["status"] == "reproduced"
+
+
+def test_mtp_growth_check_by_hand():
+    """The implied a puts the model's own ratio back through the public rule; the public columns are the rule at the
+    evidence's ends; ``inside`` says whether the model's ratio lies between them. Worked example: calibrated at
+    MTP 2, a model ratio of 1.4 at MTP 4 means (1 + 3a) / (1 + a) = 1.4, so a = 0.4 / 1.6 = 0.25."""
+    assert P.mtp_step_ratio(4, 0.25) == pytest.approx(1.4)
+    got = P.mtp_growth_check(52, 32768)
+    assert got.mtp.tolist() == [1, 4]
+    growth = P.mtp_growth()
+    for r in got.itertuples():
+        assert P.mtp_step_ratio(r.mtp, r.model_a) == pytest.approx(r.model_ratio)
+        assert r.public_central == pytest.approx(P.mtp_step_ratio(r.mtp, growth["central"]))
+        ends = sorted(P.mtp_step_ratio(r.mtp, growth[e]) for e in ("low", "high"))
+        assert [r.public_low, r.public_high] == pytest.approx(ends)
+        assert r.inside == (ends[0] <= r.model_ratio <= ends[1])
+    s = lambda m: simulate(52, 32768, 1.0, mtp=m, accept_ratio=1.0).step_no_offload_s[0]    # noqa: E731
+    assert got.model_ratio.iloc[1] == pytest.approx(s(4) / s(2))
+    with pytest.raises(ValueError, match="batch"):
+        P.mtp_growth_check(0, 32768)

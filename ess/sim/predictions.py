@@ -7,6 +7,7 @@ the published values.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Callable
 
@@ -22,7 +23,8 @@ from .timeline import simulate
 
 __all__ = ["BandInputs", "band_inputs", "predict_configs", "step_breakdown", "overlap_vs_misses", "overlap_bands",
            "band_frames", "strategy_overheads", "break_even_misses", "calibrated_range", "extrapolated_parts",
-           "extrapolation_params", "mtp_growth", "mtp_step_ratio", "mtp_growth_frame"]
+           "extrapolation_params", "mtp_growth", "mtp_step_ratio", "mtp_growth_frame", "mtp_growth_check",
+           "value_band"]
 
 # where an offload configuration's misses come from: a MissesTable, or any (context_len, ratio, mtp) -> (n_layers,)
 Misses = MissesTable | Callable[[int, float, int], np.ndarray]
@@ -108,6 +110,19 @@ class BandInputs:
                 "widening": f"every throughput band's ends moved out by this share, so that {BAND_NOMINAL:.0%} of the "
                             f"calibration points, each left out of a refit, lie in the band the others give them "
                             f"(notebook 05)"}
+
+    def variants(self, scenario: Scenario | None = None, variant_fit: dict | None = None) -> dict:
+        """Every combination a banded prediction of ``scenario`` is made under, the central first:
+        ``{name: (kind, scenario, misses)}``. Kind ``"calibration"``: every calibration crossed with every locality
+        model's miss table (the calibration band); kind ``"extrapolation"``: each cost-parameter variant of
+        :func:`extrapolation_params` with the central misses (the extrapolation band adds them; the public MTP growth
+        applies to frames, :func:`mtp_growth_frame`)."""
+        sc = as_scenario(scenario)
+        out = {f"{cn} / {ln}": ("calibration", sc.replace(params=p), table)
+               for ln, table in self.misses.items() for cn, p in self.calibrations.items()}
+        out.update({name: ("extrapolation", sc.replace(params=p), self.central_misses)
+                    for name, p in extrapolation_params(sc, variant_fit).items()})
+        return out
 
     def provenance(self, scenario: Scenario | None = None) -> dict:
         """The configuration every banded prediction of ``scenario`` (default :meth:`scenario`) shares, for its
@@ -483,6 +498,36 @@ def mtp_step_ratio(mtp, a: float, *, base: int = 2):
     return float(out[0]) if np.ndim(mtp) == 0 else out
 
 
+def mtp_growth_check(batch: int, context_len: int, mtps=(1, 4), *, scenario: Scenario | None = None) -> pd.DataFrame:
+    """The cost model's own growth of the no-offload step with query tokens per request beside the public evidence
+    (:func:`mtp_growth`): for each of ``mtps``, the step at that MTP over the step at the calibrated MTP (same
+    ``batch``, ``context_len``; memory not checked), the ``a`` of the public rule it implies, and the public ratio at
+    the evidence's central ``a`` and the band its low and high ``a`` span (``public_low`` the smaller ratio). A check, never a fit: the evidence sets the extrapolation band
+    (:func:`mtp_growth_frame`), not the cost model. Columns ``mtp, model_ratio, model_a, public_low,
+    public_central, public_high, inside``.
+
+    The implied ``a`` solves ``(1 + a (m - 1)) / (1 + a (b - 1)) = g`` for the calibrated MTP ``b``:
+    ``a = (g - 1) / ((m - 1) - g (b - 1))``; at ``b = 2``, ``m = 4`` and ``g = 1.4``, ``a = 0.4 / 1.6 = 0.25``."""
+    sc = as_scenario(scenario).replace(check_memory=False)
+    batch = validate.positive_int("batch", batch)
+    context_len = validate.positive_int("context_len", context_len)
+    m = _counts("mtps", mtps, whole=True).astype(int)
+    base = calibrated_range()["mtp"]
+    growth = mtp_growth()
+    at_base = simulate(batch, context_len, 1.0, mtp=base, accept_ratio=1.0, scenario=sc).step_no_offload_s[0]
+    rows = []
+    for mtp in m:
+        g = float(simulate(batch, context_len, 1.0, mtp=int(mtp), accept_ratio=1.0,
+                           scenario=sc).step_no_offload_s[0] / at_base)
+        den = (mtp - 1) - g * (base - 1)
+        a = (g - 1) / den if mtp != base and den != 0 else np.nan
+        pub = {end: mtp_step_ratio(int(mtp), growth[end], base=base) for end in ("low", "central", "high")}
+        lo, hi = min(pub["low"], pub["high"]), max(pub["low"], pub["high"])    # below the base MTP, a high a: low
+        rows.append({"mtp": int(mtp), "model_ratio": g, "model_a": a, "public_low": lo,
+                     "public_central": pub["central"], "public_high": hi, "inside": bool(lo <= g <= hi)})
+    return pd.DataFrame(rows)
+
+
 def mtp_growth_frame(frame: pd.DataFrame, a: float, *, scenario: Scenario | None = None) -> pd.DataFrame:
     """``frame`` (rows of :func:`predict_configs` or :func:`ess.tables.sim.table2_predictions`) with the step's
     growth with query tokens per request set by the public rule at ``a`` instead of the cost model's: each row at an
@@ -516,3 +561,53 @@ def mtp_growth_frame(frame: pd.DataFrame, a: float, *, scenario: Scenario | None
         if "gain_no_miss_pct" in out:
             out["gain_no_miss_pct"] = (out.throughput_no_miss / ref - 1) * 100
     return out
+
+
+def value_band(band: BandInputs, fn: Callable, *, scenario: Scenario | None = None, variant_fit: dict | None = None,
+               widen: bool = False) -> dict:
+    """The bands of one number: ``fn(scenario, misses)`` under every combination of :meth:`BandInputs.variants`
+    (``None`` or NaN where the combination admits no value). Returns ``value`` (the central combination's), ``low`` /
+    ``high`` over the calibration band (moved out by :func:`ess.sim.calibrate.widen_band` with ``widen``, the rule
+    for a throughput), ``ext_low`` / ``ext_high`` over the calibration band and the extrapolation variants, and
+    ``band_size`` / ``ext_band_size`` (how many combinations gave a value). When ``fn`` returns a mapping of numbers,
+    each key gets its own such dict (one evaluation per combination serves them all). The scenario must be at the
+    calibrated MTP: another MTP's growth variant applies to frames (:func:`mtp_growth_frame`), not to a number.
+
+    >>> import types
+    >>> b = types.SimpleNamespace(variants=lambda sc, vf: {"c": ("calibration", 2.0, None),
+    ...     "c2": ("calibration", 3.0, None), "x": ("extrapolation", 1.0, None)})
+    >>> value_band(b, lambda sc, m: 10 * sc)
+    {'value': 20.0, 'low': 20.0, 'high': 30.0, 'ext_low': 10.0, 'ext_high': 30.0, 'band_size': 2, 'ext_band_size': 3}
+    >>> value_band(b, lambda sc, m: {"x": sc, "y": None if sc == 3.0 else -sc})["y"]["low"]
+    -2.0
+    """
+    from .calibrate import widen_band
+    if not callable(fn):
+        raise TypeError(f"fn must be callable as fn(scenario, misses), got {type(fn).__name__}")
+    widen = validate.boolean("widen", widen)
+    combos = list(band.variants(scenario, variant_fit).values())
+    mtp = getattr(combos[0][1], "mtp", None)
+    if mtp is not None and mtp != calibrated_range()["mtp"]:
+        raise ValueError(f"scenario is at MTP {mtp}; value_band applies to the calibrated MTP "
+                         f"({calibrated_range()['mtp']}) only (another MTP's growth variant: mtp_growth_frame)")
+    results = [(kind, fn(sc, misses)) for kind, sc, misses in combos]
+    keyed = isinstance(results[0][1], Mapping)
+
+    def number(v):
+        return None if v is None or (isinstance(v, (float, np.floating)) and np.isnan(v)) else float(v)
+
+    def reduce(vals):
+        cal = [v for k, v in vals if k == "calibration" and v is not None]
+        every = [v for _, v in vals if v is not None]
+        low, high = (min(cal), max(cal)) if cal else (None, None)
+        if widen and cal:
+            low, high = (float(x) for x in widen_band(low, high))
+        ext_low, ext_high = (min(every), max(every)) if every else (None, None)
+        if low is not None:
+            ext_low, ext_high = min(ext_low, low), max(ext_high, high)
+        return {"value": vals[0][1], "low": low, "high": high, "ext_low": ext_low, "ext_high": ext_high,
+                "band_size": len(cal), "ext_band_size": len(every)}
+
+    if not keyed:
+        return reduce([(k, number(v)) for k, v in results])
+    return {key: reduce([(k, number(v.get(key))) for k, v in results]) for key in results[0][1]}

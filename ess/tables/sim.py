@@ -21,13 +21,13 @@ from ..sim.calibrate import widen_band
 from ..sim.config import Scenario, as_scenario
 from ..sim.costs import calibration_data
 from ..sim.predictions import (BandInputs, Misses, band_frames, extrapolated_parts, extrapolation_params, mtp_growth,
-                               mtp_growth_frame, predict_configs)
-from ..sim.timeline import simulate
+                               mtp_growth_frame, predict_configs, value_band)
+from ..sim.timeline import best_batch, simulate
 
 __all__ = ["table2_predictions", "table2_bands", "table2_extrapolation", "extrapolation_band", "target_verdict",
            "TARGET_TOLERANCE", "previous_table2", "table2_moves", "band_over", "BAND_COLUMNS", "article_table_32k", "claim_128k",
            "table2_records", "article_records", "table2_128k_records", "deployment_records",
-           "deployment_benefits", "section12_claims", "deployment_assumptions"]
+           "deployment_benefits", "deployment_bands", "adaptive_batch", "section12_claims", "deployment_assumptions"]
 
 # the predicted columns of table2_predictions that get a band
 BAND_COLUMNS = ("throughput", "otps", "step_ms", "stall_ms", "misses_per_step", "gain_pct", "throughput_no_miss",
@@ -662,9 +662,69 @@ def table2_128k_records(t128: pd.DataFrame, provenance: dict) -> list[dict]:
     return out
 
 
-def deployment_records(dep_df: pd.DataFrame, label: str, provenance: dict) -> list[dict]:
+def deployment_bands(band: BandInputs, dep_df: pd.DataFrame, *, scenario: Scenario | None = None,
+                     variant_fit: dict | None = None) -> dict:
+    """The bands of each claim's after/before ratio in ``dep_df`` (:func:`deployment_benefits` of the central
+    calibration and misses): the same rows at ``dep_df``'s context and ratio under every combination of
+    :meth:`ess.sim.predictions.BandInputs.variants` (:func:`ess.sim.predictions.value_band`; a ratio of two
+    throughputs is not widened), with ``extrapolated``: what the offload configuration leaves of the calibrated
+    range (:func:`ess.sim.predictions.extrapolated_parts`). ``{claim: band}``."""
+    if not isinstance(dep_df, pd.DataFrame) or "claim" not in dep_df or "config" not in dep_df:
+        raise TypeError("dep_df must be a frame of ess.tables.sim.deployment_benefits")
+    cfg = dep_df.config.iloc[0]
+    L, ratio = int(cfg["context_len"]), float(cfg["ratio"])
+
+    def ratios(sc, misses):
+        d = deployment_benefits(misses, scenario=sc, context_len=L, ratio=ratio)
+        return dict(zip(d.claim, d.ours_ratio))
+
+    out = value_band(band, ratios, scenario=scenario, variant_fit=variant_fit)
+    parts = extrapolated_parts(max(int(cfg["batch_offload"]), 1), L, ratio, int(cfg["mtp"]))
+    return {claim: {**b, "extrapolated": parts} for claim, b in out.items()}
+
+
+def adaptive_batch(band: BandInputs, context_len: int, ratios, *, otps_floor: float | None = None,
+                   scenario: Scenario | None = None, variant_fit: dict | None = None) -> dict:
+    """Adaptive batch sizing (:func:`ess.sim.timeline.best_batch`) with the central calibration and misses, and
+    the band of its throughput: the best configuration found anew under every combination of
+    :meth:`ess.sim.predictions.BandInputs.variants` (a ratio whose pools cannot hold one step's union under a
+    combination's misses leaves that combination's choice; the calibration band widened as a throughput's is).
+    The central choice's keys, ``band`` (:func:`ess.sim.predictions.value_band`) and ``extrapolated`` (what the
+    chosen configuration leaves of the calibrated range)."""
+    from ..validate import positive_int
+    context_len = positive_int("context_len", context_len)
+    sc = as_scenario(scenario)
+    mtp = sc.specs()[1].mtp if sc.mtp is None else sc.mtp
+    ratios = list(ratios)
+    chosen = {}
+
+    def best(sc_, misses):
+        mbr = {}
+        if hasattr(misses, "prefetch"):             # a MissesTable: one cache simulation for every ratio
+            misses.prefetch([(int(context_len), r, mtp) for r in ratios if r < 1])
+        for r in ratios:
+            if r < 1:
+                try:
+                    mbr[r] = misses(context_len, r, mtp)
+                except ValueError:                  # the pool cannot hold one step's union under these misses
+                    continue
+        b = best_batch(context_len, [r for r in ratios if r >= 1 or r in mbr], misses_by_ratio=mbr,
+                       otps_floor=otps_floor, scenario=sc_)
+        chosen.setdefault("central", b)            # the first combination is the central one
+        return b["throughput"]
+
+    b_band = value_band(band, best, scenario=sc, variant_fit=variant_fit, widen=True)
+    central = chosen["central"]
+    parts = ([] if central["batch"] is None else
+             extrapolated_parts(central["batch"], int(context_len), central["ratio"], int(mtp)))
+    return {**central, "band": b_band, "extrapolated": parts}
+
+
+def deployment_records(dep_df: pd.DataFrame, label: str, provenance: dict, bands: dict | None = None) -> list[dict]:
     """The records of :func:`deployment_benefits` (notebook 08): each claim's after/before ratio with the article's
-    and its source, and the "before" value where it is fitted by construction (said so, not a reproduction)."""
+    and its source (with ``bands``, :func:`deployment_bands`, its calibration and extrapolation bands and what it
+    extrapolates; a target is judged against the extrapolation band where the band has a width, else by the
+    tolerance), and the "before" value where it is fitted by construction (said so, not a reproduction)."""
     pub = published("paper_table2")
     src = {"GPUs per task": "article_gpus_per_task", "energy per token": "article_energy_per_token",
            "sessions per node": "article_sessions_per_node"}
@@ -672,9 +732,15 @@ def deployment_records(dep_df: pd.DataFrame, label: str, provenance: dict) -> li
     for _, r in dep_df.iterrows():
         ok = r.claim in src
         tag = f"deploy_{label}_{r.claim.replace(' ', '_')}"
-        verdict, tol = target_verdict(r.ours_ratio, r.article_ratio) if ok else ("predicted", None)
+        b = (bands or {}).get(r.claim)
+        lo, hi = (b["ext_low"], b["ext_high"]) if b and b["ext_low"] is not None and b["ext_high"] > b["ext_low"] \
+            else (None, None)
+        verdict, tol = target_verdict(r.ours_ratio, r.article_ratio, lo, hi) if ok else ("predicted", None)
+        extra = {} if not b else {"extrapolation_band": {"low": b["ext_low"], "high": b["ext_high"]},
+                                  "extrapolated": list(b["extrapolated"])}
+        band_ends = {} if not b else {"low": b["low"], "high": b["high"]}
         out.append(dict(name=f"{tag}_ratio", value=float(r.ours_ratio), unit="after/before",
-                        config={**r.config, **provenance, **({"tolerance": tol} if tol else {})},
+                        config={**r.config, **provenance, **extra, **({"tolerance": tol} if tol else {})}, **band_ends,
                         published=float(r.article_ratio) if ok else None,
                         source=pub[src[r.claim]]["source"] if ok else None,
                         note=f"before: {r.status_before}; after: {r.status_after}; zero-miss bound "
