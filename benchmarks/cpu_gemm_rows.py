@@ -7,7 +7,7 @@ one thread, each row count timed in turn in the same run.
 Why: a cost rule linear in the requests, fitted on batches 1, 2 and 4, underprices batch 3 if the CPU's matrix
 product costs as much at 3 rows as at 4 (a kernel chosen by the row count). This is why the real-model check of
 notebook 09 prices the projections, the MLP and the output head from the model's own products timed at every row
-count (``ess.engine.overlap_check.product_costs``) instead of a line. Reported: the median microseconds
+count (``ess.studies.real_model.measure.product_costs``) instead of a line. Reported: the median microseconds
 per call at each row count, and each against the line through 2 and 4 rows that the rule would draw (its ratio);
 baseline: the same product at 1 row, in the same run. Nothing is asserted.
 Writes build/benchmarks/cpu_gemm_rows.json.

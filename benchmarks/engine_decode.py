@@ -49,7 +49,7 @@ import torch  # noqa: E402
 
 from ess.bench import distribution, write_report  # noqa: E402
 from ess.engine import DecodeConfig, DecodeEngine  # noqa: E402
-from ess.engine.overlap_check import measured_breakdown  # noqa: E402
+from ess.studies.real_model.measure import measured_breakdown  # noqa: E402
 from ess.llm import reference_text_ids  # noqa: E402
 
 

@@ -46,7 +46,7 @@ from ess.bench import distribution, write_report  # noqa: E402
 from ess.engine import DecodeConfig, DecodeEngine, Prefilled  # noqa: E402
 from ess.engine.indexer import quantize_keys  # noqa: E402
 from ess.engine.kv import kv_entries  # noqa: E402
-from ess.engine.overlap_check import measured_breakdown  # noqa: E402
+from ess.studies.real_model.measure import measured_breakdown  # noqa: E402
 from ess.llm import reference_text_ids  # noqa: E402
 
 

@@ -28,7 +28,7 @@ and once per step, after the last layer, **write back** -- the staged new tokens
   D2H issued -> attend B1 (overlapping it) -> wait -> commit -> finish.
 
 :mod:`ess.sim.timeline` prices the same orders (:func:`ess.sim.timeline.overlap_overhead_s`), and
-:mod:`ess.engine.overlap_check` checks the prices against these schedules run for real.
+:mod:`ess.studies.real_model.check` checks the prices against these schedules run for real.
 
 What a model does at each stage is its **wiring** (the :class:`Wiring` protocol: ``select(rows)``,
 ``attend(plans, rows, part)``, ``merge(rows)``, ``finish()``, ``new_entries()``). Two wirings exist:

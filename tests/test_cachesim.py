@@ -249,9 +249,9 @@ def test_clock_policies_never_beat_belady(seed, policy, cap_extra, mtp, locality
 
 def test_clock_kernels_count_an_entry_repeated_across_mtp_steps_once():
     """A one-token-per-step trace whose tokens share most of their sets, its MTP-2 and MTP-4 unions
-    (ess.engine.record_traces.mtp_union: steps united, repeats dropped): each union step misses at most its distinct
-    entries, and the kernels agree with the references on the united steps."""
-    from ess.engine.record_traces import mtp_union
+    (ess.studies.real_model.record_traces.mtp_union: steps united, repeats dropped): each union step misses at most
+    its distinct entries, and the kernels agree with the references on the united steps."""
+    from ess.studies.real_model.record_traces import mtp_union
     base = random_trace(11, L=90, k=12, steps=48, mtp=1, locality=0.9)
     for m in (2, 4):
         tr = mtp_union(base, m)

@@ -1,4 +1,4 @@
-"""The check of the overlap formulas against the engine (ess.engine.overlap_check): how measured operation costs
+"""The check of the overlap formulas against the engine (ess.studies.real_model: measure, fit, check): how measured operation costs
 become a layer's LayerOps and a predicted step, pinned by a worked example computed by hand; the cost fit recovers
 known costs; the design's configurations; the whole check on a small engine."""
 from types import SimpleNamespace
@@ -7,9 +7,10 @@ import numpy as np
 import torch
 import pytest
 
-from ess.engine.overlap_check import (FAMILIES, PRODUCTS, CheckConfig, CheckDesign, OpCosts, fit_op_costs,
-                                      measured_breakdown, nonnegative_lstsq, predict_run, product_costs, run_check)
 from ess.metrics import OpTimer
+from ess.studies.real_model.check import CheckDesign, run_check
+from ess.studies.real_model.fit import OpCosts, fit_op_costs, nonnegative_lstsq, predict_run
+from ess.studies.real_model.measure import FAMILIES, PRODUCTS, CheckConfig, measured_breakdown, product_costs
 
 MS = 1e-3
 
@@ -227,7 +228,7 @@ def test_the_whole_check_runs_on_a_small_engine():
     assert len(check.table) == 13 + 3 and (check.table.predicted_ms > 0).all()
     assert len(check.measured_table) == 16 and check.shares.shape == (d.steps, eng.config.n_layers)
     # the prediction's products: the line through the calibration row counts (1, 2) only, of the same measurement
-    from ess.engine.overlap_check import product_line
+    from ess.studies.real_model.fit import product_line
     cal_rows = {f: {m: c[m] for m in d.calibration_batches} for f, c in check.measured_costs.products.items()}
     assert check.costs.products == product_line(cal_rows, range(1, d.max_batch + 1))
     held = check.held
@@ -266,7 +267,7 @@ def test_half_batch_ratios_by_hand():
     0.37 / 0.6 = 0.61667. The rule (indexer 0.1 ms + 0.01 ms per token scanned, plan 0.2 ms, attention 0.1 ms per
     request, merge 0): at step 1 the whole batch scans 4 x 11 = 44 tokens, a half 22: indexer
     (0.1 + 0.22 + 0.2) / (0.1 + 0.44 + 0.2) = 0.52 / 0.74 = 0.70270; attention 0.2 / 0.4 = 0.5."""
-    from ess.engine.overlap_check import OverlapCheck
+    from ess.studies.real_model.check import OverlapCheck
     whole = _timed_run("none", {"indexer": 1.0, "plan": 0.2, "attn": 0.5, "merge": 0.1})
     split = _timed_run("dba", {"indexer_b0": 0.6, "plan_b0": 0.15, "indexer_b1": 0.6, "plan_b1": 0.15,
                                "attn_b0": 0.3, "merge_b0": 0.07, "attn_b1": 0.3, "merge_b1": 0.07})
@@ -286,7 +287,7 @@ def test_the_check_prefills_keep_only_the_requests_their_configurations_decode()
     context's configurations) and keeps only the requests they decode: the others' entries are not held through
     the check."""
     from engine_helpers import SMALL, small_engine
-    from ess.engine.overlap_check import check_prefills
+    from ess.studies.real_model.check import check_prefills
     eng = small_engine()
     eng.tokenizer = SimpleNamespace(encode=lambda text: [ord(ch) % SMALL.vocab_size for ch in text])
     d = _design(held_out_batches=[3])                   # L 40 and 60 decode batches 1 and 2, L 50 batch 3
@@ -322,7 +323,7 @@ def test_nothing_a_held_out_run_measured_enters_the_fit_or_the_prediction():
     and redrawing its hits and misses leaves every fitted cost and its predicted step unchanged (only the measured
     step moves). Priced with its own counts (the variant with measured inputs), the same perturbation moves the
     prediction: the test can tell."""
-    from ess.engine.overlap_check import check_runs, miss_shares  # noqa: F401
+    from ess.studies.real_model.fit import check_runs, miss_shares  # noqa: F401
     cal = [_synthetic_run(b, p, 3, s, full=True) for s, (b, p) in enumerate([(1, 50), (2, 50), (1, 200), (2, 120)])]
     held = _synthetic_run(3, 80, 6, 9, full=True)
     shares = np.full((3, 2), 0.25)
@@ -341,7 +342,7 @@ def test_nothing_a_held_out_run_measured_enters_the_fit_or_the_prediction():
 def test_predicted_counts_by_hand():
     """Shares 0.25 at step 1 (layer 0) and 0.5 (layer 1); K = 8, prompts of 5 and 20 tokens: at step 1 request 0
     selects min(8, 6) = 6 entries (1.5 and 3 misses), request 1 selects 8 (2 and 4 misses); hits the rest."""
-    from ess.engine.overlap_check import with_predicted_counts
+    from ess.studies.real_model.fit import with_predicted_counts
     run = SimpleNamespace(config={"topk": 8, "prompt_lens": [5, 20]}, misses=np.zeros((2, 2, 2)),
                           hits=np.zeros((2, 2, 2)))
     got = with_predicted_counts(run, np.array([[0.0, 0.0], [0.25, 0.5]]))
@@ -356,7 +357,8 @@ def test_the_cache_simulation_replays_the_engines_misses():
     engine's own misses at that ratio: summed over the requests (same prompt lengths), step by step and layer by
     layer, exactly. What the prediction's counts rest on."""
     from engine_helpers import prompts, small_engine
-    from ess.engine.overlap_check import miss_shares, record_traces, with_predicted_counts
+    from ess.studies.real_model.check import record_traces
+    from ess.studies.real_model.fit import miss_shares, with_predicted_counts
     eng = small_engine()
     d = _design(clock="wall")
     pre = {L: eng.prefill(prompts([L, L], L), max_new_tokens=d.steps) for L in d.calibration_contexts}
@@ -377,8 +379,8 @@ def test_the_held_out_set_is_the_one_written_down_before_its_first_run():
     """Notebook 09's held-out set is the one in data/calibration/engine_check.yaml, whose hash was written beside it
     before its first run; a set changed in the notebook (or in the file) without a fresh entry fails here."""
     import yaml
-    from ess.engine.overlap_check import held_out_sha256
-    from ess.engine.repeat_check import notebook_design
+    from ess.studies.real_model.check import held_out_sha256
+    from ess.studies.real_model.repeat_check import notebook_design
     from ess.specs import DATA_DIR
     entry = yaml.safe_load((DATA_DIR / "calibration" / "engine_check.yaml").read_text())
     assert held_out_sha256(entry["held_out"]["value"]) == entry["held_out"]["sha256"]
@@ -393,7 +395,7 @@ def test_each_half_of_a_split_batch_is_sized_by_its_own_requests():
     """B = 3 (halves: requests 0-1 and 2), prompts of 10, 20 and 40 tokens, K = 8, step 1: indexer_b0 scans
     11 + 21 = 32 tokens over 2 requests, indexer_b1 41 over 1; attn_hits gathers the hits (2 + 3 + 4), attn_misses
     the misses (6 + 5 + 4) over all three."""
-    from ess.engine.overlap_check import op_samples
+    from ess.studies.real_model.measure import op_samples
     timer = OpTimer()
     timer.step = 1
     for i, op in enumerate(("indexer_b0", "indexer_b1", "attn_hits", "attn_misses")):
@@ -418,7 +420,7 @@ def test_link_jobs_from_the_first_timed_step_by_hand():
     its caller began waiting (1.8 ms before it returned) before it landed: blocked. The next, submitted at 12 ms while
     the first crosses, is not idle, and its caller began waiting after it landed (``waited_s`` is how long the wait
     took)."""
-    from ess.engine.overlap_check import link_samples
+    from ess.studies.real_model.measure import link_samples
     timer = OpTimer()
     for t, start in ((0, 0.0), (1, 0.010)):
         timer.step = t
@@ -442,7 +444,7 @@ def test_the_paced_link_latency_by_hand():
     """Paced jobs at 0.001 GB/s (1e6 B/s) crossing bytes / 1e6 + 0.4 ms, each waking 0.1 ms after submission on an
     idle link and returning 0.2 ms after landing to a blocked waiter: latency = wake 0.1 + overshoot 0.4 + resume
     0.2 = 0.7 ms; a 1,000-byte job is then priced 0.7 + 1 = 1.7 ms."""
-    from ess.engine.overlap_check import fit_op_costs
+    from ess.studies.real_model.fit import fit_op_costs
     run = _synthetic_run(2, 50, 3, 0, full=True)
     jobs, t = [], [r.start_s for r in run.timer.records if r.op == "embed"][1]       # from step 1's start on
     for n in (1000, 3000, 500):
@@ -461,7 +463,7 @@ def test_the_paced_link_latency_by_hand():
 def test_a_rows_numbers_are_its_prediction_and_measurement():
     """check_runs' row of a configuration: predicted_ms and measured_ms are predict_run's seconds x 1000 and error
     their ratio minus one."""
-    from ess.engine.overlap_check import check_runs
+    from ess.studies.real_model.fit import check_runs
     cal = [_synthetic_run(b, p, 3, s, full=True) for s, (b, p) in enumerate([(1, 50), (2, 50), (1, 200), (2, 120)])]
     held = _synthetic_run(3, 80, 6, 9, full=True)
     costs, table = check_runs(cal, [held])
@@ -477,7 +479,8 @@ def test_the_serial_gap_and_the_breakdown_price_the_predicted_counts():
     the serial formula's gap is |predicted / measured - 1| of the run priced with the predicted counts (here: no
     copy at all, so the serial price is the serial work alone), and the breakdown's predicted parts are the same
     run's; priced with its own counts both would differ."""
-    from ess.engine.overlap_check import OverlapCheck, check_runs, with_predicted_counts
+    from ess.studies.real_model.check import OverlapCheck
+    from ess.studies.real_model.fit import check_runs, with_predicted_counts
     cal = [_synthetic_run(b, p, 3, s, full=True) for s, (b, p) in enumerate([(1, 50), (2, 50), (1, 200), (2, 120)])]
     held = _synthetic_run(3, 80, 6, 9, full=True)
     held.config["schedule"] = "da"
@@ -499,7 +502,7 @@ def test_the_summary_by_hand(monkeypatch):
     """Held-out errors +2 %, -4 %, +10 % (median 4 %, worst 10 % at B=6), calibration errors 1 % and -3 % (median 2 %,
     worst 3 %), measured-input errors 1 %, 2 %, -20 %; products' shares 0.3, 0.5, 0.4."""
     import pandas as pd
-    from ess.engine.overlap_check import OverlapCheck
+    from ess.studies.real_model.check import OverlapCheck
     rows = [("calibration", 1, 0.01, 0.2), ("calibration", 2, -0.03, 0.2), ("held out", 3, 0.02, 0.3),
             ("held out", 4, -0.04, 0.5), ("held out", 6, 0.10, 0.4)]
     table = pd.DataFrame([{"role": r, "batch": b, "context_len": 64, "schedule": "da", "link_GB_per_s": 0.01,
@@ -521,7 +524,7 @@ def test_the_products_line_by_hand():
     sum (m - 7/3)^2 = (4/3 x 2 + 1/3 x 1 + 5/3 x 3) / (16/9 + 1/9 + 25/9) = (8/3 + 1/3 + 5) / (42/9) = 8 x 9 / 42 =
     12/7 and a = 6 - 12/7 x 7/3 = 2: at 3 rows 2 + 36/7, at 6 rows 2 + 72/7. A falling curve gets no negative
     slope: 5, 4, 3 at 1, 2, 4 rows give the flat mean 4."""
-    from ess.engine.overlap_check import product_line
+    from ess.studies.real_model.fit import product_line
     got = product_line({"finish": {1: 4.0, 2: 5.0, 4: 9.0}, "logits": {1: 5.0, 2: 4.0, 4: 3.0}}, [3, 6])
     assert got["finish"] == pytest.approx({3: 2 + 36 / 7, 6: 2 + 72 / 7})
     assert got["logits"] == pytest.approx({3: 4.0, 6: 4.0})
@@ -533,7 +536,7 @@ def test_the_trimmed_mean_by_hand():
     """Ten values of 0.001 and 11..20: 10 % each side drops two of each end, leaving eight of 0.001 and 11..18, mean
     (0.008 + 116) / 16 (20 % would drop four a side); fewer than 5 values: the plain mean; from 5 values on at least
     one a side."""
-    from ess.engine.overlap_check import _trimmed_mean
+    from ess.studies.real_model.measure import _trimmed_mean
     x = [0.001] * 10 + list(range(11, 21))
     assert _trimmed_mean(x) == pytest.approx((8 * 0.001 + sum(range(11, 19))) / 16)
     assert _trimmed_mean([1, 2, 100]) == pytest.approx(103 / 3)
@@ -543,7 +546,7 @@ def test_the_trimmed_mean_by_hand():
 def test_a_steps_lanes_are_the_jobs_submitted_while_it_ran():
     """Step 1 runs from 10 to 20 ms (two operations, 10-12 and 18-20 ms): jobs submitted at 11 and 19 ms are its,
     one at 5 ms (step 0) and one at 25 ms (after it) are not."""
-    from ess.engine.overlap_check import step_lanes
+    from ess.studies.real_model.measure import step_lanes
     timer = OpTimer()
     timer.step = 0
     timer.add("embed", -1, 0.0, 0.005)
@@ -568,7 +571,7 @@ def test_product_costs_are_seconds_of_the_products_alone():
 def test_a_batch_of_two_is_split_too():
     """Dual-batch attention splits a batch of two into two requests of one: its half-batch ratio is measured (only a
     batch of one, never split, is left out)."""
-    from ess.engine.overlap_check import OverlapCheck
+    from ess.studies.real_model.check import OverlapCheck
     runs = []
     for schedule, ops in (("none", {"indexer": 1.0, "plan": 0.2, "attn": 0.5, "merge": 0.1}),
                           ("dba", {"indexer_b0": 0.6, "plan_b0": 0.15, "indexer_b1": 0.6, "plan_b1": 0.15,

@@ -1,4 +1,4 @@
-"""The check repeated (ess.engine.repeat_check) and the check's summary (OverlapCheck.summary): the design read from
+"""The check repeated (ess.studies.real_model.repeat_check) and the check's summary (OverlapCheck.summary): the design read from
 a notebook's parameters cell, the report kept whole after every run, bad input refused before anything runs; the
 summary's numbers worked out by hand on a small table."""
 import json
@@ -9,8 +9,8 @@ import nbformat
 import pandas as pd
 import pytest
 
-from ess.engine import repeat_check as rc
-from ess.engine.overlap_check import GOAL, CheckDesign, OverlapCheck
+from ess.studies.real_model import repeat_check as rc
+from ess.studies.real_model.check import GOAL, CheckDesign, OverlapCheck
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from engine_helpers import SMALL, small_engine
-from ess.engine import record_traces as R
+from ess.studies.real_model import record_traces as R
 from ess.traces import Trace, load_trace
 
 

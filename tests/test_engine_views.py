@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from engine_helpers import prompts, small_engine
-from ess.engine import quality
+from ess.studies.real_model import quality
 from ess.metrics import DecodeMetricsLog
 from ess.viz import engine as V
 from ess.widgets.engine import engine_view, engine_widget

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 from ess.engine.config import DecodeConfig, default_topk
-from ess.engine.overlap_check import CheckDesign
+from ess.studies.real_model.check import CheckDesign
 from ess.link import EmulatedLink, SyncLink, make_link
 from fuzz_helpers import BAD, call_one, fuzz_settings, outcome
 

@@ -8,14 +8,10 @@ sparse attention, its K/V entries in the host pool and a share of them in the de
 * :mod:`~ess.engine.attention` sparse attention whose result does not depend on which entries were resident;
 * :mod:`~ess.engine.wiring` the model's part of a decode step (:func:`ess.decode.run_layer` runs it);
 * :mod:`~ess.engine.engine` :class:`DecodeEngine`: prefill, sparse decoding (offload on or off; a
-  :class:`DecodeSession` steps one run at a time), dense baseline;
-* :mod:`~ess.engine.overlap_check` the check of the simulator's overlap formulas against the engine: per-operation
-  costs measured on some configurations, the step time of others predicted with
-  :func:`ess.sim.timeline.overlap_overhead_s` and compared with the measured one;
-* :mod:`~ess.engine.quality` offloaded against all-resident decoding (bit for bit), sparse against dense (token
-  agreement, perplexity on held text);
-* :mod:`~ess.engine.record_traces` real index sets in the :mod:`ess.traces` format (``python -m
-  ess.engine.record_traces``).
+  :class:`DecodeSession` steps one run at a time), dense baseline.
+
+The studies run on it (the check of the simulator's overlap formulas, the quality comparisons, trace
+recording) are :mod:`ess.studies.real_model`'s.
 """
 from .config import TOPK_DIVISOR, WARMUP_WINDOWS, DecodeConfig, default_topk  # noqa: F401
 from .engine import DecodeEngine, DecodeRun, DecodeSession, DenseSession, Prefilled  # noqa: F401

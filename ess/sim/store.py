@@ -55,7 +55,7 @@ _CODE = ("sim/costs.py", "sim/timeline.py", "sim/calibrate.py", "sim/config.py",
          "specs.py", "traces.py", "published.py")
 #: the kinds of file in the input folders that feed a value (an editor's swap file does not)
 _INPUT_SUFFIXES = (".yaml", ".yml", ".json", ".csv", ".npz")
-#: files of those folders that feed neither: the real-model check's design (notebook 09, ess.engine.overlap_check) and
+#: files of those folders that feed neither: the real-model check's design (notebook 09, ess.studies.real_model.check) and
 #: the public MTP growth evidence (read by the extrapolation bands of notebooks 07-08, not by the calibration)
 _NOT_INPUTS = ("calibration/engine_check.yaml", "calibration/mtp_growth.yaml")
 

@@ -34,7 +34,7 @@ Without offload (ratio 1) nothing is copied and no strategy splits anything: the
 
 The three formulas are written once, in :func:`overlap_overhead_s`, over a layer's operation times
 (:class:`LayerOps`); :func:`offload_overhead_s` feeds it the cost model's times, and the check of the formulas
-against a real decode engine (:mod:`ess.engine.overlap_check`) feeds it measured ones.
+against a real decode engine (:mod:`ess.studies.real_model.check`) feeds it measured ones.
 
 Everything is vectorised over configurations (arrays broadcast; misses have shape ``(n_layers,)`` or
 ``(N, n_layers)``): the cost model runs once per distinct (batch, context, MTP), and the per-layer part of
@@ -75,7 +75,7 @@ class LayerOps:
     """Seconds of the operations of one layer (one micro-batch) that the overlap strategies rearrange: numbers or
     arrays that broadcast together. The one input of :func:`overlap_overhead_s`, built from the cost model for
     DeepSeek (:func:`offload_overhead_s`) and from measured operation times for the real model
-    (:mod:`ess.engine.overlap_check`).
+    (:mod:`ess.studies.real_model.check`).
 
     ``indexer`` (I) the selection work dual-batch attention splits, over the whole batch (DeepSeek: the logits and
     top-K of the indexer; the real model: its indexer and plan), ``indexer_b0`` / ``indexer_b1`` (I0, I1) the same

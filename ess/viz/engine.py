@@ -94,8 +94,8 @@ def fig_engine_validation(df, title: str = "") -> go.Figure:
 
 def fig_product_costs(products: dict, title: str = "", rule: dict | None = None) -> go.Figure:
     """What the model's matrix products cost against the rows they run on (``{family: {rows: seconds}}``,
-    :func:`ess.engine.overlap_check.product_costs`), one line per family, ms on a log axis; ``rule`` (the same
-    form, :func:`ess.engine.overlap_check.product_line`) drawn dotted beside each."""
+    :func:`ess.studies.real_model.measure.product_costs`), one line per family, ms on a log axis; ``rule`` (the same
+    form, :func:`ess.studies.real_model.fit.product_line`) drawn dotted beside each."""
     fig = go.Figure()
     for i, (fam, curve) in enumerate(products.items()):
         rows = sorted(curve)

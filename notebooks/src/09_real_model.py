@@ -70,7 +70,7 @@ import ess
 from ess import viz
 from ess.bench import machine_info
 from ess.engine import DecodeEngine
-from ess.engine import overlap_check, quality
+from ess.studies.real_model import check as overlap_check, measure as overlap_measure, quality
 from ess.sim import predictions
 from ess.sim.costs import calibration_data
 from ess.llm import reference_text_ids
@@ -160,7 +160,7 @@ assert lossless.identical.all(), lossless[~lossless.identical]
 # a shared machine falls alike on all. Times are on `check_clock`: `"cpu"` is the compute thread's CPU time
 # (`time.thread_time`), so that the other processes of a shared machine do not count; the emulated link runs on the
 # same clock (its waits spin), so its bandwidth stays what it is relative to the compute it overlaps. What this
-# covers and what it does not: see `ess/engine/overlap_check.py` (one compute lane and one link; not DeepSeek's
+# covers and what it does not: see `ess/studies/real_model/check.py` (one compute lane and one link; not DeepSeek's
 # two-batch overlap, MoE or MTP).
 
 # %%
@@ -278,7 +278,7 @@ c = show.config
 rec.figure("decode_steps", vengine.fig_engine_steps(show.metrics.to_frame(), f"DA, L = {c['context_len']}, batch "
                                                   f"{c['batch']}, ratio {c['ratio']:g}, {c['link_GB_per_s']:g} GB/s")).show()
 small = check.select("calibration", schedule="da", batch=max(calibration_batches))[0]
-vengine.fig_engine_layers(overlap_check.misses_by_layer([small, show]),
+vengine.fig_engine_layers(overlap_measure.misses_by_layer([small, show]),
                           f"Misses per step by layer, batch {small.config['batch']} (calibration) and {c['batch']} "
                           "(held out)").show()
 rec.record("misses_per_step_held_out_da", float(show.misses[1:].sum(axis=(1, 2)).mean()), "entries",
@@ -294,7 +294,7 @@ rec.record("misses_per_step_held_out_da", float(show.misses[1:].sum(axis=(1, 2))
 # %%
 for run in check.select(context_len=held_out_contexts[0], batch=held_out_batches[0],
                         link_GB_per_s=held_out_links_GB_per_s[0]):
-    ops, link = overlap_check.step_lanes(run, 2)
+    ops, link = overlap_measure.step_lanes(run, 2)
     vengine.fig_engine_timeline(ops, link, f"{run.config['schedule']}: step 2, "
                                            f"{run.step_times()[2] * 1e3:.0f} ms").show()
 
@@ -324,7 +324,7 @@ print(f"K = {tf['topk']} of {quality_context}: same next token at {tf['agreement
 # The committed trace `data/` + `trace_file` (see `data/traces/README.md`: the model reading real text, every step's
 # top-K per layer) in the `ess.traces` format the cache simulator reads. Paper Fig. 2's metric: the overlap of
 # adjacent steps' sets per layer. Longer traces (2K, 4K, 8K contexts) are built with `python -m
-# ess.engine.record_traces` (the README beside the trace gives the commands).
+# ess.studies.real_model.record_traces` (the README beside the trace gives the commands).
 
 # %%
 trace = load_trace(DATA_DIR / trace_file)

@@ -27,7 +27,7 @@ def widget_notebooks() -> dict[str, str]:
 def notebook_parameters(stem: str, smoke: bool = True) -> dict:
     """The values of the notebook's parameters cell (literals only), with its ``smoke_sizes`` applied when
     ``smoke`` (what the copies :func:`prepare` writes run with)."""
-    from ess.engine.repeat_check import notebook_parameters as read
+    from ess.studies.real_model.repeat_check import notebook_parameters as read
     values = read(ROOT / "notebooks" / f"{stem}.ipynb")
     if smoke:
         values.update(values.get("smoke_sizes", {}), smoke=True)

@@ -1,13 +1,13 @@
 """Run notebook 09's overlap check several times in a row and say how often it meets its goal.
 
-One run of the check (:func:`ess.engine.overlap_check.run_check`) times real decode steps on a shared machine, so
+One run of the check (:func:`ess.studies.real_model.check.run_check`) times real decode steps on a shared machine, so
 its errors move from run to run. This runs the same design again and again (the notebook's own parameters, read
 from its parameters cell, or the ones given), one prefill for all, and reports each run's held-out median and worst
 error, its worst configuration, the fitted rule's error on its own calibration runs, whether the goal
-(:data:`~ess.engine.overlap_check.GOAL`) was met, and the machine's load average::
+(:data:`~ess.studies.real_model.check.GOAL`) was met, and the machine's load average::
 
-    python -m ess.engine.repeat_check --runs 5                 # notebook 09's design
-    python -m ess.engine.repeat_check --runs 3 --steps 9       # the same with more timed steps
+    python -m ess.studies.real_model.repeat_check --runs 5                 # notebook 09's design
+    python -m ess.studies.real_model.repeat_check --runs 3 --steps 9       # the same with more timed steps
 
 Writes ``build/engine_check/repeat-<UTC time>-<pid>.json`` (a new file per invocation, never one it did not
 create), rewritten atomically after every run, so that an interrupt keeps every run that finished; shows a progress
@@ -22,8 +22,8 @@ import sys
 import time
 from pathlib import Path
 
-from .. import validate
-from .overlap_check import GOAL, CheckDesign, check_prefills, run_check
+from ... import validate
+from .check import GOAL, CheckDesign, check_prefills, run_check
 
 __all__ = ["DESIGN_PARAMETERS", "NOTEBOOK", "notebook_parameters", "notebook_design", "repeat_check", "main"]
 
@@ -72,12 +72,12 @@ def repeat_check(engine, design: CheckDesign, runs: int, *, out=None, prefills: 
                  progress: bool = True):
     """Run the check of ``design`` ``runs`` times on ``engine`` (one prefill for all, :func:`check_prefills`, unless
     ``prefills`` are given). Returns one row per run: ``run``, ``started`` (UTC), ``seconds``, the check's
-    :meth:`~ess.engine.overlap_check.OverlapCheck.summary`, and ``loadavg_1`` (at the end of the run). With ``out``
+    :meth:`~ess.studies.real_model.check.OverlapCheck.summary`, and ``loadavg_1`` (at the end of the run). With ``out``
     (a path), the rows so far and the design are written there after every run (atomically)."""
     import pandas as pd
     from tqdm.auto import tqdm
 
-    from ..atomic import write_json_atomic
+    from ...atomic import write_json_atomic
     if not isinstance(design, CheckDesign):
         raise TypeError(f"design must be a CheckDesign, got {type(design).__name__}")
     runs = validate.positive_int("runs", runs)
@@ -104,7 +104,7 @@ def _line(r) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m ess.engine.repeat_check", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m ess.studies.real_model.repeat_check", description=__doc__.splitlines()[0])
     p.add_argument("--runs", type=int, default=5, help="how many times to run the check (default 5)")
     p.add_argument("--steps", type=int, default=None, help="timed decode steps per configuration (default: the "
                                                            "notebook's check_steps)")
@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     import torch
 
-    from .engine import DecodeEngine
+    from ...engine import DecodeEngine
     torch.set_num_threads(threads)
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

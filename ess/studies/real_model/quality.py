@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .config import DecodeConfig
-from .engine import DecodeEngine, Prefilled
+from ...engine import DecodeConfig, DecodeEngine, Prefilled
 
 __all__ = ["offload_settings", "compare_offload", "compare_teacher_forced", "compare_greedy"]
 

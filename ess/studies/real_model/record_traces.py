@@ -12,7 +12,7 @@ engine runs all resident.
 step ``s``; the second token's pick of the first token's position is dropped (an MTP step computes its own tokens'
 entries, it does not read them from the cache), so each step reads the cache as a real MTP-2 step would.
 
-    python -m ess.engine.record_traces --context 4096 --steps 256 --out build/traces/smollm2_4k.npz
+    python -m ess.studies.real_model.record_traces --context 4096 --steps 256 --out build/traces/smollm2_4k.npz
 
 Writes atomically (a temporary file, then a rename), shows a progress bar, prints what it wrote.
 """
@@ -33,8 +33,8 @@ TEXT = "pydoc_data.topics via ess.llm.reference_text_ids (Python's language refe
 def mtp_union(trace, mtp: int = 2):
     """The trace of ``mtp`` query tokens per step from a one-token-per-step ``trace`` (module docstring): steps
     ``mtp s .. mtp s + mtp - 1`` united into step ``s`` (a trailing partial group is dropped)."""
-    from ..traces import Trace
-    from ..validate import positive_int
+    from ...traces import Trace
+    from ...validate import positive_int
     mtp = positive_int("mtp", mtp)
     if trace.mtp != 1:
         raise ValueError(f"trace must have mtp = 1, got {trace.mtp}")
@@ -61,9 +61,9 @@ def record(engine, *, context: int, steps: int, batch: int = 1, topk: int | None
            stride: int = 20000, progress: bool = True):
     """Record ``steps`` decode steps of ``batch`` requests at ``context`` tokens (module docstring). Returns the
     :class:`ess.traces.Trace` (mtp = 1)."""
-    from ..llm import reference_text_ids
-    from ..traces import TraceRecorder
-    from .engine import default_topk
+    from ...llm import reference_text_ids
+    from ...traces import TraceRecorder
+    from ...engine import default_topk
     from tqdm.auto import tqdm
 
     tok = engine.tokenizer
@@ -103,13 +103,13 @@ def main(argv=None) -> list:
     if args.out.suffix != ".npz":
         ap.error("--out must end in .npz")
     import torch
-    from ..llm import load_model
-    from .engine import DecodeEngine
+    from ...llm import load_model
+    from ...engine import DecodeEngine
     torch.set_num_threads(args.threads)
     lm = load_model()
     trace = record(DecodeEngine(lm.model, lm.tokenizer), context=args.context, steps=args.steps, batch=args.batch,
                    topk=args.topk, skip=args.skip, stride=args.stride)
-    command = "python -m ess.engine.record_traces " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "python -m ess.studies.real_model.record_traces " + " ".join(argv if argv is not None else sys.argv[1:])
     trace.meta["command"] = command
     out = [(args.out, trace)]
     if args.mtp == 2:
