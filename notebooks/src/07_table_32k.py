@@ -134,6 +134,29 @@ assert t2[t2.mtp == mtp4["mtp"]].published.isna().all()
 for r in tsim.table2_records(t2, sim_cfg):
     rec.record(**r)
 
+# %% [markdown]
+# ## The cost model's own MTP growth beside the public evidence
+# The MTP 4 rows rest on how the cost model grows a step from 2 to 4 query tokens per request; the public evidence
+# brackets that growth (the rule `s(m)/s(2) = (1 + a (m - 1)) / (1 + a)` at its low, central and high `a`). Set
+# side by side at the calibration row's batch and at each MTP 4 row's batch: a check, never a fit.
+
+# %%
+growth_rows = []
+for B in sorted({int(row1.batch), *t2[t2.mtp == mtp4["mtp"]].batch.astype(int)}):
+    chk = predictions.mtp_growth_check(B, L32, (1, mtp4["mtp"]), scenario=scenario).assign(batch=B)
+    growth_rows.append(chk)
+    for r in chk.itertuples():
+        rec.record(f"mtp_growth_model_mtp{r.mtp}_b{B}", r.model_ratio, f"step at MTP {r.mtp} / step at MTP {T1}",
+                   config={"batch": B, "context_len": L32, "implied_a": r.model_a, "public_a": predictions.mtp_growth(),
+                           "public_band": {"low": r.public_low, "high": r.public_high}, **sim_cfg},
+                   published=r.public_central, source="data/calibration/mtp_growth.yaml (step_growth_per_query_token)",
+                   status="compared",
+                   note=f"the cost model's step ratio, implied a = {r.model_a:.3f}; public central "
+                        f"{r.public_central:.3f}, band {r.public_low:.3f}-{r.public_high:.3f}: "
+                        + ("inside" if r.inside else "outside") + " the public band")
+growth_check = pd.concat(growth_rows, ignore_index=True)
+display(growth_check.round(3))
+
 # %%
 rec.figure("table_32k", vsim.fig_table2(t2, L32)).show()
 

@@ -46,7 +46,6 @@ from ess import viz
 from ess.layout import latent_entry_bytes
 from ess.memory import batch_limits
 from ess.published import published
-from ess.sim.timeline import best_batch
 from ess.sim import predictions
 from ess.tables import sim as tsim
 from ess.viz import sim as vsim
@@ -154,7 +153,9 @@ print(f"{limit128['context_len'] // 1024}K, MTP {dep.mtp}: ours {c128['ours_pct'
 # Over the ratios and every batch up to each ratio's memory limit, the configuration with the highest node
 # throughput, first without and then with a per-request speed floor (OTPS). A ratio enters only if its pools hold
 # one step's union of the MTP query tokens' sets (on average over the layers, which share the ratio's slots).
-# Central calibration and locality model.
+# Central calibration and locality model; the throughput's bands choose anew under every calibration and locality
+# model (calibration band, widened as every throughput's) and each cost-parameter extrapolation variant, and the
+# record names what the chosen configuration extrapolates (context, ratio).
 
 # %%
 rows = []
@@ -165,15 +166,24 @@ for L in adaptive_contexts:
     mbr = {r: misses(L, r, mtp) for r in usable}
     ratios = [r for r in adaptive_ratios if r == 1.0 or r in mbr]
     for floor in (None, otps_floor):
-        b = best_batch(L, ratios, misses_by_ratio=mbr, otps_floor=floor, scenario=scenario)
-        rows.append({"context_len": L, "otps_floor": floor, **b})
+        b = tsim.adaptive_batch(band, L, ratios, otps_floor=floor, scenario=scenario, variant_fit=variant_fit)
+        bb = b.pop("band")
+        rows.append({"context_len": L, "otps_floor": floor, **b, "throughput_low": bb["low"],
+                     "throughput_high": bb["high"], "throughput_ext_low": bb["ext_low"],
+                     "throughput_ext_high": bb["ext_high"]})
         rec.record(f"adaptive_{L // 1024}k_floor{floor or 0:g}_throughput",
                    b["throughput"] if b["throughput"] is not None else "none", "tokens/s per node",
                    config={"context_len": L, "ratios": ratios, "otps_floor": floor, "mtp": mtp,
-                           "accept_ratio": dep.mtp_accept_ratio, **sim_cfg},
-                   note=f"batch {b['batch']}, ratio {b['ratio']}, OTPS {b['otps']}; {b['reason']}")
+                           "accept_ratio": dep.mtp_accept_ratio, **sim_cfg,
+                           "extrapolation_band": {"low": bb["ext_low"], "high": bb["ext_high"]},
+                           "extrapolated": b["extrapolated"]},
+                   note=f"batch {b['batch']}, ratio {b['ratio']}, OTPS {b['otps']}; {b['reason']}", low=bb["low"],
+                   high=bb["high"])
 adaptive = pd.DataFrame(rows)
-display(adaptive.round(3))
+display(adaptive.drop(columns="extrapolated").round(3))
+# the band's combinations each choose anew; the central choice lies within them
+assert all(r.throughput is None or r.throughput_ext_low - 1e-9 <= r.throughput <= r.throughput_ext_high + 1e-9
+           for r in adaptive.itertuples())
 assert all(o is None or o >= otps_floor - 1e-9 for o in adaptive[adaptive.otps_floor.notna()].otps)
 
 # %% [markdown]
@@ -185,7 +195,9 @@ assert all(o is None or o >= otps_floor - 1e-9 for o in adaptive[adaptive.otps_f
 # Because the context is chosen to match it, the "before" sessions per node (about 1,200) agree with the article
 # **by construction**: that value is fitted, not reproduced, and the table says so (`status_before`). Only the
 # "after" values and the ratios are predictions. The same rows are shown again at a given context and ratio
-# (`compare_context_len`, `compare_ratio`), where nothing is chosen to match.
+# (`compare_context_len`, `compare_ratio`), where nothing is chosen to match. Each ratio carries its calibration
+# and extrapolation bands (the same context and ratio under every calibration, locality model and cost-parameter
+# variant); a claim is judged against its extrapolation band where the band has a width.
 
 # %%
 compare = {"context_len": compare_context_len, "ratio": compare_ratio}
@@ -194,7 +206,9 @@ for label, kw in (("auto", {}), (f"{compare_context_len // 1024}k", compare)):
     with pd.option_context("display.max_colwidth", 150, "display.width", 250):
         display(dep_df[["claim", "article", "article_ratio", "ours_before", "status_before", "ours_after",
                         "status_after", "ours_ratio", "ours_ratio_no_miss", "unit", "assumption"]].round(3))
-    for r in tsim.deployment_records(dep_df, label, sim_cfg):
+    dep_bands = tsim.deployment_bands(band, dep_df, scenario=scenario, variant_fit=variant_fit)
+    display(pd.DataFrame(dep_bands).T[["value", "low", "high", "ext_low", "ext_high", "extrapolated"]])
+    for r in tsim.deployment_records(dep_df, label, sim_cfg, dep_bands):
         rec.record(**r)
     assert not dep_df.status_before.str.contains("reproduced").any()
     if label == "auto":
@@ -240,12 +254,15 @@ rec.to_frame()[["name", "value", "unit", "published", "error"]]
 # * At ratio 0.1 the paper's memory rule allows more requests than `ess`'s assumed host memory holds: the host, not
 #   the GPU, is the binding limit there, and both batches are predicted.
 # * Adaptive sizing picks the batch and ratio that maximise throughput; a per-request speed floor trades some of it.
+#   Each throughput carries its calibration and extrapolation bands (every combination choosing anew), and its
+#   record names what the choice extrapolates: the offload ratio, and the context at 128K.
 # * The deployment claims can only be rebuilt under stated assumptions. In the chosen configuration the "before"
 #   sessions match the article by construction (the context is chosen for it): fitted, not reproduced; only the
 #   "after" side is a prediction. Sessions per node follow memory alone; GPUs per task and energy per token follow
 #   the node throughput, which depends on the miss counts, so they move in the article's direction only where
 #   offload raises throughput (compare the two tables and their zero-miss bounds). "3 GPUs per task" cannot hold
-#   DeepSeek-V3.2-Exp's weights at all.
+#   DeepSeek-V3.2-Exp's weights at all. Each ratio carries its bands; a claim is judged against its extrapolation
+#   band where that band has a width (sessions per node, memory alone, have none: the 10 % tolerance judges them).
 # * 8-bit latent entries are 43 % smaller than BF16, not 50 %; the NVLink overhead depends on what is expanded.
 #
 # **Next:** the book's background page on the simulator.
