@@ -14,6 +14,7 @@ what was checked.
 * :func:`float_array`: a finite float array of a given rank (NumPy, or a torch tensor), as contiguous float32;
 * :func:`entries`: raw cache entries, ``uint8`` arrays of a given trailing shape;
 * :func:`boolean`: ``True`` or ``False`` (not ``0``/``1``, not a string);
+* :func:`boolean_array`: ``True``, ``False`` or a NumPy ``bool`` array (a vectorised option, one per configuration);
 * :func:`request_id`: a request's id, an ``int`` or a ``str`` (ids that compare equal across types, such as ``1``,
   ``1.0`` and ``True``, would name one request);
 * :func:`frame`: a pandas DataFrame with the columns a figure or table reads;
@@ -35,7 +36,7 @@ from typing import Any, Iterable
 import numpy as np
 
 __all__ = ["integer", "positive_int", "non_negative_int", "real", "ratio", "fraction", "span", "sequence", "boolean",
-           "one_of",
+           "boolean_array", "one_of",
            "int_array", "number_array", "float_array", "entries", "request_id", "frame", "path", "fits_in_memory"]
 
 
@@ -131,6 +132,19 @@ def boolean(name: str, value: Any) -> bool:
     ``None`` is a ``TypeError`` (``bool("no")`` is ``True``)."""
     if not isinstance(value, (bool, np.bool_)):
         raise TypeError(f"{name} must be True or False, got {_what(value)}")
+    return bool(value)
+
+
+def boolean_array(name: str, value: Any) -> bool | np.ndarray:
+    """``value`` when it is ``True``, ``False`` (returned as a Python ``bool``) or a NumPy ``bool`` array (a
+    vectorised option, e.g. one per configuration); a string, a number or an array of numbers is a ``TypeError``
+    (``np.asarray("no", dtype=float)`` fails without naming the argument, ``1`` would read as True)."""
+    if isinstance(value, np.ndarray):
+        if value.dtype != np.bool_:
+            raise TypeError(f"{name} must be True, False or a bool array, got an array of dtype {value.dtype}")
+        return value
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be True, False or a bool array, got {_what(value)}")
     return bool(value)
 
 

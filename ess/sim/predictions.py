@@ -273,6 +273,8 @@ def break_even_misses(configs: pd.DataFrame, baseline_throughput: float, *, scen
     per step. The shape is scaled by bisection (at most ``resolution`` halvings) between no misses and every layer
     missing all it selects (a layer's misses are capped at its selected entries, so a peaked shape saturates its
     worst layers first); the mean is taken after the cap. NaN where even zero misses fall short."""
+    configs = validate.frame("configs", configs, ("batch", "context_len", "ratio", "mtp", "accept_ratio"))
+    resolution = validate.non_negative_int("resolution", resolution)
     sc = as_scenario(scenario)
     model_ = sc.specs()[0]
     nl = model_.n_sparse_layers

@@ -156,6 +156,8 @@ def offload_overhead_s(costs, micro_batch, misses, mtp, h2d_GB_per_s, d2h_GB_per
     ``entries x m / selected`` of its entries (:meth:`~ess.sim.costs.LayerCosts.attention`); DBA's halves at half
     the batch (``indexer_half``, ``attn_half``) with half the misses each. The readable reference of the Numba
     kernel of :func:`simulate`."""
+    from ..validate import boolean_array, positive_int
+    entry_bytes, offload = positive_int("entry_bytes", entry_bytes), boolean_array("offload", offload)
     b = np.asarray(micro_batch, dtype=float)
     mtp = np.asarray(mtp, dtype=float)
     m = np.asarray(misses, dtype=float)

@@ -124,7 +124,9 @@ def fit_drift_rho(target: float, *, reading: str, context_len: int = 32768, lo: 
     nearer to it is returned with ``reachable`` False. ``evaluated`` (a dict ``{rho: hit rate}``) is read and
     filled, so fits to several targets share their evaluations. Returns ``{"rho", "hit_rate", "reachable",
     "evaluations"}``."""
+    from ..validate import positive_int
     target = real("target", target, lo=0.0, hi=1.0)
+    context_len = positive_int("context_len", context_len)       # checked here: ``evaluated`` may answer every rho
     evaluated = {} if evaluated is None else evaluated
 
     def hit(rho: float) -> float:

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from .. import validate
 from ..published import published
 from ..sim import grid as sgrid
 from ..specs import reference_link
@@ -205,6 +206,7 @@ def notebook07_record(results_path, name: str, smoke: bool):
     results file), when that run was at the same size (``smoke``); None when there is none (07 not run, or at
     another size)."""
     from ..results import load_results
+    smoke = validate.boolean("smoke", smoke)
     if not results_path:
         return None
     path = Path(results_path).parent / "07_table_32k.json"

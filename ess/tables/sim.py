@@ -431,6 +431,9 @@ def deployment_benefits(misses: Misses | None, *, scenario: Scenario | None = No
     When the context is chosen that way, the "before" sessions per node match the article **by construction**: the
     column ``status_before`` says "fitted by construction" for that value (it is not a reproduction); the other
     before values are the definition of the task ("assumed") or predicted, and every "after" value is predicted."""
+    from ..validate import positive_int
+    context_grid_tokens = positive_int("context_grid_tokens", context_grid_tokens)
+    context_len = None if context_len is None else positive_int("context_len", context_len)
     sc = as_scenario(scenario).resolved()
     model_, dep, gpu, host = sc.specs()
     mtp, accept_ratio = sc.mtp, sc.accept_ratio

@@ -27,6 +27,8 @@ def fig_cache_bytes(df) -> go.Figure:
 def fig_batch_limits(df, context_len: int) -> go.Figure:
     """Largest batch per GPU preset at one context length, one bar per ratio (from
     :func:`ess.tables.batch_limits_by_gpu`)."""
+    from ..validate import positive_int
+    context_len = positive_int("context_len", context_len)    # a float would match no row: an empty figure
     sub = df[df.context_len == context_len]
     fig = go.Figure()
     for ratio, part in sub.groupby("ratio", sort=False):

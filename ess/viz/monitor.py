@@ -18,6 +18,8 @@ def fig_monitor(df, misses_by_layer, *, total_steps: int | None = None, layer_la
     layer (a heat map). ``df`` one row per step (columns ``step``, ``link_utilisation``, ``hit_rate``,
     ``stall_s``, as :meth:`ess.monitor.StepSeries.frame`), ``misses_by_layer`` (layers, steps); the step axes run
     from the first step to ``total_steps`` steps on, so that a live view fills from the left."""
+    from ..validate import positive_int
+    total_steps = None if total_steps is None else positive_int("total_steps", total_steps)
     steps = np.asarray(df.step)
     first = int(steps.min()) if steps.size else 1                  # a replay counts from 1, an engine from 0
     last = max(first + int(total_steps or 1) - 1, int(steps.max()) if steps.size else 1)

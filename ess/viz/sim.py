@@ -65,6 +65,8 @@ def fig_table2(t2, context_len: int) -> go.Figure:
     it; dotted: no misses, write-back only) and, where the frame has them (``setting == "ess"``), at the ratio ess's
     memory rule gives each batch (dashed). An accept ratio that is a configuration rather than a published value
     (its ``accept_ratio_source`` differs from the row's ``source``) is labelled so."""
+    from ..validate import positive_int
+    context_len = positive_int("context_len", context_len)    # a float would match no row: an empty figure
     sub = t2[t2.context_len == context_len]
     setting = sub.setting if "setting" in sub else pd.Series("paper", index=sub.index)
     fig = go.Figure()

@@ -41,6 +41,10 @@ def prepare_tables(inputs: "sgrid.GridInputs", models, contexts, *, mtps=MTPS, r
     ``steps`` x ``batch`` (default the grid's sizes), each for every context the model reaches, at the widget's
     ratios and the grid's ratios (:func:`ess.sim.grid.ratio_grid`), one sweep per (model, context, MTP)."""
     from ..specs import DEFAULT_DEPLOYMENT, deployment_spec
+    from ..validate import integer, positive_int
+    steps = None if steps is None else positive_int("steps", steps)
+    batch = None if batch is None else positive_int("batch", batch)
+    n_ratios = integer("n_ratios", n_ratios, lo=1, below=sgrid.MAX_RATIOS + 1)
     base_mtp = deployment_spec(DEFAULT_DEPLOYMENT).mtp
     out = {}
     for m in models:
@@ -98,6 +102,10 @@ def grid_widget(inputs: "sgrid.GridInputs", tables: dict, models, gpus, contexts
     context (the model's), MTP (1, 2, 4) and ratio ("best" or a stop of :data:`RATIOS`); ``tables`` from
     :func:`prepare_tables` (with the same ``n_ratios``), so that no move simulates the cache."""
     import ipywidgets as W
+
+    from ..validate import integer, positive_int
+    context_len = None if context_len is None else positive_int("context_len", context_len)
+    n_ratios = integer("n_ratios", n_ratios, lo=1, below=sgrid.MAX_RATIOS + 1)
 
     models, gpus = list(models), list(gpus)
     model = model or models[0]

@@ -30,6 +30,11 @@ def decode_index_rows(keys: np.ndarray) -> np.ndarray:
 
 def decode_latent_rows(rows: np.ndarray, fp8: bool, kv_rank: int, rope_dim: int, tile: int) -> np.ndarray:
     """(n, E) latent entries -> (n, kv_rank + rope_dim) float64 latents (c_KV, then the rope key)."""
+    from ...validate import boolean, positive_int
+    fp8 = boolean("fp8", fp8)
+    kv_rank, rope_dim, tile = (positive_int(n, v) for n, v in (("kv_rank", kv_rank), ("rope_dim", rope_dim),
+                                                                ("tile", tile)))
+
     def bf16(raw):
         return (np.ascontiguousarray(raw).view("<u2").astype(np.uint32) << 16).view(np.float32).astype(np.float64)
 
