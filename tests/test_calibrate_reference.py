@@ -68,3 +68,20 @@ def test_the_central_fit_is_kept_beside_the_best(monkeypatch):
     cs = C.calibration_set(grid=4, refine=0)
     best = min(cs.fits, key=lambda n: cs.fits[n].rms_rel_error)
     assert cs.kept[0] == cs.central and best in cs.kept
+
+
+def test_three_points_are_enough_and_two_are_not():
+    """Mistake: the least number of points off by one (three unknowns -- compute scale, communication scale, fixed
+    time -- need three points; with the compute scale pinned three still fit)."""
+    points = C.calibration_points()[:3]
+    got = C.calibrate(points, compute_scale=0.6, grid=4, refine=0)
+    assert len(got.residuals) == 3
+    with pytest.raises(ValueError, match="at least 3"):
+        C.calibrate(points[:2], compute_scale=0.6, grid=4, refine=0)
+
+
+@pytest.mark.parametrize("scale_range", [(1.0, 1.0), (2.0, 1.0)])
+def test_a_scale_range_of_no_width_or_reversed_is_refused(scale_range):
+    """Mistake: ``low <= high`` accepted, so a range of one value passes as a search."""
+    with pytest.raises(ValueError, match="scale_range"):
+        C.calibrate(C.calibration_points()[:3], scale_range=scale_range, grid=4, refine=0)
