@@ -139,6 +139,7 @@ class LSTMHeatPredictor:
 
     def training_set(self, seqs: Sequence[np.ndarray], *, max_samples: int = 40_000) -> tuple[np.ndarray, np.ndarray]:
         """Features (N, history, 2) and labels (N,) from pools' step sequences (each (steps, width), -1 padded)."""
+        max_samples = positive_int("max_samples", max_samples)
         rng = np.random.default_rng(self.seed)
         X, y = [], []
         for seq in seqs:
@@ -166,6 +167,8 @@ class LSTMHeatPredictor:
 
         Runs torch on one thread (restored afterwards): the model is tiny, and more threads only contend."""
         import torch
+        max_samples = positive_int("max_samples", max_samples)
+        batch_size = positive_int("batch_size", batch_size)
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
         try:

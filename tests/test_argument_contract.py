@@ -520,17 +520,6 @@ EXCLUDED = {
     "ess.engine.engine.DecodeEngine": _MODEL,
     "ess.engine.shared_prompt.PromptSharingHostPool.layer_rows": "always refuses (TypeError: the rows lie in two "
                                                                  "arrays, use layer_segments): no call is valid",
-    **{n: _UNCHECKED + "the engine's per-layer hot path, fed the engine's own layer index and top-K; the class "
-          "skips checks on purpose (its docstring): layer=2.5 is torch's or NumPy's IndexError, not named"
-       for n in ("ess.engine.indexer.IndexerCache.keys", "ess.engine.indexer.IndexerCache.scores",
-                 "ess.engine.indexer.IndexerCache.select")},
-    **{n: _UNCHECKED + "max_samples=nan is accepted, max_samples=2.5 and batch_size=2.5 are NumPy's or torch's own "
-          "TypeError" for n in ("ess.heat_predictor.LSTMHeatPredictor.training_set",
-                                "ess.heat_predictor.LSTMHeatPredictor.fit")},
-    "ess.llm.config.LlamaConfig.kv_bytes_per_token": _UNCHECKED + "bytes_per_value=2.5 or '3' is accepted (a float "
-                                                                  "or a str comes back)",
-    **{n: _UNCHECKED + "the llama forward's per-layer store: reserve(2.5) returns silently, write(layer=2.5) is "
-          "list's TypeError" for n in ("ess.llm.kv_cache.KVCache.reserve", "ess.llm.kv_cache.KVCache.write")},
     "ess.studies.prefetching.PolicyComparison.series": _UNCHECKED + "warmup='no' selects no row and returns empty "
                                                                    "series",
     # long computations or inputs not tabulated yet (the prefetching experiments, moved to ess.studies this round)

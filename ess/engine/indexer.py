@@ -146,12 +146,14 @@ class IndexerCache:
 
     def keys(self, request_id, layer: int):
         """``(codes (n, Hkv hd) uint8, scales (n, Hkv) float32)`` of the valid tokens of one layer (views)."""
+        layer = validate.integer("layer", layer, lo=0, below=self.n_layers)
         r, n = self.row(request_id), self.n_tokens(request_id)
         return self.codes[layer, r, :n], self.scales[layer, r, :n]
 
     def scores(self, layer: int, q: torch.Tensor, rows: slice) -> torch.Tensor:
         """Scores ``(n, capacity)`` float32 of the requests in ``rows`` (consecutive rows, a slice) against their
         queries ``q`` ``(n, H, hd)``; ``-inf`` past each request's tokens (the public kernel function, checked)."""
+        layer = validate.integer("layer", layer, lo=0, below=self.n_layers)
         return gqa_indexer_scores(q.contiguous(), self.codes[layer, rows], self.scales[layer, rows],
                                   self.lengths[rows], backend=self.backend)
 
@@ -159,6 +161,7 @@ class IndexerCache:
         """The top-``k`` of requests ``rows`` (a slice of consecutive rows) for their queries ``q`` ``(n, H, hd)``
         float32 (contiguous, on the device): positions ``(n, k)`` int64 in position order, ``-1`` padded, and their
         scores ``(n, k)`` float64 (0 at padding), NumPy arrays on the host."""
+        layer = validate.integer("layer", layer, lo=0, below=self.n_layers)   # ~0.2 us: an index, not a slice
         K = self._k
         self._kernel.indexer_scores(as_kernel_array(q, self.resolved), K["codes"][layer, rows],
                                     K["scales"][layer, rows], K["lengths"][rows], K["_scores"][rows])

@@ -81,7 +81,8 @@ class LlamaConfig:
     def kv_bytes_per_token(self, bytes_per_value: int = 4) -> int:
         """Bytes of one token's K and V in one layer: ``2 * n_kv_heads * head_dim * bytes_per_value``
         (SmolLM2 at float32: 2 * 3 * 64 * 4 = 1,536 B)."""
-        return 2 * self.n_kv_heads * self.head_dim * bytes_per_value
+        from ..validate import positive_int
+        return 2 * self.n_kv_heads * self.head_dim * positive_int("bytes_per_value", bytes_per_value)
 
     @classmethod
     def from_gguf_metadata(cls, metadata: Mapping[str, Any], tensor_names=()) -> "LlamaConfig":

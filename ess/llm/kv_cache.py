@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 
+from ..validate import integer, positive_int
 from .config import LlamaConfig
 
 __all__ = ["KVCache"]
@@ -49,6 +50,7 @@ class KVCache:
 
     def reserve(self, capacity: int) -> None:
         """Grow every layer's store to hold ``capacity`` tokens per sequence (copying what is stored)."""
+        capacity = positive_int("capacity", capacity)
         if capacity <= self.capacity:
             return
         if capacity > self.config.context_length:
@@ -72,6 +74,7 @@ class KVCache:
         valid : (B, T) bool, optional
             Which tokens to store (padding of a ragged batch is not); all by default.
         """
+        layer = integer("layer", layer, lo=0, below=len(self.k))
         b = torch.arange(self.batch, device=positions.device)[:, None].expand_as(positions)     # (B, T)
         k, v = k.transpose(1, 2), v.transpose(1, 2)                                            # (B, T, Hkv, hd)
         if valid is not None:
