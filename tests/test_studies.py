@@ -82,3 +82,51 @@ def test_model_shape_runs_the_model_at_the_real_geometry():
     assert scaled != pytest.approx(loc.trace_shape(real))
     other = loc.model_shape(real, trace_model="drift", drift_rho=0.0, local_window=8)
     assert other["overlap"] == pytest.approx(loc.trace_shape(real)["overlap"], abs=0.03)   # overlap level matched
+
+
+def _imported_modules(path, package: str) -> set:
+    """Every module a file imports (``import a.b``, ``from a.b import c`` and ``from a import b`` as ``a.b``,
+    relative imports resolved against ``package``), at any depth of the file (function-level imports too)."""
+    import ast
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")[:len(package.split(".")) - node.level + 1]
+                base = ".".join(parts + ([node.module] if node.module else []))
+            out.add(base)
+            out.update(f"{base}.{a.name}" for a in node.names)
+    return out
+
+
+def test_nothing_in_ess_outside_the_studies_imports_them():
+    """The layer rule of ess.studies: the library's modules (everything in ess but ess/studies) never import a study,
+    at module level or inside a function; the notebooks and the tests may."""
+    from pathlib import Path
+
+    import ess
+    root = Path(ess.__file__).parent
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root.parent)
+        if rel.parts[:2] == ("ess", "studies"):
+            continue
+        package = ".".join(rel.parent.parts)                   # what a relative import in the file starts from
+        bad = sorted(m for m in _imported_modules(path, package) if m == "ess.studies" or m.startswith("ess.studies."))
+        if bad:
+            found.append(f"{rel}: {bad}")
+    assert len(list(root.rglob("*.py"))) > 50                       # the walk saw the package
+    assert not found, "modules outside ess/studies import a study:\n" + "\n".join(found)
+
+
+def test_the_layer_rule_check_sees_relative_and_late_imports(tmp_path):
+    """The check above resolves a relative import against its package and reads imports inside functions."""
+    f = tmp_path / "m.py"
+    f.write_text("def g():\n    from ..studies import locality\n    from ..studies.real_model.fit import OpCosts\n"
+                 "import ess.studies.prefetching\nfrom . import grid\n")
+    got = _imported_modules(f, "ess.tables")
+    assert {"ess.studies", "ess.studies.locality", "ess.studies.real_model.fit", "ess.studies.prefetching",
+            "ess.tables.grid"} <= got

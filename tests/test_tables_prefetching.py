@@ -1,4 +1,4 @@
-"""The prefetching notebook's frames and records (ess.tables.prefetching): each is the library's computation, its
+"""The prefetching notebook's frames and records (ess.studies.prefetching): each is the library's computation, its
 band the lowest and highest over the locality models, its records named and configured once."""
 import inspect
 
@@ -7,7 +7,7 @@ import pytest
 
 from ess import cachesim, tracegen
 from ess.results import Recorder
-from ess.tables import prefetching as tp
+from ess.studies import prefetching as tp
 
 CENTRAL = tracegen.default_locality()
 ALTS = tracegen.locality_alternatives()

@@ -1,7 +1,8 @@
-"""The prefetching notebook's (04) results as frames and records: the locality evidence and the model it picks, the
-paper's held-back miss figures predicted with a band over the locality models (misses per layer against the ratio,
-the first decode steps with and without warmup, misses against context, the smallest pool under a target), the
-policies against Belady's bound, the LSTM heat predictor, a recorded trace and the prefetch classes on one link.
+"""The prefetching notebook's (04) studies, each returning its frames and records: the locality evidence and the
+model it picks, the paper's held-back miss figures predicted with a band over the locality models (misses per layer
+against the ratio, the first decode steps with and without warmup, misses against context, the smallest pool under a
+target), the policies against Belady's bound, the LSTM heat predictor, a recorded trace and the prefetch classes on
+one link.
 
 Every function runs the library (:mod:`ess.cachesim`, :mod:`ess.tracegen`, :mod:`ess.heat_predictor`,
 :mod:`ess.prefetch`) and returns what it computed with its **records**: keyword arguments of
@@ -54,7 +55,7 @@ def _band(values) -> tuple:
 def drift_rho_fit(fit: dict) -> tuple[pd.DataFrame, list[dict]]:
     """Drift's ``rho`` fitted on vLLM's 2 x K hit rate (E2) in each reading of Fig. 2, at the middle of the range
     and its ends (``data/locality/fit.yaml``): a frame (one column per reading) and one record per fit."""
-    from ..studies.locality import FIT_HIT_RATE
+    from .locality import FIT_HIT_RATE
     from ..tracegen import READINGS
     fits = fit["drift_rho_fit"]["value"]
     frame = pd.DataFrame({rd: {f"rho ({at})": v["rho"] for at, v in fits[rd].items()}
@@ -83,7 +84,7 @@ def evidence_setting(fit: dict, *, context_len: int, probe_steps: int, probe_see
 def evidence_records(evidence: pd.DataFrame, setting: dict, central, scores: dict, chosen: tuple) -> list[dict]:
     """The records of :func:`ess.studies.locality.measure_evidence`: every candidate's E2, E3, E1 and E4 statistics
     and score, the central model's under plain names, and the model the rule picks (``chosen`` from ``scores``)."""
-    from ..studies.locality import SHAPE_STATS
+    from .locality import SHAPE_STATS
     out = []
     for name, r in evidence.iterrows():
         cfg = {**setting, "model": name, "trace_model": r.trace_model, "reading": r.reading, "drift_rho": r.drift_rho}
@@ -527,7 +528,7 @@ def recorded_trace(*, steps: int, seed: int, context_len: int = 1024, batch: int
     and its misses under every policy. Returns ``(trace, overlap, misses by policy, records)``."""
     from ..cachesim import trace_misses
     from ..policies import POLICIES
-    from ..studies.locality import record_indexer_trace
+    from .locality import record_indexer_trace
     from ..traces import adjacent_overlap
     tr = record_indexer_trace("tiny", context_len=context_len, steps=steps, batch=batch, mtp=1, warmup_windows=4,
                               query_correlation=query_correlation, seed=seed)

@@ -26,7 +26,7 @@
 # **Prerequisites.** Notebook 01 (ratio, byte layouts). The trace models are in `ess.tracegen` (fitted models in
 # `data/locality/fit.yaml`, written by `tools/fit_locality.py`), the evidence statistics in
 # `ess.studies.locality`, the simulation in `ess.cachesim`, the predictor in `ess.heat_predictor`, the prefetch
-# classes in `ess.prefetch`; `ess.tables.prefetching` runs each study below and returns its frames, bands and
+# classes in `ess.prefetch`; `ess.studies.prefetching` runs each study below and returns its frames, bands and
 # records (with their configurations). Every miss count here is a **prediction** of `ess` from a synthetic trace
 # model, not a measurement on DeepSeek-V3.2-Exp.
 
@@ -76,7 +76,7 @@ import ess
 from ess import viz
 from ess import cachesim, tracegen
 from ess.studies import locality as loc
-from ess.tables import prefetching as tp
+from ess.studies import prefetching as tp
 from ess.viz import prefetch as pviz
 from ess.widgets.prefetch import prefetch_view, prefetch_widget
 
