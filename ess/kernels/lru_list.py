@@ -1,6 +1,7 @@
 """A recency order (LRU) kept as a doubly linked list over integer ids, for Numba kernels: the list helpers of the
-cache simulation (:mod:`ess.cachesim`: positions) and of the prefetch pool (:mod:`ess.prefetch`: slots), written
-once and inlined into their kernels (``njit(inline="always")``, the way minitorch writes its index helpers once).
+cache simulation (:mod:`ess.kernels.cachesim`: positions) and of the prefetch pool (:mod:`ess.kernels.prefetch`:
+slots), written once and inlined into their kernels (``njit(inline="always")``, the way minitorch writes its index
+helpers once).
 
 The list lives in two integer arrays ``prv`` and ``nxt`` of ``n + 1`` entries over the ids ``0 .. n - 1`` and a
 sentinel ``H = n``: ``nxt[H]`` is the least recent id, ``prv[H]`` the most recent, an empty list has
@@ -8,7 +9,8 @@ sentinel ``H = n``: ``nxt[H]`` is the least recent id, ``prv[H]`` the most recen
 the list it marks the ids outside with ``prv[x] = -1`` and uses :func:`unlink_if_linked`.
 
 Numba's cache (``cache=True``) keys a compiled kernel on its own file only: after a change here, clear the
-``__pycache__`` entries of ``cachesim`` and ``prefetch`` (``*.nbi``, ``*.nbc``) so that their kernels are rebuilt.
+``__pycache__`` entries of ``ess/kernels/cachesim`` and ``ess/kernels/prefetch`` (``*.nbi``, ``*.nbc``) so that
+their kernels are rebuilt.
 """
 from __future__ import annotations
 
