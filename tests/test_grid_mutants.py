@@ -163,3 +163,47 @@ def test_the_bands_never_ask_a_miss_table_about_no_offload(inputs):  # noqa: F81
     assert _OffloadOnlyTable.asked and max(_OffloadOnlyTable.asked) < 1
     assert b.band_infeasible == 0 and b.band_size == 2 * len(inp.localities)
     assert b.gain_pct_cal_low <= found.gain_pct.iloc[0] + 1e-9 <= b.gain_pct_cal_high + 2e-9
+
+
+# ------------------------------------------------------------------------------------- a second mutation sample
+def test_ratio_floor_says_the_best_ratio_is_the_smallest_tried(inputs):  # noqa: F811
+    """Catches ``min`` made ``max``: ``ratio_floor`` is True exactly where the best ratio is the smallest the grid
+    tried; over these cells both cases occur (so a flag always True or always False fails too)."""
+    cells = sgrid.grid_cells([MODEL], [GPU, "B200"], [8192, L, 131072], links=[LINK])
+    found = sgrid.grid_search(cells, inputs)
+    want = [r.best_ratio == min(r.ratios_tried) for r in found.itertuples()]
+    assert found.ratio_floor.tolist() == want
+    assert any(want) and not all(want)
+    assert all(len(r) >= 2 for r in found.ratios_tried)
+
+
+def test_break_even_link_accepts_the_largest_ratio_count(inputs):  # noqa: F811
+    """Catches an upper bound short of ``MAX_RATIOS`` (and one more is refused, naming ``n_ratios``)."""
+    found = sgrid.grid_search(_cells(), inputs)
+    speed, below = sgrid.break_even_link(found, inputs, n_ratios=sgrid.MAX_RATIOS, iterations=1)
+    assert len(speed) == len(below) == len(found)
+    with pytest.raises(ValueError, match="n_ratios"):
+        sgrid.break_even_link(found, inputs, n_ratios=sgrid.MAX_RATIOS + 1, iterations=1)
+
+
+def test_cell_view_takes_the_models_whole_context_and_not_one_more(inputs):  # noqa: F811
+    """Catches the context bound one too wide: the model's ``max_position_embeddings`` is a context, one more is
+    refused by name."""
+    top = model_spec(MODEL).max_position_embeddings
+    assert sgrid.cell_view(inputs, MODEL, GPU, LINK, top, 2).context_len == top
+    with pytest.raises(ValueError, match="context_len"):
+        sgrid.cell_view(inputs, MODEL, GPU, LINK, top + 1, 2)
+
+
+def test_a_cell_without_an_offload_ratio_still_names_its_no_offload_limit(inputs):  # noqa: F811
+    """Catches the no-offload limit read from the wrong field where no offload ratio fits: the no-offload side is
+    the same as in a cell whose ratios do fit (memory binds there, not throughput)."""
+    class NoPool(FakeTable):
+        def __call__(self, L, r, mtp):
+            raise ValueError("the pool cannot hold one step's selections")
+
+    ok = sgrid.cell_view(inputs, MODEL, GPU, LINK, L, 2)
+    none = sgrid.cell_view(inputs, MODEL, GPU, LINK, L, 2, tables={(MODEL, 2): NoPool(MODEL)})
+    assert none.ratio is None and none.reason
+    assert none.batch_no_offload == ok.batch_no_offload
+    assert none.limit_no_offload == ok.limit_no_offload != "throughput"
