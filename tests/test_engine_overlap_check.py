@@ -584,3 +584,43 @@ def test_a_batch_of_two_is_split_too():
     got = OverlapCheck(None, costs, None, [], runs).half_batch_ratios()
     assert set(got.batch) == {2} and got.set_index("operation").loc["indexer", "measured_ratio"] == pytest.approx(
         0.625)
+
+
+def test_each_layers_operations_are_sized_by_that_layers_counts():
+    """Two layers with different hits and misses at step 1: each layer's attention rows carry that layer's own
+    counts (a mistake that read layer 0's counts for every layer passes a one-layer run)."""
+    from ess.studies.real_model.measure import op_samples
+    timer = OpTimer()
+    timer.step = 1
+    for layer in (0, 1):
+        timer.add("attn_hits", layer, layer * MS, (layer + 0.5) * MS)
+        timer.add("attn_misses", layer, (layer + 0.5) * MS, (layer + 1) * MS)
+    hits = np.array([[[0, 0], [0, 0]], [[2, 3], [6, 7]]])          # (steps, layers, requests)
+    misses = np.array([[[0, 0], [0, 0]], [[2, 1], [1, 0]]])
+    run = SimpleNamespace(config={"batch": 2, "prompt_lens": [10, 20], "topk": 8, "steps": 2}, timer=timer,
+                          hits=hits, misses=misses, step_times=lambda: np.array([1.0, 0.003]))
+    attn = op_samples(run)
+    attn = attn[attn.family == "attn"].sort_values(["layer", "entries"])
+    assert attn[["layer", "entries"]].to_numpy().tolist() == [[0, 3], [0, 5], [1, 1], [1, 13]]
+
+
+def test_miss_shares_pool_only_the_steps_every_trace_holds():
+    """Two traces of 3 and 5 steps: the shares have 3 steps, and equal those of the longer trace cut to 3 steps
+    pooled with the shorter (a rule that took the most steps would index past the shorter trace)."""
+    from ess.layout import entry_format
+    from ess.specs import model_spec
+    from ess.studies.real_model.fit import miss_shares
+    from ess.traces import Trace
+    rng = np.random.default_rng(3)
+
+    def trace(steps, L=64, k=8):
+        idx = np.stack([np.sort(rng.choice(L, k, replace=False)) for _ in range(steps)])[None, None]
+        return Trace(idx.astype(np.int32), L, k, 1)
+
+    fmt = entry_format(model_spec("tiny"))
+    short, long_ = trace(3), trace(5)
+    got = miss_shares([short, long_], fmt, 0.25)
+    cut = Trace(np.ascontiguousarray(long_.indices[:, :, :3]), 64, 8, 1)
+    assert got.shape == (3, 1)
+    assert got == pytest.approx(miss_shares([short, cut], fmt, 0.25))
+    assert (got > 0).any()
