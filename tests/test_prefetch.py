@@ -89,10 +89,10 @@ _KERNEL_CASES = [  # (ratio, speculative, delayed, warmup_mode, link GB/s, step 
 @pytest.mark.parametrize("case", _KERNEL_CASES)
 @pytest.mark.parametrize("seed", [9, 4])
 def test_numba_kernel_equals_the_reference_miss_for_miss(case, seed):
-    """The Numba pool against :func:`ess.kernels.prefetch.reference.pool` (NumPy on SlotPool) on odd sizes: the same misses and stall
-    at every step, the same bytes per class, hits and link time. A kernel that broke the LRU order, took candidates
-    in another order, sent the delayed queue from the wrong end or counted unused prefetches differently would
-    part from the reference here."""
+    """The Numba pool against :func:`ess.kernels.prefetch.reference.pool` (NumPy on SlotPool) on odd sizes: the
+    same misses and stall at every step, the same bytes per class, hits and link time. A kernel that broke the LRU
+    order, took candidates in another order, sent the delayed queue from the wrong end or counted unused
+    prefetches differently would part from the reference here."""
     ratio, spec, delayed, warmup, link, step_us, frac, hist = case
     tr = G.synthetic_trace(3000, n_layers=3, k=111, mtp=2, steps=13, batch=2, warmup_windows=5, seed=seed,
                            local_window=7)
