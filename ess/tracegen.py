@@ -30,6 +30,8 @@ from typing import Any, Iterator
 import numpy as np
 import yaml
 
+from .kernels import resolve_backend
+from .kernels import trace_stats as _trace_stats
 from .specs import model_spec
 from .traces import MAX_POSITIONS, Trace, _Owned
 from .validate import fits_in_memory, fraction, integer, number_array, one_of, real
@@ -524,27 +526,7 @@ def _drift_kernel():
             emit(cur, k, q, n_warm, mtp, union_mark, warm_out, step_out)
         return lowest
 
-    @njit(cache=True)
-    def mean_overlap(rows, n_pos):
-        """Mean |S(t-1) & S(t)| / |S(t)| over adjacent rows of (T, W) int32 (-1 padding)."""
-        mark = np.zeros(n_pos, np.int64)
-        tot = 0.0
-        for t in range(rows.shape[0]):
-            n = 0
-            both = 0
-            for j in range(rows.shape[1]):
-                x = rows[t, j]
-                if x < 0:
-                    continue
-                n += 1
-                if t > 0 and mark[x] == t:
-                    both += 1
-                mark[x] = t + 1
-            if t > 0 and n > 0:
-                tot += both / n
-        return tot / max(rows.shape[0] - 1, 1)
-
-    return gen_drift, mean_overlap
+    return gen_drift
 
 
 # ----------------------------------------------------------------------------------------------------- drift
@@ -574,7 +556,7 @@ def _drift_run(seed: int, n_pos: int, context_len: int, k: int, mtp: int, steps:
     and query at 6 sigma). Every simulated token draws the same numbers as in the full model (counter-based
     random numbers), so where nothing crosses, the output is identical.
     """
-    gen = _drift_kernel()[0]
+    gen = _drift_kernel()
     table = _normal_table()
     base, noise0 = _drift_stream_arrays(seed, n_pos)
     ns = min(n_sinks, k)
@@ -603,12 +585,16 @@ def _drift_run(seed: int, n_pos: int, context_len: int, k: int, mtp: int, steps:
 
 @lru_cache(maxsize=4096)
 def _drift_overlap_at(c: float, rho: float, context_len: int, k: int, n_sinks: int, window: int) -> float:
-    overlap = _drift_kernel()[1]
     n_q = _CALIB_QUERIES
     n_pos = context_len + n_q
     pi, rl = _drift_params(c, rho)
     _, out, _ = _drift_run(_CALIB_SEED, n_pos, context_len, k, 1, n_q, 0, pi, rl, n_sinks, window, math.inf)
-    return float(overlap(out, n_pos))
+    # Fig. 2's overlap, the definition ess.traces.adjacent_overlap averages too (ess.kernels.trace_stats); every
+    # query token selects k >= 1 entries, so no term is NaN. Summed in step order, as the calibration always has
+    # been (np.mean's pairwise sum would move the fitted noise levels by a rounding)
+    terms = np.empty(n_q - 1)
+    _trace_stats.get(resolve_backend()).adjacent_overlaps(out, n_pos, terms)
+    return float(np.add.accumulate(terms)[-1] / terms.size)
 
 
 def drift_calibration(r: float, context_len: int, k: int | None = None, n_sinks: int | None = None,

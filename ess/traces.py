@@ -24,13 +24,14 @@ import json
 import zipfile
 import zlib
 from dataclasses import dataclass, field
-from functools import lru_cache
 from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
 
 from .atomic import atomic_path
+from .kernels import resolve_backend
+from .kernels import trace_stats as _trace_stats
 from .validate import integer, path as check_path
 
 __all__ = ["Trace", "TraceRecorder", "load_trace", "adjacent_overlap", "union_share", "return_share",
@@ -40,26 +41,6 @@ _FORMAT = "ess-trace-v2"   # v2: the warmup windows are stored as "windows"
 
 
 # ---------------------------------------------------------------------------------------------------------- checks
-@lru_cache(maxsize=None)
-def _dup_kernel():
-    from numba import njit
-
-    @njit(cache=True)
-    def first_duplicate_row(rows, n_pos):
-        """Index of the first row with a repeated valid entry, -1 if none (rows: (R, W) int32)."""
-        seen = np.zeros(n_pos, np.int64)
-        for r in range(rows.shape[0]):
-            for j in range(rows.shape[1]):
-                x = rows[r, j]
-                if x < 0:
-                    continue
-                if seen[x] == r + 1:
-                    return r
-                seen[x] = r + 1
-        return -1
-    return first_duplicate_row
-
-
 # the kernels index int32 positions: every position, and a count of positions, must stay below 2**31
 MAX_POSITIONS = 2**31 - 1
 
@@ -90,7 +71,7 @@ def index_rows(name: str, rows: Any, n_positions: int | None = None, *,
         if hi >= n_positions:
             raise ValueError(f"{name} holds {hi} but n_positions = {n_positions}: every entry must be < n_positions")
     out = np.array(rows, dtype=np.int32, order="C", copy=True)
-    r = _dup_kernel()(out, n_positions)
+    r = _stats().first_duplicate_row(out, n_positions)
     if r >= 0:
         raise ValueError(f"{name}[{r}] repeats a position; each row must hold distinct entries (-1 padding aside)")
     return out, n_positions
@@ -131,7 +112,7 @@ def validate_trace_arrays(indices: Any, windows: Any, *, context_len: int, k: in
         raise ValueError(f"indices[{b}, {l}, {t}] reads position {int(indices[b, l, t, j])}, beyond the context of "
                          f"step {t} ({int(limit[t])} tokens = context_len + t * mtp)")
     rows = np.ascontiguousarray(indices.reshape(-1, width), dtype=np.int32)
-    r = _dup_kernel()(rows, n_pos)
+    r = _stats().first_duplicate_row(rows, n_pos)
     if r >= 0:
         b, l, t = np.unravel_index(r, (B, n_layers, steps))
         raise ValueError(f"indices[{b}, {l}, {t}] repeats a position; each step's set must hold distinct entries")
@@ -143,7 +124,8 @@ def validate_trace_arrays(indices: Any, windows: Any, *, context_len: int, k: in
         raise ValueError(f"windows must have shape (B={B}, n_layers={n_layers}, W>=1, <=k={k}), got {windows.shape}")
     if int(windows.min()) < -1 or int(windows.max()) >= context_len:
         raise ValueError(f"warmup windows must read prefill positions 0 .. {context_len - 1} (or -1 for padding)")
-    r = _dup_kernel()(np.ascontiguousarray(windows.reshape(-1, windows.shape[3]), dtype=np.int32), context_len)
+    r = _stats().first_duplicate_row(np.ascontiguousarray(windows.reshape(-1, windows.shape[3]), dtype=np.int32),
+                                     context_len)
     if r >= 0:
         raise ValueError(f"warmup window row {r} repeats a position; each window must hold distinct entries")
 
@@ -280,73 +262,31 @@ def check_trace(trace: Any, name: str = "trace") -> Trace:
 
 
 def adjacent_overlap(trace: Trace) -> np.ndarray:
-    """Mean overlap |S(t-1) & S(t)| / |S(t)| between adjacent steps, per layer: (n_layers,).
+    """Mean overlap |S(t-1) & S(t)| / |S(t)| between adjacent steps, per layer: (n_layers,), over the steps and
+    requests (a step that selects nothing is left out). The per-step overlaps are
+    :mod:`ess.kernels.trace_stats`'s ``adjacent_overlaps``, the one definition the trace generator's calibration
+    uses too.
 
     With ``mtp = 1`` this is the metric of paper Fig. 2 and reproduces the generator's profile.
     """
     if check_trace(trace).steps < 2:
         raise ValueError("adjacent_overlap needs a trace with at least 2 steps")
+    kern = _stats()
     out = np.zeros(trace.n_layers)
+    terms = np.empty(trace.steps - 1)
     for layer in range(trace.n_layers):
         vals = []
         for b in range(trace.batch):
-            rows = trace.indices[b, layer]
-            for t in range(1, trace.steps):
-                a, c = rows[t - 1][rows[t - 1] >= 0], rows[t][rows[t] >= 0]
-                if c.size:
-                    vals.append(np.intersect1d(a, c, assume_unique=True).size / c.size)
-        out[layer] = np.mean(vals)
+            kern.adjacent_overlaps(np.ascontiguousarray(trace.indices[b, layer]), trace.n_positions, terms)
+            vals.append(terms[~np.isnan(terms)])
+        out[layer] = np.mean(np.concatenate(vals))
     return out
 
 
-@lru_cache(maxsize=None)
-def _shape_kernels():
-    from numba import njit
-
-    @njit(cache=True)
-    def union_sizes(rows, n_pos, window):
-        """Distinct valid entries of rows t .. t+window-1 for each t = 0 .. T-window: (T-window+1,) int64."""
-        T = rows.shape[0]
-        stamp = np.zeros(n_pos, np.int64)
-        out = np.zeros(T - window + 1, np.int64)
-        for t in range(T - window + 1):
-            n = 0
-            for i in range(t, t + window):
-                for j in range(rows.shape[1]):
-                    x = rows[i, j]
-                    if x >= 0 and stamp[x] != t + 1:
-                        stamp[x] = t + 1
-                        n += 1
-            out[t] = n
-        return out
-
-    @njit(cache=True)
-    def leave_return(rows, n_pos, within):
-        """(left, returned): entries of row t-1 missing from row t, and those of them found again in rows
-        t+1 .. t+within, summed over t = 1 .. T-1-within (steps whose whole window lies in the trace)."""
-        T = rows.shape[0]
-        next_use = np.full(n_pos, T, np.int64)        # next row (>= the current one) that holds the entry
-        left = 0
-        back = 0
-        for t in range(T - 1, -1, -1):
-            # next_use holds, for every entry, the first row > t that selects it
-            if t + 1 <= T - 1 - within:
-                for j in range(rows.shape[1]):
-                    x = rows[t, j]
-                    if x < 0:
-                        continue
-                    n = next_use[x]
-                    if n != t + 1:                    # x is in row t, not in row t + 1: it left at t + 1
-                        left += 1
-                        if n <= t + 1 + within:
-                            back += 1
-            for j in range(rows.shape[1]):
-                x = rows[t, j]
-                if x >= 0:
-                    next_use[x] = t
-        return left, back
-
-    return union_sizes, leave_return
+def _stats():
+    """The trace-statistics kernels (:mod:`ess.kernels.trace_stats`) of the backend
+    :func:`ess.kernels.resolve_backend` picks."""
+    return _trace_stats.get(resolve_backend())
 
 
 def _per_layer(trace: Trace, stat) -> np.ndarray:
@@ -364,8 +304,14 @@ def union_share(trace: Trace, window: int = 4) -> np.ndarray:
     window = integer("window", window, lo=1)
     if check_trace(trace).steps < window:
         raise ValueError(f"union_share needs at least window = {window} steps, the trace has {trace.steps}")
-    kern = _shape_kernels()[0]
-    return _per_layer(trace, lambda rows: kern(rows, trace.n_positions, window).mean() / (window * trace.k))
+    kern = _stats().union_sizes
+
+    def mean_union(rows):
+        sizes = np.empty(rows.shape[0] - window + 1, np.int64)
+        kern(rows, trace.n_positions, window, sizes)
+        return sizes.mean()
+
+    return _per_layer(trace, lambda rows: mean_union(rows) / (window * trace.k))
 
 
 def return_share(trace: Trace, within: int = 8) -> np.ndarray:
@@ -376,7 +322,7 @@ def return_share(trace: Trace, within: int = 8) -> np.ndarray:
     within = integer("within", within, lo=1)
     if check_trace(trace).steps < within + 2:
         raise ValueError(f"return_share needs at least within + 2 = {within + 2} steps, the trace has {trace.steps}")
-    kern = _shape_kernels()[1]
+    kern = _stats().leave_return
     out = np.zeros(trace.n_layers)
     for layer in range(trace.n_layers):
         left = back = 0
