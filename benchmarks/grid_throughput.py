@@ -25,7 +25,7 @@ from ess.bench import distribution, write_report  # noqa: E402
 from ess.sim import Scenario, grid as sgrid, simulate  # noqa: E402
 from ess.sim.calibrate import calibrated_params  # noqa: E402
 from ess.specs import host_link_spec, model_spec, reference_link  # noqa: E402
-from ess.tracegen import locality_alternatives  # noqa: E402
+from ess.locality import locality_alternatives  # noqa: E402
 
 MODELS = ("deepseek-v3.2", "glm-5", "deepseek-v4-flash")
 GPUS = ("H200", "H20", "B200", "GB200")

@@ -11,8 +11,8 @@ Public namespace, re-exported from topic modules (layers from the ground up, see
   :mod:`ess.policies`, :mod:`ess.storage` (host pool, GPU pool, the tiered cache), :mod:`ess.disk` (the disk
   tier), :mod:`ess.archive` (a cache's requests on disk: checkpoint, spill, restore, recover), :mod:`ess.replay`
   (a trace through a cache), :mod:`ess.metrics`, :mod:`ess.link` (the host-device link a step's copies cross),
-  :mod:`ess.traces` (format, I/O, overlap, recorder), :mod:`ess.tracegen` (synthetic generators and their calibration),
-  :mod:`ess.cachesim`;
+  :mod:`ess.traces` (format, I/O, overlap, recorder), :mod:`ess.tracegen` (synthetic generators),
+  :mod:`ess.locality` (the locality models and their calibration), :mod:`ess.cachesim`;
 * behaviour: :mod:`ess.attention` (indexer, top-k, sparse MLA, split/merge), :mod:`ess.heat_predictor`,
   :mod:`ess.prefetch`, :mod:`ess.sim` (the Scenario configuration, costs, timeline, calibration, sweeps, the miss
   table, banded predictions);

@@ -31,8 +31,8 @@ from .kernels import resolve_backend
 from .layout import layer_pool_slots, pool_slots, step_entries
 from .policies import DEFAULT_HEAT_DECAY, POLICIES
 from .specs import model_spec
-from .tracegen import (PAPER_WARMUP_WINDOWS, check_reading, check_trace_model, geometry, locality_profile,
-                       synthetic_streams)
+from .locality import check_reading, check_trace_model
+from .tracegen import PAPER_WARMUP_WINDOWS, geometry, locality_profile, synthetic_streams
 from .traces import Trace, index_rows
 from .validate import fraction, one_of, positive_int, real
 
@@ -165,7 +165,7 @@ def sweep_synthetic(context_len: int, ratios: Sequence[float], *, policies: Iter
                     **generator: Any) -> dict:
     """Generate each synthetic (request, layer) stream once and simulate every (ratio, policy, warmup) on it.
 
-    ``trace_model`` is ``"uniform"`` or ``"drift"`` (``None`` = :func:`ess.tracegen.default_trace_model`); ``n_layers``
+    ``trace_model`` is ``"uniform"`` or ``"drift"`` (``None`` = :func:`ess.locality.default_trace_model`); ``n_layers``
     and ``k`` default to DeepSeek-V3.2-Exp's (:func:`ess.tracegen.geometry`);
     other ``generator`` keywords go to :func:`ess.tracegen.synthetic_streams` (e.g. ``reading``, ``drift_rho``).
     Each ratio's slots are shared over the layers so that every layer's pool holds its step's union of the ``mtp``
@@ -257,7 +257,7 @@ def misses_per_layer(context_len: int, ratio: float, *, n_layers: int | None = N
     """Mean misses per request per decode step in each layer: (n_layers,) float64.
 
     From the synthetic trace generator (:func:`ess.tracegen.synthetic_streams`, ``trace_model`` -- ``"uniform"`` or
-    ``"drift"``, ``None`` = :func:`ess.tracegen.default_trace_model` --, locality ``profile``, ``mtp`` query tokens
+    ``"drift"``, ``None`` = :func:`ess.locality.default_trace_model` --, locality ``profile``, ``mtp`` query tokens
     per step, 32 warmup windows) and the cache simulation with :func:`ess.layout.pool_slots` slots per
     (request, layer). Raises ValueError when the pool cannot hold one step's union of top-K sets.
     """

@@ -507,7 +507,7 @@ def shipped_tables(models=None, *, cachesim_steps: int = 32, cachesim_batch: int
     from .sim.costs import CostParams
     from .sim.grid import GRID_CONTEXTS, GRID_LONG_CONTEXTS, GRID_MODELS, GridInputs, _variants, ratio_grid
     from .sim.misses import MissesTable
-    from .tracegen import locality_alternatives
+    from .locality import locality_alternatives
     from .widgets.grid import MTPS, RATIOS, TABLE_BATCH, TABLE_STEPS
     inputs = GridInputs(CostParams(), {"central": CostParams()}, {}, list(locality_alternatives()),
                         cachesim_steps, cachesim_batch, band_batch, store=False)

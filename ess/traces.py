@@ -16,7 +16,8 @@ Here: the format and its validation, file I/O (:meth:`Trace.save`, :func:`load_t
 Fig. 2 (:func:`adjacent_overlap`), two statistics of a trace's time structure (:func:`union_share`, how the union of
 consecutive sets grows; :func:`return_share`, how soon an entry that left the set comes back) and
 :class:`TraceRecorder`, which collects real index sets from a sparse-attention
-implementation step by step. The synthetic generators and their calibration are in :mod:`ess.tracegen`.
+implementation step by step. The synthetic generators are in :mod:`ess.tracegen`, their locality models and
+calibration in :mod:`ess.locality`.
 """
 from __future__ import annotations
 

@@ -5,6 +5,7 @@ from hypothesis import given, settings, strategies as st
 
 from ess import cachesim as C
 from ess.policies import ONLINE_POLICIES, POLICIES, simulate_misses
+from ess import locality as LM
 from ess import tracegen as G
 from ess import traces as T
 
@@ -154,9 +155,9 @@ def test_sweep_equals_the_materialised_trace_for_both_models(model):
 
 def test_default_model_is_the_one_the_data_names():
     kw = dict(n_layers=2, k=256, mtp=2, steps=4, batch=1, local_window=8)
-    named = C.misses_per_layer(8192, 0.2, trace_model=G.default_trace_model(), **kw)
+    named = C.misses_per_layer(8192, 0.2, trace_model=LM.default_trace_model(), **kw)
     assert np.array_equal(C.misses_per_layer(8192, 0.2, **kw), named)
-    other = [m for m in G.TRACE_MODELS if m != G.default_trace_model()][0]
+    other = [m for m in LM.TRACE_MODELS if m != LM.default_trace_model()][0]
     assert not np.array_equal(C.misses_per_layer(8192, 0.2, trace_model=other, **kw), named)
 
 

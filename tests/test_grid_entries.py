@@ -11,7 +11,7 @@ import ess
 from ess.sim import grid as sgrid
 from ess.sim.costs import CostParams
 from ess.specs import gpu_spec, host_link_spec, list_deployments, list_gpus, list_host_links
-from ess.tracegen import locality_alternatives
+from ess.locality import locality_alternatives
 import test_probe_grid as probe_grid
 
 MODEL = "deepseek-v3.2"

@@ -5,15 +5,16 @@ Each check recomputes a recorded number at the setting it was recorded in (data/
 import numpy as np
 import pytest
 
+from ess import locality as LM
 from ess import tracegen as G
 from ess.studies import locality as loc
 
-FIT = G.locality_fit()
+FIT = LM.locality_fit()
 EVIDENCE = FIT["evidence"]["value"]
 SETTING = FIT["setting"]["value"]
 
 
-def _hit(model: G.LocalityModel) -> float:
+def _hit(model: LM.LocalityModel) -> float:
     return loc.buffer_hit_rate(SETTING["context_len"], steps=SETTING["steps"], batch=SETTING["batch"],
                                seed=SETTING["seed"], **model.kwargs())
 
@@ -28,7 +29,7 @@ def test_the_default_is_what_the_rule_picks_from_the_recorded_scores():
 
 
 def test_central_model_holds_its_fit_to_vllm_and_gvr_and_fig2():
-    c = G.default_locality()
+    c = LM.default_locality()
     ev = EVIDENCE[f"{c.trace_model}/{c.reading}"]
     h = _hit(c)
     assert h == pytest.approx(ev["hit_2k"], abs=2e-3)                                       # E2, recorded
@@ -43,7 +44,7 @@ def test_central_model_holds_its_fit_to_vllm_and_gvr_and_fig2():
 
 def test_band_alternatives_sit_where_their_rho_was_fitted():
     fits = FIT["drift_rho_fit"]["value"]
-    for m in G.locality_alternatives()[1:]:
+    for m in LM.locality_alternatives()[1:]:
         if m.trace_model != "drift":
             continue
         at = next(a for a, v in fits[m.reading].items() if v["rho"] == m.drift_rho)
@@ -52,7 +53,7 @@ def test_band_alternatives_sit_where_their_rho_was_fitted():
 
 @pytest.mark.skipif(not loc.real_traces(), reason="data/traces/ holds no real trace with one query token per step")
 def test_central_model_holds_its_fit_to_the_real_traces_shape():
-    c = G.default_locality()
+    c = LM.default_locality()
     ev = EVIDENCE[f"{c.trace_model}/{c.reading}"]
     real = loc.real_traces()
     shapes = [loc.model_shape(tr, **c.kwargs()) for tr in real.values()]

@@ -11,7 +11,7 @@ from ess.sim import Scenario, simulate
 from ess.sim import grid as sgrid
 from ess.sim.costs import CostParams
 from ess.specs import deployment_spec, host_link_spec, model_spec
-from ess.tracegen import locality_alternatives
+from ess.locality import locality_alternatives
 
 
 class FakeTable:

@@ -4,7 +4,7 @@ import pytest
 
 from ess.cachesim import sweep_synthetic
 from ess.sim.misses import MissesTable
-from ess.tracegen import default_locality
+from ess.locality import default_locality
 
 QUICK = dict(steps=4, batch=1)
 

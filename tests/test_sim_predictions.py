@@ -43,7 +43,7 @@ def test_band_inputs_and_their_provenance():
 
 
 def _central():
-    from ess.tracegen import default_locality
+    from ess.locality import default_locality
     return default_locality()
 
 

@@ -5,13 +5,13 @@ import inspect
 import numpy as np
 import pytest
 
-from ess import cachesim, tracegen
+from ess import cachesim, locality
 from ess.results import Recorder
 from ess.studies import prefetching as tp
 
-CENTRAL = tracegen.default_locality()
-ALTS = tracegen.locality_alternatives()
-UNIFORM = tracegen.LocalityModel("uniform", "uniform", CENTRAL.reading)
+CENTRAL = locality.default_locality()
+ALTS = locality.locality_alternatives()
+UNIFORM = locality.LocalityModel("uniform", "uniform", CENTRAL.reading)
 # what ess.results.Recorder.record accepts: a record builder must produce nothing else
 RECORD_KEYS = set(inspect.signature(Recorder.record).parameters) - {"self"}
 
@@ -85,8 +85,8 @@ def test_mtp_unions_stay_under_the_bound_plus_the_slack():
 
 
 def test_drift_rho_fit_records_every_reading_and_end():
-    frame, records = tp.drift_rho_fit(tracegen.locality_fit())
-    assert len(records) == 3 * len(tracegen.READINGS) and list(frame.columns) == list(tracegen.READINGS)
+    frame, records = tp.drift_rho_fit(locality.locality_fit())
+    assert len(records) == 3 * len(locality.READINGS) and list(frame.columns) == list(locality.READINGS)
     _check_records(records)
 
 

@@ -3,6 +3,7 @@ models of the fit file."""
 import numpy as np
 import pytest
 
+from ess import locality as LM
 from ess import tracegen as G
 from ess import traces as T
 
@@ -62,9 +63,9 @@ def test_drift_model_reproduces_the_paper_profile_per_layer():
     L = 32768
     tr = G.synthetic_trace(L, n_layers=61, k=2048, mtp=1, steps=12, batch=1, warmup_windows=0, seed=3,
                            trace_model="drift")
-    assert tr.meta["trace_model"] == "drift" and tr.meta["drift_rho"] == G.fitted_drift_rho(tr.meta["reading"])
+    assert tr.meta["trace_model"] == "drift" and tr.meta["drift_rho"] == LM.fitted_drift_rho(tr.meta["reading"])
     prof = G.locality_profile("paper", 61)
-    floor = G.drift_calibration(0.0, L, 2048)["floor"]       # sinks + shifted window + chance at c = 0
+    floor = LM.drift_calibration(0.0, L, 2048)["floor"]       # sinks + shifted window + chance at c = 0
     want = np.maximum(prof, floor)
     got = T.adjacent_overlap(tr)
     assert np.abs(got - want).max() < DRIFT_TOL, np.round(got - want, 3)
@@ -72,13 +73,13 @@ def test_drift_model_reproduces_the_paper_profile_per_layer():
 
 
 def test_drift_calibration_is_monotone_and_fits_small_geometries():
-    cals = [G.drift_calibration(r, 4096, 256, 4, 8) for r in (0.3, 0.5, 0.7, 0.9)]
+    cals = [LM.drift_calibration(r, 4096, 256, 4, 8) for r in (0.3, 0.5, 0.7, 0.9)]
     cs = [c["c"] for c in cals]
     assert cs == sorted(cs) and all(abs(c["overlap"] - r) < 0.01 for c, r in zip(cals, (0.3, 0.5, 0.7, 0.9)))
     # c = pi + (1 - pi) rho_layer, rho_layer = min(rho, c): pure drift below rho, a persistent part above
     for c in cals:
         assert abs(c["pi"] + (1 - c["pi"]) * c["rho"] - c["c"]) < 1e-12
-    low = G.drift_calibration(0.3, 4096, 256, 4, 8, rho=0.9)
+    low = LM.drift_calibration(0.3, 4096, 256, 4, 8, rho=0.9)
     assert low["pi"] == 0 and low["rho"] == low["c"]
     prof = [0.3, 0.6, 0.85]
     tr = G.synthetic_trace(4096, n_layers=3, k=256, mtp=1, steps=40, batch=2, warmup_windows=0, seed=11,
@@ -130,7 +131,7 @@ def test_drift_candidate_set_matches_the_full_model():
         cut = G.synthetic_trace(L, **kw)
         full = G.synthetic_trace(L, drift_cutoff_sigmas=float("inf"), **kw)
         assert np.array_equal(cut.indices, full.indices) and np.array_equal(cut.windows, full.windows)
-    cal = G.drift_calibration(0.9, 32768, 2048)
+    cal = LM.drift_calibration(0.9, 32768, 2048)
     _, _, n_cand = G._drift_run(1, 32768 + 12, 32768, 2048, 2, 6, 0, cal["pi"], cal["rho"], 4, 64, 6.0)
     assert n_cand < 0.5 * 32768                      # it does prune (the bound is what makes it safe)
 
@@ -161,10 +162,10 @@ def test_unknown_trace_model_and_misplaced_options_raise():
     with pytest.raises(ValueError, match="drift_rho"):
         G.synthetic_trace(512, n_layers=1, k=32, steps=1, batch=1, trace_model="drift", drift_rho=1.0)
     with pytest.raises(ValueError, match=r"\[0, 1\]"):
-        G.drift_calibration(1.5, 512, 32)
+        LM.drift_calibration(1.5, 512, 32)
     with pytest.raises(ValueError, match="larger than the context"):
-        G.drift_calibration(0.5, 16, 32)
-    assert G.default_trace_model() in G.TRACE_MODELS
+        LM.drift_calibration(0.5, 16, 32)
+    assert LM.default_trace_model() in LM.TRACE_MODELS
 
 
 def test_the_jaccard_reading_turns_fig2_into_overlap_fractions():
@@ -183,18 +184,18 @@ def test_the_jaccard_reading_turns_fig2_into_overlap_fractions():
 
 
 def test_locality_models_from_the_fit_file():
-    c = G.default_locality()
-    alts = G.locality_alternatives()
+    c = LM.default_locality()
+    alts = LM.locality_alternatives()
     assert alts[0] == c and len({(m.trace_model, m.reading, m.drift_rho) for m in alts}) == len(alts)
-    assert {m.reading for m in alts} == set(G.READINGS)                  # the other reading is an alternative
+    assert {m.reading for m in alts} == set(LM.READINGS)                  # the other reading is an alternative
     if c.trace_model == "drift":
-        assert c.drift_rho == G.fitted_drift_rho(c.reading)
-        rhos = {G.fitted_drift_rho(c.reading, at) for at in ("at_80", "at_90")}
+        assert c.drift_rho == LM.fitted_drift_rho(c.reading)
+        rhos = {LM.fitted_drift_rho(c.reading, at) for at in ("at_80", "at_90")}
         assert rhos <= {m.drift_rho for m in alts if m.reading == c.reading}
     assert c.kwargs()["reading"] == c.reading and "locality" in c.config()
     with pytest.raises(ValueError, match="drift_rho"):
-        G.LocalityModel("x", "uniform", "fraction", 0.3)
+        LM.LocalityModel("x", "uniform", "fraction", 0.3)
     with pytest.raises(ValueError, match="reading"):
-        G.LocalityModel("x", "drift", "both", 0.3)
+        LM.LocalityModel("x", "drift", "both", 0.3)
     with pytest.raises(ValueError, match="at must be one of"):
-        G.fitted_drift_rho("fraction", "at_95")
+        LM.fitted_drift_rho("fraction", "at_95")

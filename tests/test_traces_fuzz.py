@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from hypothesis import given, strategies as st
 
+from ess import locality as LM
 from ess import tracegen as G
 from ess.traces import (Trace, TraceRecorder, adjacent_overlap, check_trace, index_rows, load_trace, return_share,
                         union_share, validate_trace_arrays)
@@ -160,17 +161,17 @@ LOCALITY = {
     "locality_profile": (lambda **a: G.locality_profile(**a), {"profile": "paper", "n_layers": 7, "reading": None}),
     "locality_profile (given)": (lambda **a: G.locality_profile(**a), {"profile": [0.2, 0.5], "n_layers": 2,
                                                                        "reading": None}),
-    "check_trace_model": (lambda **a: G.check_trace_model(**a), {"trace_model": "drift"}),
-    "check_reading": (lambda **a: G.check_reading(**a), {"reading": "jaccard"}),
+    "check_trace_model": (lambda **a: LM.check_trace_model(**a), {"trace_model": "drift"}),
+    "check_reading": (lambda **a: LM.check_reading(**a), {"reading": "jaccard"}),
     "geometry": (lambda **a: G.geometry(**a), {"n_layers": 4, "k": None}),
-    "fitted_drift_rho": (lambda **a: G.fitted_drift_rho(**a), {"reading": "fraction", "at": "at_80"}),
-    "LocalityModel": (lambda **a: G.LocalityModel(**a), {"name": "m", "trace_model": "drift", "reading": "fraction",
+    "fitted_drift_rho": (lambda **a: LM.fitted_drift_rho(**a), {"reading": "fraction", "at": "at_80"}),
+    "LocalityModel": (lambda **a: LM.LocalityModel(**a), {"name": "m", "trace_model": "drift", "reading": "fraction",
                                                          "drift_rho": 0.4, "rests_on": ""}),
-    "drift_calibration": (lambda **a: G.drift_calibration(**a), {"r": 0.6, "context_len": 256, "k": 16, "n_sinks": 1,
+    "drift_calibration": (lambda **a: LM.drift_calibration(**a), {"r": 0.6, "context_len": 256, "k": 16, "n_sinks": 1,
                                                                 "local_window": 2, "rho": 0.5}),
     "generator_defaults": (lambda **a: G.generator_defaults(), {}),
-    "default_locality": (lambda **a: G.default_locality(), {}),
-    "locality_alternatives": (lambda **a: G.locality_alternatives(), {}),
+    "default_locality": (lambda **a: LM.default_locality(), {}),
+    "locality_alternatives": (lambda **a: LM.locality_alternatives(), {}),
 }
 LOCALITY_ALIASES = {"r": ("r (the target overlap)",), "rho": ("drift_rho",),
                     **{f: (f"LocalityModel.{f}",) for f in ("name", "reading", "drift_rho", "rests_on")}}
@@ -208,9 +209,9 @@ def test_the_meaningless_trace_inputs_found_by_probing_are_refused(tmp_path):
     with pytest.raises(TypeError, match="profile must be a number"):
         G.locality_profile(["a", "b"], 2)                                    # a raw NumPy ValueError
     with pytest.raises(ValueError, match="at must be one of"):
-        G.fitted_drift_rho("fraction", [])                                   # unhashable: a raw TypeError
+        LM.fitted_drift_rho("fraction", [])                                   # unhashable: a raw TypeError
     with pytest.raises(TypeError, match="context_len must be an integer"):
-        G.drift_calibration(0.5, [256])                                      # unhashable in the cache
+        LM.drift_calibration(0.5, [256])                                      # unhashable in the cache
     with pytest.raises(TypeError, match="drift_cutoff_sigmas"):
         G.synthetic_trace(256, k=16, n_layers=1, steps=2, batch=1, trace_model="drift", drift_cutoff_sigmas="6")
     with pytest.raises(ValueError, match="exceeds the maximum context of deepseek"):
@@ -227,4 +228,4 @@ def test_the_meaningless_trace_inputs_found_by_probing_are_refused(tmp_path):
     with pytest.raises(ValueError, match=r"this trace would take 1.02e\+394 GB \(batch="):  # OverflowError
         G.synthetic_trace(256, n_layers=2, k=16, steps=4, batch=10 ** 400)
     with pytest.raises(ValueError, match="LocalityModel.drift_rho must be finite"):
-        G.LocalityModel("m", "drift", "fraction", float("nan"))
+        LM.LocalityModel("m", "drift", "fraction", float("nan"))

@@ -1,5 +1,5 @@
 """Fit and choose the synthetic locality models on the evidence, by the rule of data/locality/README.md, and write
-data/locality/fit.yaml (the file ess.tracegen reads: the drift model's rho per reading, the default model).
+data/locality/fit.yaml (the file ess.locality reads: the drift model's rho per reading, the default model).
 
     .venv/bin/python tools/fit_locality.py            # about 10 minutes on two cores
 
@@ -22,8 +22,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from ess.atomic import write_text_atomic  # noqa: E402
+from ess.locality import READINGS  # noqa: E402
 from ess.studies import locality as loc  # noqa: E402
-from ess.tracegen import DATA_DIR, READINGS  # noqa: E402
+from ess.tracegen import DATA_DIR  # noqa: E402
 
 SETTING = {"context_len": 32768, "mtp": 1, "k": 2048, "n_layers": 61, "warmup_windows": 32, "policy": "lru",
            "steps": 128, "window": "steps 64..127", "batch": 2, "seed": 0, "buffer": "2 x K"}

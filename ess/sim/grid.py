@@ -278,7 +278,7 @@ def grid_inputs(*, variant_fit: dict | None = None, cachesim_steps: int = 32, ca
     cachesim_batch = positive_int("cachesim_batch", cachesim_batch)
     band_batch = positive_int("band_batch", band_batch)
     if stored:
-        from ..tracegen import locality_alternatives
+        from ..locality import locality_alternatives
         from .store import stored_calibration
         cal = stored_calibration(variant_fit)
         return GridInputs(cal["central"], cal["calibrations"], dict(cal["extrapolation"]) if extrapolate else {},

@@ -62,8 +62,8 @@ class MissesTable:
     """Mean misses per request, decode step and sparse layer, shape ``(n_sparse_layers,)``, from the cache
     simulation (:func:`ess.cachesim.sweep_synthetic`) of ``model``'s pools (default DeepSeek-V3.2-Exp; another
     model at its own top-K, sparse-layer count and rows: GLM-5's 78 layers, DeepSeek-V4-Flash's 21 C4 layers of
-    top-512 rows over ``L / 4`` rows): synthetic traces of ``locality`` (an :class:`ess.tracegen.LocalityModel`;
-    default :func:`ess.tracegen.default_locality`, the central model; or ``trace_model`` alone, that model with its
+    top-512 rows over ``L / 4`` rows): synthetic traces of ``locality`` (an :class:`ess.locality.LocalityModel`;
+    default :func:`ess.locality.default_locality`, the central model; or ``trace_model`` alone, that model with its
     defaults) with paper Fig. 2's profile carried to the model by ``profile`` (:data:`PROFILES`; for another model
     than the paper's an extrapolation), ``steps`` decode steps of ``batch`` requests from ``seed``, ``policy`` (one
     of :data:`ess.policies.POLICIES`: ``"clock"`` or HiSparse's ``"sampled_clock"`` price a CLOCK cache) with or
@@ -77,7 +77,7 @@ class MissesTable:
                  warmup: bool = True, policy: str = "lru", locality=None, trace_model: str | None = None,
                  model: ModelSpec | str = DEFAULT_MODEL, profile: str = "paper"):
         from ..policies import POLICIES
-        from ..tracegen import LocalityModel, check_trace_model, default_locality, fitted_drift_rho
+        from ..locality import LocalityModel, check_trace_model, default_locality, fitted_drift_rho
         from ..validate import non_negative_int, one_of
 
         if isinstance(model, str):
@@ -96,7 +96,7 @@ class MissesTable:
         elif trace_model is not None:
             raise ValueError("give locality or trace_model, not both")
         if not isinstance(locality, LocalityModel):
-            raise TypeError(f"locality must be an ess.tracegen.LocalityModel, got {type(locality).__name__}")
+            raise TypeError(f"locality must be an ess.locality.LocalityModel, got {type(locality).__name__}")
         if not isinstance(warmup, bool):
             raise TypeError(f"warmup must be True or False, got {warmup!r}")
         self.locality = locality

@@ -138,7 +138,7 @@ class BandInputs:
 def band_inputs(*, variant_fit: dict | None = None, cachesim_steps: int = 64, cachesim_batch: int = 4,
                 band_batch: int = 2, ratios=(), part_batch_band: bool = True) -> BandInputs:
     """The calibrations of notebook 05 (:func:`ess.sim.calibrate.calibration_set` with ``variant_fit``) and the
-    locality models of notebook 04 (:func:`ess.tracegen.locality_alternatives`), each model with its miss table
+    locality models of notebook 04 (:func:`ess.locality.locality_alternatives`), each model with its miss table
     (``cachesim_steps`` steps; ``cachesim_batch`` requests for the central model, ``band_batch`` for the others,
     which only bound the band; ``ratios`` the tables' grid).
 
@@ -149,7 +149,7 @@ def band_inputs(*, variant_fit: dict | None = None, cachesim_steps: int = 64, ca
     cachesim_steps, cachesim_batch, band_batch = (positive_int(n, v) for n, v in (
         ("cachesim_steps", cachesim_steps), ("cachesim_batch", cachesim_batch), ("band_batch", band_batch)))
     part_batch_band = boolean("part_batch_band", part_batch_band)
-    from ..tracegen import locality_alternatives
+    from ..locality import locality_alternatives
     from .calibrate import calibrate, calibration_set, compute_scale_from_cost, cost_growth_evidence
     cs = calibration_set(**(variant_fit or {}))
     calibrations = cs.kept_params()

@@ -15,7 +15,8 @@ from ..attention import indexer_scores, topk_indices
 from ..cachesim import misses_per_step, trace_misses
 from ..quant import encode_indexer_keys
 from ..specs import DATA_DIR, ModelSpec, model_spec
-from ..tracegen import READINGS, TRACE_MODELS, LocalityModel, _check_generator_args, geometry, synthetic_trace
+from ..locality import READINGS, TRACE_MODELS, LocalityModel
+from ..tracegen import _check_generator_args, geometry, synthetic_trace
 from ..traces import Trace, TraceRecorder, adjacent_overlap, load_trace, return_share, union_share
 from ..validate import real
 
@@ -215,7 +216,7 @@ def real_traces(folder: str | Path | None = None) -> dict[str, Trace]:
 
 
 def candidates(rho: Mapping[str, float]) -> list[LocalityModel]:
-    """The four candidates of the rule: (``uniform``, ``drift``) x :data:`ess.tracegen.READINGS`, the drift model
+    """The four candidates of the rule: (``uniform``, ``drift``) x :data:`ess.locality.READINGS`, the drift model
     with ``rho[reading]`` (its fitted ``rho*``)."""
     return [LocalityModel(f"{tm}/{rd}", tm, rd, float(rho[rd]) if tm == "drift" else None)
             for tm in TRACE_MODELS for rd in READINGS]
@@ -255,7 +256,8 @@ def measure_evidence(models: Iterable[LocalityModel], *, context_len: int = 3276
     geometry (E4, :func:`model_shape`; ``real`` = :func:`real_traces` by default) and the real traces' own, the
     distances and the score (:func:`evidence_distances`). Returns a DataFrame and the probes' per-layer overlaps."""
     import pandas as pd
-    from ..tracegen import drift_calibration, generator_defaults, locality_profile
+    from ..locality import drift_calibration
+    from ..tracegen import generator_defaults, locality_profile
     from ..validate import integer, positive_int
     context_len, probe_steps = positive_int("context_len", context_len), positive_int("probe_steps", probe_steps)
     probe_seed = integer("probe_seed", probe_seed)

@@ -56,7 +56,7 @@ def drift_rho_fit(fit: dict) -> tuple[pd.DataFrame, list[dict]]:
     """Drift's ``rho`` fitted on vLLM's 2 x K hit rate (E2) in each reading of Fig. 2, at the middle of the range
     and its ends (``data/locality/fit.yaml``): a frame (one column per reading) and one record per fit."""
     from .locality import FIT_HIT_RATE
-    from ..tracegen import READINGS
+    from ..locality import READINGS
     fits = fit["drift_rho_fit"]["value"]
     frame = pd.DataFrame({rd: {f"rho ({at})": v["rho"] for at, v in fits[rd].items()}
                           | {f"2xK hit rate ({at})": v["hit_rate"] for at, v in fits[rd].items()}

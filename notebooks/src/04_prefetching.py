@@ -74,7 +74,7 @@ from IPython.display import display
 
 import ess
 from ess import viz
-from ess import cachesim, tracegen
+from ess import cachesim, locality, tracegen
 from ess.studies import locality as loc
 from ess.studies import prefetching as tp
 from ess.viz import prefetch as pviz
@@ -87,10 +87,10 @@ if smoke:
 model = ess.model_spec("deepseek-v3.2-exp")
 K = model.index_topk                       # 2,048 ([DS] indexer top-k, data/models)
 LAYERS = model.n_layers                    # 61 ([DS], data/models)
-fit = tracegen.locality_fit()              # data/locality/fit.yaml (tools/fit_locality.py)
-CENTRAL = tracegen.default_locality()      # chosen by the rule of data/locality/README.md
-ALTS = tracegen.locality_alternatives()    # the band: CENTRAL first, then the alternatives the evidence leaves open
-UNIFORM = tracegen.LocalityModel("uniform", "uniform", CENTRAL.reading)   # the earlier model, kept for reference
+fit = locality.locality_fit()              # data/locality/fit.yaml (tools/fit_locality.py)
+CENTRAL = locality.default_locality()      # chosen by the rule of data/locality/README.md
+ALTS = locality.locality_alternatives()    # the band: CENTRAL first, then the alternatives the evidence leaves open
+UNIFORM = locality.LocalityModel("uniform", "uniform", CENTRAL.reading)   # the earlier model, kept for reference
 print(f"central model: {CENTRAL.label}; band over: " + "; ".join(f"{m.name}: {m.label}" for m in ALTS[1:]))
 
 # %% [markdown]
@@ -133,7 +133,7 @@ for r in records:
 
 # %%
 real = loc.real_traces()
-cands = loc.candidates({rd: tracegen.fitted_drift_rho(rd) for rd in tracegen.READINGS})
+cands = loc.candidates({rd: locality.fitted_drift_rho(rd) for rd in locality.READINGS})
 extra = [m for m in ALTS if (m.trace_model, m.reading, m.drift_rho) not in
          {(c.trace_model, c.reading, c.drift_rho) for c in cands}]
 evidence, probe = loc.measure_evidence(cands + extra, context_len=context_len, probe_steps=probe_steps,
