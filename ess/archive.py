@@ -6,7 +6,8 @@ request, keep it in memory), spill (write it, then free its memory), restore (br
 pool as they were), verify and repair (the blocks' CRC-32s), discard (delete an archived copy), and crash recovery
 (:meth:`Archive.recover`: every request the directory holds, request by request, with what failed and why). The
 bytes, the files and their crash consistency are :mod:`ess.disk`'s; the pools and the step are
-:mod:`ess.storage`'s (a request comes back through :meth:`~ess.storage.TieredCache.load_request`).
+:mod:`ess.storage`'s; the device-pool state written beside a request's entries, and a request loaded back into the
+cache, :mod:`ess.archive_state`'s.
 
 **One owner per directory, nothing replaced by accident.** An archive opens its directory's disk tier, which holds
 an exclusive lock on the directory for as long as it is open (:class:`~ess.disk.DiskTier`): a second archive on the
@@ -32,7 +33,7 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import validate
+from . import archive_state, validate
 from .disk import ArchiveError, CorruptBlockError, DiskTier, request_stem
 from .kernels.transfer import TransferError
 from .storage import TieredCache
@@ -177,7 +178,8 @@ class Archive:
         if request_id not in self._owned:
             self._clean.pop(request_id, None)
         try:
-            n = self.disk.write(request_id, self.cache.host.entries(request_id), self.cache.pool_state(request_id),
+            n = self.disk.write(request_id, self.cache.host.entries(request_id),
+                                archive_state.pool_state(self.cache, request_id),
                                 from_token=self._clean.get(request_id, 0))
         except (ArchiveError, TypeError, ValueError):
             raise
@@ -233,8 +235,8 @@ class Archive:
         if bad:
             good = [b for b in bad if b >= 0]
             first = min(good) * self.disk.block_tokens if good else self.cache.n_tokens(request_id)
-            self.disk.write(request_id, self.cache.host.entries(request_id), self.cache.pool_state(request_id),
-                            from_token=first)
+            self.disk.write(request_id, self.cache.host.entries(request_id),
+                            archive_state.pool_state(self.cache, request_id), from_token=first)
             self._clean[request_id] = self.cache.n_tokens(request_id)
         return bad
 
@@ -259,7 +261,7 @@ class Archive:
             raise CorruptBlockError(request_id, bad, str(self.disk.block_path(request_id)))
         pool_ok = -1 not in bad
         try:
-            info = self.cache.load_request(request_id, entries, pool_state if pool_ok else None)
+            info = archive_state.load_request(self.cache, request_id, entries, pool_state if pool_ok else None)
         except TransferError:                         # the entries are in, one layer's pool is empty
             self._restored(request_id, entries.shape[1])
             raise

@@ -12,7 +12,8 @@ ESS keeps the whole latent cache in (pinned) host memory and a bounded hot subse
 * :class:`TieredCache` the two pools, the requests' lifecycle (add, append, remove) and the step protocol below.
 
 What is not here: replaying a trace through a cache (:mod:`ess.replay`), the disk tier's archive of a cache's
-requests -- checkpoint, spill, restore, crash recovery (:mod:`ess.archive` over :mod:`ess.disk`) -- and the rules
+requests -- checkpoint, spill, restore, crash recovery (:mod:`ess.archive` over :mod:`ess.disk`; the device-pool
+state it saves and loads back, :mod:`ess.archive_state`) -- and the rules
 that size the device pool from a ratio or a byte budget (:func:`ess.layout.capacity_from_ratio`,
 :func:`ess.layout.capacity_from_budget`, beside the one pool rule :func:`ess.layout.pool_slots`): the cache takes a
 ``capacity``.
@@ -473,84 +474,6 @@ class TieredCache:
         if archive is not None:
             archive.check_new(request_id)
         self._admit(request_id, latent_entries, reserve_tokens)
-
-    def pool_state(self, request_id) -> dict:
-        """A copy of the device-pool state of a request, arrays by name: ``token_of`` ``(n_layers, capacity)`` the
-        token in each slot (-1 free), ``steps`` ``(n_layers,)`` the decode steps, and the eviction policy's state
-        per layer as ``policy_<name>``. :meth:`load_request` takes it back."""
-        return self._pools_state(self._check_active(request_id).pools)
-
-    @staticmethod
-    def _pools_state(pools: list) -> dict:
-        states = [p.slots.policy.state() for p in pools]
-        out = {"token_of": np.stack([p.slots.token_of for p in pools]),
-               "steps": np.array([p.steps for p in pools], np.int64)}
-        for key in states[0]:
-            out[f"policy_{key}"] = np.stack([np.asarray(s[key]) for s in states])
-        return out
-
-    def _check_pool_state(self, pool_state, n_tokens: int) -> dict:
-        """``pool_state`` checked against this cache (capacity, layers, policy) and the request's ``n_tokens``."""
-        if not isinstance(pool_state, Mapping):
-            raise TypeError(f"pool_state must be a dict of arrays (TieredCache.pool_state), got "
-                            f"{type(pool_state).__name__}")
-        want = self._pools_state(self._new_pools(0, 1))          # the arrays of an empty pool of this cache
-        if set(pool_state) != set(want):
-            raise ValueError(f"pool_state must hold {sorted(want)} (a {self.policy_name} pool), got "
-                             f"{sorted(map(str, pool_state))}: saved under another policy?")
-        out = {}
-        for key, ref in want.items():
-            try:
-                arr = np.asarray(pool_state[key])
-            except (TypeError, ValueError):             # ragged nesting
-                raise TypeError(f"pool_state[{key!r}] must be an array of {ref.dtype} values") from None
-            if arr.shape != ref.shape:
-                raise ValueError(f"pool_state[{key!r}] must have shape {ref.shape} ({self.n_layers} layers x capacity="
-                                 f"{self.capacity}), got {arr.shape}: saved by a cache of another capacity?")
-            if arr.dtype.kind not in ("iu" if ref.dtype.kind in "iu" else "iuf"):
-                raise TypeError(f"pool_state[{key!r}] must hold {ref.dtype} values, got {arr.dtype}")
-            if not np.isfinite(arr).all():
-                raise ValueError(f"pool_state[{key!r}] must be finite")
-            out[key] = arr.astype(ref.dtype)
-        tok = out["token_of"]
-        for l in range(self.n_layers):
-            held = tok[l][tok[l] >= 0]
-            if tok[l].min(initial=-1) < -1 or held.max(initial=-1) >= n_tokens or np.unique(held).size != held.size:
-                raise ValueError(f"pool_state['token_of'][{l}] must hold distinct tokens in [0, {n_tokens}) or -1")
-        if (out["steps"] < 0).any():
-            raise ValueError("pool_state['steps'] must be >= 0")
-        return out
-
-    def load_request(self, request_id, latent_entries: np.ndarray, pool_state: dict | None = None) -> dict:
-        """Register a request saved before (:mod:`ess.archive` restores through it): its entries ``(n_layers, L,
-        entry_bytes)`` and its device-pool state as :meth:`pool_state` gave it (``None``: the pools start empty).
-        The entries resident in that state are copied host -> device (logged as ``"restore"``). Everything is
-        checked before anything changes; a copy that fails leaves the entries in and that layer's pool empty, and
-        raises :class:`~ess.kernels.transfer.TransferError`. Unlike :meth:`add_request` it does not consult the
-        archive. Returns ``{"tokens", "resident", "bytes_h2d"}``."""
-        request_id, latent_entries = self._check_new(request_id, latent_entries, None)
-        n = latent_entries.shape[1]
-        state = None if pool_state is None else self._check_pool_state(pool_state, n)
-        req = self._admit(request_id, latent_entries, None)
-        moved = 0
-        for l, p in enumerate(req.pools):
-            if state is None:
-                continue
-            p.slots.set_token_map(state["token_of"][l])
-            p.steps = int(state["steps"][l])
-            p.slots.policy.set_state({k[len("policy_"):]: v[l] for k, v in state.items() if k.startswith("policy_")})
-            slots = np.flatnonzero(p.slots.token_of >= 0)
-            if slots.size:
-                try:
-                    self._h2d(request_id, l, p.slots.token_of[slots], p.base + slots)
-                except Exception as exc:        # this layer's slots may be half written: empty its pool
-                    p.slots.drop(np.arange(self.capacity))
-                    raise TransferError(f"request {request_id!r}: refilling layer {l}'s device pool failed ({exc}); "
-                                        f"the host entries are restored, that layer's pool is empty") from exc
-                moved += slots.size
-                self.metrics.add(StepMetrics("restore", request_id, l, p.steps, 0, int(slots.size),
-                                             int(slots.size) * self.entry_bytes, 0))
-        return {"tokens": int(n), "resident": moved, "bytes_h2d": moved * self.entry_bytes}
 
     def append_token(self, request_id, entries: np.ndarray) -> int:
         """Write back one new token's entries ``(n_layers, entry_bytes)`` to the host pool (only that token's

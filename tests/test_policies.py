@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from ess import archive_state
 from ess.policies import (ONLINE_POLICIES, SAMPLED_CLOCK_PROBE, ClockPolicy, HeatPolicy, LRUPolicy,
                           SampledClockPolicy, SlotPool, check_step_indices, make_policy, next_uses, simulate_misses)
 from ess.storage import TieredCache
@@ -463,7 +464,7 @@ def test_clock_agrees_with_oracle_and_the_storage(seed, cap_extra, k, warm):
     c.add_request("r", np.zeros((4, n, c.entry_bytes), np.uint8))
     c.warmup("r", 1, windows)
     assert [c.step("r", 1, idx).n_misses for idx in trace] == want
-    state = c.pool_state("r")
+    state = archive_state.pool_state(c, "r")
     assert state["policy_hand"][1] == hand
     assert state["token_of"][1].tolist() == [-1 if t is None else t for t in token]
 
@@ -481,7 +482,7 @@ def test_sampled_clock_agrees_with_oracle_and_the_storage(seed, cap_extra, k, wa
     c.add_request("r", np.zeros((4, n, c.entry_bytes), np.uint8))
     c.warmup("r", 3, windows)
     assert [c.step("r", 3, idx).n_misses for idx in trace] == want
-    state = c.pool_state("r")
+    state = archive_state.pool_state(c, "r")
     assert state["policy_cursor"][3] == cursor and state["policy_epoch"][3] == warm + len(trace)
     assert state["token_of"][3].tolist() == [-1 if t is None else t for t in token]
 
@@ -508,7 +509,7 @@ def test_clock_policies_keep_their_hand_through_a_saved_pool_state():
         for idx in trace[:15]:
             a.step(0, 2, idx)
         b = TieredCache("tiny", capacity=8, policy=policy)
-        b.load_request(0, np.zeros((4, 40, b.entry_bytes), np.uint8), a.pool_state(0))
+        archive_state.load_request(b, 0, np.zeros((4, 40, b.entry_bytes), np.uint8), archive_state.pool_state(a, 0))
         assert [a.step(0, 2, idx).evicted.tolist() for idx in trace[15:]] == \
             [b.step(0, 2, idx).evicted.tolist() for idx in trace[15:]], policy
 

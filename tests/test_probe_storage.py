@@ -16,6 +16,7 @@ import time
 import numpy as np
 import torch
 
+from ess import archive_state
 from ess.results import Record, Recorder, load_results
 from ess.specs import link_figures, model_spec
 from ess.storage import HostPool, ResidentCache, TieredCache
@@ -151,7 +152,8 @@ def policy_options_not_a_dict(tmp):
 
 def pool_state_of_another_policy(tmp):
     lru = cache()
-    TieredCache(TINY, capacity=4, policy="heat").load_request("r", entries(16), lru.pool_state("r"))
+    archive_state.load_request(TieredCache(TINY, capacity=4, policy="heat"), "r", entries(16),
+                               archive_state.pool_state(lru, "r"))
 
 
 # -- concurrency and forks --------------------------------------------------------------------------------------

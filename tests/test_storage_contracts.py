@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from ess import archive_state
 from ess.specs import model_spec
 from ess.storage import ResidentCache, TieredCache
 
@@ -27,10 +28,10 @@ def test_commit_without_copy_is_refused_and_changes_nothing():
     c = TieredCache(TINY, capacity=4)
     c.add_request("r", entries(10))
     plan = c.plan("r", 0, np.array([3, 7], np.int64))
-    before, n_metrics = c.pool_state("r"), len(c.metrics)
+    before, n_metrics = archive_state.pool_state(c, "r"), len(c.metrics)
     with pytest.raises(ValueError, match="copy"):
         c.commit(plan)
-    after = c.pool_state("r")
+    after = archive_state.pool_state(c, "r")
     assert all(np.array_equal(after[k], before[k]) for k in before) and len(c.metrics) == n_metrics
     c.copy(plan)                                           # the plan is still good: copy, then commit
     step = c.commit(plan)
@@ -78,7 +79,7 @@ def test_a_request_longer_than_the_context_is_refused():
         c.add_request("r", entries(CTX + 1))
     assert c.requests() == [] and c.host.requests() == []
     with pytest.raises(ValueError, match="context"):
-        c.load_request("r", entries(CTX + 1))
+        archive_state.load_request(c, "r", entries(CTX + 1))
     assert c.requests() == []
 
 

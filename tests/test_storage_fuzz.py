@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
+from ess import archive_state
 from ess.archive import Archive
 from ess.disk import DiskTier
 from ess.layout import capacity_from_budget, capacity_from_ratio, latent_entry_bytes, step_entries
@@ -81,8 +82,8 @@ METHODS = {
                {"request_id": "r", "layer": 3, "windows": [np.array([1, 2], np.int64), np.array([2, 6], np.int64)]}),
     "resident": (lambda c, a: c.resident(a["request_id"], a["layer"]), {"request_id": "r", "layer": 1}),
     "slot_map": (lambda c, a: c.slot_map(a["request_id"], a["layer"]), {"request_id": "r", "layer": 1}),
-    "pool_state": (lambda c, a: c.pool_state(a["request_id"]), {"request_id": "r"}),
-    "load_request": (lambda c, a: c.load_request(a["request_id"], a["latent_entries"], a["pool_state"]),
+    "pool_state": (lambda c, a: archive_state.pool_state(c, a["request_id"]), {"request_id": "r"}),
+    "load_request": (lambda c, a: archive_state.load_request(c, a["request_id"], a["latent_entries"], a["pool_state"]),
                      {"request_id": "t", "latent_entries": E(20), "pool_state": "STATE"}),
     "device_rows": (lambda c, a: c.device_rows(a["slots"]), {"slots": np.array([0, -1, 5], np.int64)}),
 }
@@ -100,7 +101,7 @@ def test_tiered_cache_methods_refuse_meaningless_arguments_and_change_nothing(me
     if "plan" in args:
         args["plan"] = c.plan("r", 2, np.array([7, 8], np.int64))
     if args.get("pool_state") == "STATE":
-        args["pool_state"] = c.pool_state("r")
+        args["pool_state"] = archive_state.pool_state(c, "r")
     name, args = mutate(data, args)
     before = c.snapshot()
     ok, out = outcome(lambda: call(c, args), *ALIASES.get(name, (name,)))
