@@ -259,3 +259,23 @@ def test_the_command_refuses_an_empty_build_dir(value, tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["reproduce", "--only", "01", "--build-dir", value])
     assert exit_.value.code == 2 and "--build-dir" in capsys.readouterr().err
+
+
+def test_the_repositorys_build_folder_holding_only_the_weight_cache_is_adopted(tmp_path, monkeypatch):
+    """Catches a refusal of the repository's build/ after ess.llm cached its decoded weights there (a model loaded
+    before the first ``ess reproduce``, or a test that loads one before the browser tests claim the folder); the
+    same folder name elsewhere is not ess's."""
+    import ess.pipeline.build_folder as B
+    from ess.llm.weight_cache import CACHE_DIR
+
+    assert CACHE_DIR.parent.name in B.REPO_BUILD_ALSO and CACHE_DIR.parent.parent == B.ROOT / "build"
+    repo = tmp_path / "repo"
+    (repo / "build" / "cache" / "llm").mkdir(parents=True)
+    monkeypatch.setattr(B, "ROOT", repo)
+    assert (B.BuildDir.claim(None).path / MARKER).exists()
+    (repo / "build" / "cache" / "llm" / "w.bin").write_bytes(b"x")
+    assert (repo / "build" / "cache" / "llm" / "w.bin").exists()             # never removed by a claim
+    other = tmp_path / "other"
+    (other / "cache").mkdir(parents=True)
+    with pytest.raises(BuildDirError, match="did not create"):
+        B.BuildDir.claim(other)

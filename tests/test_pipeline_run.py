@@ -39,6 +39,7 @@ def _format_like_glue(value, spec: str) -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("smoke")       # the session's one smoke build, shared with the browser tests' worker
 def test_every_notebook_runs_in_smoke_mode_and_the_book_builds(tmp_path_factory):
     """The main job at CI sizes: every notebook executes (its own checks pass) and records results stamped with the
     run, the index says exactly this run, and the book builds with warnings as errors, its pages quote the
@@ -426,3 +427,22 @@ def test_only_one_notebook_into_a_fresh_build_folder_builds_the_book_from_what_r
     design = (site / "pages" / "01_design.html").read_text(encoding="utf-8")
     assert f'<span class="pasted-text">{first["indexer_entry_bytes"]}</span>' in design, "01's numbers are quoted"
     assert sorted(p.name for p in (site / "notebooks").glob("*.html")) == ["01_memory_wall.html"]
+
+
+@pytest.mark.slow
+def test_a_smoke_run_injects_the_notebooks_smoke_sizes(tmp_path):
+    """Catches a smoke run at full size: the sizes a notebook declares as ``smoke_sizes`` in its parameters cell
+    reach the kernel as papermill parameters (the notebook itself never rebinds its globals); a ``smoke_sizes`` that
+    names the pipeline's own parameter is refused before anything is written."""
+    nbdir, build = tmp_path / "nbs", tmp_path / "build"
+    path = _notebook(nbdir, "01_sized", "rec.record('n', n, '')")
+    nb = nbformat.read(path, as_version=4)
+    nb.cells[1].source += "\nn = 100\nsmoke_sizes = {'n': 3}"
+    nbformat.write(nb, path)
+    pipeline.run_all(notebooks_dir=nbdir, build_dir=build, book=False, progress=False, figures=False, smoke=True)
+    assert [r["value"] for r in load_records(build / "results" / "01_sized.json")] == [3]
+    nb.cells[1].source += "\nsmoke_sizes = {'results_path': 'x'}"
+    nbformat.write(nb, path)
+    with pytest.raises(pipeline.ReproduceError, match="results_path"):
+        pipeline.run_all(notebooks_dir=nbdir, build_dir=tmp_path / "b2", book=False, progress=False, figures=False,
+                         smoke=True)

@@ -9,7 +9,8 @@ not a file, a file or a symbolic link in the way of a folder ess writes, a missi
 system cannot hold, and a folder it cannot write to (the build folder, or one ess writes into that is there). It deletes only what it creates
 there: the folders named in :data:`CREATED` and files inside them, never through a symbolic link.
 
-The repository's own ``build/`` from before the marker existed is adopted when it holds nothing but those folders.
+The repository's own ``build/`` from before the marker existed is adopted when it holds nothing but those folders
+and the decoded-weight cache ``ess.llm`` keeps there (:data:`REPO_BUILD_ALSO`).
 """
 from __future__ import annotations
 
@@ -35,6 +36,9 @@ MARKER = ".ess-build"
 CREATED = ("notebooks", "results", "book", "book_src", "figures", "screenshots", ".partial")
 # the repository's folders every run reads (the notebooks, the book's pages, the data the notebooks load)
 INPUTS = ("notebooks", "book", "data")
+# what else ess itself writes into the repository's own build/ without the pipeline: ess.llm's decoded-weight cache
+# (build/cache/llm, ess.llm.weight_cache.CACHE_DIR); never deleted by the pipeline
+REPO_BUILD_ALSO = ("cache",)
 
 
 _PROBE = ".ess-probe-"
@@ -135,7 +139,7 @@ class BuildDir:
         if not marker.exists():
             # (a probe file is another ess command's check that the folder is writable, at this very moment)
             entries = sorted(p.name for p in path.iterdir() if not p.name.startswith(_PROBE))
-            legacy = path == ROOT / "build" and set(entries) <= set(CREATED)
+            legacy = path == ROOT / "build" and set(entries) <= set(CREATED) | set(REPO_BUILD_ALSO)
             if entries and not legacy:
                 shown = ", ".join(entries[:4]) + (", ..." if len(entries) > 4 else "")
                 raise BuildDirError(f"build folder {path} holds files ess did not create ({shown}) and no "

@@ -53,6 +53,7 @@ from typing import Callable
 
 from .. import validate
 from ..atomic import write_json_atomic, write_text_atomic
+from ..parameters import smoke_sizes
 from ..results import load_results, utc_now
 from .build_folder import BuildDir, BuildDirError
 from .errors import ReproduceError
@@ -275,6 +276,10 @@ def run_notebook(path: Path, build: BuildDir, *, smoke: bool = False, kernel_nam
 
     path = _check_args(path, build, smoke, kernel_name, run_id, on_complete)
     cell_timeout_s = check_cell_timeout(cell_timeout_s)
+    try:
+        sizes = smoke_sizes(path) if smoke else {}        # read before anything is written
+    except ValueError as exc:
+        raise ReproduceError(str(exc)) from None
     run_id = run_id or uuid.uuid4().hex[:12]
     name = path.stem
     for rel in (f"results/{name}.json", f"notebooks/{path.name}"):      # where the finished files go: checked
@@ -289,7 +294,7 @@ def run_notebook(path: Path, build: BuildDir, *, smoke: bool = False, kernel_nam
     partial_figs = work / "results" / f"{name}.figures"
     error_path, log_path, usage_path = work / "error.json", work / "papermill.log", work / "usage.json"
     spec = {"input": str(path.resolve()), "output": str(partial_nb), "cwd": str(work),
-            "parameters": {"smoke": smoke, "results_path": f"results/{name}.json"},
+            "parameters": {**sizes, "smoke": smoke, "results_path": f"results/{name}.json"},
             "kernel_name": kernel_name, "cell_timeout_s": cell_timeout_s, "error_path": str(error_path),
             "usage_path": str(usage_path)}
     (work / "spec.json").write_text(json.dumps(spec), encoding="utf-8")

@@ -29,6 +29,8 @@ def pytest_collection_modifyitems(config, items):
         if here in Path(str(item.fspath)).parents:
             item.add_marker(pytest.mark.browser)
             item.add_marker(pytest.mark.slow)
+            # one xdist worker holds the session's smoke build, its book, JupyterLab and Chromium
+            item.add_marker(pytest.mark.xdist_group("smoke"))
 
 
 def _chromium() -> str | None:
