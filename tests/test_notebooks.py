@@ -97,3 +97,14 @@ def test_the_clean_filter_strips_a_run_and_keeps_the_sources(tmp_path):
     proc = subprocess.run([sys.executable, str(ROOT / "tools" / "nbstrip.py")], input=path.read_text(),
                           capture_output=True, text=True, check=True)
     assert proc.stdout == NOTEBOOKS[0].read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: p.stem)
+def test_a_notebook_never_rebinds_its_globals_and_its_ci_sizes_are_parameters(nb):
+    """The CI sizes reach a smoke run as papermill parameters (ess.parameters.smoke_sizes); a notebook that
+    rebinds its own globals hides them from the reader and from papermill's record of the run."""
+    src = nb.parent / "src" / f"{nb.stem}.py"
+    assert "globals().update" not in src.read_text() and "globals()[" not in src.read_text()
+    from ess.parameters import notebook_parameters, smoke_sizes
+    params = notebook_parameters(nb)
+    assert set(smoke_sizes(nb)) <= set(params), "a CI size names no parameter of the notebook"

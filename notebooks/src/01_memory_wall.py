@@ -23,6 +23,7 @@ smoke = False
 results_path = ""
 context_lens = [4096, 8192, 16384, 32768, 65536, 131072]
 ratios = [1.0, 0.2, 0.1]
+# the CI sizes: `ess reproduce --smoke` injects them as parameters (ess.parameters.smoke_sizes)
 smoke_sizes = {"context_lens": [16384, 32768, 131072]}
 
 # %% [hide-input]
@@ -35,8 +36,6 @@ from ess.widgets import memory_budget_view, memory_budget_widget
 
 viz.use_notebook_renderer()
 rec = ess.Recorder("01_memory_wall", results_path, smoke=smoke)
-if smoke:
-    globals().update(smoke_sizes)              # the CI sizes of the parameters cell
 model = ess.model_spec("deepseek-v3.2-exp")
 dep = ess.deployment_spec("paper-table1")
 

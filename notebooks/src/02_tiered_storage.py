@@ -37,6 +37,7 @@ trace_layers = [0, 3, 18, 30, 50]
 warmup_windows = 32
 seed = 0
 monitor_pace_s = 0.1
+# the CI sizes: `ess reproduce --smoke` injects them as parameters (ess.parameters.smoke_sizes)
 smoke_sizes = {"trace_context": 8192, "trace_ratio": 0.5, "trace_steps": 12, "warmup_windows": 8}
 
 # %% [hide-input]
@@ -64,8 +65,6 @@ from ess.widgets.storage import storage_budget_view, storage_budget_widget
 
 viz.use_notebook_renderer()
 rec = ess.Recorder("02_tiered_storage", results_path, smoke=smoke)
-if smoke:
-    globals().update(smoke_sizes)              # the CI sizes of the parameters cell
 model = ess.model_spec("deepseek-v3.2-exp")
 entry = ess.latent_entry_bytes(model)
 K = model.index_topk

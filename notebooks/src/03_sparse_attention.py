@@ -32,6 +32,7 @@ scan_threads = 1
 precision_tokens = 8192
 lossless_ratios = [0.1, 0.3, 1.0]
 lossless_policies = ["lru", "fifo", "heat"]
+# the CI sizes: `ess reproduce --smoke` injects them as parameters (ess.parameters.smoke_sizes)
 smoke_sizes = {"scan_context_lens": [2048, 4096, 8192], "scan_heads": 32, "precision_tokens": 2048,
                "lossless_ratios": [0.1, 1.0], "lossless_policies": ["lru", "fifo"]}
 
@@ -48,8 +49,6 @@ from ess.viz.attention import fig_attention_cost, fig_indexer_selection, fig_sto
 
 viz.use_notebook_renderer()
 rec = ess.Recorder("03_sparse_attention", results_path, smoke=smoke)
-if smoke:
-    globals().update(smoke_sizes)              # the CI sizes of the parameters cell
 full = ess.model_spec("deepseek-v3.2-exp")
 tiny = ess.model_spec("tiny")
 

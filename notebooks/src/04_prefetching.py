@@ -61,6 +61,7 @@ lstm_test_steps = 32
 lstm_epochs = 6
 lstm_samples = 30000
 recorded_steps = 32
+# the CI sizes: `ess reproduce --smoke` injects them as parameters (ess.parameters.smoke_sizes)
 smoke_sizes = {"batch": 2, "band_batch": 1, "steps": 16, "curve_steps": 48, "pool_steps": 48, "pool_batch": 1,
                "context_lens": [32768, 131072], "probe_steps": 8, "hit_steps": 32, "union_steps": 4,
                "pool_resolution_per_context": 16, "popularity_sigmas": [],
@@ -82,8 +83,6 @@ from ess.widgets.prefetch import prefetch_view, prefetch_widget
 
 viz.use_notebook_renderer()
 rec = ess.Recorder("04_prefetching", results_path, smoke=smoke)
-if smoke:
-    globals().update(smoke_sizes)              # the CI sizes of the parameters cell
 model = ess.model_spec("deepseek-v3.2-exp")
 K = model.index_topk                       # 2,048 ([DS] indexer top-k, data/models)
 LAYERS = model.n_layers                    # 61 ([DS], data/models)

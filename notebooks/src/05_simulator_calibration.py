@@ -37,6 +37,7 @@ results_path = ""
 curve_batches = [1, 2, 4, 8, 12, 16, 24, 32, 40, 52, 64, 80, 96, 112, 128, 144, 160, 192, 224, 256, 288, 320]
 breakdown_batches = [2, 13, 52, 160, 320]
 variant_fit = {}
+# the CI sizes: `ess reproduce --smoke` injects them as parameters (ess.parameters.smoke_sizes)
 smoke_sizes = {"curve_batches": [2, 16, 52, 128, 320], "variant_fit": {"grid": 12, "refine": 1}}
 
 # %% [hide-input]
@@ -59,8 +60,6 @@ from ess.viz import sim as vsim
 
 viz.use_notebook_renderer()
 rec = ess.Recorder("05_simulator_calibration", results_path, smoke=smoke)
-if smoke:
-    globals().update(smoke_sizes)              # the CI sizes of the parameters cell
 points = calibration_points()
 by_name = {q.name: q for q in points}
 dep = ess.deployment_spec("paper-table1")

@@ -54,6 +54,7 @@ profile_ratio = 0.1
 context_len_short = 32768
 profile_ratio_short = 0.2
 offload_ratios = [0.2, 0.1]
+# the CI sizes: `ess reproduce --smoke` injects them as parameters (ess.parameters.smoke_sizes)
 smoke_sizes = {"miss_grid": [0, 100, 400, 1600, 4096], "links_GB_per_s": [8, 37, 128], "cachesim_steps": 16,
                "map_batches": [16, 52, 160, 264], "map_misses": [0, 32, 128, 512],
                "cachesim_batch": 2, "band_batch": 1, "variant_fit": {"grid": 12, "refine": 1}}
@@ -75,8 +76,6 @@ from ess.viz import sim as vsim
 
 viz.use_notebook_renderer()
 rec = ess.Recorder("06_overlap_strategies", results_path, smoke=smoke)
-if smoke:
-    globals().update(smoke_sizes)              # the CI sizes of the parameters cell
 # the equally good calibrations of notebook 05 and the locality models of notebook 04, the central first of each
 band = predictions.band_inputs(variant_fit=variant_fit, cachesim_steps=cachesim_steps, cachesim_batch=cachesim_batch,
                              band_batch=band_batch)

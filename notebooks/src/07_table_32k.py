@@ -36,6 +36,7 @@ cachesim_steps = 64
 cachesim_batch = 4
 band_batch = 2
 variant_fit = {}
+# the CI sizes: `ess reproduce --smoke` injects them as parameters (ess.parameters.smoke_sizes)
 smoke_sizes = {"cachesim_steps": 16, "cachesim_batch": 2, "band_batch": 1, "variant_fit": {"grid": 12, "refine": 1}}
 
 # %% [hide-input]
@@ -52,8 +53,6 @@ from ess.viz import sim as vsim
 
 viz.use_notebook_renderer()
 rec = ess.Recorder("07_table_32k", results_path, smoke=smoke)
-if smoke:
-    globals().update(smoke_sizes)              # the CI sizes of the parameters cell
 # the equally good calibrations of notebook 05 and the locality models of notebook 04, the central first of each
 band = predictions.band_inputs(variant_fit=variant_fit, cachesim_steps=cachesim_steps, cachesim_batch=cachesim_batch,
                              band_batch=band_batch)

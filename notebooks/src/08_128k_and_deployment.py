@@ -34,6 +34,7 @@ adaptive_contexts = [32768, 131072]
 otps_floor = 20.0
 compare_context_len = 32768
 compare_ratio = 0.2
+# the CI sizes: `ess reproduce --smoke` injects them as parameters (ess.parameters.smoke_sizes)
 smoke_sizes = {"cachesim_steps": 16, "cachesim_batch": 2, "band_batch": 1, "adaptive_ratios": [1.0, 0.2, 0.1],
                "variant_fit": {"grid": 12, "refine": 1}}
 
@@ -53,8 +54,6 @@ from ess.widgets.sim import RATIOS, sim_budget_view, sim_budget_widget
 
 viz.use_notebook_renderer()
 rec = ess.Recorder("08_128k_and_deployment", results_path, smoke=smoke)
-if smoke:
-    globals().update(smoke_sizes)              # the CI sizes of the parameters cell
 # the equally good calibrations of notebook 05 and the locality models of notebook 04, the central first of each
 band = predictions.band_inputs(variant_fit=variant_fit, cachesim_steps=cachesim_steps, cachesim_batch=cachesim_batch,
                              band_batch=band_batch)

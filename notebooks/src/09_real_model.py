@@ -54,6 +54,7 @@ quality_context = 768
 quality_steps = 32
 trace_file = "traces/smollm2_1k.npz"
 check_clock = "cpu"
+# the CI sizes: `ess reproduce --smoke` injects them as parameters (ess.parameters.smoke_sizes)
 smoke_sizes = {"gen_tokens": 6, "lossless_tokens": 96, "lossless_steps": 2, "lossless_ratios": [0.25, 1.0],
                "lossless_policies": ["lru", "heat"], "calibration_contexts": [128, 256], "calibration_batches": [1, 2, 4],
                "calibration_links_GB_per_s": [0.005], "held_out_contexts": [192], "held_out_batches": [3],
@@ -82,8 +83,6 @@ from ess.widgets.engine import engine_view, engine_widget
 viz.use_notebook_renderer()
 torch.set_num_threads(threads)
 rec = ess.Recorder("09_real_model", results_path, smoke=smoke)
-if smoke:
-    globals().update(smoke_sizes)              # the CI sizes of the parameters cell
 eng = DecodeEngine.load()
 print(f"{eng.format.name}: {eng.format.entry_bytes} B per token and layer, {eng.config.n_layers} layers; "
       f"indexer key {ess.engine.indexer_key_bytes(eng.config.n_kv_heads, eng.config.head_dim)} B")

@@ -45,6 +45,7 @@ widget_cachesim_batch = 1
 paper_cachesim_steps = 64
 paper_cachesim_batch = 4
 variant_fit = {}
+# the CI sizes: `ess reproduce --smoke` injects them as parameters (ess.parameters.smoke_sizes)
 smoke_sizes = {"gpus": ["H20", "H200", "B200", "GB200"], "contexts": [8192], "n_ratios": 3, "cachesim_steps": 8, "cachesim_batch": 1, "band_batch": 1,
                "widget_cachesim_steps": 4, "widget_cachesim_batch": 1, "paper_cachesim_steps": 16,
                "paper_cachesim_batch": 2, "variant_fit": {"grid": 12, "refine": 1}}
@@ -69,8 +70,6 @@ from ess.widgets.grid import grid_view, grid_widget, prepare_tables
 
 viz.use_notebook_renderer()
 rec = ess.Recorder("10_beyond_the_paper", results_path, smoke=smoke)
-if smoke:
-    globals().update(smoke_sizes)              # the CI sizes of the parameters cell
 t_start = time.perf_counter()
 # notebook 05's equally good calibrations, the part-batch ends and notebook 04's locality models (the calibration
 # band), and the extrapolation band's recalibrated kernel-efficiency ends

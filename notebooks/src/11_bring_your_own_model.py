@@ -40,6 +40,7 @@ dsa_index_topk = 32
 dsa_ratio = 0.2
 trace_context = 384
 trace_steps = 8
+# the CI sizes: `ess reproduce --smoke` injects them as parameters (ess.parameters.smoke_sizes)
 smoke_sizes = {"gen_tokens": 4, "dsa_context": 224, "dsa_steps": 3, "trace_context": 128, "trace_steps": 3}
 
 # %% [hide-input]
@@ -60,8 +61,6 @@ from ess.viz.monitor import fig_monitor
 viz.use_notebook_renderer()
 torch.set_num_threads(threads)
 rec = ess.Recorder("11_bring_your_own_model", results_path, smoke=smoke)
-if smoke:
-    globals().update(smoke_sizes)              # the CI sizes of the parameters cell
 model, tok = ess.hf.load_smollm2(source="ess")  # transformers' LlamaForCausalLM, the GGUF file's weights
 print(type(model).__name__, ess.hf.model_info(model))
 

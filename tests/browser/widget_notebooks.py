@@ -27,7 +27,7 @@ def widget_notebooks() -> dict[str, str]:
 def notebook_parameters(stem: str, smoke: bool = True) -> dict:
     """The values of the notebook's parameters cell (literals only), with its ``smoke_sizes`` applied when
     ``smoke`` (what the copies :func:`prepare` writes run with)."""
-    from ess.studies.real_model.repeat_check import notebook_parameters as read
+    from ess.parameters import notebook_parameters as read
     values = read(ROOT / "notebooks" / f"{stem}.ipynb")
     if smoke:
         values.update(values.get("smoke_sizes", {}), smoke=True)
@@ -35,15 +35,19 @@ def notebook_parameters(stem: str, smoke: bool = True) -> dict:
 
 
 def prepare(root: Path) -> None:
-    """Copies of the widget notebooks with ``smoke = True`` in their parameters cell (CI sizes), into ``root``."""
+    """Copies of the widget notebooks as a smoke run executes them, into ``root``: papermill's own parameter
+    injection of ``smoke = True`` and the notebook's CI sizes (:func:`ess.parameters.smoke_sizes`), a cell after the
+    parameters cell."""
+    import nbformat
+    from papermill.iorw import load_notebook_node
+    from papermill.parameterize import parameterize_notebook
+
+    from ess.parameters import smoke_sizes
     root.mkdir(parents=True)
     for stem in widget_notebooks():
-        nb = json.loads((ROOT / "notebooks" / f"{stem}.ipynb").read_text())
-        params = [c for c in nb["cells"] if "parameters" in c["metadata"].get("tags", [])]
-        source = "".join(params[0]["source"])
-        assert "smoke = False" in source, f"{stem}: the parameters cell sets no smoke = False"
-        params[0]["source"] = source.replace("smoke = False", "smoke = True")
-        (root / f"{stem}.ipynb").write_text(json.dumps(nb, indent=1))
+        path = ROOT / "notebooks" / f"{stem}.ipynb"
+        nb = parameterize_notebook(load_notebook_node(str(path)), {**smoke_sizes(path), "smoke": True})
+        nbformat.write(nb, str(root / f"{stem}.ipynb"))
 
 
 _CURRENT = "window.jupyterapp.shell.currentWidget"

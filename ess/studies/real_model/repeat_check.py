@@ -16,7 +16,6 @@ bar and prints one line per run and how many met the goal.
 from __future__ import annotations
 
 import argparse
-import ast
 import os
 import sys
 import time
@@ -36,24 +35,13 @@ NOTEBOOK = Path("notebooks") / "09_real_model.ipynb"
 
 
 def notebook_parameters(path=None) -> dict:
-    """The values of a notebook's parameters cell (the cell tagged ``parameters``; default: :data:`NOTEBOOK`), each a
-    Python literal."""
-    import nbformat
+    """The values of a notebook's parameters cell (:func:`ess.parameters.notebook_parameters`; default:
+    :data:`NOTEBOOK`)."""
+    from ...parameters import notebook_parameters as read
     path = NOTEBOOK if path is None else validate.path("path", path)
     if not path.is_file():
         raise FileNotFoundError(f"no notebook at {path} (run from the repository root, or give --notebook)")
-    nb = nbformat.read(path, as_version=4)
-    cells = [c for c in nb.cells if c.cell_type == "code" and "parameters" in c.get("metadata", {}).get("tags", [])]
-    if not cells:
-        raise ValueError(f"{path} has no cell tagged 'parameters'")
-    out = {}
-    for node in ast.parse(cells[0].source).body:
-        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-            try:
-                out[node.targets[0].id] = ast.literal_eval(node.value)
-            except ValueError:
-                raise ValueError(f"{path}: parameter {node.targets[0].id} is not a literal") from None
-    return out
+    return read(path)
 
 
 def notebook_design(path=None, *, steps: int | None = None) -> tuple[CheckDesign, int]:
