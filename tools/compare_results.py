@@ -53,6 +53,12 @@ WALL_CLOCK = [
     # the real model's step times against the overlap formulas: errors of measured times (the compute thread's CPU
     # clock; notebook 09 says they move with the machine's load)
     ("09_real_model", r"step_time_err_.*|overlap_runs_priced_serial_median_gap", "fraction"),
+    # what those errors rest on: the matrix products timed at each row count, the half-batch ratios measured and
+    # priced from the fitted (measured) costs, the products' share of a predicted step, and the goal's verdict
+    ("09_real_model", r"product_ms_.*", "ms"),
+    ("09_real_model", r"half_batch_ratio_(measured|rule)_.*", "half / whole"),
+    ("09_real_model", r"products_share_held_out_.*", "fraction"),
+    ("09_real_model", r"step_time_goal_met", "bool"),
 ]
 
 

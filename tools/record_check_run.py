@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -55,8 +54,17 @@ def main(argv=None) -> int:
     if any(r.get("started") == started for r in history["runs"]):
         print(f"record_check_run: the run started {started} is already recorded")
         return 0
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                            text=True).stdout.strip()
+    # the commit the run executed, as its run index recorded it (not this checkout's HEAD, which may be later)
+    index = args.build / "results" / "index.json"
+    try:
+        commit = (json.loads(index.read_text(encoding="utf-8"))["run"].get("versions") or {}).get("git_commit") or ""
+    except (OSError, ValueError, KeyError, AttributeError):
+        commit = ""
+    if not commit:
+        print(f"record_check_run: {index} does not say which commit the run executed (run.versions.git_commit)",
+              file=sys.stderr)
+        return 2
+    commit = commit[:7]
     entry = {"value": {k: round(float(recs[n]["value"]), 4) for k, n in FIELDS.items()},
              "worst_config": recs[FIELDS["prediction_worst"]]["config"].get("worst_config"),
              "started": started,
