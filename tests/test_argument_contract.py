@@ -244,7 +244,7 @@ ARGS = {
                                         "model": _tiny()},
     "ess.quant.encode_indexer_keys": lambda: {"keys": np.ones((3, 32), np.float32), "model": _tiny()},
     "ess.storage.ResidentCache": lambda: {"model": "tiny", "max_requests": 2, "max_tokens": 64},
-    "ess.tracegen.drift_calibration": lambda: {"r": 0.5, "context_len": 4096, "k": 64},
+    "ess.locality.drift_calibration": lambda: {"r": 0.5, "context_len": 4096, "k": 64},
     "ess.llm.config.LlamaConfig": lambda: dict(n_layers=2, d_model=16, d_ffn=32, n_heads=2, n_kv_heads=1,
                                                head_dim=8, rope_base=10000.0, rms_eps=1e-5, context_length=64,
                                                vocab_size=100),
