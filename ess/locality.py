@@ -23,7 +23,7 @@ from .specs import DATA_DIR
 from .traces import MAX_POSITIONS
 from .validate import fraction, integer, one_of, real
 
-__all__ = ["TRACE_MODELS", "READINGS", "LocalityModel", "locality_fit", "fitted_drift_rho", "default_locality",
+__all__ = ["TRACE_MODELS", "FIT_HIT_RATE", "READINGS", "LocalityModel", "locality_fit", "fitted_drift_rho", "default_locality",
            "locality_alternatives", "default_trace_model", "check_trace_model", "check_reading",
            "drift_calibration"]
 
@@ -88,6 +88,11 @@ def locality_fit() -> dict:
     return raw
 
 
+# the 2 x K hit rates rho is fitted to: the middle of vLLM's 80-90 % (central) and its ends (the band), by the rule of
+# data/locality/README.md (vLLM RFC #48203 via paper-facts.md)
+FIT_HIT_RATE = {"central": 0.85, "at_80": 0.80, "at_90": 0.90}
+
+
 def fitted_drift_rho(reading: str, at: str = "central") -> float:
     """The drift model's ``rho`` fitted for ``reading``: ``at`` ``"central"`` (2 x K hit rate 0.85), ``"at_80"`` or
     ``"at_90"`` (the ends of vLLM's range), from ``data/locality/fit.yaml``."""
@@ -101,9 +106,8 @@ def _fitted_model(name: str, trace_model: str, reading: str, at: str = "central"
     if trace_model == "uniform":
         return LocalityModel(name, "uniform", reading, None, f"E1 ({reading} reading of Fig. 2)")
     rho = fitted_drift_rho(reading, at)
-    target = {"central": "0.85", "at_80": "0.80", "at_90": "0.90"}[at]
     return LocalityModel(name, "drift", reading, rho,
-                         f"E1 ({reading} reading of Fig. 2) per layer; rho on E2 (2 x K hit rate {target})")
+                         f"E1 ({reading} reading of Fig. 2) per layer; rho on E2 (2 x K hit rate {FIT_HIT_RATE[at]:.2f})")
 
 
 def default_locality() -> LocalityModel:

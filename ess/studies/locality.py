@@ -15,7 +15,7 @@ from ..attention import indexer_scores, topk_indices
 from ..cachesim import misses_per_step, trace_misses
 from ..quant import encode_indexer_keys
 from ..specs import DATA_DIR, ModelSpec, model_spec
-from ..locality import READINGS, TRACE_MODELS, LocalityModel
+from ..locality import FIT_HIT_RATE, READINGS, TRACE_MODELS, LocalityModel
 from ..tracegen import _check_generator_args, geometry, synthetic_trace
 from ..traces import Trace, TraceRecorder, adjacent_overlap, load_trace, return_share, union_share
 from ..validate import real
@@ -86,8 +86,6 @@ def record_indexer_trace(model: Any = "tiny", *, context_len: int = 1024, steps:
 # vLLM RFC #48203 via paper-facts.md: 80-90 % hit rate on DeepSeek-V3.2 with a GPU buffer of 2 x top-k per request
 # (an independent figure, not calibration data of the simulator: E2 of data/locality/README.md)
 VLLM_BUFFER_2K_HIT_RATE = (0.80, 0.90)
-# the hit rates rho is fitted to: the middle of vLLM's range (central) and its ends (the band), data/locality/README.md
-FIT_HIT_RATE = {"central": 0.85, "at_80": 0.80, "at_90": 0.90}
 # NVIDIA's GVR paper via paper-facts.md: consecutive-step top-2048 overlap 35-50 % in deep layers, ~1-2 % in layers 0-1
 GVR_DEEP_OVERLAP = (0.35, 0.50)
 GVR_SHALLOW_OVERLAP = (0.01, 0.02)

@@ -23,7 +23,7 @@
 # compares the replacement policies with Belady's offline bound, trains the article's LSTM "heat predictor", and
 # runs three prefetch classes over one host-to-device link.
 #
-# **Prerequisites.** Notebook 01 (ratio, byte layouts). The trace models are in `ess.tracegen` (fitted models in
+# **Prerequisites.** Notebook 01 (ratio, byte layouts). The trace generators are in `ess.tracegen`, the locality models in `ess.locality` (fitted in
 # `data/locality/fit.yaml`, written by `tools/fit_locality.py`), the evidence statistics in
 # `ess.studies.locality`, the simulation in `ess.cachesim`, the predictor in `ess.heat_predictor`, the prefetch
 # classes in `ess.prefetch`; `ess.studies.prefetching` runs each study below and returns its frames, bands and
