@@ -392,6 +392,8 @@ class PolicyComparison:
     def series(self, source: str, warmup: bool, column: str = "vs LRU (%)") -> tuple[list, dict, dict]:
         """``(ratios, {policy: values by ratio}, {policy: (low, high) by ratio})`` of ``column`` for one source
         and warmup setting, for :func:`ess.viz.prefetch.fig_policies_by_ratio` (bands empty for a real trace)."""
+        from ..validate import boolean
+        warmup = boolean("warmup", warmup)
         sub = self.frame[(self.frame.source == source) & (self.frame.warmup == warmup)]
         ratios = sorted(sub.ratio.unique())
         values, bands = {}, {}
