@@ -54,10 +54,11 @@ import dataclasses
 import numbers
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from functools import lru_cache
 
 import numpy as np
 
+from ..kernels import resolve_backend
+from ..kernels import timeline as _layer_kernels
 from ..layout import latent_entry_bytes
 from ..memory import _limits as limits_of_validated
 from ..memory import batch_limits, group_rows
@@ -343,12 +344,13 @@ def simulate(batch, context_len, ratio=1.0, *, misses=None, scenario: Scenario |
     layer_over = np.empty((N, nl))
     choice = np.empty((N, nl), dtype=np.int8)
     layers, layers0 = np.empty(N), np.empty(N)
-    bad = _timeline_kernel()(m, offload, k_h, d, g(bg), g(c.indexer_split), g(c.indexer_half), g(c.pre_attn),
-                             g(c.attn), g(c.attn_half), g(c.o_proj), g(c.merge), g(c.attn_fixed), g(c.attn_block),
-                             float(c.attn_overhead_blocks), float(c.block_entries), g(c.entries),
-                             g(c.sparse_entries), g(c.selected),
-                             g(2 * (c.attention_block + c.ffn_dense)), g(2 * (c.attention_block + c.moe)),
-                             g(2 * (c.dispatch + c.combine)), dense, per_layer, layer_over, choice, layers, layers0)
+    layer_sums = _layer_kernels.get(resolve_backend()).layer_sums        # ess.kernels.timeline
+    bad = layer_sums(m, offload, k_h, d, g(bg), g(c.indexer_split), g(c.indexer_half), g(c.pre_attn),
+                     g(c.attn), g(c.attn_half), g(c.o_proj), g(c.merge), g(c.attn_fixed), g(c.attn_block),
+                     float(c.attn_overhead_blocks), float(c.block_entries), g(c.entries),
+                     g(c.sparse_entries), g(c.selected),
+                     g(2 * (c.attention_block + c.ffn_dense)), g(2 * (c.attention_block + c.moe)),
+                     g(2 * (c.dispatch + c.combine)), dense, per_layer, layer_over, choice, layers, layers0)
     if bad == 1:
         raise ValueError("misses must be finite and >= 0")
     if bad == 2:
@@ -388,76 +390,6 @@ def _other_layers(model) -> dict:
             key = (kind, int(ratio_l), l < model.n_dense_layers)
             out[key] = out.get(key, 0) + 1
     return out
-
-
-@lru_cache(maxsize=None)
-def _timeline_kernel():
-    """The per-layer part of :func:`simulate`, fused over the layers of each configuration (Numba): for every row
-    ``i`` and layer ``l`` the three strategies' overheads -- the arithmetic of :func:`offload_overhead_s`, the
-    readable reference it is tested against --, the strategy (``per_layer[l]``, or -1: the cheapest, ties to none,
-    then DA, then DBA), and the layer's place on the two lanes: ``2 x overhead + compute``, against the all-to-all
-    lane on MoE layers. Writes ``layer_over`` (both micro-batches), ``choice``, and the sums over the layers with
-    and without offload. ``m`` has one row shared by every configuration or one row each. Returns 0, or 1 for a
-    negative or non-finite miss count, 2 for more misses than the entries selected."""
-    from numba import njit
-
-    @njit(cache=True, nogil=True)
-    def kernel(m, offload, k_h, d, bm, I, Ih, p, a, ah2, o, merge, fa, ab, ob, be, ent, spe, sel, comp_d, comp_m,
-               comm_m, dense, per_layer, layer_over, choice, layers, layers0):
-        N, nl = layer_over.shape
-        shared = m.shape[0] == 1
-        for i in range(N):
-            row = 0 if shared else i
-            kh, di, ai, si, ei, spi = k_h[i], d[i], a[i], sel[i], ent[i], spe[i]
-            on = offload[i]
-            # per row: the constants of the three formulas (see offload_overhead_s)
-            per_block = bm[i] * ab[i]                 # one more entry block for every request of the micro-batch
-            launch = fa[i] + per_block * ob           # a launch over no entries: fixed part + per-request overhead
-            da_own = merge[i] + 2.0 * launch + per_block * ei / be - ai    # a_hit + a_miss - a, plus the merge
-            da_d = max(di - o[i], 0.0)
-            dba_own = (2.0 * Ih[i] - I[i]) + (2.0 * ah2[i] - ai)
-            dba_2 = p[i] + ah2[i]
-            dba_d = max(di - ah2[i], 0.0)
-            tot = 0.0
-            tot0 = 0.0                                # the same sum without offload, in the same order
-            for l in range(nl):
-                x = m[row, l]
-                if not (x >= 0.0 and x < np.inf):
-                    return 1
-                s = per_layer[l]
-                if not on:
-                    best = 0.0
-                    s = 0
-                else:
-                    if x > si + 1e-9:
-                        return 2
-                    none = x * kh + di
-                    a_hit = launch + per_block * (ei - spi * x / si) / be      # misses among the selected
-                    da = da_own + max(x * kh - p[i] - a_hit, 0.0) + da_d
-                    h2 = x * kh / 2
-                    dba = dba_own + max(h2 - Ih[i], 0.0) + max(h2 - dba_2, 0.0) + dba_d
-                    if s < 0:
-                        best, s = none, 0
-                        if da < best:
-                            best, s = da, 1
-                        if dba < best:
-                            best, s = dba, 2
-                    else:
-                        best = none if s == 0 else (da if s == 1 else dba)
-                over = 2.0 * best
-                layer_over[i, l] = over
-                choice[i, l] = s
-                if l < dense:
-                    tot += comp_d[i] + over
-                    tot0 += comp_d[i]
-                else:
-                    tot += max(comp_m[i] + over, comm_m[i])
-                    tot0 += max(comp_m[i], comm_m[i])
-            layers[i] = tot
-            layers0[i] = tot0
-        return 0
-
-    return kernel
 
 
 def best_batch(context_len, ratios, *, misses_by_ratio=None, otps_floor: float | None = None,
