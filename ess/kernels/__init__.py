@@ -1,9 +1,15 @@
-"""Kernels: one family per subpackage (``ess.kernels.transfer``, ``ess.kernels.attention``, ...), each with the
-same three files and the same signatures:
+"""Kernels: one family per subpackage, each with the same files and the same signatures:
 
 * ``reference.py``  the NumPy oracle, written to be read (float64 where numbers are computed, shapes in docstrings);
-* ``numba_cpu.py``  Numba kernels for the CPU (compiled lazily on first use, ``cache=True``);
-* ``torch_ops.py``  torch kernels for CPU and CUDA (torch imported lazily).
+* ``numba_cpu.py``  Numba kernels for the CPU (module-level ``njit(cache=True)``, compiled on first use);
+* ``torch_ops.py``  torch kernels for CPU and CUDA (torch imported lazily), where the operation has one.
+
+The families: ``transfer`` (row copies host <-> device), ``attention`` (DeepSeek's indexer and sparse MLA),
+``gqa_indexer`` and ``kv_attention`` (the real model's), ``topk``; and, with no torch kernel (chains of dependent
+steps, one core's work), ``cachesim`` (the policies' miss counts), ``prefetch`` (the prefetch pool), ``tracegen``
+(the synthetic trace generators), ``trace_stats`` (duplicate rows, Fig. 2's adjacent overlap, unions, returns) and
+``timeline`` (the simulator's per-layer sums). ``lru_list`` holds the linked-list helpers two families inline. Every
+Numba kernel of ``ess`` lives here (none elsewhere), so ``NUMBA_DISABLE_JIT=1`` runs them all as Python.
 
 Kernels know shapes and dtypes, nothing else. The public wrappers validate their arguments, allocate the outputs and
 pick the backend with :func:`resolve_backend`, the one place where ``backend="auto"`` is decided.
