@@ -152,6 +152,12 @@ def _locs():
     return list(locality_alternatives())
 
 
+def _uniform():
+    """The earlier uniform locality model at the central model's reading (tests/test_tables_prefetching.py's)."""
+    from ess.locality import LocalityModel
+    return LocalityModel("uniform", "uniform", _locs()[0].reading)
+
+
 def _fields(make):
     """A dataclass's constructor arguments from one of its instances."""
     import dataclasses
@@ -219,6 +225,27 @@ ARGS = {
                                                          "mtp": 1, "steps": 2, "batch": 1, "seed": 0},
     "ess.studies.prefetching.warmup_curves": lambda: {"context_len": 1024, "ratio": 0.5, "models": _locs(),
                                                      "steps": 2, "seed": 0, "batch": 1, "band_batch": 1},
+    "ess.studies.prefetching.mtp_unions": lambda: {"context_len": 4096, "mtps": [1], "steps": 2, "seed": 0,
+                                                  "locality": _locs()[0]},
+    "ess.studies.prefetching.misses_by_ratio": lambda: {"context_len": 4096, "ratios": [0.5], "models": _locs()[:1],
+                                                       "uniform": _uniform(), "mtp": 1, "steps": 2, "seed": 0,
+                                                       "batch": 1, "band_batch": 1},
+    "ess.studies.prefetching.smallest_pools": lambda: {"context_len": 4096, "target": 1e6, "models": _locs()[:1],
+                                                      "resolution": 4096, "mtp": 1, "steps": 2, "batch": 1,
+                                                      "seed": 0},
+    "ess.studies.prefetching.policies_against_belady": lambda: {"cases": [(_uniform(), None)], "context_len": 4096,
+                                                               "mtp": 1, "steps": 2, "batch": 1, "seed": 0,
+                                                               "layers": [0], "ratio": 0.5},
+    "ess.studies.prefetching.policy_comparison": lambda: {     # no real trace: the synthetic source, one layer
+        "real": {}, "models": _locs()[:1], "context_len": 4096, "ratios": [0.5], "real_ratios": [], "mtp": 1,
+        "steps": 2, "batch": 1, "band_batch": 1, "seed": 0, "layers": [0]},
+    "ess.studies.prefetching.lstm_heat_predictor": lambda: {"context_len": 4096, "locality": _locs()[0], "mtp": 1,
+                                                           "train_steps": 4, "test_steps": 4, "epochs": 1,
+                                                           "samples": 16, "seed": 0, "n_layers": 1, "history": 2,
+                                                           "hidden": 2},
+    "ess.studies.prefetching.prefetch_classes": lambda: {     # one class without the LSTM: no predictor to train
+        "trace": _replay()["trace"], "lstm": None, "context_len": 4096, "mtp": 1, "ratio": 0.5,
+        "classes": {"demand only": dict(speculative=False, delayed=False, predictor="none", warmup_mode="before")}},
     "ess.attention.topk_indices": lambda: {"scores": np.linspace(0, 1, 32).reshape(2, 16)},
     "ess.attention.stack_ragged": lambda: {"arrays": [np.array([1, 2]), np.array([3])], "name": "rows", "width": 4},
     "ess.quant.quantize_fp8_tiles": lambda: {"x": np.ones((2, 128))},
@@ -484,7 +511,6 @@ _RECORD = ("an output record: the library fills it from values it has checked; c
 _OWNED = "owned elsewhere this round"
 _MODEL = ("needs a real model's weights, tokenizer or a prefilled engine (seconds to load); its options are checked "
           "by tests/test_engine_bad_input.py and the llm tests")
-_NOT_TABULATED = "valid arguments not tabulated in this round (a frame, a trace or a decode state to build)"
 
 #: callables not swept, with the reason (qualified name; a class name covers its constructor and methods)
 EXCLUDED = {
@@ -523,12 +549,6 @@ EXCLUDED = {
     "ess.engine.engine.DecodeEngine": _MODEL,
     "ess.engine.shared_prompt.PromptSharingHostPool.layer_rows": "always refuses (TypeError: the rows lie in two "
                                                                  "arrays, use layer_segments): no call is valid",
-    # long computations or inputs not tabulated yet (the prefetching experiments, moved to ess.studies this round)
-    **{n: _NOT_TABULATED for n in (
-        "ess.studies.prefetching.lstm_heat_predictor", "ess.studies.prefetching.misses_by_ratio",
-        "ess.studies.prefetching.mtp_unions", "ess.studies.prefetching.policies_against_belady",
-        "ess.studies.prefetching.policy_comparison", "ess.studies.prefetching.prefetch_classes",
-        "ess.studies.prefetching.smallest_pools")},
 }
 
 

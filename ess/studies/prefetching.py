@@ -129,6 +129,9 @@ def mtp_unions(context_len: int, mtps, *, steps: int, seed: int, locality) -> tu
     the model's overlaps (the pool-size need), and the largest step over its layer's bound (a share)."""
     from ..layout import step_entries
     from ..tracegen import locality_profile, synthetic_trace
+    from ..validate import non_negative_int, positive_int
+    context_len, steps = positive_int("context_len", context_len), positive_int("steps", steps)
+    seed = non_negative_int("seed", seed)
     model = model_spec(DEFAULT_MODEL)
     K = model.index_topk
     profile = locality_profile("paper", model.n_layers, locality.reading)
@@ -170,6 +173,10 @@ def misses_by_ratio(context_len: int, ratios, models, uniform, *, mtp: int, step
     ratio (:func:`ess.cachesim.sweep_synthetic`)."""
     from ..cachesim import sweep_synthetic
     from ..layout import pool_slots
+    from ..validate import non_negative_int, positive_int
+    context_len, mtp, steps, batch, band_batch = (positive_int(n, v) for n, v in (
+        ("context_len", context_len), ("mtp", mtp), ("steps", steps), ("batch", batch), ("band_batch", band_batch)))
+    seed = non_negative_int("seed", seed)
     model = model_spec(DEFAULT_MODEL)
     central = models[0]
     per_ratio = {}
@@ -310,6 +317,10 @@ def smallest_pools(context_len: int, target: float, models, *, resolution: int, 
     whose mean misses stay under ``target`` (:func:`ess.cachesim.smallest_pool`): ``{model name: result dict, or
     the reason (a string) when even the whole context misses too much}`` and the records."""
     from ..cachesim import smallest_pool
+    from ..validate import non_negative_int, positive_int
+    context_len, resolution, mtp, steps, batch = (positive_int(n, v) for n, v in (
+        ("context_len", context_len), ("resolution", resolution), ("mtp", mtp), ("steps", steps), ("batch", batch)))
+    seed = non_negative_int("seed", seed)
     found, records = {}, []
     for i, m in enumerate(models):
         sfx = "" if i == 0 else f"_{m.trace_model}"
@@ -343,6 +354,10 @@ def policies_against_belady(cases, context_len: int, *, mtp: int, steps: int, ba
     from ..policies import DEFAULT_HEAT_DECAY, POLICIES
     from ..tracegen import synthetic_trace
     from ..traces import Trace
+    from ..validate import non_negative_int, positive_int
+    context_len, mtp, steps, batch = (positive_int(n, v) for n, v in (
+        ("context_len", context_len), ("mtp", mtp), ("steps", steps), ("batch", batch)))
+    seed = non_negative_int("seed", seed)
     model = model_spec(DEFAULT_MODEL)
     rows, records = [], []
     for m, sigma in cases:
@@ -425,6 +440,10 @@ def policy_comparison(real: dict, models, *, context_len: int, ratios, real_rati
     from ..cachesim import sweep_synthetic, trace_misses
     from ..layout import pool_slots
     from ..tracegen import locality_profile
+    from ..validate import non_negative_int, positive_int
+    context_len, mtp, steps, batch, band_batch = (positive_int(n, v) for n, v in (
+        ("context_len", context_len), ("mtp", mtp), ("steps", steps), ("batch", batch), ("band_batch", band_batch)))
+    seed = non_negative_int("seed", seed)
     if policies[0] != "lru":
         raise ValueError(f"policies must start with 'lru' (the baseline of the differences), got {list(policies)}")
     model = model_spec(DEFAULT_MODEL)
@@ -504,6 +523,12 @@ def lstm_heat_predictor(context_len: int, locality, *, mtp: int, train_steps: in
     frame, records)``."""
     from ..heat_predictor import LSTMHeatPredictor, evaluate_predictor
     from ..tracegen import locality_profile, synthetic_trace
+    from ..validate import non_negative_int, positive_int
+    context_len, mtp, train_steps, test_steps, epochs, samples, n_layers, history, hidden = (
+        positive_int(n, v) for n, v in (("context_len", context_len), ("mtp", mtp), ("train_steps", train_steps),
+                                        ("test_steps", test_steps), ("epochs", epochs), ("samples", samples),
+                                        ("n_layers", n_layers), ("history", history), ("hidden", hidden)))
+    seed = non_negative_int("seed", seed)
     K = model_spec(DEFAULT_MODEL).index_topk
     train = synthetic_trace(context_len, n_layers=n_layers, k=K, mtp=mtp, steps=train_steps, batch=1,
                             seed=seed + 1000, **locality.kwargs())
@@ -564,6 +589,8 @@ def prefetch_classes(trace, lstm, *, context_len: int, mtp: int, ratio: float = 
     needs it: ``{setting: summary}`` and the records (hit rate, stall, bytes, link use)."""
     from ..layout import pool_slots
     from ..prefetch import PrefetchConfig, simulate_prefetch
+    from ..validate import positive_int
+    context_len, mtp = positive_int("context_len", context_len), positive_int("mtp", mtp)
     model = model_spec(DEFAULT_MODEL)
     cap = pool_slots(model, ratio, context_len, need=model.index_topk)
     summaries, records = {}, []
