@@ -531,9 +531,8 @@ EXCLUDED = {
         "ess.studies.real_model.fit.predict_run", "ess.studies.real_model.measure.product_costs",
         "ess.studies.real_model.check.run_check", "ess.studies.real_model.measure.run_configs",
         "ess.studies.real_model.measure.step_lanes")},
-    "ess.studies.real_model.check.OverlapCheck.breakdown": _MODEL + " (its runs come from run_check; with no runs "
-                                                                    "breakdown(2.5, 2) returns an empty frame: to "
-                                                                    "check there)",
+    "ess.studies.real_model.check.OverlapCheck.breakdown": _MODEL + " (its runs come from run_check; its "
+                                                                    "context_len and batch are checked first)",
     # a real model
     **{n: _MODEL for n in (
         "ess.studies.real_model.quality", "ess.studies.real_model.record_traces.record",
@@ -543,6 +542,8 @@ EXCLUDED = {
         "ess.llm.text.reference_text_ids", "ess.widgets.engine")},
     # kernels: the backends behind a public wrapper that checks (STYLE: kernels are private and write into out)
     "ess.kernels.transfer.numba_cpu.copy_rows": "a backend's kernel, called by its checked wrapper",
+    "ess.kernels.prefetch.reference.pool": "a kernel family's reference, called by its checked wrapper "
+                                           "(ess.prefetch.simulate_prefetch) and by the kernel tests",
     # methods of classes with a cheap instance that are not swept
     "ess.decode.StepCache": "a Protocol: its plan is a stub; the implementations' are swept (TieredCache.plan, "
                             "ResidentCache.plan)",

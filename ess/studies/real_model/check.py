@@ -332,6 +332,8 @@ class OverlapCheck:
         :func:`measured_breakdown`) and predicted (the formula's parts) for the held-out runs at ``context_len`` and
         ``batch``."""
         import pandas as pd
+        context_len = validate.positive_int("context_len", context_len)
+        batch = validate.positive_int("batch", batch)
         rows = []
         for run, priced in zip(self.held_out_runs, self._priced()):
             c = run.config
