@@ -1,11 +1,15 @@
 """Gather 2,048 scattered 656-byte rows from a 32K-row host pool: GB/s of each transfer kernel against a contiguous
 copy of the same bytes measured in the same run (the limit), and against one copy per row (the baseline).
 
-    .venv/bin/python benchmarks/transfer_gather.py [--reps 200] [--cold-reps 40] [--quick]
+    .venv/bin/python benchmarks/transfer_gather.py [--reps 200] [--cold-reps 40] [--quick] [--threads N]
+
+``--threads N`` sets both Numba's and torch's thread counts (torch's ``index_select`` runs on its own thread pool:
+compare the two only at the same count, which the output prints).
 
 Kernels: ``numba`` (the parallel Numba kernel called directly; without its software prefetch, the version before
 the prefetch was added; on one thread; and through the validating public wrapper),
-``torch`` (``index_select`` into a preallocated output), ``per_row`` (a Python loop, one row copy per entry: the
+``torch`` (``index_select`` into a preallocated output; ``torch_wrapper``: the same through ``gather_rows(...,
+backend="torch")``), ``per_row`` (a Python loop, one row copy per entry: the
 shape of the paper's one-``cudaMemcpyAsync``-per-entry baseline on the CPU), ``contiguous`` (``np.copyto`` of 2,048
 consecutive rows: the same bytes with no scatter, one thread), ``contiguous_parallel`` (the Numba kernel itself over 2,048
 consecutive rows: the same bytes, the same threads and the same 8-byte word copy, with no scatter -- the fair limit
@@ -93,6 +97,8 @@ def run(reps: int, cold_reps: int, seed: int = 0) -> dict:
             return lambda idx, start: gather_rows(pool, idx, out=out, backend="numba")
         if name == "torch":
             return lambda idx, start: torch.index_select(pool_t, 0, torch.from_numpy(idx), out=out_t)
+        if name == "torch_wrapper":
+            return lambda idx, start: gather_rows(pool, idx, out=out, backend="torch")
         if name == "per_row":
             def per_row(idx, start):
                 for i, s in enumerate(idx.tolist()):
@@ -104,8 +110,8 @@ def run(reps: int, cold_reps: int, seed: int = 0) -> dict:
             return lambda idx, start: numba_cpu.copy_rows(pool, arange + start, out, arange)
         raise ValueError(name)
 
-    names = ["numba", "numba_no_prefetch", "numba_1thread", "numba_wrapper", "torch", "per_row", "contiguous",
-             "contiguous_parallel"]
+    names = ["numba", "numba_no_prefetch", "numba_1thread", "numba_wrapper", "torch", "torch_wrapper", "per_row",
+             "contiguous", "contiguous_parallel"]
     results: dict = {}
     for cond, n_reps in (("warm", reps), ("cold", cold_reps)):
         for order in ("random", "sorted"):
@@ -124,7 +130,7 @@ def run(reps: int, cold_reps: int, seed: int = 0) -> dict:
                 # fresh order so a busy spell of the shared machine does not fall on one kernel only
                 for name in rng.permutation(names):
                     n = n_reps // ROUNDS if name != "per_row" else max(n_reps // (4 * ROUNDS), 2)
-                    flush = flush_torch if name == "torch" else flush_numba
+                    flush = flush_torch if name.startswith("torch") else flush_numba
                     for _ in range(n):
                         if cond == "cold":
                             idx, start = index_set(order), int(rng.integers(0, N_ROWS - K))
@@ -146,16 +152,20 @@ def main(argv=None) -> int:
     p.add_argument("--cold-reps", type=int, default=40)
     p.add_argument("--quick", action="store_true", help="few repetitions (a smoke run)")
     p.add_argument("--threads", type=int, default=None,
-                   help="Numba threads for the gather and the same-threads contiguous copy (default: all); 1 gives "
-                        "a fair single-thread comparison on a loaded machine, where a parallel call waits for "
-                        "whichever worker the OS has descheduled")
+                   help="threads of both Numba and torch (the gather kernels, the same-threads contiguous copy; "
+                        "default: each library's own, all cores); 1 gives a fair single-thread comparison on a "
+                        "loaded machine, where a parallel call waits for whichever worker the OS has descheduled")
     p.add_argument("--out", default=str(ROOT / "build" / "benchmarks" / "transfer_gather.json"))
     args = p.parse_args(argv)
     if args.quick:
         args.reps, args.cold_reps = 20, 8
-    if args.threads:
-        import numba
+    import numba
+    import torch
+    if args.threads:                    # both libraries: torch's index_select is parallel too (at::parallel_for)
         numba.set_num_threads(args.threads)
+        torch.set_num_threads(args.threads)
+    threads = {"numba": numba.get_num_threads(), "torch": torch.get_num_threads()}
+    print(f"threads: numba {threads['numba']}, torch {threads['torch']}")
     load_before = os.getloadavg()
     res = run(args.reps, args.cold_reps)
     load_after = os.getloadavg()
@@ -168,7 +178,7 @@ def main(argv=None) -> int:
             lim = res[f"{key}/contiguous"]["median"]
             plim = res[f"{key}/contiguous_parallel"]["median"]
             row = {n: res[f"{key}/{n}"]["median"] for n in ("numba", "numba_no_prefetch", "numba_1thread",
-                                                             "numba_wrapper", "torch", "per_row")}
+                                                             "numba_wrapper", "torch", "torch_wrapper", "per_row")}
             ratios[key] = {f"{n}_vs_contiguous": v / lim for n, v in row.items()}
             # the fair limit of a parallel gather: a contiguous copy of the same bytes on the same threads
             ratios[key].update({f"{n}_vs_contiguous_parallel": v / plim for n, v in row.items()})
@@ -177,7 +187,13 @@ def main(argv=None) -> int:
             best = {n: res[f"{key}/{n}"]["max"] for n in ("numba", "torch", "contiguous", "contiguous_parallel")}
             ratios[key]["numba_vs_contiguous_best"] = best["numba"] / best["contiguous"]
             ratios[key]["numba_vs_contiguous_parallel_best"] = best["numba"] / best["contiguous_parallel"]
-            print(f"{key:12s} contiguous, same threads {plim:6.2f} | numba {row['numba'] / plim:5.0%} of it "
+            ratios[key]["torch_vs_numba"] = row["torch"] / row["numba"]
+            ratios[key]["torch_wrapper_vs_numba_wrapper"] = row["torch_wrapper"] / row["numba_wrapper"]
+            print(f"{key:12s} torch {row['torch']:6.2f} / numba {row['numba']:6.2f} = "
+                  f"{row['torch'] / row['numba']:4.2f}x; through gather_rows: torch {row['torch_wrapper']:6.2f} / "
+                  f"numba {row['numba_wrapper']:6.2f} = {row['torch_wrapper'] / row['numba_wrapper']:4.2f}x "
+                  f"(threads: torch {threads['torch']}, numba {threads['numba']})")
+            print(f"{'':12s} contiguous, same threads {plim:6.2f} | numba {row['numba'] / plim:5.0%} of it "
                   f"(no prefetch {row['numba_no_prefetch'] / plim:5.0%}; best calls "
                   f"{best['numba'] / best['contiguous_parallel']:5.0%}) | target numba >= 80 %: "
                   f"{'met' if row['numba'] / plim >= 0.80 else 'NOT met'}")
@@ -191,7 +207,7 @@ def main(argv=None) -> int:
                   f"| best call: numba {best['numba']:6.2f} / contiguous {best['contiguous']:6.2f} = "
                   f"{best['numba'] / best['contiguous']:5.0%}")
     record = {"benchmark": "transfer_gather", "rows": K, "row_bytes": W, "pool_rows": N_ROWS,
-              "unit": "GB/s (1e9 B/s)", 
+              "unit": "GB/s (1e9 B/s)", "threads": threads,
               "loadavg_1_5_15_before_after": [load_before, load_after], "results": res, "ratios": ratios,
               "command": "python benchmarks/transfer_gather.py " + " ".join(argv or sys.argv[1:])}
     out = write_report(Path(args.out).stem, record, Path(args.out).parent)
