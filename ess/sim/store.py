@@ -51,8 +51,12 @@ REGENERATE = "ess calibrate"
 _INPUT_FOLDERS = ("published", "calibration", "models", "hardware", "deployments", "locality")
 #: the modules whose code computes what is cached on demand (their digest keys every user-cache entry)
 _CODE = ("sim/costs.py", "sim/timeline.py", "sim/calibrate.py", "sim/config.py", "sim/misses.py", "sim/grid.py",
-         "sim/predictions.py", "cachesim.py", "lru_list.py", "tracegen.py", "locality.py", "policies.py", "layout.py",
-         "memory.py", "specs.py", "traces.py", "published.py")
+         "sim/predictions.py", "cachesim.py", "tracegen.py", "locality.py", "policies.py", "layout.py",
+         "memory.py", "specs.py", "traces.py", "published.py",
+         # the kernel families those modules run (a change to a kernel changes what is stored)
+         "kernels/lru_list.py", "kernels/cachesim/numba_cpu.py", "kernels/cachesim/__init__.py",
+         "kernels/tracegen/numba_cpu.py", "kernels/tracegen/__init__.py", "kernels/timeline/numba_cpu.py",
+         "kernels/timeline/__init__.py", "kernels/trace_stats/numba_cpu.py", "kernels/trace_stats/__init__.py")
 #: the kinds of file in the input folders that feed a value (an editor's swap file does not)
 _INPUT_SUFFIXES = (".yaml", ".yml", ".json", ".csv", ".npz")
 #: files of those folders that feed neither: the real-model check's design (notebook 09, ess.studies.real_model.check) and
