@@ -38,9 +38,9 @@ against a real decode engine (:mod:`ess.studies.real_model.check`) feeds it meas
 
 Everything is vectorised over configurations (arrays broadcast; misses have shape ``(n_layers,)`` or
 ``(N, n_layers)``): the cost model runs once per distinct (batch, context, MTP), and the per-layer part of
-:func:`simulate` -- the three strategies' overheads, the per-layer choice, the two lanes -- is one Numba loop over
-configurations and layers, its fast path, tested against :func:`offload_overhead_s` and the lanes written with
-NumPy.
+:func:`simulate` -- the three strategies' overheads, the per-layer choice, the two lanes -- is one loop over
+configurations and layers (the kernel family :mod:`ess.kernels.timeline`: a NumPy reference and its Numba fast
+path), tested against :func:`offload_overhead_s` and the lanes written with NumPy.
 
 With MTP a step selects the union of its query tokens' sets: the misses count it once, and the memory check wants
 the pools to hold it on average over the layers (:func:`ess.layout.step_entries` with the default locality model's
