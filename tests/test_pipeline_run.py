@@ -440,7 +440,7 @@ def test_a_smoke_run_injects_the_notebooks_smoke_sizes(tmp_path):
     nb.cells[1].source += "\nn = 100\nsmoke_sizes = {'n': 3}"
     nbformat.write(nb, path)
     pipeline.run_all(notebooks_dir=nbdir, build_dir=build, book=False, progress=False, figures=False, smoke=True)
-    assert [r["value"] for r in load_records(build / "results" / "01_sized.json")] == [3]
+    assert [r.value for r in load_records(build / "results" / "01_sized.json")] == [3]
     nb.cells[1].source += "\nsmoke_sizes = {'results_path': 'x'}"
     nbformat.write(nb, path)
     with pytest.raises(pipeline.ReproduceError, match="results_path"):

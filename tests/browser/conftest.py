@@ -29,10 +29,6 @@ def pytest_collection_modifyitems(config, items):
         if here in Path(str(item.fspath)).parents:
             item.add_marker(pytest.mark.browser)
             item.add_marker(pytest.mark.slow)
-            # xdist: the book's pages on the worker that holds the session's smoke build, the widgets on the one
-            # that holds JupyterLab (each a chain of minutes, run side by side)
-            group = "lab" if Path(str(item.fspath)).name == "test_widgets.py" else "smoke"
-            item.add_marker(pytest.mark.xdist_group(group))
 
 
 def _chromium() -> str | None:

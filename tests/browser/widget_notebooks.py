@@ -34,20 +34,23 @@ def notebook_parameters(stem: str, smoke: bool = True) -> dict:
     return values
 
 
-def prepare(root: Path) -> None:
-    """Copies of the widget notebooks as a smoke run executes them, into ``root``: papermill's own parameter
-    injection of ``smoke = True`` and the notebook's CI sizes (:func:`ess.parameters.smoke_sizes`), a cell after the
-    parameters cell."""
+def prepared(stem: str) -> str:
+    """The notebook as a smoke run executes it (JSON text): papermill's own parameter injection of ``smoke = True``
+    and the notebook's CI sizes (:func:`ess.parameters.smoke_sizes`), a cell after the parameters cell."""
     import nbformat
     from papermill.iorw import load_notebook_node
     from papermill.parameterize import parameterize_notebook
 
     from ess.parameters import smoke_sizes
+    path = ROOT / "notebooks" / f"{stem}.ipynb"
+    return nbformat.writes(parameterize_notebook(load_notebook_node(str(path)), {**smoke_sizes(path), "smoke": True}))
+
+
+def prepare(root: Path) -> None:
+    """Copies of the widget notebooks as a smoke run executes them (:func:`prepared`), into ``root``."""
     root.mkdir(parents=True)
     for stem in widget_notebooks():
-        path = ROOT / "notebooks" / f"{stem}.ipynb"
-        nb = parameterize_notebook(load_notebook_node(str(path)), {**smoke_sizes(path), "smoke": True})
-        nbformat.write(nb, str(root / f"{stem}.ipynb"))
+        (root / f"{stem}.ipynb").write_text(prepared(stem), encoding="utf-8")
 
 
 _CURRENT = "window.jupyterapp.shell.currentWidget"
