@@ -30,7 +30,7 @@ from ess.bench import distribution, write_report  # noqa: E402
 from ess.layout import pool_slots  # noqa: E402
 from ess.policies import simulate_misses  # noqa: E402
 from ess.specs import model_spec  # noqa: E402
-from ess.tracegen import synthetic_streams  # noqa: E402
+from ess.tracegen import Workload, synthetic_streams  # noqa: E402
 
 
 def main() -> None:
@@ -42,8 +42,8 @@ def main() -> None:
     layers = 4 if args.quick else 8
     repeats = 3 if args.quick else 7
     cap = pool_slots(model_spec(), 0.2, L, need=k)
-    streams = [(w, s) for _, _, w, s in synthetic_streams(L, n_layers=layers, k=k, mtp=mtp, steps=steps, batch=1,
-                                                           seed=0)]
+    streams = [(w, s) for _, _, w, s in synthetic_streams(Workload(L, n_layers=layers, k=k, mtp=mtp, steps=steps,
+                                                                    batch=1, seed=0))]
     n_pos = L + steps * mtp
     lookups = sum(int((s >= 0).sum()) + int((w >= 0).sum()) for w, s in streams)
     C.sequence_misses(streams[0][1][:2], cap, windows=streams[0][0], n_positions=n_pos)       # compile
@@ -111,7 +111,8 @@ def main() -> None:
         ratios = [0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9]
         for threads in (1, 2):
             t0 = time.perf_counter()
-            C.sweep_synthetic(32768, ratios, n_layers=61, k=2048, mtp=2, steps=256, batch=16, threads=threads)
+            C.sweep_synthetic(Workload(32768, n_layers=61, k=2048, mtp=2, steps=256, batch=16), ratios,
+                              threads=threads)
             dt = time.perf_counter() - t0
             out[f"sweep_61_layers_8_ratios_batch16_256_steps_threads{threads}_s"] = dt
             print(f"  full sweep (61 layers x 8 ratios, 32K, batch 16, 256 steps, LRU + warmup, {threads} thread(s)): "

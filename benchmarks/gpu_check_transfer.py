@@ -95,13 +95,13 @@ def check_correctness(report: dict) -> bool:
     # the tiered cache on CUDA (tiny model: 4 layers, 164-byte rows, K = 64), a short synthetic trace
     try:
         from ess.specs import model_spec
-        from ess.tracegen import synthetic_trace
+        from ess.tracegen import Workload, synthetic_trace
         tiny = model_spec("tiny")
         cache = TieredCache(tiny, capacity=96, device="cuda")
         truth = rng.integers(0, 256, (tiny.n_layers, 600, cache.entry_bytes), dtype=np.uint8)
         cache.add_request("g", truth)
-        trace = synthetic_trace(600, n_layers=tiny.n_layers, k=tiny.index_topk, mtp=1, steps=30, batch=1,
-                                warmup_windows=0, profile=0.7, seed=1)
+        trace = synthetic_trace(Workload(600, n_layers=tiny.n_layers, k=tiny.index_topk, mtp=1, steps=30, batch=1,
+                                         warmup_windows=0, profile=0.7, seed=1))
         for t in range(trace.steps):                     # step t sees 600 + t tokens: append one per step
             for layer in range(tiny.n_layers):
                 idx = trace.indices[0, layer, t].astype(np.int64)

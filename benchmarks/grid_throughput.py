@@ -26,6 +26,7 @@ from ess.sim import Scenario, grid as sgrid, simulate  # noqa: E402
 from ess.sim.calibrate import calibrated_params  # noqa: E402
 from ess.specs import host_link_spec, model_spec, reference_link  # noqa: E402
 from ess.locality import locality_alternatives  # noqa: E402
+from ess.sim.misses import BandSizes  # noqa: E402
 
 MODELS = ("deepseek-v3.2", "glm-5", "deepseek-v4-flash")
 GPUS = ("H200", "H20", "B200", "GB200")
@@ -53,7 +54,7 @@ def main() -> None:
     a = ap.parse_args()
     params = calibrated_params()
     loc = list(locality_alternatives())[:1]
-    inputs = sgrid.GridInputs(params, {"central": params}, {}, loc, 8, 1, 1)
+    inputs = sgrid.GridInputs(params, {"central": params}, {}, loc, BandSizes(steps=8, batch=1, band_batch=1))
     for m in MODELS:
         inputs.tables[(m, loc[0].name, "paper")] = FixedMisses(m)
     cells = sgrid.grid_cells(MODELS, GPUS, CONTEXTS)

@@ -35,7 +35,7 @@ from .specs import (deployment_spec, gpu_spec, host_spec, list_deployments, list
 from .decode import decode_layer, write_back  # noqa: F401
 from .disk import CorruptBlockError  # noqa: F401
 from .storage import PoolStep, StepPlan, TieredCache  # noqa: F401
-from .tracegen import synthetic_trace  # noqa: F401
+from .tracegen import Workload, synthetic_trace  # noqa: F401
 from .traces import Trace, load_trace  # noqa: F401
 from .planning import Plan, plan  # noqa: F401
 

@@ -4,13 +4,16 @@
   offload pay, at which batch and ratio, how sure (:func:`ess.plan`); ``--serving`` prints the settings to
   deploy as JSON;
 * ``ess simulate --batch 160 --context 32k --ratio 0.21 [--strategy dba] [--json]``: one configuration;
+* ``ess misses --context 32k --ratio 0.2 [--mtp 2] [--steps 64] [--batch 4] [--locality central] [--json]``: the
+  cache misses of a synthetic workload (:func:`ess.cachesim.misses_per_layer`);
 * ``ess models`` / ``ess gpus`` / ``ess links``: the presets of ``data/`` with the source of each value;
 * ``ess calibrate``: regenerate the stored calibration and miss tables (``data/generated``);
 * ``ess reproduce [--smoke] [--only NAME ...] [--no-book] [--no-figures] [--build-dir DIR] [--notebooks-dir DIR]
   [--cell-timeout SECONDS]``, ``ess book [--build-dir DIR]``, ``ess list``: the reproduction pipeline.
 
-The flags of ``plan`` and ``simulate`` are made from the fields of :class:`ess.planning.PlanRequest` and
-:class:`ess.planning.SimulateRequest` (help and unit in each field's metadata). Errors are one line on stderr (no
+The flags of ``plan``, ``simulate`` and ``misses`` are made from the fields of :class:`ess.planning.PlanRequest`,
+:class:`ess.planning.SimulateRequest` and :class:`ess.tracegen.Workload` (help and unit in each field's metadata,
+:func:`ess.options.option`). Errors are one line on stderr (no
 traceback, whatever fails): exit 2 when the command line cannot be used (a flag or its value, an ``--only`` name
 that matches no notebook or one named twice, a build folder that is refused, a notebooks folder that does not
 exist), exit 1 when the run itself fails (a notebook, the book, the file system: its error names the file); an
@@ -87,6 +90,15 @@ def _parser() -> argparse.ArgumentParser:
         k.add_argument("--json", action="store_true", help="print as JSON")
     c = sub.add_parser("calibrate", help="regenerate data/generated (the stored calibration and miss tables)")
     c.add_argument("--out", default=None, type=_folder, help="write here instead of data/generated")
+    ms = sub.add_parser("misses", help="cache misses of a synthetic workload at a sparse-memory ratio "
+                                       "(ess.cachesim.misses_per_layer)")
+    from .tracegen import Workload
+    _request_flags(ms, Workload)
+    ms.add_argument("--ratio", type=float, required=True, metavar="FRACTION",
+                    help="sparse-memory ratio: share of each request's latent entries the GPU pool holds")
+    ms.add_argument("--policy", default="lru", help="cache policy (ess.policies.POLICIES; default lru)")
+    ms.add_argument("--no-warmup", action="store_true", help="start from an empty pool (no LRU-Warmup)")
+    ms.add_argument("--json", action="store_true", help="print the result as JSON")
     rt = sub.add_parser("record-trace", help="record a transformers model's top-K sets as an ess trace (ess.hf)")
     rt.add_argument("--model", required=True, help="a transformers model folder, a .gguf file, or 'smollm2' (the "
                                                    "GGUF file ess installs)")
@@ -120,8 +132,12 @@ def _request_flags(parser: argparse.ArgumentParser, request) -> None:
             except (ValueError, TypeError) as exc:
                 raise argparse.ArgumentTypeError(str(exc).splitlines()[0]) from None
 
-        default = "" if f.default is None else f" (default {f.default})"
-        parser.add_argument(meta["flag"], dest=f.name, default=f.default, type=typed, metavar=meta["unit"].split()[0].upper() if meta["unit"] else None,
+        if meta["flag"] is None:                  # set from Python only
+            continue
+        required = f.default is dataclasses.MISSING
+        default = "" if f.default is None or required else f" (default {f.default})"
+        parser.add_argument(meta["flag"], dest=f.name, default=None if required else f.default, type=typed,
+                            required=required, metavar=meta["unit"].split()[0].upper() if meta["unit"] else None,
                             help=f"{meta['help']}; {meta['unit']}{default}" if meta["unit"] else meta["help"])
 
 
@@ -131,7 +147,9 @@ def _flags_named(message: str) -> str:
     import re
 
     from .planning import PlanRequest, SimulateRequest
-    flags = {f.name: f.metadata["flag"] for r in (PlanRequest, SimulateRequest) for f in dataclasses.fields(r)}
+    from .tracegen import Workload
+    flags = {f.name: f.metadata["flag"] for r in (PlanRequest, SimulateRequest, Workload)
+             for f in dataclasses.fields(r) if f.metadata["flag"]}
     names = "|".join(sorted(flags, key=len, reverse=True))
     # a name as an argument: with an underscore anywhere, or a plain word followed by "must", "=", a quote, a number
     return re.sub(r"(?<![\w-])(" + names + r")(?![\w])(?=(?:\s+must|=|\s+'|\s+\d|[,;)]))|"
@@ -165,6 +183,36 @@ def _listing(kind: str, as_json: bool) -> int:
     return 0
 
 
+def _misses(args) -> int:
+    """``ess misses``: the cache simulation of one synthetic workload at one ratio."""
+    import dataclasses
+    import json
+
+    import numpy as np
+
+    from .cachesim import sweep_synthetic
+    from .tracegen import Workload
+    w = Workload(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Workload) if f.metadata["flag"]})
+    warmup = not args.no_warmup
+    selected = np.zeros((w.n_layers, w.steps))
+    per_step = sweep_synthetic(w, [args.ratio], policies=[args.policy], warmups=[warmup],
+                               selected=selected)[(args.ratio, args.policy, warmup)]
+    per_layer = per_step.mean(axis=1)
+    out = {"workload": w.config(), "ratio": args.ratio, "policy": args.policy, "warmup": warmup,
+           "misses_per_layer_mean": float(per_layer.mean()), "misses_per_layer_max": float(per_layer.max()),
+           "worst_layer": int(per_layer.argmax()), "selected_per_layer_mean": float(selected.mean()),
+           "hit_rate": float(1 - per_step.sum() / selected.sum()), "misses_per_layer": per_layer.tolist()}
+    if args.json:
+        print(json.dumps(out, indent=1))
+        return 0
+    print(f"{w.locality.label}: {w.batch} requests x {w.n_layers} layers x {w.steps} steps at {w.context_len:,} "
+          f"tokens, MTP {w.mtp}, ratio {args.ratio:g}, {args.policy}{' with LRU-Warmup' if warmup else ''}")
+    print(f"  {out['misses_per_layer_mean']:,.1f} misses per request, layer and step (of "
+          f"{out['selected_per_layer_mean']:,.0f} entries selected: hit rate {out['hit_rate']:.1%}); most in layer "
+          f"{out['worst_layer']} ({out['misses_per_layer_max']:,.1f})")
+    return 0
+
+
 def _face(args) -> int:
     """``plan``, ``simulate``, the listings and ``calibrate``."""
     import dataclasses
@@ -172,6 +220,8 @@ def _face(args) -> int:
 
     if args.command in ("models", "gpus", "links"):
         return _listing(args.command, args.json)
+    if args.command == "misses":
+        return _misses(args)
     if args.command == "calibrate":
         from .planning import regenerate
         try:
@@ -259,7 +309,7 @@ def _command(args) -> int:
         except (ValueError, TypeError) as exc:         # the command line cannot be used
             print(f"ess record-trace: {str(exc).splitlines()[0]}", file=sys.stderr)
             return 2
-    if args.command in ("plan", "simulate", "models", "gpus", "links", "calibrate"):
+    if args.command in ("plan", "simulate", "misses", "models", "gpus", "links", "calibrate"):
         try:
             return _face(args)
         except (ValueError, TypeError) as exc:         # the question cannot be answered as asked

@@ -31,8 +31,7 @@ from .kernels import resolve_backend
 from .layout import layer_pool_slots, pool_slots, step_entries
 from .policies import DEFAULT_HEAT_DECAY, POLICIES
 from .specs import model_spec
-from .locality import check_reading, check_trace_model
-from .tracegen import PAPER_WARMUP_WINDOWS, geometry, locality_profile, synthetic_streams
+from .tracegen import Workload, _workload, synthetic_streams
 from .traces import Trace, index_rows
 from .validate import fraction, one_of, positive_int, real
 
@@ -157,48 +156,41 @@ def trace_misses(trace: Trace, policy: str = "lru", *, capacity: int | None = No
 
 
 # -------------------------------------------------------------------------------------- synthetic sweeps (contract)
-def sweep_synthetic(context_len: int, ratios: Sequence[float], *, policies: Iterable[str] = ("lru",),
-                    warmups: Iterable[bool] = (True,), n_layers: int | None = None, k: int | None = None, mtp: int = 2,
-                    steps: int = 64, batch: int = 4, seed: int = 0, profile: Any = "paper",
-                    warmup_windows: int = PAPER_WARMUP_WINDOWS, decay: float = DEFAULT_HEAT_DECAY,
-                    threads: int = 1, trace_model: str | None = None, selected: np.ndarray | None = None,
-                    **generator: Any) -> dict:
-    """Generate each synthetic (request, layer) stream once and simulate every (ratio, policy, warmup) on it.
+def sweep_synthetic(workload: Workload, ratios: Sequence[float], *, policies: Iterable[str] = ("lru",),
+                    warmups: Iterable[bool] = (True,), decay: float = DEFAULT_HEAT_DECAY, threads: int = 1,
+                    selected: np.ndarray | None = None) -> dict:
+    """Generate each synthetic (request, layer) stream of ``workload`` (:class:`ess.tracegen.Workload`) once and
+    simulate every (ratio, policy, warmup) on it.
 
-    ``trace_model`` is ``"uniform"`` or ``"drift"`` (``None`` = :func:`ess.locality.default_trace_model`); ``n_layers``
-    and ``k`` default to DeepSeek-V3.2-Exp's (:func:`ess.tracegen.geometry`);
-    other ``generator`` keywords go to :func:`ess.tracegen.synthetic_streams` (e.g. ``reading``, ``drift_rho``).
     Each ratio's slots are shared over the layers so that every layer's pool holds its step's union of the ``mtp``
-    query tokens' sets, as the layer's overlap in ``profile`` bounds it (:func:`ess.layout.layer_pool_slots`); with
-    ``mtp`` 1, or whenever the even share suffices, every layer gets :func:`ess.layout.pool_slots`. A step whose
-    tokens overlap less than the layer's mean may select up to :data:`STEP_SLACK` more entries than that; the pool
-    takes them. Returns
+    query tokens' sets, as the layer's overlap in the workload's profile bounds it
+    (:func:`ess.layout.layer_pool_slots`); with ``mtp`` 1, or whenever the even share suffices, every layer gets
+    :func:`ess.layout.pool_slots`. A step whose tokens overlap less than the layer's mean may select up to
+    :data:`STEP_SLACK` more entries than that; the pool takes them. Returns
     ``{(ratio, policy, warmup): misses}`` with ``misses`` of shape (n_layers, steps), the mean over the
-    ``batch`` requests of misses per decode step. ``threads > 1`` simulates the configurations of one stream in
+    workload's requests of misses per decode step. ``threads > 1`` simulates the configurations of one stream in
     parallel (the kernels release the GIL); the result does not depend on it. ``selected`` (optional, a float64
     array (n_layers, steps)) receives the mean over the requests of the entries each decode step selects (the
     denominator of a hit rate).
     """
-    from .validate import boolean, integer, non_negative_int, positive_int
-    context_len, mtp, steps, batch, threads = (positive_int(n, v) for n, v in (
-        ("context_len", context_len), ("mtp", mtp), ("steps", steps), ("batch", batch), ("threads", threads)))
-    seed, warmup_windows = integer("seed", seed), non_negative_int("warmup_windows", warmup_windows)
-    trace_model = check_trace_model(trace_model)
-    n_layers, k = geometry(n_layers, k)
+    from .validate import boolean
+    w = _workload("workload", workload)
+    context_len, mtp, steps, batch, n_layers, k = w.context_len, w.mtp, w.steps, w.batch, w.n_layers, w.k
+    threads = positive_int("threads", threads)
+    if isinstance(ratios, (str, bytes)) or not isinstance(ratios, Iterable):
+        raise TypeError(f"ratios must be a list of sparse-memory ratios, got {type(ratios).__name__}")
     ratios = list(ratios)
     policies = list(policies)
-    warmups = [boolean(f"warmups[{i}]", w) for i, w in enumerate(warmups)]
+    warmups = [boolean(f"warmups[{i}]", x) for i, x in enumerate(warmups)]
     if not ratios:
         raise ValueError("ratios must not be empty")
     for p in policies:
         _check_policy(p, decay)
-    reading = check_reading(generator.get("reading"))
-    overlap = locality_profile(profile, n_layers, reading if isinstance(profile, str) else None)
+    overlap = w.overlaps()
     caps = {r: _layer_capacities(r, context_len, k, mtp, overlap) for r in ratios}
-    out = {(r, p, w): np.zeros((n_layers, steps)) for r in ratios for p in policies for w in warmups}
-    n_pos = context_len + steps * mtp
-    threads = positive_int("threads", threads)
-    if warmup_windows == 0 and any(warmups):
+    out = {(r, p, x): np.zeros((n_layers, steps)) for r in ratios for p in policies for x in warmups}
+    n_pos = w.n_positions
+    if w.warmup_windows == 0 and any(warmups):
         raise ValueError("warmup=True needs warmup_windows >= 1")
     if selected is not None and (not isinstance(selected, np.ndarray) or selected.dtype != np.float64
                                  or selected.shape != (n_layers, steps)):
@@ -211,9 +203,7 @@ def sweep_synthetic(context_len: int, ratios: Sequence[float], *, policies: Iter
         from concurrent.futures import ThreadPoolExecutor
         pool = ThreadPoolExecutor(max_workers=int(threads))
     try:
-        for b, layer, warm, st in synthetic_streams(context_len, n_layers=n_layers, k=k, mtp=mtp, steps=steps,
-                                                    batch=batch, warmup_windows=warmup_windows, profile=profile,
-                                                    seed=seed, trace_model=trace_model, **generator):
+        for b, layer, warm, st in synthetic_streams(w):
             st, _ = index_rows("steps", st, n_pos)            # the kernels' input checked once per stream
             if warm.size:
                 warm, _ = index_rows("windows", warm, n_pos)
@@ -240,55 +230,40 @@ def sweep_synthetic(context_len: int, ratios: Sequence[float], *, policies: Iter
     return out
 
 
-def misses_per_step(context_len: int, ratio: float, *, n_layers: int | None = None, k: int | None = None,
-                    mtp: int = 2, steps: int = 64, batch: int = 4, warmup: bool = True, policy: str = "lru", seed: int = 0,
-                    profile: Any = "paper", trace_model: str | None = None, **kwargs: Any) -> np.ndarray:
+def misses_per_step(workload: Workload, ratio: float, *, warmup: bool = True, policy: str = "lru") -> np.ndarray:
     """Mean misses per request in each layer and decode step: (n_layers, steps). See :func:`misses_per_layer`."""
     from .validate import boolean
     warmup = boolean("warmup", warmup)
-    res = sweep_synthetic(context_len, [ratio], policies=[policy], warmups=[warmup], n_layers=n_layers, k=k, mtp=mtp,
-                          steps=steps, batch=batch, seed=seed, profile=profile, trace_model=trace_model, **kwargs)
-    return res[(ratio, policy, bool(warmup))]
+    res = sweep_synthetic(workload, [ratio], policies=[policy], warmups=[warmup])
+    return res[(ratio, policy, warmup)]
 
 
-def misses_per_layer(context_len: int, ratio: float, *, n_layers: int | None = None, k: int | None = None,
-                     mtp: int = 2, steps: int = 64, batch: int = 4, warmup: bool = True, policy: str = "lru", seed: int = 0,
-                     profile: Any = "paper", trace_model: str | None = None, **kwargs: Any) -> np.ndarray:
+def misses_per_layer(workload: Workload, ratio: float, *, warmup: bool = True, policy: str = "lru") -> np.ndarray:
     """Mean misses per request per decode step in each layer: (n_layers,) float64.
 
-    From the synthetic trace generator (:func:`ess.tracegen.synthetic_streams`, ``trace_model`` -- ``"uniform"`` or
-    ``"drift"``, ``None`` = :func:`ess.locality.default_trace_model` --, locality ``profile``, ``mtp`` query tokens
-    per step, 32 warmup windows) and the cache simulation with :func:`ess.layout.pool_slots` slots per
-    (request, layer). Raises ValueError when the pool cannot hold one step's union of top-K sets.
+    From the synthetic streams of ``workload`` (:class:`ess.tracegen.Workload`: its locality model, profile, MTP
+    and warmup windows; :func:`ess.tracegen.synthetic_streams`) and the cache simulation with
+    :func:`ess.layout.pool_slots` slots per (request, layer) at ``ratio``, ``policy`` with or without LRU-Warmup
+    (``warmup``). Raises ValueError when the pool cannot hold one step's union of top-K sets.
     """
-    return misses_per_step(context_len, ratio, n_layers=n_layers, k=k, mtp=mtp, steps=steps, batch=batch,
-                           warmup=warmup, policy=policy, seed=seed, profile=profile, trace_model=trace_model,
-                           **kwargs).mean(axis=1)
+    return misses_per_step(workload, ratio, warmup=warmup, policy=policy).mean(axis=1)
 
 
-def smallest_pool(context_len: int, target: float, *, resolution: int | None = None, k: int | None = None,
-                  mtp: int = 2, trace_model: str | None = None, **kwargs: Any) -> dict:
+def smallest_pool(workload: Workload, target: float, *, resolution: int | None = None) -> dict:
     """The smallest pool (slots per request and layer) whose average misses (over layers, requests and steps, from
-    :func:`misses_per_layer` with ``kwargs``) stay below ``target``, by bisection between the mean step union of the
-    layers (:func:`ess.layout.step_entries` with the profile's overlaps; smaller pools cannot hold the steps) and
-    the whole context, to ``resolution`` slots (default context / 64); ``trace_model`` as in
-    :func:`misses_per_layer`, ``k`` the model's by default.
+    :func:`misses_per_layer` of ``workload``) stay below ``target``, by bisection between the mean step union of
+    the layers (:func:`ess.layout.step_entries` with the profile's overlaps; smaller pools cannot hold the steps)
+    and the whole context, to ``resolution`` slots (default context / 64).
 
     Assumes misses do not grow with the pool (checked at both ends of the final bracket). Returns
     ``{"slots", "ratio", "misses", "below_slots", "below_misses"}``.
     """
+    w = _workload("workload", workload)
     real("target", target, lo=0.0, lo_open=True)
-    trace_model = check_trace_model(trace_model)
-    k = geometry(k=k)[1]
-    context_len = positive_int("context_len", context_len)
+    context_len = w.context_len
     resolution = max(1, context_len // 64) if resolution is None else positive_int("resolution", resolution)
-    avg = lambda cap: float(misses_per_layer(context_len, cap / context_len, k=k, mtp=mtp, trace_model=trace_model,  # noqa: E731
-                                             **kwargs).mean())
-    reading = check_reading(kwargs.get("reading"))
-    profile = kwargs.get("profile", "paper")
-    n_layers = geometry(kwargs.get("n_layers"))[0]
-    need = step_entries(model_spec(), context_len, mtp, k=k,
-                        overlap=locality_profile(profile, n_layers, reading if isinstance(profile, str) else None))
+    avg = lambda cap: float(misses_per_layer(w, cap / context_len).mean())  # noqa: E731
+    need = step_entries(model_spec(), context_len, w.mtp, k=w.k, overlap=w.overlaps())
     lo, hi = min(int(math.ceil(np.mean(need))), context_len), context_len
     at_hi = avg(hi)
     if at_hi >= target:

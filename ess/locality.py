@@ -24,7 +24,7 @@ from .traces import MAX_POSITIONS
 from .validate import fraction, integer, one_of, real
 
 __all__ = ["TRACE_MODELS", "FIT_HIT_RATE", "READINGS", "LocalityModel", "locality_fit", "fitted_drift_rho", "default_locality",
-           "locality_alternatives", "default_trace_model", "check_trace_model", "check_reading",
+           "locality_alternatives", "locality_named", "locality_names", "default_trace_model", "check_trace_model", "check_reading",
            "drift_calibration"]
 
 TRACE_MODELS = ("uniform", "drift")
@@ -37,7 +37,8 @@ READINGS = ("fraction", "jaccard")
 class LocalityModel:
     """One synthetic locality model: a trace model, a reading of Fig. 2, and (drift) its noise correlation ``rho``.
     ``name`` says what it is in the band (``"central"`` or which alternative), ``rests_on`` which evidence fixed
-    it. :meth:`kwargs` gives the keywords of :func:`ess.tracegen.synthetic_streams` and the cache simulation."""
+    it. A synthetic trace's :class:`ess.tracegen.Workload` carries one; :meth:`of` makes one from a trace model
+    and reading with the fitted defaults."""
 
     name: str
     trace_model: str
@@ -62,15 +63,25 @@ class LocalityModel:
         rho = "" if self.drift_rho is None else f", rho {self.drift_rho:.3g}"
         return f"{self.trace_model} ({self.reading}{rho})"
 
-    def kwargs(self) -> dict:
-        out = {"trace_model": self.trace_model, "reading": self.reading}
-        if self.drift_rho is not None:
-            out["drift_rho"] = self.drift_rho
-        return out
+    @classmethod
+    def of(cls, trace_model: str | None = None, reading: str | None = None, drift_rho: float | None = None,
+           name: str | None = None) -> "LocalityModel":
+        """A model from its parts, each ``None`` taking the default: the central model's trace model and reading
+        (:func:`default_locality`) and, for drift, the ``rho`` fitted for the reading (:func:`fitted_drift_rho`).
+        ``drift_rho`` belongs to the drift model only. ``name`` defaults to the trace model's."""
+        trace_model, reading = check_trace_model(trace_model), check_reading(reading)
+        if drift_rho is not None and trace_model != "drift":
+            raise ValueError(f"drift_rho belongs to trace_model='drift', got trace_model={trace_model!r}")
+        if trace_model == "drift" and drift_rho is None:
+            drift_rho = fitted_drift_rho(reading)
+        return cls(trace_model if name is None else name, trace_model, reading, drift_rho)
 
     def config(self) -> dict:
         """What identifies the model in a recorded configuration."""
-        return {"locality": self.name, **self.kwargs()}
+        out = {"locality": self.name, "trace_model": self.trace_model, "reading": self.reading}
+        if self.drift_rho is not None:
+            out["drift_rho"] = self.drift_rho
+        return out
 
 
 @lru_cache(maxsize=None)
@@ -134,6 +145,22 @@ def locality_alternatives() -> list[LocalityModel]:
             seen.add(key)
             unique.append(m)
     return unique
+
+
+def locality_named(name: Any) -> LocalityModel:
+    """The model of the band named ``name`` (:func:`locality_alternatives`: ``"central"``, ...) or a trace model
+    of :data:`TRACE_MODELS` with its defaults (:meth:`LocalityModel.of`)."""
+    models = {m.name: m for m in locality_alternatives()}
+    if isinstance(name, str) and name in models:
+        return models[name]
+    if isinstance(name, str) and name in TRACE_MODELS:
+        return LocalityModel.of(name)
+    raise ValueError(f"locality must be one of {sorted(models) + list(TRACE_MODELS)}, got {name!r}")
+
+
+def locality_names() -> list[str]:
+    """The names :func:`locality_named` accepts."""
+    return [m.name for m in locality_alternatives()] + list(TRACE_MODELS)
 
 
 def default_trace_model() -> str:

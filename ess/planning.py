@@ -31,6 +31,7 @@ import numpy as np
 import pandas as pd
 
 from . import validate
+from .options import option as _meta, parse_tokens
 from .specs import DEFAULT_DEPLOYMENT, DEFAULT_MODEL, deployment_spec, list_gpus, list_models, model_spec
 
 __all__ = ["plan", "Plan", "PlanRequest", "SimulateRequest", "simulate_config", "planner_inputs", "parse_tokens",
@@ -39,23 +40,6 @@ __all__ = ["plan", "Plan", "PlanRequest", "SimulateRequest", "simulate_config", 
 #: the limit that stops a batch, in words (the grid's names on the left)
 LIMITS = {"gpu": "GPU memory", "host": "host memory", "batch cap": "batch cap",
           "throughput": "compute (a larger batch is slower per GPU)"}
-
-
-def parse_tokens(text: Any) -> int:
-    """A token count from ``32768``, ``"32768"``, ``"32k"`` (x 1024) or ``"1M"`` (x 1024**2): a whole number
-    >= 1 (a ``ValueError`` otherwise)."""
-    if isinstance(text, str):
-        t = text.strip().lower().replace("_", "")
-        mult = {"k": 1024, "m": 1024 ** 2}.get(t[-1:], 1)
-        num = t[:-1] if mult > 1 else t
-        try:
-            value = float(num) * mult if "." in num else int(num) * mult
-        except ValueError:
-            raise ValueError(f"expected a token count such as 32768, 32k or 1M, got {text!r}") from None
-        if value != int(value):
-            raise ValueError(f"expected a whole number of tokens, got {text!r}")
-        return validate.positive_int("context_len", int(value))
-    return validate.positive_int("context_len", text)
 
 
 def _ratio_arg(value: Any) -> float | str:
@@ -67,10 +51,6 @@ def _ratio_arg(value: Any) -> float | str:
         except ValueError:
             raise ValueError(f"ratio must be a number in (0, 1) or 'best', got {value!r}") from None
     return validate.real("ratio", value, lo=0.0, hi=1.0, lo_open=True, hi_open=True)
-
-
-def _meta(help: str, unit: str = "", flag: str | None = None, parse=None, choices=None) -> dict:
-    return {"help": help, "unit": unit, "flag": flag, "parse": parse, "choices": choices}
 
 
 @dataclass(frozen=True)
@@ -134,18 +114,17 @@ class SimulateRequest:
 
 # ------------------------------------------------------------------------------------------------------ inputs
 @functools.lru_cache(maxsize=4)
-def _inputs(steps: int, batch: int, band_batch: int):
+def _inputs(sizes):
     from .sim.grid import grid_inputs
-    return grid_inputs(cachesim_steps=steps, cachesim_batch=batch, band_batch=band_batch)
+    return grid_inputs(sizes=sizes)
 
 
-def planner_inputs(*, cachesim_steps: int = 32, cachesim_batch: int = 2, band_batch: int = 1):
+def planner_inputs(*, sizes=None):
     """The grid's inputs as :func:`plan` reads them (:func:`ess.sim.grid.grid_inputs`, stored): one object per
-    process and size, so that miss rows computed for one answer serve the next. The default sizes are notebook
-    10's grid's."""
-    return _inputs(validate.positive_int("cachesim_steps", cachesim_steps),
-                   validate.positive_int("cachesim_batch", cachesim_batch),
-                   validate.positive_int("band_batch", band_batch))
+    process and ``sizes`` (:class:`ess.sim.misses.BandSizes`; default :data:`ess.sim.misses.PLANNER_SIZES`, notebook
+    10's grid's), so that miss rows computed for one answer serve the next."""
+    from .sim.misses import PLANNER_SIZES, _sizes
+    return _inputs(_sizes("sizes", sizes, PLANNER_SIZES))
 
 
 def _check(model, gpu, context_len, link, mtp, accept_ratio, ratio, strategy, *, no_offload: bool = False):
@@ -495,7 +474,7 @@ def simulate_config(batch: int, context_len: int, ratio: float = 1.0, *, model: 
 
 
 # ------------------------------------------------------------------------------------------------- regenerate
-def shipped_tables(models=None, *, cachesim_steps: int = 32, cachesim_batch: int = 2, band_batch: int = 1) -> list:
+def shipped_tables(models=None, *, sizes=None) -> list:
     """The miss tables ``data/generated/misses`` ships, empty, each with the points it holds
     ``[(table, [(context, mtp, ratios)])]``: for each model of the grid (:data:`ess.sim.grid.GRID_MODELS`, one per
     geometry) the grid's tables (the central locality model's, the band's other locality models', Fig. 2 flat for
@@ -503,14 +482,15 @@ def shipped_tables(models=None, *, cachesim_steps: int = 32, cachesim_batch: int
     context's ratio grid, and the widget's central tables at the other MTPs of :data:`ess.widgets.grid.MTPS`
     (:data:`~ess.widgets.grid.TABLE_STEPS` x :data:`~ess.widgets.grid.TABLE_BATCH`) over the widget's ratios too;
     every context of :data:`~ess.sim.grid.GRID_CONTEXTS` and :data:`~ess.sim.grid.GRID_LONG_CONTEXTS` the model
-    reaches."""
+    reaches. ``sizes``: the grid's (:class:`ess.sim.misses.BandSizes`, default
+    :data:`ess.sim.misses.PLANNER_SIZES`)."""
     from .sim.costs import CostParams
     from .sim.grid import GRID_CONTEXTS, GRID_LONG_CONTEXTS, GRID_MODELS, GridInputs, _variants, ratio_grid
     from .sim.misses import MissesTable
     from .locality import locality_alternatives
     from .widgets.grid import MTPS, RATIOS, TABLE_BATCH, TABLE_STEPS
     inputs = GridInputs(CostParams(), {"central": CostParams()}, {}, list(locality_alternatives()),
-                        cachesim_steps, cachesim_batch, band_batch, store=False)
+                        sizes, store=False)
     dep = deployment_spec(DEFAULT_DEPLOYMENT)
     out, seen = [], set()
     for m in (GRID_MODELS if models is None else models):

@@ -17,9 +17,10 @@ defaults there).
 """
 from __future__ import annotations
 
-import functools
+import dataclasses
 import math
 import numbers
+from dataclasses import dataclass, field
 from decimal import Decimal
 from functools import lru_cache
 from pathlib import Path
@@ -31,12 +32,14 @@ import yaml
 from .kernels import resolve_backend
 from .kernels import trace_stats as _trace_stats
 from .kernels import tracegen as _tracegen_kernels
-from .locality import check_reading, check_trace_model, drift_calibration, fitted_drift_rho
+from .locality import (LocalityModel, check_reading, default_locality, drift_calibration, locality_named,
+                       locality_names)
+from .options import option, parse_tokens
 from .specs import model_spec
 from .traces import MAX_POSITIONS, Trace, _Owned
 from .validate import fits_in_memory, integer, number_array, real
 
-__all__ = ["PAPER_WARMUP_WINDOWS", "DRIFT_CUTOFF_SIGMAS", "synthetic_trace", "synthetic_streams", "locality_profile",
+__all__ = ["PAPER_WARMUP_WINDOWS", "DRIFT_CUTOFF_SIGMAS", "Workload", "synthetic_trace", "synthetic_streams", "locality_profile",
            "generator_defaults", "geometry"]
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data" / "locality"
@@ -209,44 +212,150 @@ def _stream_seed(seed: int, request: int, layer: int) -> int:
     return int(np.random.SeedSequence([seed, request, layer]).generate_state(1)[0] & 0x7FFFFFFF)
 
 
-def _check_generator_args(context_len, k, mtp, steps, batch, n_layers, warmup_windows, seed):
-    model_geometry = k is None
-    n_layers, k = geometry(n_layers, k)
-    context_len = integer("context_len", context_len, lo=1)
-    k = integer("k", k, lo=1)
-    if k > context_len:
-        raise ValueError(f"k (top-K) = {k} is larger than the context ({context_len} tokens); expected k <= context_len")
-    mtp = integer("mtp", mtp, lo=1)
-    steps = integer("steps", steps, lo=1)
-    batch = integer("batch", batch, lo=1)
-    n_layers = integer("n_layers", n_layers, lo=1)
-    warmup_windows = integer("warmup_windows", warmup_windows, lo=0)
-    if context_len - warmup_windows + 1 < k:
-        raise ValueError(f"the first warmup window (prefill position {context_len - warmup_windows}) sees fewer than "
-                         f"k = {k} tokens; use fewer warmup_windows or a longer context")
-    seed = integer("seed", seed, lo=0)
-    n_pos = context_len + steps * mtp
-    if model_geometry and n_pos > model_spec().max_position_embeddings:
-        raise ValueError(f"context_len + steps * mtp = {n_pos} tokens exceeds the maximum context of "
-                         f"{model_spec().name} ({model_spec().max_position_embeddings} tokens), whose top-K (k=None) "
-                         f"the trace takes")
-    if n_pos > MAX_POSITIONS:
-        raise ValueError(f"context_len + steps * mtp = {n_pos} positions; traces index int32 positions "
-                         f"(at most 2**31 - 1)")
-    return context_len, k, mtp, steps, batch, n_layers, warmup_windows, seed
+@dataclass(frozen=True)
+class Workload:
+    """The setting of a synthetic trace: the requests, their context and steps, and the locality model that draws
+    their top-K sets (:func:`synthetic_streams`, :func:`synthetic_trace`, :func:`ess.cachesim.sweep_synthetic`).
+
+    Checked when made (each wrong field named); ``None`` fields are resolved then: ``n_layers`` and ``k`` to
+    DeepSeek-V3.2-Exp's (:func:`geometry`), ``locality`` to the central model (:func:`ess.locality.default_locality`),
+    ``n_sinks``, ``local_window`` and (uniform) ``popularity_sigma`` to :func:`generator_defaults`, (drift)
+    ``drift_cutoff_sigmas`` to :data:`DRIFT_CUTOFF_SIGMAS`. Each field's help and unit are in its metadata
+    (:func:`ess.options.option`; those with a flag are ``ess misses``'s command line). ``dataclasses.replace``
+    makes a changed copy."""
+
+    context_len: int = field(metadata=option(
+        "context at the first decode step", "tokens (32k = 32,768)", "--context", parse=parse_tokens))
+    mtp: int = field(default=2, metadata=option(
+        "query tokens per request and decode step (MTP); a step's set is the union of theirs", "tokens", "--mtp",
+        parse=int))
+    steps: int = field(default=64, metadata=option("decode steps", "steps", "--steps", parse=int))
+    batch: int = field(default=4, metadata=option("requests (independent streams)", "requests", "--batch",
+                                                  parse=int))
+    warmup_windows: int = field(default=PAPER_WARMUP_WINDOWS, metadata=option(
+        "prefill positions whose top-K sets LRU-Warmup inserts (paper: 32)", "positions", "--warmup-windows",
+        parse=int))
+    seed: int = field(default=0, metadata=option("random seed", "integer", "--seed", parse=int))
+    locality: LocalityModel | None = field(default=None, metadata=option(
+        "locality model: a model of the band or a trace model with its defaults (default: the central model)",
+        "name", "--locality", parse=locality_named, choices=locality_names))
+    n_layers: int | None = field(default=None, metadata=option(
+        "layers, one stream each (default DeepSeek-V3.2-Exp's 61)", "layers", "--layers", parse=int))
+    k: int | None = field(default=None, metadata=option(
+        "top-K entries a query token selects (default DeepSeek-V3.2-Exp's 2,048)", "entries", "--topk", parse=int))
+    profile: Any = field(default="paper", metadata=option(
+        "adjacent-step overlap per layer: 'paper' (Fig. 2), a number or one per layer (locality_profile)",
+        "fraction"))
+    n_sinks: int | None = field(default=None, metadata=option(
+        "attention sinks every token selects (default data/locality/paper_fig2.yaml)", "tokens"))
+    local_window: int | None = field(default=None, metadata=option(
+        "the last tokens of its context every token selects (default data/locality/paper_fig2.yaml)", "tokens"))
+    popularity_sigma: float | None = field(default=None, metadata=option(
+        "uniform model: log-normal popularity skew of the free entries (0: none)", "sigma of ln(weight)"))
+    drift_cutoff_sigmas: float | None = field(default=None, metadata=option(
+        "drift model: tokens simulated within this many noise widths of the threshold (math.inf: all)",
+        "noise widths"))
+
+    def __post_init__(self) -> None:
+        put = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731 -- frozen: set once, here
+        model_geometry = self.k is None
+        n_layers, k = geometry(self.n_layers, self.k)
+        context_len = integer("context_len", self.context_len, lo=1)
+        if k > context_len:
+            raise ValueError(f"k (top-K) = {k} is larger than the context ({context_len} tokens); expected "
+                             f"k <= context_len")
+        mtp, steps, batch = (integer(n, getattr(self, n), lo=1) for n in ("mtp", "steps", "batch"))
+        warmup_windows = integer("warmup_windows", self.warmup_windows, lo=0)
+        if context_len - warmup_windows + 1 < k:
+            raise ValueError(f"the first warmup window (prefill position {context_len - warmup_windows}) sees fewer "
+                             f"than k = {k} tokens; use fewer warmup_windows or a longer context")
+        seed = integer("seed", self.seed, lo=0)
+        n_pos = context_len + steps * mtp
+        if model_geometry and n_pos > model_spec().max_position_embeddings:
+            raise ValueError(f"context_len + steps * mtp = {n_pos} tokens exceeds the maximum context of "
+                             f"{model_spec().name} ({model_spec().max_position_embeddings} tokens), whose top-K "
+                             f"(k=None) the trace takes")
+        if n_pos > MAX_POSITIONS:
+            raise ValueError(f"context_len + steps * mtp = {n_pos} positions; traces index int32 positions "
+                             f"(at most 2**31 - 1)")
+        locality = default_locality() if self.locality is None else self.locality
+        if not isinstance(locality, LocalityModel):
+            raise TypeError(f"locality must be an ess.locality.LocalityModel (or None: the central model), got "
+                            f"{type(locality).__name__}")
+        profile = self.profile
+        # checked here, so that a wrong profile is named when the workload is made
+        locality_profile(profile, n_layers, locality.reading if isinstance(profile, str) else None)
+        if not isinstance(profile, (str, numbers.Real)):
+            profile = tuple(float(v) for v in np.asarray(profile, dtype=float).ravel())
+        n_sinks, local_window = _structure(self.n_sinks, self.local_window, context_len)
+        d = generator_defaults()
+        if locality.trace_model == "drift":
+            if self.popularity_sigma is not None:
+                raise ValueError("popularity_sigma belongs to the uniform trace model; the drift model has no "
+                                 "popularity skew (its persistent base scores play that part)")
+            cutoff = self.drift_cutoff_sigmas
+            if cutoff is None:
+                cutoff = DRIFT_CUTOFF_SIGMAS
+            elif not (isinstance(cutoff, (float, np.floating)) and cutoff == math.inf):
+                cutoff = real("drift_cutoff_sigmas (math.inf = simulate every token)", cutoff, lo=0.0, lo_open=True)
+            sigma = None
+        else:
+            if self.drift_cutoff_sigmas is not None:
+                raise ValueError("drift_cutoff_sigmas belongs to the drift trace model")
+            sigma = real("popularity_sigma", d["popularity_sigma"] if self.popularity_sigma is None
+                         else self.popularity_sigma, lo=0.0)
+            cutoff = None
+        for name, value in dict(context_len=context_len, mtp=mtp, steps=steps, batch=batch,
+                                warmup_windows=warmup_windows, seed=seed, locality=locality, n_layers=n_layers, k=k,
+                                profile=profile, n_sinks=n_sinks, local_window=local_window, popularity_sigma=sigma,
+                                drift_cutoff_sigmas=cutoff).items():
+            put(name, value)
+
+    @property
+    def n_positions(self) -> int:
+        """Positions a stream spans: the context and ``steps * mtp`` decode tokens."""
+        return self.context_len + self.steps * self.mtp
+
+    def overlaps(self) -> np.ndarray:
+        """The adjacent-step overlap per layer the streams follow (:func:`locality_profile`), shape (n_layers,)."""
+        p = self.profile
+        return locality_profile(p if isinstance(p, (str, numbers.Real)) else list(p), self.n_layers,
+                                self.locality.reading if isinstance(p, str) else None)
+
+    def replace(self, **changes: Any) -> "Workload":
+        """A copy with ``changes`` (checked as when made). A locality model of the other trace model drops the
+        resolved option of the old one (``popularity_sigma`` or ``drift_cutoff_sigmas``) unless ``changes`` set it."""
+        if "locality" in changes:
+            new = default_locality() if changes["locality"] is None else changes["locality"]
+            if getattr(new, "trace_model", None) != self.locality.trace_model:
+                changes.setdefault("popularity_sigma", None)
+                changes.setdefault("drift_cutoff_sigmas", None)
+        return dataclasses.replace(self, **changes)
+
+    def config(self) -> dict:
+        """What identifies the workload in a recorded configuration."""
+        p = self.profile
+        out = {"context_len": self.context_len, "mtp": self.mtp, "steps": self.steps, "batch": self.batch,
+               "warmup_windows": self.warmup_windows, "seed": self.seed, "n_layers": self.n_layers, "k": self.k,
+               "profile": p if isinstance(p, (str, numbers.Real)) else list(p), "n_sinks": self.n_sinks,
+               "local_window": self.local_window, **self.locality.config()}
+        if self.popularity_sigma is not None:
+            out["popularity_sigma"] = self.popularity_sigma
+        return out
 
 
-def _synthetic_streams(context_len: int, *, n_layers: int | None = None, k: int | None = None, mtp: int = 2,
-                      steps: int = 64,
-                      batch: int = 4, warmup_windows: int = PAPER_WARMUP_WINDOWS, profile: Any = "paper",
-                      seed: int = 0, n_sinks: int | None = None, local_window: int | None = None,
-                      popularity_sigma: float | None = None, trace_model: str | None = None,
-                      reading: str | None = None, drift_rho: float | None = None,
-                      drift_cutoff_sigmas: float | None = None) -> Iterator[tuple[int, int, np.ndarray, np.ndarray]]:
-    """Yield ``(request, layer, windows (W, k), steps (steps, mtp*k))`` one stream at a time (no full trace in
-    memory); ``windows`` are the warmup windows.
+def _workload(name: str, workload: Any) -> Workload:
+    if not isinstance(workload, Workload):
+        raise TypeError(f"{name} must be an ess.tracegen.Workload (e.g. Workload(32768, steps=16)), got "
+                        f"{type(workload).__name__}")
+    return workload
 
-    Both models (``trace_model="uniform"`` or ``"drift"``; ``None`` = :func:`ess.locality.default_trace_model`)
+
+def synthetic_streams(workload: Workload) -> Iterator[tuple[int, int, np.ndarray, np.ndarray]]:
+    """Yield ``(request, layer, windows (W, k), steps (steps, mtp*k))`` for each stream of ``workload`` (a
+    :class:`Workload`), one at a time (no full trace in memory); ``windows`` are the warmup windows.
+
+    Both trace models of the workload's locality model (``"uniform"`` or ``"drift"``)
     follow, per request and layer, a chain of query tokens: the W warmup positions, then ``mtp`` tokens per decode
     step. Each token selects the ``n_sinks`` first tokens, the last ``local_window`` tokens of its context and
     ``k - n_sinks - local_window`` "free" entries; a decode step's set is the union of its ``mtp`` tokens' sets, and
@@ -264,46 +373,34 @@ def _synthetic_streams(context_len: int, *, n_layers: int | None = None, k: int 
     over the free range. Tokens added by the growing context have their own (fresh) base scores. The adjacent-token
     score correlation ``c = pi + (1 - pi) * rho`` is solved per layer by :func:`drift_calibration` so that the
     adjacent-step overlap equals ``profile[layer]`` at this context length and K; ``drift_rho`` is the noise's own
-    correlation (default: the value fitted on vLLM's hit rate for ``reading``, :func:`fitted_drift_rho`). ``b_i`` and the first noise
+    correlation (the locality model's ``drift_rho``). ``b_i`` and the first noise
     values are standard normal, the innovations ``eps`` discretised standard normal (:func:`_normal_table`).
     Only tokens whose base term lies within ``drift_cutoff_sigmas`` (default 6) noise widths of the first
     threshold are simulated; ``math.inf`` simulates every token. The restriction is exact unless a token's noise
     exceeds 6 standard deviations (see :func:`_drift_run` for the bound; the tests compare both). Streams are
     generated two at a time on two threads; the output does not depend on it.
 
-    ``reading`` (:data:`ess.locality.READINGS`, ``None`` = the default model's) says how Fig. 2 is read when
-    ``profile`` is ``"paper"``, and which fitted ``rho`` the drift model takes by default (with any profile).
+    The locality model's ``reading`` (:data:`ess.locality.READINGS`) says how Fig. 2 is read when ``profile`` is
+    ``"paper"``. The workload is checked when it is made, so a wrong setting is named at the call, not at the
+    first stream.
     """
-    context_len, k, mtp, steps, batch, n_layers, warmup_windows, seed = _check_generator_args(
-        context_len, k, mtp, steps, batch, n_layers, warmup_windows, seed)
-    trace_model = check_trace_model(trace_model)
-    reading = check_reading(reading)
-    r = locality_profile(profile, n_layers, reading if isinstance(profile, str) else None)
-    n_sinks, local_window = _structure(n_sinks, local_window, context_len)
-    d = generator_defaults()
-    n_pos = context_len + steps * mtp
-    if trace_model == "drift":
-        if popularity_sigma is not None:
-            raise ValueError("popularity_sigma belongs to trace_model='uniform'; the drift model has no popularity skew "
-                             "(its persistent base scores play that part)")
-        rho = real("drift_rho", fitted_drift_rho(reading) if drift_rho is None else drift_rho, lo=0.0, hi=1.0,
-                   hi_open=True)
-        calib = {float(v): drift_calibration(float(v), context_len, k, n_sinks, local_window, rho)
+    return _streams(_workload("workload", workload))
+
+
+def _streams(w: Workload) -> Iterator[tuple[int, int, np.ndarray, np.ndarray]]:
+    r = w.overlaps()
+    context_len, k, mtp, steps, n_pos = w.context_len, w.k, w.mtp, w.steps, w.n_positions
+    if w.locality.trace_model == "drift":
+        calib = {float(v): drift_calibration(float(v), context_len, k, w.n_sinks, w.local_window,
+                                             w.locality.drift_rho)
                  for v in np.unique(r)}
-        if drift_cutoff_sigmas is None:
-            cutoff = DRIFT_CUTOFF_SIGMAS
-        elif isinstance(drift_cutoff_sigmas, (float, np.floating)) and drift_cutoff_sigmas == math.inf:
-            cutoff = math.inf
-        else:
-            cutoff = real("drift_cutoff_sigmas (math.inf = simulate every token)", drift_cutoff_sigmas, lo=0.0,
-                          lo_open=True)
-        jobs = [(b, layer) for b in range(batch) for layer in range(n_layers)]
+        jobs = [(b, layer) for b in range(w.batch) for layer in range(w.n_layers)]
 
         def run(job):
             b, layer = job
             cal = calib[float(r[layer])]
-            return _drift_run(_stream_seed(seed, b, layer), n_pos, context_len, k, mtp, steps, warmup_windows,
-                              cal["pi"], cal["rho"], n_sinks, local_window, cutoff)
+            return _drift_run(_stream_seed(w.seed, b, layer), n_pos, context_len, k, mtp, steps, w.warmup_windows,
+                              cal["pi"], cal["rho"], w.n_sinks, w.local_window, w.drift_cutoff_sigmas)
 
         from concurrent.futures import ThreadPoolExecutor
         with ThreadPoolExecutor(max_workers=2) as pool:       # the kernel releases the GIL: two streams at once
@@ -315,78 +412,51 @@ def _synthetic_streams(context_len: int, *, n_layers: int | None = None, k: int 
                     futures.append(pool.submit(run, jobs[i + 2]))
                 yield b, layer, warm, out
         return
-    if drift_rho is not None or drift_cutoff_sigmas is not None:
-        raise ValueError("drift_rho and drift_cutoff_sigmas belong to trace_model='drift'")
-    sigma = real("popularity_sigma", d["popularity_sigma"] if popularity_sigma is None else popularity_sigma, lo=0.0)
+    sigma = w.popularity_sigma
     gen = _kernels().gen_uniform
-    for b in range(batch):
-        for layer in range(n_layers):
-            s = _stream_seed(seed, b, layer)
+    for b in range(w.batch):
+        for layer in range(w.n_layers):
+            s = _stream_seed(w.seed, b, layer)
             if sigma > 0:
                 with np.errstate(over="ignore"):
-                    w = np.exp(sigma * np.random.default_rng(s).standard_normal(n_pos))
-                cdf = np.concatenate([[0.0], np.cumsum(w)])
+                    weights = np.exp(sigma * np.random.default_rng(s).standard_normal(n_pos))
+                cdf = np.concatenate([[0.0], np.cumsum(weights)])
                 if not np.isfinite(cdf[-1]):
                     raise ValueError(f"popularity_sigma={sigma:g} overflows the popularity weights exp(sigma x N(0, 1))")
             else:
                 cdf = np.zeros(1)
-            warm = np.empty((warmup_windows, k), np.int32)
+            warm = np.empty((w.warmup_windows, k), np.int32)
             out = np.empty((steps, mtp * k), np.int32)
-            if gen(s, context_len, k, mtp, steps, warmup_windows, float(r[layer]), n_sinks, local_window, cdf,
+            if gen(s, context_len, k, mtp, steps, w.warmup_windows, float(r[layer]), w.n_sinks, w.local_window, cdf,
                    sigma > 0, _MAX_DRAWS_PER_ENTRY, warm, out) < 0:
                 raise ValueError(f"popularity_sigma={sigma:g} is too skewed to draw k = {k} distinct entries from a "
                                  f"context of {context_len} tokens (more than {_MAX_DRAWS_PER_ENTRY} draws per entry)")
             yield b, layer, warm, out
 
 
-@functools.wraps(_synthetic_streams)
-def synthetic_streams(context_len, **kwargs):
-    # the generator's arguments are checked when it is made, not at its first item (a wrong one would otherwise
-    # surface far from the call that passed it)
-    _check_generator_args(context_len, kwargs.get("k"), kwargs.get("mtp", 2), kwargs.get("steps", 64),
-                          kwargs.get("batch", 4), kwargs.get("n_layers"),
-                          kwargs.get("warmup_windows", PAPER_WARMUP_WINDOWS), kwargs.get("seed", 0))
-    for name in ("n_sinks", "local_window"):
-        if kwargs.get(name) is not None:
-            integer(name, kwargs[name], lo=0)
-    return _synthetic_streams(context_len, **kwargs)
-
-
-def synthetic_trace(context_len: int, *, n_layers: int | None = None, k: int | None = None, mtp: int = 2,
-                    steps: int = 64,
-                    batch: int = 4, warmup_windows: int = PAPER_WARMUP_WINDOWS, profile: Any = "paper",
-                    seed: int = 0, n_sinks: int | None = None, local_window: int | None = None,
-                    popularity_sigma: float | None = None, trace_model: str | None = None,
-                    reading: str | None = None, drift_rho: float | None = None,
-                    drift_cutoff_sigmas: float | None = None) -> Trace:
-    """A whole synthetic :class:`Trace` (see :func:`synthetic_streams` for the models). Memory: B*layers*steps*mtp*k*4 B."""
-    context_len, k, mtp, steps, batch, n_layers, warmup_windows, seed = _check_generator_args(
-        context_len, k, mtp, steps, batch, n_layers, warmup_windows, seed)
-    trace_model = check_trace_model(trace_model)
+def synthetic_trace(workload: Workload) -> Trace:
+    """The whole synthetic :class:`Trace` of ``workload`` (a :class:`Workload`; see :func:`synthetic_streams` for
+    the models). Memory: batch x n_layers x steps x mtp x k x 4 B."""
+    w = _workload("workload", workload)
+    batch, n_layers, steps, mtp, k = w.batch, w.n_layers, w.steps, w.mtp, w.k
     nbytes = batch * n_layers * steps * mtp * k * 4
     if nbytes > 2e9:
         raise ValueError(f"this trace would take {Decimal(nbytes) / 10 ** 9:,.3g} GB (batch={batch} x n_layers={n_layers} x "
                          f"steps={steps} x mtp={mtp} x k={k} x 4 B); use synthetic_streams() or "
                          f"ess.cachesim.misses_per_layer(), which never hold the whole trace")
     idx = np.empty((batch, n_layers, steps, mtp * k), np.int32)
-    warm = np.empty((batch, n_layers, warmup_windows, k), np.int32) if warmup_windows else None
-    for b, layer, w, s in synthetic_streams(context_len, n_layers=n_layers, k=k, mtp=mtp, steps=steps, batch=batch,
-                                            warmup_windows=warmup_windows, profile=profile, seed=seed,
-                                            n_sinks=n_sinks, local_window=local_window,
-                                            popularity_sigma=popularity_sigma, trace_model=trace_model,
-                                            reading=reading, drift_rho=drift_rho,
-                                            drift_cutoff_sigmas=drift_cutoff_sigmas):
+    warm = np.empty((batch, n_layers, w.warmup_windows, k), np.int32) if w.warmup_windows else None
+    for b, layer, windows, s in _streams(w):
         idx[b, layer] = s
         if warm is not None:
-            warm[b, layer] = w
-    d = generator_defaults()
-    reading = check_reading(reading)
-    meta = {"generator": "ess.tracegen.synthetic_trace", "trace_model": trace_model, "reading": reading,
-            "profile": profile if isinstance(profile, (str, numbers.Real)) else list(map(float, profile)),
-            "n_sinks": d["n_sinks"] if n_sinks is None else n_sinks,
-            "local_window": d["local_window"] if local_window is None else local_window}
-    if trace_model == "uniform":
-        meta["popularity_sigma"] = d["popularity_sigma"] if popularity_sigma is None else popularity_sigma
+            warm[b, layer] = windows
+    loc = w.locality
+    p = w.profile
+    meta = {"generator": "ess.tracegen.synthetic_trace", "trace_model": loc.trace_model, "reading": loc.reading,
+            "profile": p if isinstance(p, (str, numbers.Real)) else list(p),
+            "n_sinks": w.n_sinks, "local_window": w.local_window}
+    if loc.trace_model == "uniform":
+        meta["popularity_sigma"] = w.popularity_sigma
     else:
-        meta["drift_rho"] = fitted_drift_rho(reading) if drift_rho is None else drift_rho
-    return Trace(_Owned(idx), context_len, k, mtp, seed, None if warm is None else _Owned(warm), meta)
+        meta["drift_rho"] = loc.drift_rho
+    return Trace(_Owned(idx), w.context_len, k, mtp, w.seed, None if warm is None else _Owned(warm), meta)

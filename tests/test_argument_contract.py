@@ -152,6 +152,12 @@ def _locs():
     return list(locality_alternatives())
 
 
+def _workload(context_len, **kw):
+    """A synthetic trace's setting (ess.tracegen.Workload) at a small geometry."""
+    from ess.tracegen import Workload
+    return Workload(context_len, **kw)
+
+
 def _uniform():
     """The earlier uniform locality model at the central model's reading (tests/test_tables_prefetching.py's)."""
     from ess.locality import LocalityModel
@@ -198,10 +204,9 @@ def _decode_config():
 
 #: valid arguments of one callable, where the name table is not enough
 ARGS = {
-    "ess.cachesim.misses_per_layer": lambda: {"context_len": 1024, "ratio": 0.5, "k": 16, "n_layers": 2, "steps": 4},
-    "ess.cachesim.misses_per_step": lambda: {"context_len": 1024, "ratio": 0.5, "k": 16, "n_layers": 2, "steps": 4},
-    "ess.cachesim.sweep_synthetic": lambda: {"context_len": 1024, "ratios": [0.5], "k": 16, "n_layers": 2,
-                                             "steps": 4},
+    "ess.cachesim.misses_per_layer": lambda: {"workload": _workload(1024, k=16, n_layers=2, steps=4), "ratio": 0.5},
+    "ess.cachesim.misses_per_step": lambda: {"workload": _workload(1024, k=16, n_layers=2, steps=4), "ratio": 0.5},
+    "ess.cachesim.sweep_synthetic": lambda: {"workload": _workload(1024, k=16, n_layers=2, steps=4), "ratios": [0.5]},
     "ess.cachesim.trace_misses": lambda: {"trace": _trace(), "capacity": 8},
     "ess.studies.real_model.measure.CheckConfig": lambda: {"context_len": 64, "batch": 2, "decode": _decode_config()},
     "ess.studies.real_model.check.CheckDesign": lambda: {
@@ -213,12 +218,15 @@ ARGS = {
                                                    "mtp": 2, "accept_ratio": 1.7, "throughput": 100.0,
                                                    "read_from_chart": True, "source": "s"},
     "ess.cachesim.sequence_misses": lambda: {"steps": np.array([[0, 1], [1, 2]]), "capacity": 4},
-    "ess.cachesim.smallest_pool": lambda: {"context_len": 4096, "target": 30.0, "k": 64, "n_layers": 1, "steps": 2,
-                                           "batch": 1},
+    "ess.cachesim.smallest_pool": lambda: {"workload": _workload(4096, k=64, n_layers=1, steps=2, batch=1),
+                                           "target": 30.0},
     "ess.policies.make_policy": lambda: {"name": "lru", "capacity": 4},
     "ess.policies.first_in_order": lambda: {"keys": (np.array([2, 1, 3]),), "n": 1},
-    "ess.tracegen.synthetic_trace": lambda: {"context_len": 1024, "k": 16, "n_layers": 2, "steps": 2, "batch": 1},
-    "ess.tracegen.synthetic_streams": lambda: {"context_len": 1024, "k": 16, "n_layers": 2, "steps": 2, "batch": 1},
+    # the generators' settings are a Workload's fields, swept on its constructor (synthetic_trace and
+    # synthetic_streams take the workload alone: no boolean or integer parameter of their own)
+    "ess.tracegen.Workload": lambda: {"context_len": 1024, "k": 16, "n_layers": 2, "steps": 2, "batch": 1},
+    "ess.tracegen.synthetic_trace": lambda: {"workload": _workload(1024, k=16, n_layers=2, steps=2, batch=1)},
+    "ess.tracegen.synthetic_streams": lambda: {"workload": _workload(1024, k=16, n_layers=2, steps=2, batch=1)},
     "ess.studies.locality.measure_evidence": lambda: {"models": _locs()},
     "ess.studies.prefetching.band_setting": lambda: {"models": _locs(), "band_batch": 1},
     "ess.studies.prefetching.misses_by_context": lambda: {"context_lens": [1024], "ratio": 0.5, "models": _locs(),
@@ -295,7 +303,7 @@ ARGS = {
     "ess.llm.weights.unpermute_rope_rows": lambda: {"w": np.zeros((8, 3)), "n_heads": 2},
     "ess.sim.grid.GridInputs": lambda: {"params": __import__("ess.sim.costs").sim.costs.CostParams(),
                                         "calibrations": {}, "extrapolation": {}, "localities": _locs(),
-                                        "cachesim_steps": 8, "cachesim_batch": 1, "band_batch": 1},
+                                        "sizes": __import__("ess.sim.misses").sim.misses.BandSizes(8, 1, 1)},
     "ess.sim.grid.grid_search": _grid(cells=True),
     "ess.sim.grid.break_even_link": _grid(found=True),
     "ess.sim.grid.overlap_links": _grid(found=True),
@@ -375,6 +383,7 @@ INSTANCES = {
     "ess.storage.HostPool": _host_pool,
     "ess.traces.TraceRecorder": _make("ess.traces", "TraceRecorder", context_len=8, k=2, n_layers=1, batch=1),
     "ess.sim.misses.MissesTable": _make("ess.sim.misses", "MissesTable", steps=2, batch=1, model="tiny"),
+    "ess.sim.misses.BandSizes": _make("ess.sim.misses", "BandSizes", steps=2, batch=1, band_batch=1),
     "ess.policies.SlotPool": _make("ess.policies", "SlotPool", 4),
     "ess.policies.EvictionPolicy": _make("ess.policies", "LRUPolicy", 4),
     "ess.metrics.OpTimer": _make("ess.metrics", "OpTimer"),
@@ -521,7 +530,7 @@ EXCLUDED = {
         "ess.sim.grid.CellView", "ess.planning.Plan", "ess.heat_predictor.PredictorReport",
         "ess.llm.generate.Generation", "ess.storage.PoolStep", "ess.storage.StepPlan", "ess.policies.SlotPlan",
         "ess.results.Results", "ess.sim.costs.LayerCosts", "ess.sim.costs.KernelPoints", "ess.sim.costs.PartBatch",
-        "ess.sim.predictions.BandInputs", "ess.link.Transfer", "ess.engine.engine.DecodeSession",
+        "ess.link.Transfer", "ess.engine.engine.DecodeSession",
         "ess.engine.engine.DenseSession")},
     # owned elsewhere this round
     # a decode run or a model to build (tests/test_engine_overlap_check.py checks their arguments)

@@ -66,8 +66,8 @@ def test_lru_semantics_by_hand():
 
 
 def test_warmup_never_increases_first_step_misses():
-    tr = G.synthetic_trace(1024, n_layers=4, k=64, mtp=2, steps=4, batch=2, warmup_windows=8, seed=2,
-                           local_window=8)
+    tr = G.synthetic_trace(G.Workload(1024, n_layers=4, k=64, mtp=2, steps=4, batch=2, warmup_windows=8, seed=2,
+                                      local_window=8))
     for pol in POLICIES:
         cold = C.trace_misses(tr, pol, ratio=0.3, warmup=False)[:, :, 0]
         warm = C.trace_misses(tr, pol, ratio=0.3, warmup=True)[:, :, 0]
@@ -76,13 +76,13 @@ def test_warmup_never_increases_first_step_misses():
 
 
 def test_misses_per_layer_contract_shape_and_monotone_in_ratio():
-    kw = dict(n_layers=5, k=256, mtp=2, steps=8, batch=2, local_window=8)
-    small = C.misses_per_layer(8192, 0.15, **kw)
-    big = C.misses_per_layer(8192, 0.5, **kw)
+    w = G.Workload(8192, n_layers=5, k=256, mtp=2, steps=8, batch=2, local_window=8)
+    small = C.misses_per_layer(w, 0.15)
+    big = C.misses_per_layer(w, 0.5)
     assert small.shape == (5,) and small.dtype == np.float64
     assert (big <= small).all() and big.sum() < small.sum()
-    assert np.array_equal(small, C.misses_per_layer(8192, 0.15, **kw))       # seeded
-    assert C.misses_per_step(8192, 0.15, **kw).shape == (5, 8)
+    assert np.array_equal(small, C.misses_per_layer(w, 0.15))       # seeded
+    assert C.misses_per_step(w, 0.15).shape == (5, 8)
     # layer 0 has no locality in the paper profile: it misses more than the layers with overlap 0.8-0.9
     assert small[0] > small[1:].max()
 
@@ -97,12 +97,12 @@ def test_bad_input_is_refused():
     with pytest.raises(ValueError, match="smaller than K"):
         C.trace_misses(tr, capacity=tr.k - 1)
     with pytest.raises(ValueError, match="fewer than the 2048 entries"):             # one query token: K
-        C.misses_per_layer(32768, 0.05, n_layers=1, k=2048, mtp=1, steps=1, batch=1)
+        C.misses_per_layer(G.Workload(32768, n_layers=1, k=2048, mtp=1, steps=1, batch=1), 0.05)
     # layer 0 of the paper profile (overlap 0): two query tokens select 2 x 2048 entries, 1,638 slots cannot hold them
     with pytest.raises(ValueError, match="fewer than the 4096 entries"):
-        C.misses_per_layer(32768, 0.05, n_layers=1, k=2048, mtp=2, steps=1, batch=1)
+        C.misses_per_layer(G.Workload(32768, n_layers=1, k=2048, mtp=2, steps=1, batch=1), 0.05)
     with pytest.raises(ValueError, match="GPU slots"):    # holds K but not one MTP step's union
-        C.misses_per_layer(4096, 0.6, n_layers=1, k=2048, mtp=2, steps=2, batch=1)
+        C.misses_per_layer(G.Workload(4096, n_layers=1, k=2048, mtp=2, steps=2, batch=1), 0.6)
     with pytest.raises(ValueError, match="policy"):
         C.trace_misses(tr, "random", capacity=10)
     with pytest.raises(TypeError, match="Trace"):
@@ -116,8 +116,8 @@ def test_lru_agrees_exactly_with_the_storage_module():
     from ess.specs import model_spec
     model = model_spec("tiny")
     L, k, steps = 300, model.index_topk, 12
-    tr = G.synthetic_trace(L, n_layers=model.n_layers, k=k, mtp=2, steps=steps, batch=2, warmup_windows=4,
-                           seed=7, local_window=8)
+    tr = G.synthetic_trace(G.Workload(L, n_layers=model.n_layers, k=k, mtp=2, steps=steps, batch=2,
+                                      warmup_windows=4, seed=7, local_window=8))
     cap = int(0.6 * L)
     for pol in ("lru", "fifo"):
         cache = storage.TieredCache(model, capacity=cap, policy=pol)
@@ -136,47 +136,61 @@ def test_lru_agrees_exactly_with_the_storage_module():
 
 @pytest.mark.parametrize("threads", [1, 2])
 def test_sweep_equals_simulating_the_materialised_trace(threads):
-    kw = dict(n_layers=3, k=256, mtp=2, steps=6, batch=2, seed=5, local_window=8, warmup_windows=4)
-    tr = G.synthetic_trace(4096, **kw)
-    got = C.sweep_synthetic(4096, [0.2, 0.5], policies=POLICIES, warmups=(True, False), threads=threads, **kw)
+    w = G.Workload(4096, n_layers=3, k=256, mtp=2, steps=6, batch=2, seed=5, local_window=8, warmup_windows=4)
+    tr = G.synthetic_trace(w)
+    got = C.sweep_synthetic(w, [0.2, 0.5], policies=POLICIES, warmups=(True, False), threads=threads)
     for (r, pol, w), m in got.items():
         np.testing.assert_allclose(m, C.trace_misses(tr, pol, ratio=r, warmup=w).mean(axis=0), err_msg=str((r, pol, w)))
 
 
 @pytest.mark.parametrize("model", ["uniform", "drift"])
 def test_sweep_equals_the_materialised_trace_for_both_models(model):
-    kw = dict(n_layers=3, k=256, mtp=2, steps=6, batch=2, seed=5, local_window=8, warmup_windows=4, trace_model=model)
-    tr = G.synthetic_trace(4096, **kw)
+    w = G.Workload(4096, n_layers=3, k=256, mtp=2, steps=6, batch=2, seed=5, local_window=8, warmup_windows=4,
+                   locality=LM.LocalityModel.of(model))
+    tr = G.synthetic_trace(w)
     assert tr.meta["trace_model"] == model
-    got = C.sweep_synthetic(4096, [0.2, 0.5], policies=("lru", "belady"), warmups=(True, False), **kw)
+    got = C.sweep_synthetic(w, [0.2, 0.5], policies=("lru", "belady"), warmups=(True, False))
     for (r, pol, w), m in got.items():
         np.testing.assert_allclose(m, C.trace_misses(tr, pol, ratio=r, warmup=w).mean(axis=0), err_msg=str((r, pol, w)))
 
 
 def test_default_model_is_the_one_the_data_names():
     kw = dict(n_layers=2, k=256, mtp=2, steps=4, batch=1, local_window=8)
-    named = C.misses_per_layer(8192, 0.2, trace_model=LM.default_trace_model(), **kw)
-    assert np.array_equal(C.misses_per_layer(8192, 0.2, **kw), named)
+    named = C.misses_per_layer(G.Workload(8192, locality=LM.LocalityModel.of(LM.default_trace_model()), **kw), 0.2)
+    w = G.Workload(8192, **kw)                                          # locality None: the central model
+    assert w.locality == LM.default_locality() == LM.locality_named("central")
+    assert np.array_equal(C.misses_per_layer(w, 0.2), named)
     other = [m for m in LM.TRACE_MODELS if m != LM.default_trace_model()][0]
-    assert not np.array_equal(C.misses_per_layer(8192, 0.2, trace_model=other, **kw), named)
+    assert not np.array_equal(C.misses_per_layer(G.Workload(8192, locality=LM.LocalityModel.of(other), **kw), 0.2),
+                              named)
 
 
 def test_misses_per_layer_drift_runs_at_the_full_geometry():
     # 61 layers, 128K, K 2048, default steps (64) and MTP (2); one request keeps the suite fast (the default batch
     # of 4 takes about 4x as long: see the notebook 04 timings)
-    m = C.misses_per_layer(131072, 0.2, n_layers=61, k=2048, batch=1, trace_model="drift")
+    m = C.misses_per_layer(G.Workload(131072, n_layers=61, k=2048, batch=1, locality=LM.LocalityModel.of("drift")),
+                           0.2)
     assert m.shape == (61,) and np.isfinite(m).all() and (m >= 0).all()
     assert m[0] == m.max()                          # layer 0, no locality, misses most
     assert m[1:17].mean() < m[19:45].mean()         # layers 1-16 (overlap 0.7-0.9) miss less than 19-44
 
 
 def test_unknown_model_is_refused_everywhere():
+    # a model is named in a LocalityModel (or by its name in the band); the workload takes a model, never its name,
+    # and the sweeps take a workload only (tests/test_tracegen.py)
     kw = dict(n_layers=1, k=256, steps=2, batch=1, local_window=8)
-    for call in (lambda: C.misses_per_layer(4096, 0.5, trace_model="lru", **kw),
-                 lambda: C.misses_per_step(4096, 0.5, trace_model="", **kw),
-                 lambda: C.sweep_synthetic(4096, [0.5], trace_model="Drift", **kw),
-                 lambda: C.smallest_pool(4096, 100, trace_model="none", **kw)):
-        with pytest.raises(ValueError, match=r"trace_model must be one of \('uniform', 'drift'\)"):
+    for bad in ("lru", "", "Drift", "none"):
+        for call in (lambda: LM.LocalityModel.of(bad), lambda: LM.LocalityModel.of(bad, reading="fraction"),
+                     lambda: LM.LocalityModel(bad, bad, "fraction")):
+            with pytest.raises(ValueError, match=r"trace_model must be one of \('uniform', 'drift'\)"):
+                call()
+        with pytest.raises(ValueError, match="locality must be one of"):
+            LM.locality_named(bad)
+        with pytest.raises(TypeError, match="locality must be an ess.locality.LocalityModel"):
+            G.Workload(4096, locality=bad, **kw)
+    for call in (lambda: C.misses_per_layer(4096, 0.5), lambda: C.misses_per_step(4096, 0.5),
+                 lambda: C.sweep_synthetic(4096, [0.5]), lambda: C.smallest_pool(4096, 100)):
+        with pytest.raises(TypeError, match="workload must be an ess.tracegen.Workload"):
             call()
 
 
@@ -193,14 +207,14 @@ def test_layers_share_the_ratio_so_an_mtp_step_fits():
     equals simulating each layer with its own share."""
     from ess import layout
     from ess.specs import model_spec
-    kw = dict(n_layers=3, k=2048, mtp=4, steps=3, batch=1, profile=[0.0, 0.8, 0.8], trace_model="uniform",
-              local_window=8)
-    got = C.sweep_synthetic(32768, [0.193], **kw)[(0.193, "lru", True)]
+    w = G.Workload(32768, n_layers=3, k=2048, mtp=4, steps=3, batch=1, profile=[0.0, 0.8, 0.8],
+                   locality=LM.LocalityModel.of("uniform"), local_window=8)
+    got = C.sweep_synthetic(w, [0.193])[(0.193, "lru", True)]
     need = layout.step_entries(model_spec(), 32768, 4, overlap=[0.0, 0.8, 0.8])
     caps = layout.layer_pool_slots(model_spec(), 0.193, 32768, need)
     assert caps[0] == 8192 > layout.pool_slots(model_spec(), 0.193, 32768) > caps[1]
     want = np.zeros((3, 3))
-    for b, layer, warm, st in G.synthetic_streams(32768, **kw):
+    for b, layer, warm, st in G.synthetic_streams(w):
         width = int((st >= 0).sum(axis=1).max())
         want[layer] = C.sequence_misses(st, C._holding_the_step(int(caps[layer]), width), windows=warm,
                                         n_positions=32768 + 12)
@@ -282,12 +296,12 @@ def test_clock_kernel_worked_example():
 
 
 def test_sweep_returns_the_selected_entries_for_hit_rates():
-    kw = dict(n_layers=3, k=256, mtp=2, steps=5, batch=2, seed=4, local_window=8, warmup_windows=3)
+    w = G.Workload(4096, n_layers=3, k=256, mtp=2, steps=5, batch=2, seed=4, local_window=8, warmup_windows=3)
     sel = np.zeros((3, 5))
-    got = C.sweep_synthetic(4096, [0.3], policies=CLOCKS, selected=sel, **kw)
-    tr = G.synthetic_trace(4096, **kw)
+    got = C.sweep_synthetic(w, [0.3], policies=CLOCKS, selected=sel)
+    tr = G.synthetic_trace(w)
     np.testing.assert_allclose(sel, tr.set_sizes().mean(axis=0))
     for pol in CLOCKS:
         np.testing.assert_allclose(got[(0.3, pol, True)], C.trace_misses(tr, pol, ratio=0.3).mean(axis=0))
     with pytest.raises(TypeError, match=r"selected must be a float64 array of shape \(3, 5\)"):
-        C.sweep_synthetic(4096, [0.3], selected=np.zeros((3, 4)), **kw)
+        C.sweep_synthetic(w, [0.3], selected=np.zeros((3, 4)))

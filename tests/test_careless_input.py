@@ -8,6 +8,7 @@ import pytest
 from ess import TieredCache, capacity_from_budget, model_spec
 from ess.archive import Archive
 from ess.cachesim import sequence_misses, smallest_pool
+from ess.tracegen import Workload
 from ess.disk import ArchiveError, DiskTier
 from ess.memory import fit_mem_fraction_static
 from ess.heat_predictor import HeatScorer, History, evaluate_predictor
@@ -61,8 +62,8 @@ CASES = [
     ("history padding -5 ignored", lambda: History(10).observe(np.array([-5, 2])), ValueError, "indices holds -5"),
     ("evaluation start -1 ignored", lambda: evaluate_predictor(HeatScorer(), np.array([[0, 1], [1, 2], [2, 3]]),
                                                                start=-1), ValueError, "start must be a positive integer"),
-    ("resolution 0 never ends", lambda: smallest_pool(4096, 30.0, resolution=0, n_layers=1, k=64, steps=2, batch=1),
-     ValueError, "resolution must be a positive integer"),
+    ("resolution 0 never ends", lambda: smallest_pool(Workload(4096, n_layers=1, k=64, steps=2, batch=1), 30.0,
+                                                      resolution=0), ValueError, "resolution must be a positive integer"),
     ("best_batch over no ratio", lambda: best_batch(32768, []), ValueError, "ratios must list at least one"),
     ("CostParams(compute_scale=True)", lambda: CostParams(compute_scale=True), TypeError,
      "CostParams.compute_scale must be a number"),

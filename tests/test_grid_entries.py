@@ -3,6 +3,7 @@ contexts of 0, negative, fractional, NaN or text; ratio ceilings above 1 or NaN;
 NaN tolerances; reversed or broken link-speed spans; a GPU on a host link that cannot serve it; a GPU of
 ``list_gpus()`` without a deployment of the paper's shape. Each of these once gave an answer (a truncated context,
 a ratio of 1.5 in the grid, a link speed of 5,000 GB/s after no bisection) or an error naming something else."""
+import dataclasses
 import math
 
 import pytest
@@ -10,6 +11,7 @@ import pytest
 import ess
 from ess.sim import grid as sgrid
 from ess.sim.costs import CostParams
+from ess.sim.misses import NOTEBOOK_SIZES, PLANNER_SIZES, BandSizes
 from ess.specs import gpu_spec, host_link_spec, list_deployments, list_gpus, list_host_links
 from ess.locality import locality_alternatives
 import test_probe_grid as probe_grid
@@ -193,11 +195,30 @@ def test_an_unknown_gpu_is_named():
 
 
 # ------------------------------------------------------------------------------------------------ inputs
-@pytest.mark.parametrize("field,bad", [("cachesim_steps", 2.5), ("cachesim_batch", 0), ("band_batch", "1"),
-                                       ("store", "no"), ("store", 1)])
+@pytest.mark.parametrize("field,bad", [("steps", 2.5), ("batch", 0), ("band_batch", "1")])
+def test_band_sizes_name_a_bad_size(field, bad):
+    with pytest.raises((TypeError, ValueError), match=field):
+        BandSizes(**{field: bad})
+    with pytest.raises((TypeError, ValueError), match=field):
+        PLANNER_SIZES.replace(**{field: bad})
+
+
+def test_band_sizes_refuse_an_unknown_size_and_stay_frozen():
+    with pytest.raises(ValueError, match="'cachesim_steps'"):
+        NOTEBOOK_SIZES.replace(cachesim_steps=8)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        NOTEBOOK_SIZES.steps = 8
+    assert (NOTEBOOK_SIZES.steps, NOTEBOOK_SIZES.batch, NOTEBOOK_SIZES.band_batch) == (64, 4, 2)
+    assert (PLANNER_SIZES.steps, PLANNER_SIZES.batch, PLANNER_SIZES.band_batch) == (32, 2, 1)
+    assert PLANNER_SIZES.batch_of(True) == 2 and PLANNER_SIZES.batch_of(False) == 1
+    for f in dataclasses.fields(BandSizes):               # help and unit, as the command line reads them
+        assert f.metadata["help"] and f.metadata["unit"]
+
+
+@pytest.mark.parametrize("field,bad", [("sizes", (8, 1, 1)), ("sizes", {"steps": 8}), ("store", "no"), ("store", 1)])
 def test_grid_inputs_check_their_sizes_and_flag(field, bad):
     p = CostParams(0.6, 1.2, 46.0)
-    kw = {"cachesim_steps": 8, "cachesim_batch": 1, "band_batch": 1, "store": False, field: bad}
+    kw = {"sizes": BandSizes(steps=8, batch=1, band_batch=1), "store": False, field: bad}
     with pytest.raises((TypeError, ValueError), match=field):
         sgrid.GridInputs(p, {"central": p}, {}, list(locality_alternatives()), **kw)
     for stored in (True, False):                     # the stored inputs and those computed here
@@ -216,7 +237,8 @@ def test_accept_ratio_for_and_the_planner_refuse_a_fractional_mtp():
 
 def test_planner_inputs_name_their_sizes():
     from ess.planning import planner_inputs, shipped_tables
-    with pytest.raises(TypeError, match="cachesim_steps"):
-        planner_inputs(cachesim_steps=2.5)
-    with pytest.raises(TypeError, match="band_batch"):
-        shipped_tables([MODEL], band_batch=1.5)
+    with pytest.raises(TypeError, match="sizes"):
+        planner_inputs(sizes={"steps": 8})
+    with pytest.raises(TypeError, match="sizes"):
+        shipped_tables([MODEL], sizes=(32, 2, 1))
+    assert planner_inputs().sizes == PLANNER_SIZES

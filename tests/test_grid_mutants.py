@@ -13,6 +13,7 @@ import pytest
 
 from ess.sim import Scenario, simulate
 from ess.sim import grid as sgrid
+from ess.sim.misses import BandSizes
 from ess.specs import model_spec
 from test_sim_grid import FakeTable, inputs  # noqa: F401  (the fixture)
 
@@ -155,7 +156,8 @@ def test_the_bands_never_ask_a_miss_table_about_no_offload(inputs):  # noqa: F81
     the table (which here refuses ratio 1, as a table for the offload ratios may), so no combination is counted
     infeasible and the calibration band holds the central gain."""
     found = sgrid.grid_search(_cells(), inputs)
-    inp = sgrid.GridInputs(inputs.params, inputs.calibrations, inputs.extrapolation, inputs.localities, 8, 1, 1)
+    inp = sgrid.GridInputs(inputs.params, inputs.calibrations, inputs.extrapolation, inputs.localities,
+                           BandSizes(steps=8, batch=1, band_batch=1))
     for i, loc in enumerate(inp.localities):
         inp.tables[(MODEL, loc.name, "paper")] = _OffloadOnlyTable(MODEL, 1.0 + 0.3 * i)
     _OffloadOnlyTable.asked = []

@@ -8,8 +8,8 @@ from ess import tracegen as G
 
 @pytest.fixture(scope="module")
 def local_trace():
-    return G.synthetic_trace(1024, n_layers=2, k=64, mtp=1, steps=40, batch=2, warmup_windows=0, seed=4,
-                             local_window=4, profile=[0.6, 0.85])
+    return G.synthetic_trace(G.Workload(1024, n_layers=2, k=64, mtp=1, steps=40, batch=2, warmup_windows=0, seed=4,
+                                        local_window=4, profile=[0.6, 0.85]))
 
 
 def train(trace, seed=0):

@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from ess import tracegen as G
+from ess.locality import LocalityModel
 from ess import traces as T
 from ess.kernels import trace_stats as K
 
@@ -87,8 +88,8 @@ def test_edge_cases(mod):
 def test_one_overlap_for_the_traces_and_the_generator():
     """ess.traces.adjacent_overlap is the mean of the kernel's per-step overlaps over steps and requests, and the
     generator's calibration the mean over its stream: both equal the overlaps recomputed from the sets by hand."""
-    tr = G.synthetic_trace(1024, n_layers=2, k=32, mtp=1, steps=9, batch=2, warmup_windows=0, seed=3,
-                           local_window=4, trace_model="uniform")
+    tr = G.synthetic_trace(G.Workload(1024, n_layers=2, k=32, mtp=1, steps=9, batch=2, warmup_windows=0, seed=3,
+                                      local_window=4, locality=LocalityModel.of("uniform")))
     by_hand = np.zeros(2)
     for layer in range(2):
         vals = []

@@ -128,8 +128,8 @@ def test_one_pool_rule_for_memory_storage_and_cachesim(ratio, L):
             layout.capacity_from_ratio(tiny, ratio, L)
         return
     assert layout.capacity_from_ratio(tiny, ratio, L) == slots
-    tr = tracegen.synthetic_trace(L, n_layers=1, k=tiny.index_topk, mtp=1, steps=6, batch=1, warmup_windows=0,
-                                local_window=4)
+    tr = tracegen.synthetic_trace(tracegen.Workload(L, n_layers=1, k=tiny.index_topk, mtp=1, steps=6, batch=1,
+                                                    warmup_windows=0, local_window=4))
     by_ratio = cachesim.trace_misses(tr, ratio=ratio, warmup=False)        # pages of 64 tokens, as tiny's
     assert np.array_equal(by_ratio, cachesim.trace_misses(tr, capacity=slots, warmup=False))
     lim = memory.largest_batch(32768, ratio)

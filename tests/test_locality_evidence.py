@@ -16,7 +16,7 @@ SETTING = FIT["setting"]["value"]
 
 def _hit(model: LM.LocalityModel) -> float:
     return loc.buffer_hit_rate(SETTING["context_len"], steps=SETTING["steps"], batch=SETTING["batch"],
-                               seed=SETTING["seed"], **model.kwargs())
+                               seed=SETTING["seed"], locality=model)
 
 
 def test_the_default_is_what_the_rule_picks_from_the_recorded_scores():
@@ -34,7 +34,7 @@ def test_central_model_holds_its_fit_to_vllm_and_gvr_and_fig2():
     h = _hit(c)
     assert h == pytest.approx(ev["hit_2k"], abs=2e-3)                                       # E2, recorded
     assert loc.range_distance(h, loc.VLLM_BUFFER_2K_HIT_RATE) == pytest.approx(ev["d_E2"], abs=2e-3)
-    gvr = loc.gvr_overlaps(SETTING["context_len"], **c.kwargs())                             # E3, the probe
+    gvr = loc.gvr_overlaps(SETTING["context_len"], locality=c)                               # E3, the probe
     assert gvr["deep"] == pytest.approx(ev["gvr_deep"], abs=5e-3)
     assert gvr["shallow"] == pytest.approx(ev["gvr_shallow"], abs=5e-3)
     target = G.locality_profile("paper", 61, c.reading)                                     # E1
@@ -56,7 +56,7 @@ def test_central_model_holds_its_fit_to_the_real_traces_shape():
     c = LM.default_locality()
     ev = EVIDENCE[f"{c.trace_model}/{c.reading}"]
     real = loc.real_traces()
-    shapes = [loc.model_shape(tr, **c.kwargs()) for tr in real.values()]
+    shapes = [loc.model_shape(tr, locality=c) for tr in real.values()]
     for s in loc.SHAPE_STATS:
         assert np.mean([x[s] for x in shapes]) == pytest.approx(ev[f"model_{s}"], abs=5e-3), s
         assert np.mean([loc.trace_shape(tr)[s] for tr in real.values()]) == pytest.approx(ev[f"real_{s}"], abs=1e-3)

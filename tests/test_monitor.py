@@ -10,15 +10,15 @@ from ess.monitor import ROW_FIELDS, StepSeries, check_row
 from ess.replay import replay_steps, replay_trace, run_trace
 from ess.specs import model_spec
 from ess.storage import TieredCache
-from ess.tracegen import synthetic_trace
+from ess.tracegen import Workload, synthetic_trace
 
 TINY = model_spec("tiny")
 E = latent_entry_bytes(TINY)
 
 
 def _replay_setup(steps=5, seed=0):
-    trace = synthetic_trace(300, n_layers=TINY.n_layers, k=TINY.index_topk, mtp=1, steps=steps, batch=1,
-                            warmup_windows=3, profile=[0.0, 0.9, 0.5, 0.7], seed=seed)
+    trace = synthetic_trace(Workload(300, n_layers=TINY.n_layers, k=TINY.index_topk, mtp=1, steps=steps, batch=1,
+                                     warmup_windows=3, profile=[0.0, 0.9, 0.5, 0.7], seed=seed))
     rng = np.random.default_rng(seed)
     prefill = rng.integers(0, 256, (TINY.n_layers, 300, E), dtype=np.uint8)
     new = rng.integers(0, 256, (steps, TINY.n_layers, E), dtype=np.uint8)

@@ -18,6 +18,7 @@ from ess.sim import grid as sgrid
 from ess.sim import store
 from ess.sim.costs import CostParams
 from ess.specs import host_link_spec, list_gpus, list_host_links, reference_link
+from ess.locality import locality_named
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -302,6 +303,39 @@ def test_cli_bad_input_one_line_exit_2(args, flag):
     assert r.returncode == 2
     err = [ln for ln in r.stderr.splitlines() if not ln.startswith(("usage:", " "))]
     assert len(err) == 1 and flag in err[0] and "Traceback" not in r.stderr, r.stderr
+
+
+def test_cli_misses_is_the_workloads_cache_simulation():
+    """Mistakes: a flag made from a Workload field parsed wrongly (32k not 32,768; --layers not reaching n_layers),
+    the command simulating another workload or ratio than the call, or a hit rate over the wrong denominator."""
+    from ess.cachesim import sweep_synthetic
+    from ess.tracegen import Workload
+    r = _ess("misses", "--context", "32k", "--ratio", "0.2", "--steps", "6", "--batch", "1", "--layers", "4",
+             "--locality", "uniform", "--json")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    w = Workload(32768, steps=6, batch=1, n_layers=4, locality=locality_named("uniform"))
+    assert d["workload"] == w.config()
+    sel = np.zeros((4, 6))
+    want = sweep_synthetic(w, [0.2], selected=sel)[(0.2, "lru", True)]
+    assert d["misses_per_layer"] == pytest.approx(want.mean(axis=1).tolist(), rel=1e-12)
+    assert d["hit_rate"] == pytest.approx(1 - want.sum() / sel.sum(), rel=1e-12)
+    text = _ess("misses", "--context", "32k", "--ratio", "0.2", "--steps", "6", "--batch", "1", "--layers", "4",
+                "--locality", "uniform", "--no-warmup")
+    assert text.returncode == 0 and "uniform" in text.stdout and "hit rate" in text.stdout
+    assert "LRU-Warmup" not in text.stdout.splitlines()[0]
+
+
+@pytest.mark.parametrize("args, flag", [(("--context", "32k", "--ratio", "0.2", "--mtp", "0"), "--mtp"),
+                                        (("--context", "32q", "--ratio", "0.2"), "--context"),
+                                        (("--context", "32k", "--ratio", "0.2", "--locality", "nope"), "--locality"),
+                                        (("--ratio", "0.2"), "--context"),
+                                        (("--context", "1k", "--ratio", "0.2"), "k (top-K)")])
+def test_cli_misses_bad_input_one_line_exit_2(args, flag):
+    """Mistake: a workload the library refuses reaching the user as a traceback, or without the flag named."""
+    r = _ess("misses", *args)
+    assert r.returncode == 2, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and flag in r.stderr and "Traceback" not in r.stderr, r.stderr
 
 
 def test_cli_listings_carry_sources():

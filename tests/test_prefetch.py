@@ -12,8 +12,8 @@ from ess import tracegen as G
 
 @pytest.fixture(scope="module")
 def trace():
-    return G.synthetic_trace(2048, n_layers=3, k=128, mtp=2, steps=16, batch=2, warmup_windows=6, seed=9,
-                             local_window=8)
+    return G.synthetic_trace(G.Workload(2048, n_layers=3, k=128, mtp=2, steps=16, batch=2, warmup_windows=6, seed=9,
+                                        local_window=8))
 
 
 @pytest.mark.parametrize("warmup", ["none", "before"])
@@ -68,7 +68,8 @@ def test_bad_config():
         F.PrefetchConfig(100, link_GB_per_s=0)
     with pytest.raises(ValueError, match="capacity"):
         F.PrefetchConfig(0)
-    tr = G.synthetic_trace(512, n_layers=1, k=64, mtp=1, steps=2, batch=1, warmup_windows=2, seed=0, local_window=4)
+    tr = G.synthetic_trace(G.Workload(512, n_layers=1, k=64, mtp=1, steps=2, batch=1, warmup_windows=2, seed=0,
+                                      local_window=4))
     with pytest.raises(ValueError, match="smaller than K"):
         F.simulate_prefetch(tr, F.PrefetchConfig(32))
     with pytest.raises(ValueError, match="trained LSTMHeatPredictor"):
@@ -94,8 +95,8 @@ def test_numba_kernel_equals_the_reference_miss_for_miss(case, seed):
     order, took candidates in another order, sent the delayed queue from the wrong end or counted unused
     prefetches differently would part from the reference here."""
     ratio, spec, delayed, warmup, link, step_us, frac, hist = case
-    tr = G.synthetic_trace(3000, n_layers=3, k=111, mtp=2, steps=13, batch=2, warmup_windows=5, seed=seed,
-                           local_window=7)
+    tr = G.synthetic_trace(G.Workload(3000, n_layers=3, k=111, mtp=2, steps=13, batch=2, warmup_windows=5,
+                                      seed=seed, local_window=7))
     cap = max(2 * tr.k + 1, int(ratio * tr.context_len))
     cfg = F.PrefetchConfig(cap, speculative=spec, delayed=delayed, predictor="heat" if spec or delayed else "none",
                            warmup_mode=warmup, link_GB_per_s=link, step_time_us=step_us, spec_fraction=frac,
@@ -113,7 +114,7 @@ def test_numba_kernel_equals_the_reference_miss_for_miss(case, seed):
 
 
 def test_backend_choice():
-    tr = G.synthetic_trace(1024, n_layers=1, k=64, mtp=1, steps=3, batch=1, warmup_windows=2, seed=1)
+    tr = G.synthetic_trace(G.Workload(1024, n_layers=1, k=64, mtp=1, steps=3, batch=1, warmup_windows=2, seed=1))
     with pytest.raises(ValueError, match="backend"):
         F.simulate_prefetch(tr, F.PrefetchConfig(200), backend="cuda")
     with pytest.raises(ValueError, match="use 'reference'"):     # the kernel has no predictor-ranked eviction

@@ -16,6 +16,7 @@ import pytest
 import ess
 from ess.sim import grid as sgrid
 from ess.sim.costs import CostParams
+from ess.sim.misses import BandSizes
 from ess.specs import gpu_spec, host_link_spec, list_deployments, list_gpus, list_host_links
 from ess.locality import locality_alternatives
 from hostile import Probe, ProbeError, bad_rows, run_probes
@@ -31,7 +32,7 @@ def inputs() -> sgrid.GridInputs:
     if not _INPUTS:
         p = CostParams(0.6, 1.2, 46.0, fitted_on="a probe")
         locs = list(locality_alternatives())
-        inp = sgrid.GridInputs(p, {"central": p}, {}, locs, 8, 1, 1)
+        inp = sgrid.GridInputs(p, {"central": p}, {}, locs, BandSizes(steps=8, batch=1, band_batch=1))
         for i, loc in enumerate(locs):
             inp.tables[(MODEL, loc.name, "paper")] = FakeTable(MODEL, 1.0 + 0.3 * i)
         inp.tables[(MODEL, locs[0].name, "flat")] = FakeTable(MODEL, 0.7)
@@ -145,7 +146,7 @@ def duplicated_ratios(tmp):
 
 def _inputs_with(**kw):
     p = CostParams(0.6, 1.2, 46.0)
-    base = {"cachesim_steps": 8, "cachesim_batch": 1, "band_batch": 1, "store": False, **kw}
+    base = {"sizes": BandSizes(steps=8, batch=1, band_batch=1), "store": False, **kw}
     return lambda tmp: sgrid.GridInputs(p, {"central": p}, {}, list(locality_alternatives()), **base)
 
 
@@ -210,7 +211,8 @@ PROBES = [
           lambda tmp: sgrid.break_even_link(found(), inputs(), iterations=10 ** 9), ("iterations",)),
     refused("overlap: iterations 2.5", lambda tmp: sgrid.overlap_links(found(), inputs(), iterations=2.5),
           ("iterations",)),
-    refused("inputs: cachesim_steps 2.5", _inputs_with(cachesim_steps=2.5), ("cachesim_steps",)),
+    refused("inputs: sizes steps 2.5", lambda tmp: BandSizes(steps=2.5), ("steps",)),
+    refused("inputs: sizes a tuple", _inputs_with(sizes=(8, 1, 1)), ("sizes",)),
     refused("inputs: store 'no'", _inputs_with(store="no"), ("store",)),
     refused("grid_inputs: stored 0", lambda tmp: sgrid.grid_inputs(stored=0), ("stored",)),
     # tolerances and spans

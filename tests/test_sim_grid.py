@@ -10,6 +10,7 @@ from ess import memory
 from ess.sim import Scenario, simulate
 from ess.sim import grid as sgrid
 from ess.sim.costs import CostParams
+from ess.sim.misses import BandSizes
 from ess.specs import deployment_spec, host_link_spec, model_spec
 from ess.locality import locality_alternatives
 
@@ -42,7 +43,7 @@ def inputs():
                            {"kernel efficiencies low": CostParams(0.6, 1.2, 46.0, efficiency="low"),
                             "Blackwell attention at the measured B200 point":
                                 CostParams(0.6, 1.2, 46.0, attention_transfer="b200-measured")},
-                           locs, 8, 1, 1)
+                           locs, BandSizes(steps=8, batch=1, band_batch=1))
     for m in ("deepseek-v3.2", "glm-5", "deepseek-v4-flash"):
         for i, loc in enumerate(locs):
             inp.tables[(m, loc.name, "paper")] = FakeTable(m, 1.0 + 0.3 * i)

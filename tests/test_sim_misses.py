@@ -5,6 +5,7 @@ import pytest
 from ess.cachesim import sweep_synthetic
 from ess.sim.misses import MissesTable
 from ess.locality import default_locality
+from ess.tracegen import Workload
 
 QUICK = dict(steps=4, batch=1)
 
@@ -17,7 +18,7 @@ def table():
 def test_a_row_is_the_cache_simulation_and_says_why_a_pool_fails(table):
     row = table.row(32768, 2)
     assert table.has_row(32768, 2) and not table.has_row(32768, 3)
-    direct = sweep_synthetic(32768, [0.2, 0.5], mtp=2, **QUICK, **default_locality().kwargs())
+    direct = sweep_synthetic(Workload(32768, mtp=2, **QUICK, locality=default_locality()), [0.2, 0.5])
     for r in (0.2, 0.5):
         np.testing.assert_array_equal(row[r], direct[(r, "lru", True)].mean(axis=1))
     assert row[0.2].mean() > row[0.5].mean() > 0 and not row[1.0].any()      # ratio 1: no offload, no misses
@@ -43,9 +44,9 @@ def test_prefetch_fills_many_points_once(monkeypatch):
     import ess.cachesim as C
     real = C.sweep_synthetic
 
-    def counting(context_len, ratios, **kw):
-        calls.append((context_len, kw["mtp"], tuple(ratios)))
-        return real(context_len, ratios, **kw)
+    def counting(workload, ratios, **kw):
+        calls.append((workload.context_len, workload.mtp, tuple(ratios)))
+        return real(workload, ratios, **kw)
     monkeypatch.setattr(C, "sweep_synthetic", counting)
     t.prefetch([(32768, 0.5, 1), (32768, 0.3, 1), (32768, 1.0, 1), (65536, 0.3, 1), (32768, 0.5, 1)])
     assert sorted(calls) == [(32768, 1, (0.3, 0.5)), (65536, 1, (0.3,))]   # one sweep per (context, MTP)
@@ -89,7 +90,8 @@ def test_the_simulator_can_price_a_clock_cache():
     lru = MissesTable(**QUICK)
     for policy in ("clock", "sampled_clock"):
         t = MissesTable(**QUICK, policy=policy)
-        direct = sweep_synthetic(32768, [0.2], mtp=2, policies=(policy,), **QUICK, **default_locality().kwargs())
+        direct = sweep_synthetic(Workload(32768, mtp=2, **QUICK, locality=default_locality()), [0.2],
+                                 policies=(policy,))
         np.testing.assert_array_equal(t(32768, 0.2, 2), direct[(0.2, policy, True)].mean(axis=1))
         assert not np.array_equal(t(32768, 0.2, 2), lru(32768, 0.2, 2))
         assert t.config["policy"] == policy and policy.upper() in t.describe()

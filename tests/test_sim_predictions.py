@@ -7,7 +7,7 @@ import pytest
 from ess.sim import CostParams, Scenario
 from ess.sim import predictions as sc
 from ess.sim.calibrate import calibrated_params
-from ess.sim.misses import MissesTable
+from ess.sim.misses import BandSizes, MissesTable
 from ess.sim.timeline import simulate
 from ess.specs import model_spec
 
@@ -30,7 +30,7 @@ def test_band_frames_by_hand():
 
 def test_band_inputs_and_their_provenance():
     band = sc.BandInputs(P, {"central": P, "other": CostParams(1.0, 1.0, 40.0)}, [_central()],
-                         {_central().name: MissesTable(steps=4, batch=1)}, 2)
+                         {_central().name: MissesTable(steps=4, batch=1)}, BandSizes(steps=4, batch=1, band_batch=2))
     assert band.scenario().params == P and band.central_misses is band.misses[_central().name]
     prov = band.provenance(band.scenario(Scenario(strategy="dba")))
     assert prov["strategy"] == "dba" and prov["params"] == P.to_dict() and "mtp" not in prov

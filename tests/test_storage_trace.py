@@ -13,15 +13,15 @@ from ess.policies import simulate_misses
 from ess.replay import run_trace
 from ess.specs import model_spec
 from ess.storage import ResidentCache, TieredCache
-from ess.tracegen import synthetic_trace
+from ess.tracegen import Workload, synthetic_trace
 
 TINY = model_spec("tiny")
 W = latent_entry_bytes(TINY)
 
 
 def _setup(ctx=300, steps=6, mtp=1, warm=4, capacity=None, seed=0):
-    trace = synthetic_trace(ctx, n_layers=TINY.n_layers, k=TINY.index_topk, mtp=mtp, steps=steps, batch=2,
-                            warmup_windows=warm, profile=[0.0, 0.9, 0.5, 0.7], seed=seed)
+    trace = synthetic_trace(Workload(ctx, n_layers=TINY.n_layers, k=TINY.index_topk, mtp=mtp, steps=steps, batch=2,
+                                     warmup_windows=warm, profile=[0.0, 0.9, 0.5, 0.7], seed=seed))
     rng = np.random.default_rng(seed)
     prefill = rng.integers(0, 256, (TINY.n_layers, ctx, W), dtype=np.uint8)
     new = rng.integers(0, 256, (steps * mtp, TINY.n_layers, W), dtype=np.uint8)
@@ -107,7 +107,7 @@ def test_run_trace_layer_mismatch_and_missing_windows():
         run_trace(cache, trace, "q", new_tokens=new)
     assert len(cache.metrics) == 0
     three = TieredCache(model_spec("tiny"), capacity=cache.capacity)
-    other = synthetic_trace(300, n_layers=3, k=TINY.index_topk, mtp=1, steps=2, batch=1, warmup_windows=0)
+    other = synthetic_trace(Workload(300, n_layers=3, k=TINY.index_topk, mtp=1, steps=2, batch=1, warmup_windows=0))
     three.add_request("q", prefill)
     with pytest.raises(ValueError, match="trace has 3 layers, the cache 4"):
         run_trace(three, other, "q", warmup=False)

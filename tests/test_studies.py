@@ -34,11 +34,28 @@ def test_choose_locality_worked_examples():
 
 
 def test_buffer_hit_rate_follows_the_locality():
-    # every layer at overlap 1 keeps its set (a step only adds the new window tokens); at overlap 0 nearly every free
-    # entry is new each step, so a 2 x K pool hits little beyond the sinks and the window
-    kw = dict(steps=6, batch=1, trace_model="uniform", n_layers=2)
-    high = buffer_hit_rate(16384, profile=1.0, **kw)
-    low = buffer_hit_rate(16384, profile=0.0, **kw)
+    from ess import tracegen as G
+    from ess.cachesim import misses_per_step
+    from ess.locality import LocalityModel, default_locality
+    kw = dict(steps=6, batch=1)
+    uniform = LocalityModel.of("uniform")
+
+    def h2k(workload):
+        """The statistic by its definition: 1 - misses / K over the second half of the steps, a 2 x K pool."""
+        k = workload.k
+        return 1 - misses_per_step(workload, 2 * k / workload.context_len)[:, workload.steps // 2:].mean() / k
+
+    # buffer_hit_rate is that statistic on the locality model's workload (MTP 1, every layer of the model)
+    high = buffer_hit_rate(16384, locality=uniform, **kw)
+    assert high == pytest.approx(h2k(G.Workload(16384, mtp=1, locality=uniform, **kw)), abs=1e-12)
+    central = buffer_hit_rate(16384, **kw)                                      # None: the central model
+    assert central == buffer_hit_rate(16384, locality=default_locality(), **kw)
+    assert abs(central - high) > 0.05                                           # measured 0.86 and 0.66
+    # and the statistic follows the overlap: every layer at overlap 1 keeps its set (a step only adds the new window
+    # tokens); at overlap 0 nearly every free entry is new each step, so a 2 x K pool hits little beyond the sinks
+    # and the window
+    w = G.Workload(16384, mtp=1, n_layers=2, locality=uniform, **kw)
+    high, low = h2k(w.replace(profile=1.0)), h2k(w.replace(profile=0.0))
     assert high > 0.95 and low < 0.2, (high, low)
 
 
@@ -73,14 +90,16 @@ def test_trace_shape_statistics_on_a_hand_trace():
 
 def test_model_shape_runs_the_model_at_the_real_geometry():
     from ess import tracegen as G
-    real = G.synthetic_trace(2048, n_layers=2, k=128, mtp=1, steps=24, batch=1, warmup_windows=4, seed=5,
-                             profile=[0.3, 0.8], trace_model="uniform", local_window=8)
+    from ess.locality import LocalityModel
+    uniform = LocalityModel.of("uniform")
+    real = G.synthetic_trace(G.Workload(2048, n_layers=2, k=128, mtp=1, steps=24, batch=1, warmup_windows=4, seed=5,
+                                        profile=[0.3, 0.8], locality=uniform, local_window=8))
     # the same model, seed and geometry (the generator's 4 sinks set, since model_shape scales them to K otherwise)
-    same = loc.model_shape(real, trace_model="uniform", reading="fraction", seed=5, local_window=8, n_sinks=4)
+    same = loc.model_shape(real, locality=LocalityModel.of("uniform", "fraction"), seed=5, local_window=8, n_sinks=4)
     assert same == pytest.approx(loc.trace_shape(real))
-    scaled = loc.model_shape(real, trace_model="uniform", seed=5, local_window=8)      # 4 x 128 / 2,048 -> 0 sinks
+    scaled = loc.model_shape(real, locality=uniform, seed=5, local_window=8)      # 4 x 128 / 2,048 -> 0 sinks
     assert scaled != pytest.approx(loc.trace_shape(real))
-    other = loc.model_shape(real, trace_model="drift", drift_rho=0.0, local_window=8)
+    other = loc.model_shape(real, locality=LocalityModel.of("drift", drift_rho=0.0), local_window=8)
     assert other["overlap"] == pytest.approx(loc.trace_shape(real)["overlap"], abs=0.03)   # overlap level matched
 
 

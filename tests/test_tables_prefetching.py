@@ -7,6 +7,7 @@ import pytest
 
 from ess import cachesim, locality
 from ess.results import Recorder
+from ess.tracegen import Workload
 from ess.studies import prefetching as tp
 
 CENTRAL = locality.default_locality()
@@ -29,7 +30,7 @@ def p1():
 
 
 def test_misses_by_ratio_is_the_sweep_with_its_band(p1):
-    direct = cachesim.sweep_synthetic(32768, [0.3, 0.6], mtp=2, steps=4, seed=0, batch=2, **CENTRAL.kwargs())
+    direct = cachesim.sweep_synthetic(Workload(32768, mtp=2, steps=4, seed=0, batch=2, locality=CENTRAL), [0.3, 0.6])
     for r in (0.3, 0.6):
         np.testing.assert_array_equal(p1.per_ratio[CENTRAL.name][r], direct[(r, "lru", True)].mean(axis=1))
         stack = np.stack([p1.per_ratio[m.name][r] for m in ALTS])
@@ -115,8 +116,8 @@ def test_policy_comparison_is_the_cache_simulation_on_both_sources(comparison):
         assert row["vs LRU (%)"] == pytest.approx(100 * (m.sum() - lru) / lru)
     # the synthetic source: the central model's sweep over the layers chosen; its band spans the models
     profile = locality_profile("paper", 61, CENTRAL.reading)[[0, 30]]
-    direct = cachesim.sweep_synthetic(32768, [0.2], policies=("clock",), warmups=(True,), n_layers=2, profile=profile,
-                                      mtp=2, steps=3, batch=1, seed=0, **CENTRAL.kwargs())
+    direct = cachesim.sweep_synthetic(Workload(32768, n_layers=2, profile=profile, mtp=2, steps=3, batch=1, seed=0,
+                                               locality=CENTRAL), [0.2], policies=("clock",), warmups=(True,))
     np.testing.assert_array_equal(c.per_layer["deepseek_32k"][(0.2, True, "clock")],
                                   direct[(0.2, "clock", True)].mean(axis=1))
     syn = f[f.source == "deepseek_32k"]

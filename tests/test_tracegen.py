@@ -9,15 +9,24 @@ from ess import traces as T
 
 
 def small(**kw):
-    args = dict(n_layers=3, k=32, mtp=1, steps=12, batch=2, warmup_windows=4, seed=3, local_window=4)
+    args = dict(context_len=512, n_layers=3, k=32, mtp=1, steps=12, batch=2, warmup_windows=4, seed=3,
+                local_window=4)
     args.update(kw)
-    return G.synthetic_trace(kw.pop("context_len", 512), **{k: v for k, v in args.items() if k != "context_len"})
+    return G.synthetic_trace(G.Workload(**args))
+
+
+def uniform():
+    return LM.LocalityModel.of("uniform")
+
+
+def drift(**kw):
+    return LM.LocalityModel.of("drift", **kw)
 
 
 def test_generator_follows_the_profile_per_layer():
     prof = [0.2, 0.5, 0.9]
-    tr = G.synthetic_trace(2048, n_layers=3, k=128, mtp=1, steps=20, batch=2, warmup_windows=0, seed=0,
-                           local_window=4, profile=prof, trace_model="uniform")      # exact by construction
+    tr = G.synthetic_trace(G.Workload(2048, n_layers=3, k=128, mtp=1, steps=20, batch=2, warmup_windows=0, seed=0,
+                                      local_window=4, profile=prof, locality=uniform()))  # exact by construction
     np.testing.assert_allclose(T.adjacent_overlap(tr), prof, atol=1.5 / 128)
 
 
@@ -32,8 +41,8 @@ def test_paper_profile_is_read_from_data_and_has_sources():
 
 
 def test_sets_are_valid_with_sinks_window_growth_and_mtp_union():
-    tr = G.synthetic_trace(300, n_layers=2, k=40, mtp=3, steps=6, batch=1, warmup_windows=3, seed=1,
-                           n_sinks=2, local_window=5, profile=0.3)
+    tr = G.synthetic_trace(G.Workload(300, n_layers=2, k=40, mtp=3, steps=6, batch=1, warmup_windows=3, seed=1,
+                                      n_sinks=2, local_window=5, profile=0.3))
     for t in range(tr.steps):
         ctx = 300 + 3 * t
         for layer in range(2):
@@ -61,8 +70,8 @@ DRIFT_TOL = 0.02   # stated tolerance: per-layer adjacent overlap of a fresh see
 
 def test_drift_model_reproduces_the_paper_profile_per_layer():
     L = 32768
-    tr = G.synthetic_trace(L, n_layers=61, k=2048, mtp=1, steps=12, batch=1, warmup_windows=0, seed=3,
-                           trace_model="drift")
+    tr = G.synthetic_trace(G.Workload(L, n_layers=61, k=2048, mtp=1, steps=12, batch=1, warmup_windows=0, seed=3,
+                                      locality=drift()))
     assert tr.meta["trace_model"] == "drift" and tr.meta["drift_rho"] == LM.fitted_drift_rho(tr.meta["reading"])
     prof = G.locality_profile("paper", 61)
     floor = LM.drift_calibration(0.0, L, 2048)["floor"]       # sinks + shifted window + chance at c = 0
@@ -82,14 +91,14 @@ def test_drift_calibration_is_monotone_and_fits_small_geometries():
     low = LM.drift_calibration(0.3, 4096, 256, 4, 8, rho=0.9)
     assert low["pi"] == 0 and low["rho"] == low["c"]
     prof = [0.3, 0.6, 0.85]
-    tr = G.synthetic_trace(4096, n_layers=3, k=256, mtp=1, steps=40, batch=2, warmup_windows=0, seed=11,
-                           local_window=8, profile=prof, trace_model="drift")
+    tr = G.synthetic_trace(G.Workload(4096, n_layers=3, k=256, mtp=1, steps=40, batch=2, warmup_windows=0, seed=11,
+                                      local_window=8, profile=prof, locality=drift()))
     np.testing.assert_allclose(T.adjacent_overlap(tr), prof, atol=0.03)     # K = 256: more sampling noise
 
 
 def test_drift_sets_are_valid_with_sinks_window_growth_and_mtp_union():
-    tr = G.synthetic_trace(3000, n_layers=2, k=64, mtp=3, steps=6, batch=1, warmup_windows=3, seed=1,
-                           n_sinks=2, local_window=5, profile=[0.3, 0.8], trace_model="drift")
+    tr = G.synthetic_trace(G.Workload(3000, n_layers=2, k=64, mtp=3, steps=6, batch=1, warmup_windows=3, seed=1,
+                                      n_sinks=2, local_window=5, profile=[0.3, 0.8], locality=drift()))
     for t in range(tr.steps):
         ctx = 3000 + 3 * t
         for layer in range(2):
@@ -107,29 +116,30 @@ def test_drift_mtp_union_size_follows_the_overlap_between_the_step_tokens():
     # the mtp tokens of a step are successive links of the query-token chain: two tokens overlapping by r unite
     # to about k * (2 - r) entries
     prof = [0.3, 0.6, 0.9]
-    tr = G.synthetic_trace(32768, n_layers=3, k=2048, mtp=2, steps=8, batch=1, warmup_windows=0, seed=2,
-                           profile=prof, trace_model="drift")
+    tr = G.synthetic_trace(G.Workload(32768, n_layers=3, k=2048, mtp=2, steps=8, batch=1, warmup_windows=0, seed=2,
+                                      profile=prof, locality=drift()))
     size = tr.set_sizes()[0].mean(axis=1) / 2048
     np.testing.assert_allclose(size, 2 - np.array(prof), atol=0.03)
 
 
 def test_drift_generator_is_seeded_and_reproducible():
-    kw = dict(n_layers=3, k=64, mtp=2, steps=10, batch=2, warmup_windows=4, local_window=4, trace_model="drift")
-    a, b, c = (G.synthetic_trace(2048, seed=s, **kw) for s in (5, 5, 6))
+    w = G.Workload(2048, n_layers=3, k=64, mtp=2, steps=10, batch=2, warmup_windows=4, local_window=4,
+                   locality=drift())
+    a, b, c = (G.synthetic_trace(w.replace(seed=s)) for s in (5, 5, 6))
     assert np.array_equal(a.indices, b.indices) and np.array_equal(a.windows, b.windows)
     assert not np.array_equal(a.indices, c.indices)
     # streams come out in (request, layer) order whatever the threads did
-    order = [(r, l) for r, l, _, _ in G.synthetic_streams(2048, seed=5, **kw)]
+    order = [(r, l) for r, l, _, _ in G.synthetic_streams(w.replace(seed=5))]
     assert order == [(r, l) for r in range(2) for l in range(3)]
 
 
 def test_drift_candidate_set_matches_the_full_model():
     # small cases and the real geometry (32K, K 2048) at overlaps where the restriction prunes most tokens
     for L, k, win, prof in ((4096, 256, 8, [0.0, 0.5, 0.9]), (32768, 2048, None, [0.8, 0.9])):
-        kw = dict(n_layers=len(prof), k=k, mtp=2, steps=6, batch=1, warmup_windows=3, seed=4, profile=prof,
-                  local_window=win, trace_model="drift")
-        cut = G.synthetic_trace(L, **kw)
-        full = G.synthetic_trace(L, drift_cutoff_sigmas=float("inf"), **kw)
+        w = G.Workload(L, n_layers=len(prof), k=k, mtp=2, steps=6, batch=1, warmup_windows=3, seed=4, profile=prof,
+                       local_window=win, locality=drift())
+        cut = G.synthetic_trace(w)
+        full = G.synthetic_trace(w.replace(drift_cutoff_sigmas=float("inf")))
         assert np.array_equal(cut.indices, full.indices) and np.array_equal(cut.windows, full.windows)
     cal = LM.drift_calibration(0.9, 32768, 2048)
     _, _, n_cand = G._drift_run(1, 32768 + 12, 32768, 2048, 2, 6, 0, cal["pi"], cal["rho"], 4, 64, 6.0)
@@ -139,8 +149,8 @@ def test_drift_candidate_set_matches_the_full_model():
 def test_drift_entries_that_drop_out_come_back_more_often_than_chance():
     """The point of the model: a token that leaves the top-K sits near the threshold and returns soon."""
     def return_rate(model):
-        tr = G.synthetic_trace(32768, n_layers=1, k=2048, mtp=1, steps=10, batch=1, warmup_windows=0, seed=9,
-                               profile=[0.475], trace_model=model)
+        tr = G.synthetic_trace(G.Workload(32768, n_layers=1, k=2048, mtp=1, steps=10, batch=1, warmup_windows=0,
+                                          seed=9, profile=[0.475], locality=LM.LocalityModel.of(model)))
         rows = [set(r[r >= 0]) - set(range(4)) for r in tr.indices[0, 0]]
         back = [len((rows[t - 2] - rows[t - 1]) & rows[t]) / max(len(rows[t - 2] - rows[t - 1]), 1)
                 for t in range(2, len(rows))]
@@ -152,15 +162,19 @@ def test_drift_entries_that_drop_out_come_back_more_often_than_chance():
 
 def test_unknown_trace_model_and_misplaced_options_raise():
     with pytest.raises(ValueError, match="trace_model must be one of"):
-        G.synthetic_trace(512, n_layers=1, k=32, steps=1, batch=1, trace_model="markov")
+        LM.LocalityModel.of("markov")
     with pytest.raises(ValueError, match="trace_model must be one of"):
-        next(G.synthetic_streams(512, n_layers=1, k=32, steps=1, batch=1, trace_model=3))
-    with pytest.raises(ValueError, match="popularity_sigma belongs to trace_model='uniform'"):
-        G.synthetic_trace(512, n_layers=1, k=32, steps=1, batch=1, trace_model="drift", popularity_sigma=1.0)
-    with pytest.raises(ValueError, match="belong to trace_model='drift'"):
-        G.synthetic_trace(512, n_layers=1, k=32, steps=1, batch=1, trace_model="uniform", drift_rho=0.3)
+        LM.LocalityModel.of(3)
+    with pytest.raises(ValueError, match="trace_model must be one of"):
+        LM.LocalityModel("x", "markov", "fraction")
+    with pytest.raises(ValueError, match="popularity_sigma belongs to the uniform trace model"):
+        G.Workload(512, n_layers=1, k=32, steps=1, batch=1, locality=drift(), popularity_sigma=1.0)
+    with pytest.raises(ValueError, match="drift_cutoff_sigmas belongs to the drift trace model"):
+        G.Workload(512, n_layers=1, k=32, steps=1, batch=1, locality=uniform(), drift_cutoff_sigmas=6.0)
+    with pytest.raises(ValueError, match="drift_rho belongs to trace_model='drift'"):
+        LM.LocalityModel.of("uniform", drift_rho=0.3)
     with pytest.raises(ValueError, match="drift_rho"):
-        G.synthetic_trace(512, n_layers=1, k=32, steps=1, batch=1, trace_model="drift", drift_rho=1.0)
+        drift(drift_rho=1.0)
     with pytest.raises(ValueError, match=r"\[0, 1\]"):
         LM.drift_calibration(1.5, 512, 32)
     with pytest.raises(ValueError, match="larger than the context"):
@@ -192,10 +206,164 @@ def test_locality_models_from_the_fit_file():
         assert c.drift_rho == LM.fitted_drift_rho(c.reading)
         rhos = {LM.fitted_drift_rho(c.reading, at) for at in ("at_80", "at_90")}
         assert rhos <= {m.drift_rho for m in alts if m.reading == c.reading}
-    assert c.kwargs()["reading"] == c.reading and "locality" in c.config()
+    assert c.config()["reading"] == c.reading and c.config()["trace_model"] == c.trace_model
+    assert c.config()["locality"] == c.name and ("drift_rho" in c.config()) == (c.trace_model == "drift")
     with pytest.raises(ValueError, match="drift_rho"):
         LM.LocalityModel("x", "uniform", "fraction", 0.3)
     with pytest.raises(ValueError, match="reading"):
         LM.LocalityModel("x", "drift", "both", 0.3)
     with pytest.raises(ValueError, match="at must be one of"):
         LM.fitted_drift_rho("fraction", "at_95")
+
+
+# ---------------------------------------------------------------------------------------- the Workload type
+def test_a_workload_is_frozen_and_hashable():
+    import dataclasses
+    w = G.Workload(4096, n_layers=2, k=64, profile=[0.2, 0.7])
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        w.mtp = 3
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        w.locality = uniform()
+    assert w.profile == (0.2, 0.7)                   # a given sequence is kept as a tuple: the workload hashes
+    assert hash(w) == hash(G.Workload(4096, n_layers=2, k=64, profile=[0.2, 0.7]))
+    assert w == G.Workload(4096, n_layers=2, k=64, profile=(0.2, 0.7))
+
+
+def test_a_workload_resolves_its_none_fields():
+    w = G.Workload(32768)
+    d = G.generator_defaults()
+    assert (w.n_layers, w.k) == (61, 2048) == G.geometry()
+    assert w.locality == LM.default_locality()
+    assert (w.n_sinks, w.local_window) == (d["n_sinks"], d["local_window"])
+    assert (w.mtp, w.steps, w.batch, w.warmup_windows, w.seed, w.profile) == (2, 64, 4, G.PAPER_WARMUP_WINDOWS, 0,
+                                                                             "paper")
+    if w.locality.trace_model == "drift":
+        assert w.popularity_sigma is None and w.drift_cutoff_sigmas == G.DRIFT_CUTOFF_SIGMAS
+    else:
+        assert w.popularity_sigma == d["popularity_sigma"] and w.drift_cutoff_sigmas is None
+    u = G.Workload(4096, k=64, locality=uniform())
+    assert u.popularity_sigma == d["popularity_sigma"] and u.drift_cutoff_sigmas is None
+    v = G.Workload(4096, k=64, locality=drift())
+    assert v.popularity_sigma is None and v.drift_cutoff_sigmas == G.DRIFT_CUTOFF_SIGMAS
+    # what a workload derives
+    assert w.n_positions == 32768 + 64 * 2
+    np.testing.assert_array_equal(w.overlaps(), G.locality_profile("paper", 61, w.locality.reading))
+    c = G.Workload(4096, n_layers=2, k=64, profile=[0.2, 0.7], locality=uniform()).config()
+    assert c["profile"] == [0.2, 0.7] and c["trace_model"] == "uniform" and c["context_len"] == 4096
+    assert c["popularity_sigma"] == d["popularity_sigma"] and "drift_rho" not in c
+
+
+def test_replace_makes_a_checked_copy():
+    w = G.Workload(4096, n_layers=2, k=64, steps=4, batch=1)
+    x = w.replace(seed=7, mtp=1)
+    assert (x.seed, x.mtp, w.seed, w.mtp) == (7, 1, 0, 2) and x.replace(seed=0, mtp=2) == w
+    with pytest.raises(ValueError, match="mtp"):
+        w.replace(mtp=0)
+    with pytest.raises(ValueError, match="larger than the context"):
+        w.replace(k=8192)
+    with pytest.raises(TypeError, match="locality"):
+        w.replace(locality="uniform")
+
+
+def test_replace_switches_the_trace_model():
+    """Mistake: the resolved option of one trace model (the drift cutoff, the uniform popularity skew) carried into
+    a copy of the other, which then refuses it."""
+    from ess.locality import LocalityModel
+    drift = G.Workload(4096, n_layers=2, k=64, steps=4, batch=1, locality=LocalityModel.of("drift"))
+    uniform = drift.replace(locality=LocalityModel.of("uniform"))
+    assert uniform.popularity_sigma == G.generator_defaults()["popularity_sigma"] and uniform.drift_cutoff_sigmas is None
+    back = uniform.replace(locality=LocalityModel.of("drift"))
+    assert back == drift
+    assert uniform.replace(locality=LocalityModel.of("drift"), drift_cutoff_sigmas=3.0).drift_cutoff_sigmas == 3.0
+    with pytest.raises(ValueError, match="popularity_sigma"):           # an explicit option still checked
+        uniform.replace(locality=LocalityModel.of("drift"), popularity_sigma=0.5)
+
+
+@pytest.mark.parametrize("field,bad,err", [
+    ("context_len", 2.5, TypeError), ("context_len", 0, ValueError), ("mtp", True, TypeError),
+    ("mtp", 0, ValueError), ("steps", 0, ValueError), ("batch", "4", TypeError), ("seed", -1, ValueError),
+    ("warmup_windows", -1, ValueError), ("n_layers", 0, ValueError), ("k", 2.0, TypeError),
+    ("n_sinks", -1, ValueError), ("local_window", 1.5, TypeError), ("locality", "drift", TypeError),
+    ("profile", [0.5, 0.5], ValueError), ("profile", 1.5, ValueError), ("profile", "fig2", ValueError),
+])
+def test_each_wrong_workload_field_is_named(field, bad, err):
+    kw = dict(n_layers=3, k=64, steps=4, batch=1)
+    with pytest.raises(err, match=field):
+        G.Workload(**{"context_len": 4096, **kw, field: bad})
+
+
+def test_a_workload_names_options_of_the_other_trace_model_and_an_impossible_geometry():
+    kw = dict(n_layers=1, k=32, steps=1, batch=1)
+    with pytest.raises(ValueError, match="popularity_sigma belongs to the uniform trace model"):
+        G.Workload(512, locality=drift(), popularity_sigma=0.5, **kw)
+    with pytest.raises(ValueError, match="drift_cutoff_sigmas belongs to the drift trace model"):
+        G.Workload(512, locality=uniform(), drift_cutoff_sigmas=6.0, **kw)
+    with pytest.raises(ValueError, match="popularity_sigma"):
+        G.Workload(512, locality=uniform(), popularity_sigma=-1.0, **kw)
+    with pytest.raises(ValueError, match="drift_cutoff_sigmas"):
+        G.Workload(512, locality=drift(), drift_cutoff_sigmas=0.0, **kw)
+    with pytest.raises(ValueError, match=r"k \(top-K\) = 2048 is larger than the context"):
+        G.Workload(1024, n_layers=1)
+    with pytest.raises(ValueError, match="warmup_windows"):
+        G.Workload(512, n_layers=1, k=500, warmup_windows=32)
+    with pytest.raises(ValueError, match="maximum context"):
+        G.Workload(10 ** 7, n_layers=1, steps=1, batch=1)
+
+
+def test_every_workload_field_has_help_and_unit():
+    import dataclasses
+    for f in dataclasses.fields(G.Workload):
+        assert f.metadata.get("help") and f.metadata.get("unit"), f.name
+        if f.metadata.get("flag"):
+            assert f.metadata["flag"].startswith("--") and callable(f.metadata["parse"]), f.name
+    meta = {f.name: f.metadata for f in dataclasses.fields(G.Workload)}
+    assert meta["context_len"]["parse"]("32k") == 32768
+    assert meta["locality"]["parse"]("uniform") == uniform()
+    assert meta["locality"]["choices"]() == LM.locality_names()
+
+
+def test_the_generators_and_sweeps_take_a_workload_only():
+    from ess import cachesim as C
+    w = G.Workload(1024, n_layers=1, k=16, steps=2, batch=1)
+    for call in (lambda: G.synthetic_trace(1024), lambda: G.synthetic_trace({"context_len": 1024}),
+                 lambda: G.synthetic_streams(1024),             # refused at the call, not at the first stream
+                 lambda: C.sweep_synthetic(1024, [0.5]), lambda: C.misses_per_layer(1024, 0.5),
+                 lambda: C.misses_per_step(1024, 0.5), lambda: C.smallest_pool(1024, 1.0)):
+        with pytest.raises(TypeError, match="workload must be an ess.tracegen.Workload"):
+            call()
+    assert G.synthetic_trace(w).indices.shape == (1, 1, 2, 2 * 16)
+    with pytest.raises(TypeError):
+        G.synthetic_trace(1024, k=16)                   # the old keyword form is gone
+
+
+def test_locality_model_of_fills_the_defaults():
+    c = LM.default_locality()
+    d = LM.LocalityModel.of("drift")
+    assert d.drift_rho == LM.fitted_drift_rho(c.reading) and d.reading == c.reading and d.name == "drift"
+    j = LM.LocalityModel.of("drift", reading="jaccard")
+    assert j.drift_rho == LM.fitted_drift_rho("jaccard") and j.reading == "jaccard"
+    assert LM.LocalityModel.of("drift", drift_rho=0.3).drift_rho == 0.3
+    u = LM.LocalityModel.of("uniform")
+    assert (u.trace_model, u.reading, u.drift_rho) == ("uniform", c.reading, None)
+    n = LM.LocalityModel.of()
+    assert (n.trace_model, n.reading, n.drift_rho) == (c.trace_model, c.reading, c.drift_rho)
+    assert LM.LocalityModel.of("uniform", name="flat").name == "flat"
+    with pytest.raises(ValueError, match="drift_rho belongs to trace_model='drift'"):
+        LM.LocalityModel.of("uniform", drift_rho=0.3)
+    with pytest.raises(ValueError, match="reading must be one of"):
+        LM.LocalityModel.of("drift", reading="cosine")
+    with pytest.raises(ValueError, match="drift_rho"):
+        LM.LocalityModel.of("drift", drift_rho=-0.1)
+
+
+def test_locality_models_by_name():
+    names = LM.locality_names()
+    assert names[:len(LM.locality_alternatives())] == [m.name for m in LM.locality_alternatives()]
+    assert set(LM.TRACE_MODELS) <= set(names)
+    assert LM.locality_named("central") == LM.default_locality()
+    assert all(LM.locality_named(m.name) == m for m in LM.locality_alternatives())
+    assert LM.locality_named("uniform") == LM.LocalityModel.of("uniform")
+    assert LM.locality_named("drift") == LM.LocalityModel.of("drift")
+    for bad in ("markov", None, 3):
+        with pytest.raises(ValueError, match="locality must be one of"):
+            LM.locality_named(bad)

@@ -8,9 +8,10 @@ from ess.studies.locality import record_indexer_trace
 
 
 def small(**kw):
-    args = dict(n_layers=3, k=32, mtp=1, steps=12, batch=2, warmup_windows=4, seed=3, local_window=4)
+    args = dict(context_len=512, n_layers=3, k=32, mtp=1, steps=12, batch=2, warmup_windows=4, seed=3,
+                local_window=4)
     args.update(kw)
-    return G.synthetic_trace(kw.pop("context_len", 512), **{k: v for k, v in args.items() if k != "context_len"})
+    return G.synthetic_trace(G.Workload(**args))
 
 
 def test_save_load_roundtrip(tmp_path):
@@ -43,7 +44,7 @@ def test_bad_traces_raise(tmp_path):
     with pytest.raises(ValueError, match=">= 0"):
         T.Trace(ok - 2, 16, 4)
     with pytest.raises(ValueError, match="larger than the context"):
-        G.synthetic_trace(100, k=200, n_layers=1, steps=1, batch=1)
+        G.Workload(100, k=200, n_layers=1, steps=1, batch=1)
     bad = tmp_path / "bad.npz"
     np.savez_compressed(bad, x=np.zeros(3))
     with pytest.raises(ValueError, match="not an ess trace"):

@@ -128,15 +128,27 @@ def test_trace_recorder_refuses_meaningless_arguments_and_records_nothing_half(m
         assert tr.steps == rec.steps if ok else len(rec._windows) == 1       # were observed for one layer of two
 
 
+# the fields of a Workload (ess.tracegen.Workload): a wrong one is refused when the workload is made
 GEN = {"context_len": 256, "n_layers": 2, "k": 16, "mtp": 2, "steps": 4, "batch": 1, "warmup_windows": 2,
        "profile": "paper", "seed": 0, "n_sinks": None, "local_window": 4, "popularity_sigma": None,
-       "trace_model": "uniform", "reading": None, "drift_rho": None, "drift_cutoff_sigmas": None}
+       "locality": LM.LocalityModel.of("uniform"), "drift_cutoff_sigmas": None}
+
+
+def _drift_trace(trace_model, reading, drift_rho, **a):
+    """The drift model's parts (LocalityModel.of) fuzzed with the workload's fields."""
+    return G.synthetic_trace(G.Workload(locality=LM.LocalityModel.of(trace_model, reading, drift_rho), **a))
+
+
 GENERATORS = {
-    "synthetic_trace (uniform)": (lambda **a: G.synthetic_trace(**a), GEN),
-    "synthetic_trace (drift)": (lambda **a: G.synthetic_trace(**a), {**GEN, "trace_model": "drift",
-                                                                     "drift_rho": 0.5}),
+    "synthetic_trace (uniform)": (lambda **a: G.synthetic_trace(G.Workload(**a)), GEN),
+    "synthetic_trace (drift)": (_drift_trace, {**{k: v for k, v in GEN.items() if k != "locality"},
+                                               "trace_model": "drift", "reading": None, "drift_rho": 0.5}),
     # the streams come one at a time (a batch of 2**31 is a valid, endless source): the first three
-    "synthetic_streams": (lambda **a: list(islice(G.synthetic_streams(**a), 3)), {**GEN, "popularity_sigma": 1.5}),
+    "synthetic_streams": (lambda **a: list(islice(G.synthetic_streams(G.Workload(**a)), 3)),
+                          {**GEN, "popularity_sigma": 1.5}),
+    # anything but a Workload is refused by name
+    "synthetic_trace (the workload)": (lambda **a: G.synthetic_trace(**a), {"workload": G.Workload(
+        256, n_layers=2, k=16, steps=4, batch=1, warmup_windows=2, local_window=4)}),
 }
 
 
@@ -153,7 +165,9 @@ def test_generators_refuse_meaningless_arguments_and_stay_in_the_context(data):
         for _, _, warm, steps in out:
             assert warm.shape[0] == args["warmup_windows"] and steps.shape[0] == args["steps"]
     else:
-        assert isinstance(out, Trace) and out.steps == args["steps"] and out.mtp == args["mtp"]
+        steps, mtp = (args["workload"].steps, args["workload"].mtp) if "workload" in args else \
+            (args["steps"], args["mtp"])
+        assert isinstance(out, Trace) and out.steps == steps and out.mtp == mtp
         assert (out.set_sizes() >= 1).all()
 
 
@@ -167,6 +181,10 @@ LOCALITY = {
     "fitted_drift_rho": (lambda **a: LM.fitted_drift_rho(**a), {"reading": "fraction", "at": "at_80"}),
     "LocalityModel": (lambda **a: LM.LocalityModel(**a), {"name": "m", "trace_model": "drift", "reading": "fraction",
                                                          "drift_rho": 0.4, "rests_on": ""}),
+    "LocalityModel.of": (lambda **a: LM.LocalityModel.of(**a), {"trace_model": "drift", "reading": None,
+                                                               "drift_rho": 0.4, "name": None}),
+    "locality_named": (lambda **a: LM.locality_named(**a), {"name": "central"}),
+    "locality_names": (lambda **a: LM.locality_names(), {}),
     "drift_calibration": (lambda **a: LM.drift_calibration(**a), {"r": 0.6, "context_len": 256, "k": 16, "n_sinks": 1,
                                                                 "local_window": 2, "rho": 0.5}),
     "generator_defaults": (lambda **a: G.generator_defaults(), {}),
@@ -174,7 +192,8 @@ LOCALITY = {
     "locality_alternatives": (lambda **a: LM.locality_alternatives(), {}),
 }
 LOCALITY_ALIASES = {"r": ("r (the target overlap)",), "rho": ("drift_rho",),
-                    **{f: (f"LocalityModel.{f}",) for f in ("name", "reading", "drift_rho", "rests_on")}}
+                    **{f: (f"LocalityModel.{f}",) for f in ("reading", "drift_rho", "rests_on")},
+                    "name": ("LocalityModel.name", "locality must be one of")}     # locality_named(name)
 
 
 @fuzz_settings(300)
@@ -212,20 +231,22 @@ def test_the_meaningless_trace_inputs_found_by_probing_are_refused(tmp_path):
         LM.fitted_drift_rho("fraction", [])                                   # unhashable: a raw TypeError
     with pytest.raises(TypeError, match="context_len must be an integer"):
         LM.drift_calibration(0.5, [256])                                      # unhashable in the cache
+    uniform, drift = LM.LocalityModel.of("uniform"), LM.LocalityModel.of("drift")
     with pytest.raises(TypeError, match="drift_cutoff_sigmas"):
-        G.synthetic_trace(256, k=16, n_layers=1, steps=2, batch=1, trace_model="drift", drift_cutoff_sigmas="6")
+        G.Workload(256, k=16, n_layers=1, steps=2, batch=1, locality=drift, drift_cutoff_sigmas="6")
     with pytest.raises(ValueError, match="exceeds the maximum context of deepseek"):
-        G.synthetic_trace(200_000, n_layers=1, steps=1, batch=1)            # DeepSeek's K past its context
+        G.Workload(200_000, n_layers=1, steps=1, batch=1)                   # DeepSeek's K past its context
     with pytest.raises(ValueError, match="popularity_sigma=10 is too skewed"):   # ran without end
-        G.synthetic_trace(4096, n_layers=1, k=256, steps=8, batch=1, trace_model="uniform", popularity_sigma=10.0,
-                          warmup_windows=0)
+        G.synthetic_trace(G.Workload(4096, n_layers=1, k=256, steps=8, batch=1, locality=uniform,
+                                     popularity_sigma=10.0, warmup_windows=0))
     with pytest.raises(ValueError, match="popularity_sigma=1000 overflows"):
-        G.synthetic_trace(4096, n_layers=1, k=256, steps=1, batch=1, trace_model="uniform", popularity_sigma=1000.0)
+        G.synthetic_trace(G.Workload(4096, n_layers=1, k=256, steps=1, batch=1, locality=uniform,
+                                     popularity_sigma=1000.0))
     with pytest.raises(ValueError, match="n_layers is too large"):       # a MemoryError, or the process killed
         G.locality_profile(0.5, 2 ** 40)
     with pytest.raises(ValueError, match=r"n_layers is too large: .* 1.60e\+392 GB"):   # OverflowError in the message
         G.locality_profile(0.5, 10 ** 400)
     with pytest.raises(ValueError, match=r"this trace would take 1.02e\+394 GB \(batch="):  # OverflowError
-        G.synthetic_trace(256, n_layers=2, k=16, steps=4, batch=10 ** 400)
+        G.synthetic_trace(G.Workload(256, n_layers=2, k=16, steps=4, batch=10 ** 400))
     with pytest.raises(ValueError, match="LocalityModel.drift_rho must be finite"):
         LM.LocalityModel("m", "drift", "fraction", float("nan"))

@@ -35,7 +35,7 @@ from ..validate import boolean, frame, integer, one_of, positive_int, real, sequ
 from .config import Scenario
 from .calibrate import widen_band
 from .costs import CostParams
-from .misses import MissesTable
+from .misses import PLANNER_SIZES, BandSizes, MissesTable, _sizes
 from .timeline import simulate
 
 __all__ = ["grid_deployment", "serving_link", "grid_cells", "ratio_grid", "same_geometry", "GridInputs", "grid_inputs",
@@ -198,29 +198,26 @@ class GridInputs:
     calibrations: dict
     extrapolation: dict
     localities: list
-    cachesim_steps: int
-    cachesim_batch: int
-    band_batch: int
+    sizes: BandSizes
     tables: dict = field(default_factory=dict)
     store: bool = False
     _stored_points: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self):
-        for name in ("cachesim_steps", "cachesim_batch", "band_batch"):
-            setattr(self, name, positive_int(name, getattr(self, name)))
+        self.sizes = _sizes("sizes", self.sizes, PLANNER_SIZES)
         self.store = boolean("store", self.store)
 
     def table(self, model, locality: str | None = None, profile: str = "paper") -> MissesTable:
         """The miss table of ``model`` for a locality model (default the central) and a Fig. 2 mapping, made on
-        first use (the central one at ``cachesim_batch`` requests, the others at ``band_batch``)."""
+        first use (the central one at the sizes' ``batch`` requests, the others at their ``band_batch``)."""
         spec = model_spec(model) if isinstance(model, str) else model
         loc = self.localities[0] if locality is None else next(m for m in self.localities if m.name == locality)
         for (name, ln, pr), t in self.tables.items():                   # one table per geometry
             if ln == loc.name and pr == profile and same_geometry(t.model, spec):
                 return t
         central = loc is self.localities[0] and profile == "paper"
-        t = MissesTable(steps=self.cachesim_steps, batch=self.cachesim_batch if central else self.band_batch,
-                        locality=loc, model=spec, profile=profile)
+        t = MissesTable(steps=self.sizes.steps, batch=self.sizes.batch_of(central), locality=loc, model=spec,
+                        profile=profile)
         if self.store:                                  # the rows kept in data/generated and the user cache
             from .store import seed_table
             seed_table(t)
@@ -245,8 +242,8 @@ class GridInputs:
         return {"calibration_band": f"{len(self.calibrations)} calibrations x {len(self.localities)} locality models",
                 "extrapolation_band": list(self.extrapolation) + ["Fig. 2 flat at its mean (another model)",
                                                                   "all-to-all over RDMA (GB200 NVL72)"],
-                "cachesim": f"{self.cachesim_steps} steps x {self.cachesim_batch} requests (band: "
-                            f"{self.band_batch})"}
+                "cachesim": f"{self.sizes.steps} steps x {self.sizes.batch} requests (band: "
+                            f"{self.sizes.band_batch})"}
 
     def describe(self) -> dict:
         """What the bands span, for a record's configuration."""
@@ -255,18 +252,18 @@ class GridInputs:
                 "extrapolation_band": {"variants": list(self.extrapolation),
                                        "locality_profile": "Fig. 2 flat at its mean (models other than the paper's)",
                                        "all_to_all": "over RDMA instead of NVLink (GB200 NVL72)"},
-                "cachesim": {"steps": self.cachesim_steps, "batch": self.cachesim_batch,
-                             "band_batch": self.band_batch}}
+                "cachesim": self.sizes.config()}
 
 
-def grid_inputs(*, variant_fit: dict | None = None, cachesim_steps: int = 32, cachesim_batch: int = 2,
-                band_batch: int = 1, extrapolate: bool = True, stored: bool = True) -> GridInputs:
+def grid_inputs(*, variant_fit: dict | None = None, sizes: BandSizes | None = None, extrapolate: bool = True,
+                stored: bool = True) -> GridInputs:
     """The calibrations and locality models of the calibration band (:func:`ess.sim.predictions.band_inputs`:
     notebook 05's equally good calibrations and the part-batch evidence's ends, notebook 04's locality models) and,
     with ``extrapolate``, the extrapolation variants: the central calibration redone under the kernel efficiencies'
     ``"low"`` and ``"high"`` ends (:func:`ess.sim.costs.efficiencies`), and the central calibration with Blackwell's
     attention at FlashMLA's measured B200 point (``attention_transfer="b200-measured"``; the calibration, on Hopper,
-    is unchanged by it). Miss tables are made on first use (:meth:`GridInputs.table`).
+    is unchanged by it). Miss tables are made on first use (:meth:`GridInputs.table`), at ``sizes``
+    (:class:`ess.sim.misses.BandSizes`; default :data:`ess.sim.misses.PLANNER_SIZES`).
 
     ``stored`` (the default): the calibrations as :func:`ess.sim.store.stored_calibration` keeps them (the shipped
     ``data/generated/calibration.json`` while it matches today's inputs, else computed once and cached), and every
@@ -274,19 +271,16 @@ def grid_inputs(*, variant_fit: dict | None = None, cachesim_steps: int = 32, ca
     same as computed here (a test regenerates them), only faster. ``stored=False`` computes everything."""
     stored = boolean("stored", stored)
     extrapolate = boolean("extrapolate", extrapolate)
-    cachesim_steps = positive_int("cachesim_steps", cachesim_steps)
-    cachesim_batch = positive_int("cachesim_batch", cachesim_batch)
-    band_batch = positive_int("band_batch", band_batch)
+    sizes = _sizes("sizes", sizes, PLANNER_SIZES)
     if stored:
         from ..locality import locality_alternatives
         from .store import stored_calibration
         cal = stored_calibration(variant_fit)
         return GridInputs(cal["central"], cal["calibrations"], dict(cal["extrapolation"]) if extrapolate else {},
-                          list(locality_alternatives()), cachesim_steps, cachesim_batch, band_batch, store=True)
+                          list(locality_alternatives()), sizes, store=True)
     from .calibrate import calibrate, compute_scale_from_cost, cost_growth_evidence
     from .predictions import band_inputs
-    bi = band_inputs(variant_fit=variant_fit, cachesim_steps=cachesim_steps, cachesim_batch=cachesim_batch,
-                     band_batch=band_batch)
+    bi = band_inputs(variant_fit=variant_fit, sizes=sizes)
     extra = {}
     if extrapolate:
         for end in ("low", "high"):
@@ -296,8 +290,7 @@ def grid_inputs(*, variant_fit: dict | None = None, cachesim_steps: int = 32, ca
             extra[f"kernel efficiencies {end} (recalibrated: compute {q.compute_scale:.3f})"] = q
         extra["Blackwell attention at the measured B200 point"] = dataclasses.replace(
             bi.params, attention_transfer="b200-measured")
-    return GridInputs(bi.params, bi.calibrations, extra, list(bi.models), cachesim_steps, cachesim_batch,
-                      band_batch, store=False)
+    return GridInputs(bi.params, bi.calibrations, extra, list(bi.models), sizes, store=False)
 
 
 # ------------------------------------------------------------------------------------------------------ search

@@ -22,15 +22,17 @@ ValueError: ratio 0.01 of context_len=32768 (32768 allocated tokens) gives 327 G
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Iterable
 
 import numpy as np
 
 from ..layout import pool_slots
+from ..options import option
 from ..specs import DEFAULT_MODEL, ModelSpec, model_spec
 from ..validate import integer, positive_int, ratio as check_ratio
 
-__all__ = ["MissesTable", "PROFILES", "MAX_SIMULATED_ROWS"]
+__all__ = ["MissesTable", "BandSizes", "NOTEBOOK_SIZES", "PLANNER_SIZES", "PROFILES", "MAX_SIMULATED_ROWS"]
 
 #: how paper Fig. 2's per-layer overlap is carried to a model: ``"paper"`` the layer at the same relative depth
 #: (:func:`ess.tracegen.locality_profile`, then the model's sparse layers), ``"flat"`` every sparse layer at Fig. 2's
@@ -42,6 +44,57 @@ PROFILES = ("paper", "flat")
 #: simulated at this many rows; at a fixed ratio misses fall as the context grows (notebook 04), so its counts
 #: overstate the longer context's
 MAX_SIMULATED_ROWS = 131072
+
+
+@dataclass(frozen=True)
+class BandSizes:
+    """The sizes of the cache simulations behind a banded prediction: each locality model's miss table runs
+    ``steps`` decode steps of ``batch`` requests (the central model) or ``band_batch`` requests (the band's other
+    models, which only bound the band: their spread, not their noise, is the band). Checked when made."""
+
+    steps: int = field(default=64, metadata=option("decode steps of each miss table's traces", "steps"))
+    batch: int = field(default=4, metadata=option("requests of the central locality model's traces", "requests"))
+    band_batch: int = field(default=2, metadata=option(
+        "requests of the band's other locality models' traces", "requests"))
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "batch", "band_batch"):
+            object.__setattr__(self, name, positive_int(name, getattr(self, name)))
+
+    def replace(self, **changes) -> "BandSizes":
+        """A copy with ``changes`` (checked as when made): a notebook's ``band_sizes`` parameter applied to its
+        default, e.g. ``NOTEBOOK_SIZES.replace(**band_sizes)``."""
+        import dataclasses
+        unknown = sorted(set(changes) - {f.name for f in dataclasses.fields(self)})
+        if unknown:
+            raise ValueError(f"band sizes have steps, batch and band_batch, got {', '.join(map(repr, unknown))}")
+        return dataclasses.replace(self, **changes)
+
+    def batch_of(self, central: bool) -> int:
+        """The requests a locality model's table simulates: ``batch`` for the central model, else ``band_batch``."""
+        from ..validate import boolean
+        return self.batch if boolean("central", central) else self.band_batch
+
+    def config(self) -> dict:
+        """The sizes in a recorded configuration."""
+        return {"steps": self.steps, "batch": self.batch, "band_batch": self.band_batch}
+
+
+def _sizes(name: str, sizes, default: "BandSizes") -> "BandSizes":
+    """``sizes`` (a :class:`BandSizes`; ``None`` gives ``default``)."""
+    if sizes is None:
+        return default
+    if not isinstance(sizes, BandSizes):
+        raise TypeError(f"{name} must be an ess.sim.misses.BandSizes (e.g. BandSizes(steps=16, batch=2, "
+                        f"band_batch=1)), got {type(sizes).__name__}")
+    return sizes
+
+
+#: the notebooks' banded predictions (06-08): 64 steps, 4 requests, 2 for the band's other models
+NOTEBOOK_SIZES = BandSizes()
+#: the planner's and the grid's (``ess plan``, notebook 10, the widgets): half the steps and requests, so that a
+#: plan computes its missing rows in seconds; ``data/generated``'s shipped tables are at these sizes
+PLANNER_SIZES = BandSizes(steps=32, batch=2, band_batch=1)
 
 
 def _ratios(name: str, ratios) -> tuple[float, ...]:
@@ -77,7 +130,7 @@ class MissesTable:
                  warmup: bool = True, policy: str = "lru", locality=None, trace_model: str | None = None,
                  model: ModelSpec | str = DEFAULT_MODEL, profile: str = "paper"):
         from ..policies import POLICIES
-        from ..locality import LocalityModel, check_trace_model, default_locality, fitted_drift_rho
+        from ..locality import LocalityModel, check_trace_model, default_locality
         from ..validate import non_negative_int, one_of
 
         if isinstance(model, str):
@@ -91,8 +144,7 @@ class MissesTable:
         if locality is None:
             locality = default_locality()
             if trace_model is not None and trace_model != locality.trace_model:
-                locality = LocalityModel(trace_model, trace_model, locality.reading,
-                                         fitted_drift_rho(locality.reading) if trace_model == "drift" else None)
+                locality = LocalityModel.of(trace_model)
         elif trace_model is not None:
             raise ValueError("give locality or trace_model, not both")
         if not isinstance(locality, LocalityModel):
@@ -165,6 +217,7 @@ class MissesTable:
         """``{ratio: misses (n_layers,) or the reason it cannot be simulated}`` for every ratio of the grid and of
         ``ratios`` at this context and MTP, each computed once (one sweep for those not met yet) and kept."""
         from ..cachesim import sweep_synthetic
+        from ..tracegen import Workload
 
         key = _key(self.model, context_len, mtp)
         todo = set(self.ratios) | set(_ratios("ratios", ratios))
@@ -180,16 +233,20 @@ class MissesTable:
             except ValueError as exc:
                 row[r] = str(exc)
                 todo.remove(r)
-        profile = self._profile()
-        kw = dict(policies=(self.policy,), warmups=(self.warmup,), mtp=key[1], steps=self.steps, batch=self.batch,
-                  seed=self.seed, n_layers=model.n_sparse_layers, k=model.index_topk, profile=profile,
-                  **self.locality.kwargs())
-        rows = self.simulated_rows(key[0])
+        if not todo:
+            return row
+        try:
+            workload = Workload(self.simulated_rows(key[0]), mtp=key[1], steps=self.steps, batch=self.batch,
+                                seed=self.seed, locality=self.locality, n_layers=model.n_sparse_layers,
+                                k=model.index_topk, profile=self._profile())
+        except ValueError as exc:                                 # no trace at this context: every ratio says why
+            row.update({r: str(exc) for r in todo})
+            return row
         while todo:
             # a pool too small for what the layers' steps select together fails the sweep: the smallest ratio is set
             # apart with the reason (a smaller pool cannot hold what a larger one cannot) and the rest run again
             try:
-                res = sweep_synthetic(rows, todo, **kw)
+                res = sweep_synthetic(workload, todo, policies=(self.policy,), warmups=(self.warmup,))
             except ValueError as exc:
                 row[todo.pop(0)] = str(exc)
                 continue

@@ -18,7 +18,7 @@ from .. import validate
 from ..published import published
 from .config import STRATEGIES, Scenario, as_scenario
 from .costs import CostParams, layer_costs
-from .misses import MissesTable
+from .misses import NOTEBOOK_SIZES, BandSizes, MissesTable, _sizes
 from .timeline import simulate
 
 __all__ = ["BandInputs", "band_inputs", "predict_configs", "step_breakdown", "overlap_vs_misses", "overlap_bands",
@@ -83,13 +83,16 @@ class BandInputs:
     """What every banded prediction starts from: the central calibration (``params``), every equally good
     calibration (``calibrations``, ``{name: CostParams}``, the central first), the locality models the evidence
     leaves open (``models``, the central first), one miss table per model (``misses``, by model name) and the
-    requests the alternatives simulate (``band_batch``)."""
+    sizes of their cache simulations (``sizes``, :class:`ess.sim.misses.BandSizes`)."""
 
     params: CostParams
     calibrations: dict
     models: list
     misses: dict
-    band_batch: int
+    sizes: BandSizes
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "sizes", _sizes("sizes", self.sizes, NOTEBOOK_SIZES))
 
     @property
     def central_misses(self) -> MissesTable:
@@ -105,7 +108,7 @@ class BandInputs:
         measured coverage, :func:`ess.sim.calibrate.band_widening`)."""
         from .calibrate import BAND_NOMINAL, band_widening
         return {"calibrations": list(self.calibrations), "locality": [m.config() for m in self.models],
-                "band_batch": self.band_batch,
+                "band_batch": self.sizes.band_batch,
                 "throughput_band_widened_by": band_widening(),
                 "widening": f"every throughput band's ends moved out by this share, so that {BAND_NOMINAL:.0%} of the "
                             f"calibration points, each left out of a refit, lie in the band the others give them "
@@ -135,19 +138,19 @@ class BandInputs:
                 "misses": self.central_misses.config, "band": self.describe()}
 
 
-def band_inputs(*, variant_fit: dict | None = None, cachesim_steps: int = 64, cachesim_batch: int = 4,
-                band_batch: int = 2, ratios=(), part_batch_band: bool = True) -> BandInputs:
+def band_inputs(*, variant_fit: dict | None = None, sizes: BandSizes | None = None, ratios=(),
+                part_batch_band: bool = True) -> BandInputs:
     """The calibrations of notebook 05 (:func:`ess.sim.calibrate.calibration_set` with ``variant_fit``) and the
     locality models of notebook 04 (:func:`ess.locality.locality_alternatives`), each model with its miss table
-    (``cachesim_steps`` steps; ``cachesim_batch`` requests for the central model, ``band_batch`` for the others,
-    which only bound the band; ``ratios`` the tables' grid).
+    of ``sizes`` (:class:`ess.sim.misses.BandSizes`; default :data:`ess.sim.misses.NOTEBOOK_SIZES`; ``ratios`` the
+    tables' grid): the start of every banded prediction of notebooks 06-08, and of its records
+    (:meth:`BandInputs.scenario`, :meth:`BandInputs.provenance`).
 
     With ``part_batch_band`` the central calibration under each end of the part-batch evidence
     (``data/calibration/part_batch.yaml``: ``"low"`` and ``"high"``, each calibrated anew on the same data) joins
     the calibrations, so that every band also spans what the kernels' fixed parts leave open."""
-    from ..validate import boolean, positive_int
-    cachesim_steps, cachesim_batch, band_batch = (positive_int(n, v) for n, v in (
-        ("cachesim_steps", cachesim_steps), ("cachesim_batch", cachesim_batch), ("band_batch", band_batch)))
+    from ..validate import boolean
+    sizes = _sizes("sizes", sizes, NOTEBOOK_SIZES)
     part_batch_band = boolean("part_batch_band", part_batch_band)
     from ..locality import locality_alternatives
     from .calibrate import calibrate, calibration_set, compute_scale_from_cost, cost_growth_evidence
@@ -160,10 +163,9 @@ def band_inputs(*, variant_fit: dict | None = None, cachesim_steps: int = 64, ca
             q = calibrate(compute_scale=scale, scenario=scen, **(variant_fit or {})).params
             calibrations[f"part-batch evidence {end}, compute central ({q.compute_scale:.3f}), default"] = q
     models = list(locality_alternatives())
-    tables = {m.name: MissesTable(ratios, steps=cachesim_steps, locality=m,
-                                  batch=cachesim_batch if i == 0 else band_batch)
+    tables = {m.name: MissesTable(ratios, steps=sizes.steps, locality=m, batch=sizes.batch_of(i == 0))
               for i, m in enumerate(models)}
-    return BandInputs(cs.params, calibrations, models, tables, int(band_batch))
+    return BandInputs(cs.params, calibrations, models, tables, sizes)
 
 
 def predict_configs(configs: pd.DataFrame, misses: Misses | None = None, *,

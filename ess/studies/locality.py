@@ -16,7 +16,7 @@ from ..cachesim import misses_per_step, trace_misses
 from ..quant import encode_indexer_keys
 from ..specs import DATA_DIR, ModelSpec, model_spec
 from ..locality import FIT_HIT_RATE, READINGS, TRACE_MODELS, LocalityModel
-from ..tracegen import _check_generator_args, geometry, synthetic_trace
+from ..tracegen import Workload, geometry, synthetic_trace
 from ..traces import Trace, TraceRecorder, adjacent_overlap, load_trace, return_share, union_share
 from ..validate import real
 
@@ -45,8 +45,10 @@ def record_indexer_trace(model: Any = "tiny", *, context_len: int = 1024, steps:
     if not isinstance(model, ModelSpec):
         raise TypeError(f"model must be a ModelSpec or preset name, got {type(model).__name__}")
     k = model.index_topk
-    context_len, k, mtp, steps, batch, n_layers, warmup_windows, seed = _check_generator_args(
-        context_len, k, mtp, steps, batch, model.n_layers, warmup_windows, seed)
+    w = Workload(context_len, mtp=mtp, steps=steps, batch=batch, warmup_windows=warmup_windows, seed=seed,
+                 n_layers=model.n_layers, k=k)                      # the setting, checked as a trace's
+    context_len, mtp, steps, batch, n_layers, warmup_windows, seed = (
+        w.context_len, w.mtp, w.steps, w.batch, w.n_layers, w.warmup_windows, w.seed)
     query_correlation = real("query_correlation", query_correlation, lo=0.0, hi=1.0, hi_open=True)
     rng = np.random.default_rng(seed)
     Hi, D = model.index_n_heads, model.index_head_dim
@@ -99,19 +101,22 @@ def range_distance(x: float, band: tuple[float, float]) -> float:
 
 
 def buffer_hit_rate(context_len: int, *, buffer_k: int = 2, steps: int = 128, batch: int = 2, seed: int = 0,
-                    trace_model: str | None = None, **generator: Any) -> float:
+                    locality: LocalityModel | None = None, n_layers: int | None = None,
+                    profile: Any = "paper") -> float:
     """LRU hit rate of a synthetic trace with a pool of ``buffer_k`` x K entries per (request, layer): 1 - misses / K
     over the second half of ``steps`` decode steps, MTP 1 (one top-K selection per step), LRU with the warmup
-    windows, every layer of the model (:func:`ess.tracegen.geometry`), mean over layers and ``batch`` requests.
-    ``generator`` keywords go to :func:`ess.tracegen.synthetic_streams` (e.g. ``reading``, ``drift_rho``).
+    windows, every layer of the model (:func:`ess.tracegen.geometry`; or ``n_layers``), mean over layers and
+    ``batch`` requests, of the locality model ``locality`` (``None``: the central one) on ``profile``
+    (:class:`ess.tracegen.Workload`'s).
     With the defaults at 32K it is the statistic h2K of ``data/locality/README.md`` (setting S)."""
     from ..validate import integer, positive_int
     context_len, buffer_k, steps, batch = (positive_int(n, v) for n, v in (
         ("context_len", context_len), ("buffer_k", buffer_k), ("steps", steps), ("batch", batch)))
     seed = integer("seed", seed)
     k = geometry()[1]
-    m = misses_per_step(context_len, buffer_k * k / context_len, mtp=1, steps=steps, batch=batch, seed=seed,
-                        trace_model=trace_model, **generator)                         # (n_layers, steps)
+    workload = Workload(context_len, mtp=1, steps=steps, batch=batch, seed=seed, locality=locality,
+                        n_layers=n_layers, profile=profile)
+    m = misses_per_step(workload, buffer_k * k / context_len)                         # (n_layers, steps)
     return float(1 - m[:, steps // 2:].mean() / k)
 
 
@@ -131,7 +136,7 @@ def fit_drift_rho(target: float, *, reading: str, context_len: int = 32768, lo: 
     def hit(rho: float) -> float:
         rho = round(float(rho), 6)
         if rho not in evaluated:
-            evaluated[rho] = buffer_hit_rate(context_len, trace_model="drift", reading=reading, drift_rho=rho,
+            evaluated[rho] = buffer_hit_rate(context_len, locality=LocalityModel.of("drift", reading, rho),
                                              **hit_kw)
         return evaluated[rho]
 
@@ -153,12 +158,13 @@ def fit_drift_rho(target: float, *, reading: str, context_len: int = 32768, lo: 
     return {"rho": round(rho, 6), "hit_rate": hit(rho), "reachable": True, "evaluations": dict(evaluated)}
 
 
-def gvr_overlaps(context_len: int = 32768, *, steps: int = 16, seed: int = 1, **model: Any) -> dict:
+def gvr_overlaps(context_len: int = 32768, *, steps: int = 16, seed: int = 1,
+                 locality: LocalityModel | None = None) -> dict:
     """GVR's statistics of a synthetic model (E3 of ``data/locality/README.md``): the measured adjacent overlap per
-    layer (MTP 1, ``steps`` decode steps, one request, no warmup, ``seed``; ``model`` = the generator's keywords,
-    e.g. ``LocalityModel.kwargs()``), its mean over layers 2 and later (``deep``) and over layers 0-1
-    (``shallow``)."""
-    tr = synthetic_trace(context_len, mtp=1, steps=steps, batch=1, warmup_windows=0, seed=seed, **model)
+    layer (MTP 1, ``steps`` decode steps, one request, no warmup, ``seed``; ``locality`` the model, ``None`` the
+    central one), its mean over layers 2 and later (``deep``) and over layers 0-1 (``shallow``)."""
+    tr = synthetic_trace(Workload(context_len, mtp=1, steps=steps, batch=1, warmup_windows=0, seed=seed,
+                                  locality=locality))
     per_layer = adjacent_overlap(tr)
     return {"per_layer": per_layer, "deep": float(per_layer[GVR_SHALLOW_LAYERS:].mean()),
             "shallow": float(per_layer[:GVR_SHALLOW_LAYERS].mean())}
@@ -182,22 +188,23 @@ def trace_shape(trace: Trace, *, buffer_k: int = 2, union_window: int = 4, retur
             "overlap": float(adjacent_overlap(trace).mean())}
 
 
-def model_shape(real_trace: Trace, *, seed: int = 0, **model: Any) -> dict:
+def model_shape(real_trace: Trace, *, seed: int = 0, locality: LocalityModel | None = None,
+                n_sinks: int | None = None, local_window: int | None = None) -> dict:
     """:func:`trace_shape` of a synthetic model run at ``real_trace``'s geometry (context, K, layers, steps,
-    requests, warmup windows) with ``real_trace``'s own measured per-layer overlap as its profile (``model``: the
-    generator's keywords, e.g. ``trace_model`` and ``drift_rho``; a reading does not apply), so that the comparison
-    tests the model's time structure, not its overlap level. The generator's structure (attention sinks, local
-    window: 4 and 64 entries of DeepSeek's K = 2,048) is scaled to the trace's K unless ``model`` sets it, so that
-    it keeps its share of the set (at K = 64 the unscaled window alone would fill it)."""
+    requests, warmup windows) with ``real_trace``'s own measured per-layer overlap as its profile (``locality``:
+    the model, ``None`` the central one; its reading does not apply), so that the comparison tests the model's time
+    structure, not its overlap level. The generator's structure (attention sinks, local window: 4 and 64 entries of
+    DeepSeek's K = 2,048) is scaled to the trace's K unless ``n_sinks`` / ``local_window`` set it, so that it keeps
+    its share of the set (at K = 64 the unscaled window alone would fill it)."""
     from ..tracegen import generator_defaults
-    model = {k: v for k, v in model.items() if k != "reading"}
     tr = real_trace
     d, k_ref = generator_defaults(), geometry()[1]
-    model.setdefault("n_sinks", int(round(d["n_sinks"] * tr.k / k_ref)))
-    model.setdefault("local_window", int(round(d["local_window"] * tr.k / k_ref)))
-    syn = synthetic_trace(tr.context_len, n_layers=tr.n_layers, k=tr.k, mtp=1, steps=tr.steps, batch=tr.batch,
-                          warmup_windows=tr.n_windows, profile=np.clip(adjacent_overlap(tr), 0.0, 1.0), seed=seed,
-                          **model)
+    n_sinks = int(round(d["n_sinks"] * tr.k / k_ref)) if n_sinks is None else n_sinks
+    local_window = int(round(d["local_window"] * tr.k / k_ref)) if local_window is None else local_window
+    syn = synthetic_trace(Workload(tr.context_len, n_layers=tr.n_layers, k=tr.k, mtp=1, steps=tr.steps,
+                                   batch=tr.batch, warmup_windows=tr.n_windows, seed=seed, locality=locality,
+                                   profile=np.clip(adjacent_overlap(tr), 0.0, 1.0), n_sinks=n_sinks,
+                                   local_window=local_window))
     return trace_shape(syn)
 
 
@@ -266,16 +273,16 @@ def measure_evidence(models: Iterable[LocalityModel], *, context_len: int = 3276
     k, n_layers = geometry()[1], geometry()[0]
     d = generator_defaults()
     for m in models:
-        kw = m.kwargs()
-        h = hit_rates[m.name] if hit_rates and m.name in hit_rates else buffer_hit_rate(context_len, **kw, **hit_kw)
-        gvr = gvr_overlaps(context_len, steps=probe_steps, seed=probe_seed, **kw)
+        h = (hit_rates[m.name] if hit_rates and m.name in hit_rates else
+             buffer_hit_rate(context_len, locality=m, **hit_kw))
+        gvr = gvr_overlaps(context_len, steps=probe_steps, seed=probe_seed, locality=m)
         target = locality_profile("paper", n_layers, m.reading)
         floor = ((d["n_sinks"] + d["local_window"] - 1) / k if m.trace_model == "uniform" else
                  drift_calibration(0.0, context_len, k, rho=m.drift_rho)["floor"])
         e1 = float(np.abs(gvr["per_layer"] - np.maximum(target, floor)).max())
         shape = None
         if real:
-            shapes = [model_shape(tr, **kw) for tr in real.values()]
+            shapes = [model_shape(tr, locality=m) for tr in real.values()]
             shape = {s: float(np.mean([x[s] for x in shapes])) for s in SHAPE_STATS}
         dist = evidence_distances(h, gvr, shape, real_mean)
         per_layer[m.name] = gvr["per_layer"]

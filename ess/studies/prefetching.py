@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 from ..specs import DEFAULT_MODEL, model_spec
+from ..tracegen import Workload
 
 __all__ = ["trace_setting", "band_setting", "drift_rho_fit", "evidence_records", "mtp_unions", "MissesByRatio",
            "misses_by_ratio", "WarmupCurves", "warmup_curves", "misses_by_context", "smallest_pools",
@@ -137,7 +138,7 @@ def mtp_unions(context_len: int, mtps, *, steps: int, seed: int, locality) -> tu
     profile = locality_profile("paper", model.n_layers, locality.reading)
     rows, records = [], []
     for t in mtps:
-        tr = synthetic_trace(context_len, mtp=t, steps=steps, batch=1, seed=seed, **locality.kwargs())
+        tr = synthetic_trace(Workload(context_len, mtp=t, steps=steps, batch=1, seed=seed, locality=locality))
         size = tr.set_sizes()[0].mean(axis=1)                                 # (layers,) mean union per step
         bound = step_entries(model, context_len, t, overlap=profile)
         excess = float((tr.set_sizes()[0].max(axis=1) / bound).max() - 1)
@@ -181,10 +182,11 @@ def misses_by_ratio(context_len: int, ratios, models, uniform, *, mtp: int, step
     central = models[0]
     per_ratio = {}
     for m in models:
-        sweep = sweep_synthetic(context_len, ratios, mtp=mtp, steps=steps, seed=seed,
-                                batch=batch if m == central else band_batch, **m.kwargs())
+        sweep = sweep_synthetic(Workload(context_len, mtp=mtp, steps=steps, seed=seed,
+                                         batch=batch if m == central else band_batch, locality=m), ratios)
         per_ratio[m.name] = {r: sweep[(r, "lru", True)].mean(axis=1) for r in ratios}
-    uni = sweep_synthetic(context_len, ratios, mtp=mtp, steps=steps, batch=batch, seed=seed, **uniform.kwargs())
+    uni = sweep_synthetic(Workload(context_len, mtp=mtp, steps=steps, batch=batch, seed=seed, locality=uniform),
+                          ratios)
     uni = {r: uni[(r, "lru", True)] for r in ratios}
     cen = per_ratio[central.name]
     band = {r: _band([per_ratio[m.name][r] for m in models]) for r in ratios}
@@ -250,8 +252,9 @@ def warmup_curves(context_len: int, ratio: float, models, *, steps: int, seed: i
     central = models[0]
     curves, per_layer_first = {}, None
     for m in models:
-        res = sweep_synthetic(context_len, [ratio], warmups=(True, False), mtp=1, steps=steps, seed=seed,
-                              batch=batch if m == central else band_batch, **m.kwargs())
+        res = sweep_synthetic(Workload(context_len, mtp=1, steps=steps, seed=seed,
+                                       batch=batch if m == central else band_batch, locality=m),
+                              [ratio], warmups=(True, False))
         curves[m.name] = {w: res[(ratio, "lru", w)].mean(axis=0) for w in (True, False)}
         if m == central:
             per_layer_first = res
@@ -300,8 +303,8 @@ def misses_by_context(context_lens, ratio: float, models, *, mtp: int, steps: in
     seed = integer("seed", seed)
     by_ctx, records = {}, []
     for i, m in enumerate(models):
-        by_ctx[m.name] = [float(misses_per_layer(L, ratio, mtp=mtp, steps=steps, batch=batch, seed=seed,
-                                                 **m.kwargs()).mean()) for L in context_lens]
+        by_ctx[m.name] = [float(misses_per_layer(Workload(L, mtp=mtp, steps=steps, batch=batch, seed=seed,
+                                                          locality=m), ratio).mean()) for L in context_lens]
         sfx = "" if i == 0 else f"_{m.trace_model}"
         for L, v in zip(context_lens, by_ctx[m.name]):
             records.append(dict(name=f"misses_mean_ratio{ratio:g}_{L // 1024}k{sfx}", value=v, unit=MISSES_UNIT,
@@ -327,8 +330,8 @@ def smallest_pools(context_len: int, target: float, models, *, resolution: int, 
         cfg4 = {**trace_setting(seed), **m.config(), "context_len": context_len, "mtp": mtp, "steps": steps,
                 "batch": batch, "warmup": True, "target": target, "resolution_slots": resolution}
         try:
-            b = smallest_pool(context_len, target, resolution=resolution, mtp=mtp, steps=steps, batch=batch,
-                              seed=seed, **m.kwargs())
+            b = smallest_pool(Workload(context_len, mtp=mtp, steps=steps, batch=batch, seed=seed, locality=m),
+                              target, resolution=resolution)
         except ValueError as exc:            # even the whole context misses too much: first loads dominate few steps
             found[m.name] = str(exc)
             records.append(dict(name=f"smallest_pool_under_200_slots{sfx}", value=None, unit="slots/request/layer",
@@ -361,9 +364,8 @@ def policies_against_belady(cases, context_len: int, *, mtp: int, steps: int, ba
     model = model_spec(DEFAULT_MODEL)
     rows, records = [], []
     for m, sigma in cases:
-        skew = {} if sigma is None else {"popularity_sigma": sigma}
-        tr = synthetic_trace(context_len, n_layers=model.n_layers, k=model.index_topk, mtp=mtp, steps=steps,
-                             batch=batch, seed=seed, **m.kwargs(), **skew)
+        tr = synthetic_trace(Workload(context_len, n_layers=model.n_layers, k=model.index_topk, mtp=mtp, steps=steps,
+                                      batch=batch, seed=seed, locality=m, popularity_sigma=sigma))
         sub = Trace(tr.indices[:, layers], tr.context_len, tr.k, tr.mtp, tr.seed, tr.windows[:, layers])
         label = m.label if sigma is None else f"{m.label}, popularity sigma {sigma:g}"
         tag = m.trace_model if sigma is None else f"{m.trace_model}_sigma{sigma:g}"
@@ -491,9 +493,10 @@ def policy_comparison(real: dict, models, *, context_len: int, ratios, real_rati
     by_model = {}
     for m in models:
         sel = np.zeros((len(layers), steps))
-        sweep = sweep_synthetic(context_len, ratios, policies=policies, warmups=warmups, n_layers=len(layers),
-                                profile=profile[m.name], mtp=mtp, steps=steps, seed=seed,
-                                batch=batch if m == central else band_batch, selected=sel, **m.kwargs())
+        sweep = sweep_synthetic(Workload(context_len, n_layers=len(layers), profile=profile[m.name], mtp=mtp,
+                                         steps=steps, seed=seed, batch=batch if m == central else band_batch,
+                                         locality=m),
+                                ratios, policies=policies, warmups=warmups, selected=sel)
         by_model[m.name] = {key: (v, sel) for key, v in sweep.items()}
     per_layer[source] = {}
     for r in ratios:
@@ -530,10 +533,10 @@ def lstm_heat_predictor(context_len: int, locality, *, mtp: int, train_steps: in
                                         ("n_layers", n_layers), ("history", history), ("hidden", hidden)))
     seed = non_negative_int("seed", seed)
     K = model_spec(DEFAULT_MODEL).index_topk
-    train = synthetic_trace(context_len, n_layers=n_layers, k=K, mtp=mtp, steps=train_steps, batch=1,
-                            seed=seed + 1000, **locality.kwargs())
-    test = synthetic_trace(context_len, n_layers=n_layers, k=K, mtp=mtp, steps=test_steps, batch=1, seed=seed,
-                           **locality.kwargs())
+    train = synthetic_trace(Workload(context_len, n_layers=n_layers, k=K, mtp=mtp, steps=train_steps, batch=1,
+                                     seed=seed + 1000, locality=locality))
+    test = synthetic_trace(Workload(context_len, n_layers=n_layers, k=K, mtp=mtp, steps=test_steps, batch=1,
+                                    seed=seed, locality=locality))
     lstm = LSTMHeatPredictor(history=history, hidden=hidden, seed=seed).fit(
         [train.indices[0, layer] for layer in range(n_layers)], epochs=epochs, max_samples=samples)
     reports = {layer: evaluate_predictor(lstm, test.indices[0, layer], start=history) for layer in range(n_layers)}

@@ -52,7 +52,7 @@ def prepare_tables(inputs: "sgrid.GridInputs", models, contexts, *, mtps=MTPS, r
             if T == base_mtp:
                 t = inputs.table(m)
             else:
-                t = MissesTable(steps=steps or inputs.cachesim_steps, batch=batch or inputs.cachesim_batch,
+                t = MissesTable(steps=steps or inputs.sizes.steps, batch=batch or inputs.sizes.batch,
                                 locality=inputs.localities[0], model=m)
                 if inputs.store:                         # the rows kept for these settings
                     from ..sim.store import seed_table

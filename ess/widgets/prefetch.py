@@ -10,7 +10,7 @@ from ..layout import pool_slots
 from ..heat_predictor import LSTMHeatPredictor
 from ..prefetch import PrefetchConfig, simulate_prefetch
 from ..specs import model_spec
-from ..tracegen import synthetic_trace
+from ..tracegen import Workload, synthetic_trace
 from ._controls import LABEL, num, redraw
 
 __all__ = ["prefetch_view", "prefetch_widget", "SPECULATIVE_CHOICES", "WARMUP_CHOICES"]
@@ -22,7 +22,7 @@ WARMUP_CHOICES = {"before": "before decoding (LRU-Warmup, in prefill)", "delayed
 
 @lru_cache(maxsize=4)
 def _trace(context_len: int, n_layers: int, steps: int, seed: int):
-    return synthetic_trace(context_len, n_layers=n_layers, mtp=2, steps=steps, batch=1, seed=seed)
+    return synthetic_trace(Workload(context_len, n_layers=n_layers, mtp=2, steps=steps, batch=1, seed=seed))
 
 
 @lru_cache(maxsize=4)

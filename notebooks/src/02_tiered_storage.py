@@ -57,7 +57,7 @@ from ess.memory import tier_placement
 from ess.metrics import link_model
 from ess.replay import COMPUTE_S_PER_LAYER, replay_steps, run_trace
 from ess.storage import TieredCache
-from ess.tracegen import locality_profile, synthetic_trace
+from ess.tracegen import Workload, locality_profile, synthetic_trace
 from ess.traces import adjacent_overlap
 from ess.viz.storage import fig_layer_misses, fig_policy_misses, fig_step_traffic, fig_tier_bytes
 from ess.widgets.monitor import LiveMonitor
@@ -112,8 +112,8 @@ print(f"batch {a['batch']} per GPU ({a['limited_by']}-bound), {a['capacity']} sl
 overlap = locality_profile("paper")[trace_layers]
 sim_model = dataclasses.replace(model, name=f"{model.name} ({len(trace_layers)} of {model.n_layers} layers)",
                                 n_layers=len(trace_layers), n_dense_layers=0)
-trace = synthetic_trace(trace_context, n_layers=len(trace_layers), k=K, mtp=1, steps=trace_steps, batch=1,
-                        warmup_windows=warmup_windows, profile=overlap, seed=seed)
+trace = synthetic_trace(Workload(trace_context, n_layers=len(trace_layers), k=K, mtp=1, steps=trace_steps, batch=1,
+                                 warmup_windows=warmup_windows, profile=overlap, seed=seed))
 measured_overlap = adjacent_overlap(trace)
 rng = np.random.default_rng(seed)
 prefill = rng.integers(0, 256, (len(trace_layers), trace_context, entry), dtype=np.uint8)

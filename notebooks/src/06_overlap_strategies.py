@@ -42,9 +42,7 @@ miss_grid = [0, 25, 50, 100, 150, 200, 300, 400, 600, 800, 1200, 1600, 2400, 320
 map_batches = [16, 32, 52, 80, 128, 160, 200, 264]
 map_misses = [0, 16, 32, 64, 128, 256, 512]
 links_GB_per_s = [4, 8, 16, 24, 37, 48, 64, 96, 128, 256]
-cachesim_steps = 64
-cachesim_batch = 4
-band_batch = 2
+band_sizes = {}      # the band's cache simulations: changes to ess.sim.misses.NOTEBOOK_SIZES (64 steps, 4/2 requests)
 context_len = 131072
 batch = 160
 mtp = 2
@@ -55,9 +53,8 @@ context_len_short = 32768
 profile_ratio_short = 0.2
 offload_ratios = [0.2, 0.1]
 # the CI sizes: `ess reproduce --smoke` injects them as parameters (ess.parameters.smoke_sizes)
-smoke_sizes = {"miss_grid": [0, 100, 400, 1600, 4096], "links_GB_per_s": [8, 37, 128], "cachesim_steps": 16,
-               "map_batches": [16, 52, 160, 264], "map_misses": [0, 32, 128, 512],
-               "cachesim_batch": 2, "band_batch": 1, "variant_fit": {"grid": 12, "refine": 1}}
+smoke_sizes = {"miss_grid": [0, 100, 400, 1600, 4096], "links_GB_per_s": [8, 37, 128], "map_batches": [16, 52, 160, 264], "map_misses": [0, 32, 128, 512],
+               "band_sizes": {"steps": 16, "batch": 2, "band_batch": 1}, "variant_fit": {"grid": 12, "refine": 1}}
 variant_fit = {}
 
 # %% [hide-input]
@@ -72,13 +69,13 @@ from ess.published import published
 from ess.layout import latent_entry_bytes
 from ess.specs import link_figures, model_spec
 from ess.sim import STRATEGIES, predictions
+from ess.sim.misses import NOTEBOOK_SIZES
 from ess.viz import sim as vsim
 
 viz.use_notebook_renderer()
 rec = ess.Recorder("06_overlap_strategies", results_path, smoke=smoke)
 # the equally good calibrations of notebook 05 and the locality models of notebook 04, the central first of each
-band = predictions.band_inputs(variant_fit=variant_fit, cachesim_steps=cachesim_steps, cachesim_batch=cachesim_batch,
-                             band_batch=band_batch)
+band = predictions.band_inputs(variant_fit=variant_fit, sizes=NOTEBOOK_SIZES.replace(**band_sizes))
 params, calibrations, ALTS, misses = band.params, band.calibrations, band.models, band.central_misses
 L, B, LINK, D2H = context_len, batch, h2d_GB_per_s, d2h_GB_per_s
 scenario = band.scenario().replace(h2d_GB_per_s=LINK, d2h_GB_per_s=D2H)     # the chart's link, the calibration

@@ -32,12 +32,10 @@
 # %% [parameters]
 smoke = False
 results_path = ""
-cachesim_steps = 64
-cachesim_batch = 4
-band_batch = 2
+band_sizes = {}      # the band's cache simulations: changes to ess.sim.misses.NOTEBOOK_SIZES (64 steps, 4/2 requests)
 variant_fit = {}
 # the CI sizes: `ess reproduce --smoke` injects them as parameters (ess.parameters.smoke_sizes)
-smoke_sizes = {"cachesim_steps": 16, "cachesim_batch": 2, "band_batch": 1, "variant_fit": {"grid": 12, "refine": 1}}
+smoke_sizes = {"band_sizes": {"steps": 16, "batch": 2, "band_batch": 1}, "variant_fit": {"grid": 12, "refine": 1}}
 
 # %% [hide-input]
 import numpy as np
@@ -48,17 +46,17 @@ import ess
 from ess import viz
 from ess.published import published
 from ess.sim import predictions
+from ess.sim.misses import NOTEBOOK_SIZES
 from ess.tables import sim as tsim
 from ess.viz import sim as vsim
 
 viz.use_notebook_renderer()
 rec = ess.Recorder("07_table_32k", results_path, smoke=smoke)
 # the equally good calibrations of notebook 05 and the locality models of notebook 04, the central first of each
-band = predictions.band_inputs(variant_fit=variant_fit, cachesim_steps=cachesim_steps, cachesim_batch=cachesim_batch,
-                             band_batch=band_batch)
+band = predictions.band_inputs(variant_fit=variant_fit, sizes=NOTEBOOK_SIZES.replace(**band_sizes))
 params, calibrations, ALTS, misses = band.params, band.calibrations, band.models, band.central_misses
-scenario = band.scenario()            # the project's scenario (FlashTrans link, per-layer choice), calibrated
-sim_cfg = band.provenance(scenario)   # the configuration every prediction below shares
+# the project's scenario (FlashTrans link, per-layer choice), calibrated, and the configuration every prediction shares
+scenario, sim_cfg = band.scenario(), band.provenance()
 mtp4 = published("paper_table2")["t2_32k_mtp4"]
 print(f"MTP {mtp4['mtp']} rows at each accept ratio of {mtp4['accept_ratios']}: {mtp4['accept_ratio_source']}")
 print(f"central calibration: compute x{params.compute_scale:.3f}, comm x{params.comm_scale:.3f}, "

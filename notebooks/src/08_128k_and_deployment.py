@@ -25,9 +25,7 @@
 # %% [parameters]
 smoke = False
 results_path = ""
-cachesim_steps = 64
-cachesim_batch = 4
-band_batch = 2
+band_sizes = {}      # the band's cache simulations: changes to ess.sim.misses.NOTEBOOK_SIZES (64 steps, 4/2 requests)
 variant_fit = {}
 adaptive_ratios = [1.0, 0.5, 0.3, 0.2, 0.15, 0.1]
 adaptive_contexts = [32768, 131072]
@@ -35,7 +33,7 @@ otps_floor = 20.0
 compare_context_len = 32768
 compare_ratio = 0.2
 # the CI sizes: `ess reproduce --smoke` injects them as parameters (ess.parameters.smoke_sizes)
-smoke_sizes = {"cachesim_steps": 16, "cachesim_batch": 2, "band_batch": 1, "adaptive_ratios": [1.0, 0.2, 0.1],
+smoke_sizes = {"band_sizes": {"steps": 16, "batch": 2, "band_batch": 1}, "adaptive_ratios": [1.0, 0.2, 0.1],
                "variant_fit": {"grid": 12, "refine": 1}}
 
 # %% [hide-input]
@@ -48,6 +46,7 @@ from ess.layout import latent_entry_bytes
 from ess.memory import batch_limits
 from ess.published import published
 from ess.sim import predictions
+from ess.sim.misses import NOTEBOOK_SIZES
 from ess.tables import sim as tsim
 from ess.viz import sim as vsim
 from ess.widgets.sim import RATIOS, sim_budget_view, sim_budget_widget
@@ -55,11 +54,10 @@ from ess.widgets.sim import RATIOS, sim_budget_view, sim_budget_widget
 viz.use_notebook_renderer()
 rec = ess.Recorder("08_128k_and_deployment", results_path, smoke=smoke)
 # the equally good calibrations of notebook 05 and the locality models of notebook 04, the central first of each
-band = predictions.band_inputs(variant_fit=variant_fit, cachesim_steps=cachesim_steps, cachesim_batch=cachesim_batch,
-                             band_batch=band_batch)
+band = predictions.band_inputs(variant_fit=variant_fit, sizes=NOTEBOOK_SIZES.replace(**band_sizes))
 params, calibrations, ALTS, misses = band.params, band.calibrations, band.models, band.central_misses
-scenario = band.scenario()            # the project's scenario (FlashTrans link, per-layer choice), calibrated
-sim_cfg = band.provenance(scenario)   # the configuration every prediction below shares
+# the project's scenario (FlashTrans link, per-layer choice), calibrated, and the configuration every prediction shares
+scenario, sim_cfg = band.scenario(), band.provenance()
 pub = published("paper_table2")
 model = ess.model_spec("deepseek-v3.2-exp")
 dep = ess.deployment_spec("paper-table1")

@@ -37,16 +37,14 @@ gpus = ["H20", "H800", "H100", "H200", "GH200", "B200", "B300", "GB200"]
 contexts = [8192, 16384, 32768, 65536, 131072]
 long_contexts = [1048576]
 n_ratios = 8
-cachesim_steps = 32
-cachesim_batch = 2
-band_batch = 1
+band_sizes = {}      # the grid's cache simulations: changes to ess.sim.misses.PLANNER_SIZES (32 steps, 2/1 requests)
 widget_cachesim_steps = 16
 widget_cachesim_batch = 1
 paper_cachesim_steps = 64
 paper_cachesim_batch = 4
 variant_fit = {}
 # the CI sizes: `ess reproduce --smoke` injects them as parameters (ess.parameters.smoke_sizes)
-smoke_sizes = {"gpus": ["H20", "H200", "B200", "GB200"], "contexts": [8192], "n_ratios": 3, "cachesim_steps": 8, "cachesim_batch": 1, "band_batch": 1,
+smoke_sizes = {"gpus": ["H20", "H200", "B200", "GB200"], "contexts": [8192], "n_ratios": 3, "band_sizes": {"steps": 8, "batch": 1, "band_batch": 1},
                "widget_cachesim_steps": 4, "widget_cachesim_batch": 1, "paper_cachesim_steps": 16,
                "paper_cachesim_batch": 2, "variant_fit": {"grid": 12, "refine": 1}}
 
@@ -61,7 +59,7 @@ import ess
 from ess import viz
 from ess.sim import Scenario
 from ess.sim import grid as sgrid
-from ess.sim.misses import MissesTable
+from ess.sim.misses import PLANNER_SIZES, MissesTable
 from ess.specs import gpu_spec, host_link_spec, list_host_links, reference_link
 from ess.tables import grid as tgrid
 from ess.tables import sim as tsim
@@ -73,8 +71,7 @@ rec = ess.Recorder("10_beyond_the_paper", results_path, smoke=smoke)
 t_start = time.perf_counter()
 # notebook 05's equally good calibrations, the part-batch ends and notebook 04's locality models (the calibration
 # band), and the extrapolation band's recalibrated kernel-efficiency ends
-inputs = sgrid.grid_inputs(variant_fit=variant_fit, cachesim_steps=cachesim_steps, cachesim_batch=cachesim_batch,
-                           band_batch=band_batch)
+inputs = sgrid.grid_inputs(variant_fit=variant_fit, sizes=PLANNER_SIZES.replace(**band_sizes))
 provenance = {"calibration": "central of the equally good calibrations (notebook 05)",
               "params": {k: v for k, v in inputs.params.to_dict().items() if k != "fitted_on"},
               "strategy": "best (the per-layer choice of none, DA, DBA)", "host_memory_cap": True,
@@ -188,8 +185,7 @@ for r in tgrid.grid_records(grid, inputs, provenance):
 
 # %%
 plan_inputs = ess.planning.planner_inputs()
-same_sizes = ((plan_inputs.cachesim_steps, plan_inputs.cachesim_batch, plan_inputs.band_batch)
-              == (cachesim_steps, cachesim_batch, band_batch) and not variant_fit)
+same_sizes = plan_inputs.sizes == inputs.sizes and not variant_fit
 ref_cells = tgrid.reference_cells(grid)
 checked = 0
 for row in ref_cells[ref_cells.best_batch.notna()].itertuples() if same_sizes else ():

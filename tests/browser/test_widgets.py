@@ -23,7 +23,7 @@ from ess.widgets.memory import memory_budget_view
 from ess.widgets.prefetch import SPECULATIVE_CHOICES, WARMUP_CHOICES, prefetch_view
 from ess.widgets.sim import CONTEXTS as SIM_CONTEXTS
 from ess.sim import Scenario
-from ess.sim.misses import MissesTable
+from ess.sim.misses import NOTEBOOK_SIZES, PLANNER_SIZES, MissesTable
 from ess.widgets.sim import MISSES_SOURCES, RATIOS, sim_budget_view
 from ess.widgets.storage import CONTEXTS as STORAGE_CONTEXTS
 from ess.widgets.storage import storage_budget_view
@@ -178,8 +178,8 @@ def calibrated():
 @pytest.fixture(scope="module")
 def sim_misses():
     """The cache simulation notebook 08 gives its widget, at the smoke sizes the browser runs it with."""
-    p = W.notebook_parameters("08_128k_and_deployment")
-    return MissesTable(RATIOS, steps=p["cachesim_steps"], batch=p["cachesim_batch"])
+    sizes = NOTEBOOK_SIZES.replace(**W.notebook_parameters("08_128k_and_deployment")["band_sizes"])
+    return MissesTable(RATIOS, steps=sizes.steps, batch=sizes.batch)
 
 
 def _sim_expected(root, calibrated, sim_misses):
@@ -296,8 +296,8 @@ def grid_setup():
     from ess.sim import grid as sgrid
     from ess.widgets.grid import prepare_tables
     p = W.notebook_parameters("10_beyond_the_paper")
-    inputs = sgrid.grid_inputs(variant_fit=p["variant_fit"], cachesim_steps=p["cachesim_steps"],
-                               cachesim_batch=p["cachesim_batch"], band_batch=p["band_batch"], extrapolate=False)
+    inputs = sgrid.grid_inputs(variant_fit=p["variant_fit"], sizes=PLANNER_SIZES.replace(**p["band_sizes"]),
+                               extrapolate=False)
     contexts = list(p["contexts"]) + list(p["long_contexts"])
     tables = prepare_tables(inputs, p["models"], contexts, steps=p["widget_cachesim_steps"],
                             batch=p["widget_cachesim_batch"], n_ratios=p["n_ratios"])
