@@ -159,7 +159,7 @@ def _workload(context_len, **kw):
 
 
 def _uniform():
-    """The earlier uniform locality model at the central model's reading (tests/test_tables_prefetching.py's)."""
+    """The earlier uniform locality model at the central model's reading (tests/test_studies_prefetching.py's)."""
     from ess.locality import LocalityModel
     return LocalityModel("uniform", "uniform", _locs()[0].reading)
 
@@ -533,7 +533,7 @@ EXCLUDED = {
         "ess.link.Transfer", "ess.engine.engine.DecodeSession",
         "ess.engine.engine.DenseSession")},
     # owned elsewhere this round
-    # a decode run or a model to build (tests/test_engine_overlap_check.py checks their arguments)
+    # a decode run or a model to build (tests/test_studies_real_model_check.py checks their arguments)
     **{n: _MODEL for n in (
         "ess.studies.real_model.measure.link_samples", "ess.studies.real_model.measure.measured_breakdown",
         "ess.studies.real_model.measure.misses_by_layer", "ess.studies.real_model.measure.op_samples",
