@@ -6,6 +6,7 @@ import pytest
 
 from ess.sim import predictions as P
 from ess.sim import simulate
+from ess.sim.misses import BandSizes
 from ess.tables import sim as tsim
 
 
@@ -105,7 +106,7 @@ def test_value_band_by_hand():
 
 
 def test_value_band_refuses_another_mtp_and_a_non_callable():
-    band = P.BandInputs(None, {"c": None}, [], {}, 1)
+    band = P.BandInputs(None, {"c": None}, [], {}, BandSizes(band_batch=1))
     with pytest.raises(TypeError, match="fn"):
         P.value_band(band, 3.0)
     import types
@@ -128,7 +129,8 @@ def small_band():
     flat = lambda L, r, mtp: np.full(nl, 40.0 * (1 - r))                 # noqa: E731
     double = lambda L, r, mtp: np.full(nl, 80.0 * (1 - r))               # noqa: E731
     models = [types.SimpleNamespace(name="flat"), types.SimpleNamespace(name="double")]
-    return P.BandInputs(p0, {"central": p0, "slower": slow}, models, {"flat": flat, "double": double}, 1)
+    return P.BandInputs(p0, {"central": p0, "slower": slow}, models, {"flat": flat, "double": double},
+        BandSizes(band_batch=1))
 
 
 def test_adaptive_batch_central_is_best_batch_and_band_holds_every_choice(small_band):

@@ -4,6 +4,7 @@ import pandas as pd
 import pytest
 
 from ess.layout import pool_slots, step_entries
+from ess.sim.misses import BandSizes
 from ess.memory import largest_batch
 from ess.published import published
 from ess.sim import Scenario
@@ -196,7 +197,8 @@ def test_128k_rows_name_the_limit_that_binds(t2_zero):
     assert e54.status == "infeasible" and "host memory" in e54.reason
     assert t.loc["t2_128k_mtp2_b13_r1"].limit_binds == ""
     # the records say which rows were predicted without the memory check (the paper's rows)
-    t128, _ = ts.table2_bands(BandInputs(P, {"c": P}, [], {"z": flat_misses(0.0)}, 1), contexts=("128k",))
+    t128, _ = ts.table2_bands(BandInputs(P, {"c": P}, [], {"z": flat_misses(0.0)},
+        BandSizes(band_batch=1)), contexts=("128k",))
     recs = {r["name"]: r for r in ts.table2_128k_records(t128, {"check_memory": True, "strategy": "best"})}
     assert recs["t2_128k_mtp2_b54_r0.1_throughput"]["config"]["check_memory"] is False
     assert recs["t2_128k_mtp2_b40_ess_throughput"]["config"]["check_memory"] is True
@@ -207,7 +209,7 @@ def test_table2_bands_are_the_lowest_and_highest_over_the_combinations():
     from ess.sim.calibrate import band_widening
     fns = {"few": flat_misses(50.0), "many": flat_misses(400.0)}
     P2 = P.__class__(P.compute_scale * 1.1, P.comm_scale, P.fixed_ms, "a second calibration")
-    band = BandInputs(P, {"central": P, "other": P2}, [], fns, 1)
+    band = BandInputs(P, {"central": P, "other": P2}, [], fns, BandSizes(band_batch=1))
     t2, frames = ts.table2_bands(band, contexts=("32k",))
     assert len(frames) == 4 and (t2.band_size == 4).all()
     stack = np.stack([f.throughput.to_numpy(dtype=float) for f in frames.values()])
@@ -235,7 +237,8 @@ def test_figures_draw_the_band_around_the_central_line():
     (tr,) = fig.data
     assert tr.fill == "toself" and list(tr.x) == [0, 1, 1, 0] and list(tr.y) == [3, 4, 2, 1]   # NaN point skipped
     assert "99, 110, 250" in tr.fillcolor and tr.showlegend is False
-    t2, _ = ts.table2_bands(BandInputs(P, {"c": P}, [], {"few": flat_misses(50.0), "many": flat_misses(400.0)}, 1),
+    t2, _ = ts.table2_bands(BandInputs(P, {"c": P}, [], {"few": flat_misses(50.0), "many": flat_misses(400.0)},
+        BandSizes(band_batch=1)),
                             contexts=("32k",))
     data = vs.fig_table2(t2, 32768).data
     bands = [t for t in data if t.fill == "toself"]
