@@ -314,8 +314,10 @@ def _peak_during(fn):
         tracemalloc.stop()
 
 
+@pytest.mark.slow
 def test_a_manifest_claiming_more_blocks_than_its_file_holds_allocates_nothing_for_them(tmp_path):
-    """200,000 blocks of 2.6 kB claimed (525 MB) for a block file of 3 blocks: restore and recover report the
+    """Mistake: a restore or recovery that trusts a manifest's block count and allocates what it claims.
+    200,000 blocks of 2.6 kB claimed (525 MB) for a block file of 3 blocks: restore and recover report the
     request corrupt, naming the file, without allocating what the manifest claims."""
     _two_requests(tmp_path)
     n = 200_000

@@ -165,7 +165,10 @@ def test_default_model_is_the_one_the_data_names():
                               named)
 
 
+@pytest.mark.slow
 def test_misses_per_layer_drift_runs_at_the_full_geometry():
+    """Mistake: the drift generator or the sweep failing only at the full geometry (61 layers, 128K, K 2,048:
+    int32 positions, candidate sets, pool sizes), which the small tests never reach."""
     # 61 layers, 128K, K 2048, default steps (64) and MTP (2); one request keeps the suite fast (the default batch
     # of 4 takes about 4x as long: see the notebook 04 timings)
     m = C.misses_per_layer(G.Workload(131072, n_layers=61, k=2048, batch=1, locality=LM.LocalityModel.of("drift")),

@@ -37,6 +37,7 @@ def test_default_simulate_is_calibrated_not_unfitted():
     assert Scenario().params.fitted_on != "unfitted"
 
 
+@pytest.mark.slow
 def test_stored_calibration_is_the_fit():
     """Mistake: data/generated/calibration.json out of step with the fit it claims to hold (the fit or its inputs
     changed and `ess calibrate` was not run). Regenerates the calibration (about 15 s) and compares every value."""
@@ -137,6 +138,7 @@ def paper_plan():
     return pl.plan("deepseek-v3.2-exp", "H200", 32768)
 
 
+@pytest.mark.slow
 def test_plan_is_notebook_10s_grid_cell_for_cell():
     """Mistake: ess.plan answering otherwise than the grid of notebook 10 (another search, table, calibration or
     band). Every model x GPU x link of data/ at one context: the plan's best batch, ratio, throughput, gain, bands,
@@ -222,6 +224,7 @@ def test_plan_extrapolation_is_said():
     assert "Extrapolated: nothing" not in p.explain()
 
 
+@pytest.mark.slow
 def test_plan_fixed_ratio_and_strategy():
     """Mistakes: a fixed ratio or strategy ignored (the search's choice returned instead)."""
     best = pl.plan("deepseek-v3.2-exp", "H200", 32768)

@@ -71,7 +71,10 @@ def test_a_collected_archive_releases_its_directory(tmp_path):
     new_archive(tmp_path).close()
 
 
+@pytest.mark.slow
 def test_the_lock_holds_across_processes_and_goes_with_a_killed_holder(tmp_path):
+    """Mistake: an archive lock that holds only within one process, or outlives a holder killed with SIGKILL
+    (two real processes)."""
     holder = _python(f"""
         import sys, time
         from ess.archive import Archive
