@@ -23,9 +23,9 @@ from .specs import DATA_DIR
 from .traces import MAX_POSITIONS
 from .validate import fraction, integer, one_of, real
 
-__all__ = ["TRACE_MODELS", "FIT_HIT_RATE", "READINGS", "LocalityModel", "locality_fit", "fitted_drift_rho", "default_locality",
-           "locality_alternatives", "locality_named", "locality_names", "default_trace_model", "check_trace_model", "check_reading",
-           "drift_calibration"]
+__all__ = ["TRACE_MODELS", "FIT_HIT_RATE", "READINGS", "LocalityModel", "locality_fit", "fitted_drift_rho",
+           "default_locality", "locality_alternatives", "locality_named", "locality_names", "default_trace_model",
+           "check_trace_model", "check_reading", "drift_calibration"]
 
 TRACE_MODELS = ("uniform", "drift")
 # Fig. 2's metric: the overlap fraction |A & B| / |B|, or (one summary) the Jaccard index |A & B| / |A | B|

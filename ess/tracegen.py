@@ -39,8 +39,8 @@ from .specs import model_spec
 from .traces import MAX_POSITIONS, Trace, _Owned
 from .validate import fits_in_memory, integer, number_array, real
 
-__all__ = ["PAPER_WARMUP_WINDOWS", "DRIFT_CUTOFF_SIGMAS", "Workload", "synthetic_trace", "synthetic_streams", "locality_profile",
-           "generator_defaults", "geometry"]
+__all__ = ["PAPER_WARMUP_WINDOWS", "DRIFT_CUTOFF_SIGMAS", "Workload", "synthetic_trace", "synthetic_streams",
+           "locality_profile", "generator_defaults", "geometry"]
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data" / "locality"
 PAPER_WARMUP_WINDOWS = 32  # [ARX] LRU-Warmup inserts the top-2K of the last 32 prefill positions (paper-facts.md)
@@ -221,8 +221,17 @@ class Workload:
     DeepSeek-V3.2-Exp's (:func:`geometry`), ``locality`` to the central model (:func:`ess.locality.default_locality`),
     ``n_sinks``, ``local_window`` and (uniform) ``popularity_sigma`` to :func:`generator_defaults`, (drift)
     ``drift_cutoff_sigmas`` to :data:`DRIFT_CUTOFF_SIGMAS`. Each field's help and unit are in its metadata
-    (:func:`ess.options.option`; those with a flag are ``ess misses``'s command line). ``dataclasses.replace``
-    makes a changed copy."""
+    (:func:`ess.options.option`; those with a flag are ``ess misses``'s command line). :meth:`replace` makes a
+    changed copy, checked again.
+
+    >>> w = Workload(32768, steps=16)
+    >>> (w.n_layers, w.k, w.mtp, w.batch, w.locality.name)
+    (61, 2048, 2, 4, 'central')
+    >>> w.replace(mtp=0)
+    Traceback (most recent call last):
+    ...
+    ValueError: mtp must be a positive integer, got 0
+    """
 
     context_len: int = field(metadata=option(
         "context at the first decode step", "tokens (32k = 32,768)", "--context", parse=parse_tokens))

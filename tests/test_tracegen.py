@@ -271,7 +271,8 @@ def test_replace_switches_the_trace_model():
     from ess.locality import LocalityModel
     drift = G.Workload(4096, n_layers=2, k=64, steps=4, batch=1, locality=LocalityModel.of("drift"))
     uniform = drift.replace(locality=LocalityModel.of("uniform"))
-    assert uniform.popularity_sigma == G.generator_defaults()["popularity_sigma"] and uniform.drift_cutoff_sigmas is None
+    assert uniform.popularity_sigma == G.generator_defaults()["popularity_sigma"]
+    assert uniform.drift_cutoff_sigmas is None
     back = uniform.replace(locality=LocalityModel.of("drift"))
     assert back == drift
     assert uniform.replace(locality=LocalityModel.of("drift"), drift_cutoff_sigmas=3.0).drift_cutoff_sigmas == 3.0

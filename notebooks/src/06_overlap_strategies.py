@@ -53,7 +53,8 @@ context_len_short = 32768
 profile_ratio_short = 0.2
 offload_ratios = [0.2, 0.1]
 # the CI sizes: `ess reproduce --smoke` injects them as parameters (ess.parameters.smoke_sizes)
-smoke_sizes = {"miss_grid": [0, 100, 400, 1600, 4096], "links_GB_per_s": [8, 37, 128], "map_batches": [16, 52, 160, 264], "map_misses": [0, 32, 128, 512],
+smoke_sizes = {"miss_grid": [0, 100, 400, 1600, 4096], "links_GB_per_s": [8, 37, 128],
+               "map_batches": [16, 52, 160, 264], "map_misses": [0, 32, 128, 512],
                "band_sizes": {"steps": 16, "batch": 2, "band_batch": 1}, "variant_fit": {"grid": 12, "refine": 1}}
 variant_fit = {}
 

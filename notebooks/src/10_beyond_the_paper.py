@@ -44,8 +44,8 @@ paper_cachesim_steps = 64
 paper_cachesim_batch = 4
 variant_fit = {}
 # the CI sizes: `ess reproduce --smoke` injects them as parameters (ess.parameters.smoke_sizes)
-smoke_sizes = {"gpus": ["H20", "H200", "B200", "GB200"], "contexts": [8192], "n_ratios": 3, "band_sizes": {"steps": 8, "batch": 1, "band_batch": 1},
-               "widget_cachesim_steps": 4, "widget_cachesim_batch": 1, "paper_cachesim_steps": 16,
+smoke_sizes = {"gpus": ["H20", "H200", "B200", "GB200"], "contexts": [8192], "n_ratios": 3,
+               "band_sizes": {"steps": 8, "batch": 1, "band_batch": 1}, "widget_cachesim_steps": 4, "widget_cachesim_batch": 1, "paper_cachesim_steps": 16,
                "paper_cachesim_batch": 2, "variant_fit": {"grid": 12, "refine": 1}}
 
 # %% [hide-input]
