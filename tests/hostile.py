@@ -26,6 +26,22 @@ class ProbeError(Exception):
     """Raised inside a probe when the answer it checks is wrong (classified ``silent``)."""
 
 
+class DataLoss(Exception):
+    """Raised inside a probe when bytes the user stored are gone or changed (see :func:`guard`)."""
+
+
+def guard(fn: Callable) -> Callable:
+    """A probe body whose data-loss finding (:class:`DataLoss`) is returned as ``"data loss"``, whether the call it
+    made went through or was refused."""
+    def probe(tmp):
+        try:
+            return fn(tmp)
+        except DataLoss:
+            return "data loss"
+    probe.__name__ = fn.__name__
+    return probe
+
+
 @dataclasses.dataclass(frozen=True)
 class Probe:
     """One probe: ``fn(tmp)`` gets a fresh folder; it returns ``None`` / ``"sensible"`` after checking the result,

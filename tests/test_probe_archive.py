@@ -32,7 +32,7 @@ from ess.disk import CorruptBlockError, DirectoryInUseError
 from ess.specs import model_spec
 from ess.storage import ResidentCache, TieredCache
 
-from hostile import Probe, ProbeError, bad_rows, run_probes
+from hostile import DataLoss, Probe, ProbeError, bad_rows, guard, run_probes
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = model_spec("tiny")
@@ -53,22 +53,6 @@ def check(ok, what):
         raise ProbeError(what)
 
 
-class _Loss(Exception):
-    """A stored request's bytes are gone or changed (the probe returns ``"data loss"``)."""
-
-
-def _guard(fn):
-    """A probe body whose data-loss finding (:class:`_Loss`) is returned as ``"data loss"``, whether the call it
-    made went through or was refused."""
-    def probe(tmp):
-        try:
-            return fn(tmp)
-        except _Loss:
-            return "data loss"
-    probe.__name__ = fn.__name__
-    return probe
-
-
 def _sensible(fn):
     """A probe body for a call that must go through: a refusal (or an error of the library underneath) is a wrong
     answer (``silent``, or ``raw`` for what the harness calls raw), a data-loss finding ``"data loss"``."""
@@ -78,17 +62,17 @@ def _sensible(fn):
         except (TypeError, ValueError, CorruptBlockError) as exc:
             raise ProbeError(f"a call that should go through was refused: {type(exc).__name__}: {exc}") from None
     body.__name__ = fn.__name__
-    return _guard(body)
+    return guard(body)
 
 
 def _kept(folder, want: dict, **kw) -> None:
-    """A new session on ``folder`` recovers every request of ``want`` ({id: entries}) byte for byte (``_Loss``
+    """A new session on ``folder`` recovers every request of ``want`` ({id: entries}) byte for byte (``DataLoss``
     otherwise)."""
     with new_archive(folder, block_tokens=kw.pop("block_tokens", BT), **kw) as b:
         rec = b.recover()
         for rid, e in want.items():
             if rid not in rec.recovered or not np.array_equal(b.cache.host.entries(rid), e):
-                raise _Loss(f"request {rid!r}: {rec}")
+                raise DataLoss(f"request {rid!r}: {rec}")
 
 
 def _stored(folder, **requests) -> dict:
@@ -121,7 +105,7 @@ def _outside(tmp):
 def _outside_untouched(outside):
     if sorted(p.name for p in outside.iterdir()) != ["precious"] or \
             (outside / "precious").read_bytes() != b"precious bytes":
-        raise _Loss(f"the folder outside the archive changed: {sorted(p.name for p in outside.iterdir())}")
+        raise DataLoss(f"the folder outside the archive changed: {sorted(p.name for p in outside.iterdir())}")
 
 
 def _plant(path, kind, outside):
@@ -142,7 +126,7 @@ def _planted_still_there(path, kind):
     else:
         ok = path.is_symlink()
     if not ok:
-        raise _Loss(f"{path.name}, planted by the user, was replaced or deleted")
+        raise DataLoss(f"{path.name}, planted by the user, was replaced or deleted")
 
 
 def _rewrite_manifest(path, **changes):
@@ -205,7 +189,7 @@ def planted_names_of_a_later_checkpoint(tmp):
 def _planted_manifest(kind):
     """Something planted under a request's manifest name: a checkpoint told to overwrite and a discard are refused
     naming the file; nothing is written through it, replaced or deleted."""
-    @_guard
+    @guard
     def probe(tmp):
         arch, outside = tmp / "arch", _outside(tmp)
         arch.mkdir()
@@ -233,7 +217,7 @@ def _planted_manifest(kind):
 def _planted_lock(name, kind, what):
     """Something planted under the lock or the holder record's name: opening an archive is refused naming it, the
     link is not followed, and once it is gone an archive opens (the refused one kept no lock)."""
-    @_guard
+    @guard
     def probe(tmp):
         arch, outside = tmp / "arch", _outside(tmp)
         arch.mkdir()
@@ -275,7 +259,7 @@ def block_file_replaced_by_a_link_to_another_request(tmp):
         a.checkpoint("a")
         want["a"] = np.concatenate([want["a"], entries(3, 5)], axis=1)
     if (tmp / "req-sb.g0.blocks").read_bytes() != b_bytes:
-        raise _Loss("another request's block file was written through a link")
+        raise DataLoss("another request's block file was written through a link")
     check((tmp / "req-sa.g0.blocks").is_symlink(), "the planted link was deleted")
     _kept(tmp, want)
 
@@ -306,7 +290,7 @@ def _in_child(calls) -> list[str]:
     return results
 
 
-@_guard
+@guard
 def forked_child_writes_through_its_parents_archive(tmp):
     """A child forked from the archive's owner checkpoints, spills, discards, recovers and cleans: each refused
     naming the fork and the directory; the parent goes on and a new session gets its bytes back."""
@@ -379,14 +363,14 @@ def _recover_damaged(damage, outcome, names):
             with damage(tmp):
                 rec = a.recover()
             if "b" not in rec.recovered or not np.array_equal(a.cache.host.entries("b"), want["b"]):
-                raise _Loss(f"an intact request did not come back: {rec}")
+                raise DataLoss(f"an intact request did not come back: {rec}")
             if outcome == "failed":
                 check(rec.recovered == ["b"] and list(rec.failed) == ["a"], f"{rec}")
                 check(any(n in rec.failed["a"] for n in names), f"the reason names no file: {rec.failed['a']}")
             else:
                 check(rec.recovered == ["a", "b"] and list(rec.degraded) == ["a"], f"{rec}")
                 if not np.array_equal(a.cache.host.entries("a"), want["a"]):
-                    raise _Loss("a degraded request's entries changed")
+                    raise DataLoss("a degraded request's entries changed")
     return probe
 
 
@@ -465,7 +449,7 @@ def _then(*cms):
     return cm
 
 
-@_guard
+@guard
 def restore_a_bit_flipped_block(tmp):
     """restore of a request whose block 1 has a flipped bit: a CorruptBlockError naming the block file, nothing
     restored; verify names block 1."""
@@ -499,7 +483,7 @@ def repair_a_bit_flipped_block(tmp):
 def _archive_call(fn):
     """A probe that calls ``fn(archive)`` on an archive holding request "a" (checkpointed) and then checks the
     request is still whole on disk."""
-    @_guard
+    @guard
     def probe(tmp):
         a = new_archive(tmp, block_tokens=BT)
         a.cache.add_request("a", entries(10, 1))
@@ -565,7 +549,7 @@ def checkpoint_after_close(a):
 def _bad_id(rid):
     """An id that cannot name a file (or is of a wrong type): refused by add_request while an archive is open, and
     by checkpoint/spill of a request added before (nothing freed, no file written)."""
-    @_guard
+    @guard
     def probe(tmp):
         c = TieredCache(TINY, capacity=4)
         try:
@@ -601,7 +585,7 @@ def colliding_ids_int_and_str(tmp):
         for rid, e in want.items():
             a.restore(rid)
             if not np.array_equal(a.cache.host.entries(rid), e):
-                raise _Loss(f"request {rid!r} came back with other bytes")
+                raise DataLoss(f"request {rid!r} came back with other bytes")
     _kept(tmp, want)
 
 
@@ -614,7 +598,7 @@ def numpy_int_id_and_its_int(tmp):
         a.spill(5)
         a.restore(np.int64(5))
         if not np.array_equal(a.cache.host.entries(5), want):
-            raise _Loss("request 5 came back with other bytes")
+            raise DataLoss("request 5 came back with other bytes")
         try:
             a.cache.add_request(5, entries(10, 4))
         except ValueError:
@@ -668,7 +652,7 @@ class DiskFullRefusal(OSError):
     """The refusal of the checkpoint the 2-MB disk could not hold, as the child process saw it."""
 
 
-@_guard
+@guard
 def full_disk_2mb_during_a_checkpoint(tmp):
     """A 2-MB disk (RLIMIT_FSIZE in a child process): a checkpoint growing a request's block file past it is
     refused naming the request or its file, the last good checkpoint is restorable byte for byte, and once there is
@@ -740,10 +724,10 @@ def kill_during_checkpoints(tmp):
         with new_archive(tmp, block_tokens=BT) as b:
             rec = b.recover()
             if rec.recovered != ["a"]:
-                raise _Loss(f"trial {trial}: {rec}")
+                raise DataLoss(f"trial {trial}: {rec}")
             n = b.cache.n_tokens("a")
             if not committed <= n <= committed + 1 or not np.array_equal(b.cache.host.entries("a"), E[:, :n]):
-                raise _Loss(f"trial {trial}: {n} tokens recovered after {committed} committed")
+                raise DataLoss(f"trial {trial}: {n} tokens recovered after {committed} committed")
     check(committed > 8, "the children committed nothing")
 
 
@@ -799,7 +783,7 @@ def two_threads_checkpoint_one_request(tmp):
     with new_archive(tmp, block_tokens=BT) as b:
         rec = b.recover()
         if rec.recovered != ["a"] or not np.array_equal(b.cache.host.entries("a"), want) or rec.degraded:
-            raise _Loss(f"{rec}")
+            raise DataLoss(f"{rec}")
     if errors:
         raise errors[0]
 

@@ -28,7 +28,7 @@ import pytest
 
 from _pipeline_fakes import (FAKE_CHILD, fake_children, fake_jupyter_book, files, index_of, linked, one_line,
                              reproduce, tiny_notebooks)
-from hostile import Probe, ProbeError, bad_rows, run_probes
+from hostile import DataLoss, Probe, ProbeError, bad_rows, guard, run_probes
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -91,22 +91,7 @@ def _kept(before: dict, build: Path, *, except_=()) -> None:
     after = files(build)
     lost = [k for k in before if k not in except_ and after.get(k) != before[k]]
     if lost:
-        raise _Loss(f"the earlier run's files changed or went: {lost}")
-
-
-class _Loss(Exception):
-    pass
-
-
-def _guard(fn):
-    """A probe body whose data-loss finding (:class:`_Loss`) is returned as ``"data loss"``."""
-    def probe(tmp):
-        try:
-            return fn(tmp)
-        except _Loss:
-            return "data loss"
-    probe.__name__ = fn.__name__
-    return probe
+        raise DataLoss(f"the earlier run's files changed or went: {lost}")
 
 
 def _mine(tmp: Path, name: str = "mine.json", text: str = '{"the user": "data"}') -> Path:
@@ -118,7 +103,7 @@ def _mine(tmp: Path, name: str = "mine.json", text: str = '{"the user": "data"}'
 
 # -- links planted in the build folder --------------------------------------------------------------------------------
 
-@_guard
+@guard
 def link_index_to_user_file(tmp):
     """results/index.json replaced by a link to the user's file, then a re-run: the link is replaced, the user's file
     untouched."""
@@ -132,7 +117,7 @@ def link_index_to_user_file(tmp):
         raise ProbeError("the index is not this run's")
 
 
-@_guard
+@guard
 def dangling_link_index(tmp):
     """results/index.json a dangling link into the user's folder: nothing is created there."""
     nbs, build = _setup(tmp)
@@ -149,7 +134,7 @@ def _rerun_with_link(rel: str):
     """A probe: a file of the build replaced by a link to the user's copy of it, then a re-run, which writes
     nothing through the link, and, if it stops there, leaves that notebook's other file the earlier run's (its
     results and executed copy stay a pair)."""
-    @_guard
+    @guard
     def probe(tmp):
         nbs, build = _setup(tmp)
         before = files(build)
@@ -170,7 +155,7 @@ def _rerun_with_link(rel: str):
     return probe
 
 
-@_guard
+@guard
 def link_partial_folder_to_user_folder(tmp):
     nbs, build = _setup(tmp)
     user = _mine(tmp, "01_a").parent
@@ -182,7 +167,7 @@ def link_partial_folder_to_user_folder(tmp):
             return "data loss"
 
 
-@_guard
+@guard
 def link_failed_folder_to_user_folder(tmp):
     """notebooks/failed a link to the user's folder holding a file of the notebook's name, then a failing run
     (which sets its copy aside there) and a passing one (which removes an earlier failed copy)."""
@@ -203,7 +188,7 @@ def link_failed_folder_to_user_folder(tmp):
         raise refused[-1]
 
 
-@_guard
+@guard
 def link_marker_to_user_file(tmp):
     """The build folder's marker a dangling link into the user's folder: nothing is created there."""
     build = tmp / "b"
@@ -219,7 +204,7 @@ def link_marker_to_user_file(tmp):
             return "data loss"
 
 
-@_guard
+@guard
 def link_build_folder_itself(tmp):
     """--build-dir a link to a folder: the run goes to the folder it points at."""
     tiny_notebooks(tmp / "nbs", "01_a")
@@ -240,7 +225,7 @@ def _book_refused(build: Path, why: str) -> None:
 
 def _book_with_link(rel: str):
     """A probe: ``ess book`` with a file of the build replaced by a link to the user's copy of it."""
-    @_guard
+    @guard
     def probe(tmp):
         _, build = _setup(tmp)
         mine = linked(build / rel, _mine(tmp))
@@ -256,7 +241,7 @@ def _book_with_link(rel: str):
 
 # -- folders and files in each other's place; folders that cannot be written ------------------------------------------
 
-@_guard
+@guard
 def results_is_a_file(tmp):
     nbs, build = _setup(tmp)
     before = files(build)
@@ -274,7 +259,7 @@ def results_is_a_file(tmp):
 
 def _folder_in_place(rel: str):
     """A probe: a folder of the user's (holding a file) where ess keeps the file ``rel``, then a re-run."""
-    @_guard
+    @guard
     def probe(tmp):
         nbs, build = _setup(tmp)
         (build / rel).unlink()
@@ -290,7 +275,7 @@ def _folder_in_place(rel: str):
     return probe
 
 
-@_guard
+@guard
 def results_file_is_a_pipe(tmp):
     """A named pipe in place of a results file: reading it would wait forever; the run must not."""
     nbs, build = _setup(tmp)
@@ -299,7 +284,7 @@ def results_file_is_a_pipe(tmp):
     _book_refused(build, "a results file is a pipe")
 
 
-@_guard
+@guard
 def marker_is_a_folder(tmp):
     nbs, build = _setup(tmp)
     (build / ".ess-build").unlink()
@@ -311,7 +296,7 @@ def _denied(folder_name: str):
     """A probe: a re-run while the file system refuses to create, open for writing or rename anything inside
     ``<build>/<folder_name>`` (``PermissionError``), as for a user on a read-only folder (root writes anywhere, so
     the kernel's refusal is emulated in this process; the notebook's own process is not held back)."""
-    @_guard
+    @guard
     def probe(tmp):
         nbs, build = _setup(tmp)
         before = files(build)
@@ -356,7 +341,7 @@ def _denied(folder_name: str):
     return probe
 
 
-@_guard
+@guard
 def read_only_midway(tmp):
     """The disk refuses the second notebook's results midway through a run (ENOSPC on its rename): one line, the
     first notebook's new results and the second's earlier ones in place, the index says which."""
@@ -382,7 +367,7 @@ def read_only_midway(tmp):
                 raise ProbeError("the index says the second notebook's results are this run's")
 
 
-@_guard
+@guard
 def disk_full_between_results_and_notebook(tmp):
     """The disk fills after a notebook's new results are in place, before its executed copy is: the index must say
     whose results file is in place (this run's), and the book must not pair it with the earlier copy unsaid."""
@@ -437,7 +422,7 @@ print(json.dumps({"first": first[0], "rc": second[0], "err": second[2], "lost": 
 """
 
 
-@_guard
+@guard
 def full_disk_2mb(tmp):
     """A 2-MB disk (RLIMIT_FSIZE in a child process): the results file the pipeline writes does not fit."""
     proc = subprocess.run([sys.executable, "-c", _DISK_SCRIPT, str(ROOT / "tests"), str(tmp)], capture_output=True,
@@ -460,7 +445,7 @@ def full_disk_2mb(tmp):
 # -- a pathological index.json ----------------------------------------------------------------------------------------
 
 def _bad_index(label: str, content: str | bytes, command: str = "book"):
-    @_guard
+    @guard
     def probe(tmp):
         nbs, build = _setup(tmp)
         path = build / "results" / "index.json"
