@@ -69,11 +69,11 @@ case "$job" in
   test)
     setup
     set +e
-    # one pytest worker per core (at most 4; ESS_TEST_WORKERS overrides, 0 runs in this process): the slow tests
-    # that share the smoke build, its book, JupyterLab and Chromium stay on one worker (xdist group "smoke")
+    # one pytest worker per core (at most 4; ESS_TEST_WORKERS overrides, 0 runs in this process); the session's one
+    # smoke build is shared by the workers through a file lock (tests/_smokebuild.py)
     workers=${ESS_TEST_WORKERS:-$(nproc 2>/dev/null || echo 1)}
     [ "$workers" -gt 4 ] && workers=4
-    "$VENV/bin/python" -m pytest -n "$workers" --dist loadgroup "$@"
+    "$VENV/bin/python" -m pytest -n "$workers" --dist load "$@"
     rc=$?
     set -e
     if [ "$rc" -eq 5 ]; then echo "[ess] pytest collected no tests: treating as failure" >&2; exit 1; fi

@@ -39,7 +39,6 @@ def _format_like_glue(value, spec: str) -> str:
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("smoke")       # the session's one smoke build, shared with the browser tests' worker
 def test_every_notebook_runs_in_smoke_mode_and_the_book_builds(tmp_path_factory):
     """The main job at CI sizes: every notebook executes (its own checks pass) and records results stamped with the
     run, the index says exactly this run, and the book builds with warnings as errors, its pages quote the

@@ -12,9 +12,6 @@ import pytest
 
 from _smokebuild import smoke_build
 
-# xdist: on the worker that holds the session's smoke build (test_pipeline_run's smoke test shares it)
-pytestmark = pytest.mark.xdist_group("smoke")
-
 ROOT = Path(__file__).resolve().parents[2]
 SHOTS = ("intro.html", "results.html", "pages/03_attention.html", "pages/06_how_ess_is_built.html",
          "notebooks/07_table_32k.html")

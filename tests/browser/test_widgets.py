@@ -14,9 +14,6 @@ import json
 
 import pytest
 
-# xdist: every widget test on the one worker that holds JupyterLab (a static mark: a hook's mark comes too late)
-pytestmark = pytest.mark.xdist_group("lab")
-
 import widget_notebooks as W
 from ess.widgets.memory import CONTEXTS as MEMORY_CONTEXTS
 from ess.widgets.memory import memory_budget_view
