@@ -14,6 +14,13 @@ settings.load_profile("ess-explore" if os.environ.get("ESS_FUZZ_RANDOM", "") not
 # to the user's own cache (and notebooks the tests run inherit it)
 os.environ["ESS_CACHE_DIR"] = tempfile.mkdtemp(prefix="ess-test-cache-")
 
+# A pipeline run a test starts in this process waits at most 300 s for a cell (every smoke cell takes seconds), not
+# the command's 1,800 s: a kernel whose reply is lost (jupyter/nbclient#312, seen on widget cells) is then retried
+# from a fresh kernel within minutes instead of stalling the suite for half an hour. Runs given --cell-timeout keep it.
+import ess.pipeline as _pipeline  # noqa: E402
+
+_pipeline.CELL_TIMEOUT_S = 300
+
 
 def pytest_collection_modifyitems(config, items):
     """CUDA tests run only where a GPU is present."""
